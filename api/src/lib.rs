@@ -1,0 +1,58 @@
+//! The vocabulary every eddy component shares: the NATS layout (streams, subjects, message ids),
+//! the header names, connection and logging flags, and the shutdown signal.
+//!
+//! Services depend on this crate and never on each other, so a component can be rebuilt, scaled
+//! or replaced alone.
+
+pub mod headers;
+pub mod nats;
+pub mod shutdown;
+pub mod subject;
+pub mod telemetry;
+
+/// Errors raised by the shared helpers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The NATS connection could not be set up (bad URL, unreadable credentials).
+    #[error("cannot connect to NATS at {url}: {source}")]
+    Connect {
+        /// The URL we tried.
+        url: String,
+        /// What failed.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// The credentials file could not be read.
+    #[error("cannot read NATS credentials file {path}: {source}")]
+    Credentials {
+        /// The file we tried.
+        path: std::path::PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JetStream API call failed.
+    #[error("JetStream {operation} on stream {stream} failed: {message}")]
+    JetStream {
+        /// What we were doing.
+        operation: &'static str,
+        /// The stream it was about.
+        stream: String,
+        /// What NATS said.
+        message: String,
+    },
+    /// The existing stream differs from the wanted one in a setting NATS cannot change in place.
+    #[error("stream {stream} exists with a different {field}, which cannot be changed in place; delete the stream or keep its setting")]
+    StreamConflict {
+        /// The stream.
+        stream: String,
+        /// The setting that differs.
+        field: &'static str,
+    },
+    /// The logging flags are invalid.
+    #[error("invalid log filter: {0}")]
+    LogFilter(String),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,284 @@
+//! The NATS layout: connection flags, the events stream and its settings, and message ids.
+
+use std::{path::PathBuf, time::Duration};
+
+use async_nats::jetstream::{
+    self,
+    stream::{self, DiscardPolicy, RetentionPolicy, StorageType},
+};
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Result, subject};
+
+/// Name of the stream that stores every published event.
+pub const EVENTS_STREAM: &str = "EDDY_EVENTS";
+/// Name of the stream that keeps events that could not be delivered.
+pub const DEAD_LETTER_STREAM: &str = "EDDY_DEAD_LETTERS";
+/// NATS KV bucket holding Functions and Subscriptions in local mode.
+pub const RESOURCES_BUCKET: &str = "eddy_resources";
+
+/// How to reach NATS; flattened into every service command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NatsArgs {
+    /// NATS server URL(s), comma-separated.
+    #[arg(long = "nats-url", env = "EDDY_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// NATS credentials file (JWT + nkey), when the server requires one.
+    #[arg(long = "nats-creds", env = "EDDY_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// Longest wait between two reconnection attempts.
+    #[arg(long = "nats-max-reconnect-delay", env = "EDDY_NATS_MAX_RECONNECT_DELAY", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub max_reconnect_delay: Duration,
+}
+
+impl NatsArgs {
+    /// Arguments pointing at `url` with the defaults for everything else.
+    pub fn with_url(url: impl Into<String>) -> Self {
+        Self { nats_url: url.into(), nats_creds: None, max_reconnect_delay: Duration::from_secs(2) }
+    }
+
+    /// Connects, retrying forever in the background: the returned client queues work until the
+    /// server is reachable, so a service can start (and answer `/readyz` false) before NATS does.
+    /// `on_event` sees every connection event (connected, disconnected, ...).
+    pub async fn connect<F>(&self, name: &str, on_event: F) -> Result<async_nats::Client>
+    where
+        F: Fn(async_nats::Event) + Send + Sync + 'static,
+    {
+        let max_delay = self.max_reconnect_delay;
+        let on_event = std::sync::Arc::new(on_event);
+        let mut options = async_nats::ConnectOptions::new()
+            .name(name)
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .reconnect_delay_callback(move |attempts| reconnect_delay(attempts, max_delay))
+            .event_callback(move |event| {
+                let on_event = on_event.clone();
+                async move { on_event(event) }
+            });
+        if let Some(path) = &self.nats_creds {
+            options = options
+                .credentials_file(path)
+                .await
+                .map_err(|source| Error::Credentials { path: path.clone(), source })?;
+        }
+        options
+            .connect(self.nats_url.as_str())
+            .await
+            .map_err(|source| Error::Connect { url: self.nats_url.clone(), source })
+    }
+}
+
+/// Linear backoff from 50 ms, capped: quick to come back after a NATS restart, gentle on a server
+/// that stays down.
+pub fn reconnect_delay(attempts: usize, max: Duration) -> Duration {
+    let step = Duration::from_millis(50);
+    step.saturating_mul(u32::try_from(attempts).unwrap_or(u32::MAX)).min(max)
+}
+
+/// Settings of the `EDDY_EVENTS` stream.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StreamArgs {
+    /// How long events are kept.
+    #[arg(long = "stream-max-age", env = "EDDY_STREAM_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub max_age: Duration,
+    /// Store size limit; when full, publishes are refused (503), stored events are never dropped.
+    #[arg(long = "stream-max-bytes", env = "EDDY_STREAM_MAX_BYTES", default_value = "1GiB")]
+    pub max_bytes: bytesize::ByteSize,
+    /// Window in which a repeated (source, id) is stored only once.
+    #[arg(long = "duplicate-window", env = "EDDY_DUPLICATE_WINDOW", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub duplicate_window: Duration,
+    /// Stream replicas: 1 on one machine, 3 in a cluster.
+    #[arg(long = "stream-replicas", env = "EDDY_STREAM_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub replicas: u8,
+}
+
+impl Default for StreamArgs {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: bytesize::ByteSize::gib(1),
+            duplicate_window: Duration::from_secs(120),
+            replicas: 1,
+        }
+    }
+}
+
+/// The wanted configuration of `EDDY_EVENTS`.
+pub fn events_stream_config(settings: &StreamArgs) -> stream::Config {
+    stream::Config {
+        name: EVENTS_STREAM.to_owned(),
+        description: Some("eddy: every published event".to_owned()),
+        subjects: vec![format!("{}.>", subject::EVENTS_SUBJECT_PREFIX)],
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        discard: DiscardPolicy::New,
+        max_age: settings.max_age,
+        max_bytes: i64::try_from(settings.max_bytes.as_u64()).unwrap_or(i64::MAX),
+        duplicate_window: settings.duplicate_window,
+        num_replicas: usize::from(settings.replicas),
+        ..Default::default()
+    }
+}
+
+/// The wanted configuration of `EDDY_DEAD_LETTERS` (kept as long as the events themselves).
+pub fn dead_letter_stream_config(settings: &StreamArgs) -> stream::Config {
+    stream::Config {
+        name: DEAD_LETTER_STREAM.to_owned(),
+        description: Some("eddy: events that could not be delivered".to_owned()),
+        subjects: vec![format!("{}.>", subject::DEAD_LETTER_SUBJECT_PREFIX)],
+        ..events_stream_config(settings)
+    }
+}
+
+/// How an existing stream compares with the wanted one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamDrift {
+    /// Nothing to do.
+    UpToDate,
+    /// These settings differ and can be updated in place.
+    Update(Vec<&'static str>),
+    /// This setting differs and NATS cannot change it in place.
+    Conflict(&'static str),
+}
+
+/// Compares the settings eddy owns; anything else on the stream (set by an operator) is left alone.
+pub fn stream_drift(existing: &stream::Config, wanted: &stream::Config) -> StreamDrift {
+    if existing.storage != wanted.storage {
+        return StreamDrift::Conflict("storage");
+    }
+    if existing.retention != wanted.retention {
+        return StreamDrift::Conflict("retention");
+    }
+    let mut changed = Vec::new();
+    let mut check = |field: &'static str, differs: bool| {
+        if differs {
+            changed.push(field);
+        }
+    };
+    check("subjects", existing.subjects != wanted.subjects);
+    check("discard", existing.discard != wanted.discard);
+    check("max_age", existing.max_age != wanted.max_age);
+    check("max_bytes", existing.max_bytes != wanted.max_bytes);
+    check("duplicate_window", existing.duplicate_window != wanted.duplicate_window);
+    check("num_replicas", existing.num_replicas != wanted.num_replicas);
+    if changed.is_empty() { StreamDrift::UpToDate } else { StreamDrift::Update(changed) }
+}
+
+/// Creates the stream, or brings the settings eddy owns up to date.
+pub async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Result<stream::Info> {
+    let name = wanted.name.clone();
+    let failed = |operation: &'static str, message: String| Error::JetStream {
+        operation,
+        stream: name.clone(),
+        message,
+    };
+    match js.get_stream(&name).await {
+        Ok(mut existing) => {
+            let info = existing.info().await.map_err(|e| failed("info", e.to_string()))?.clone();
+            match stream_drift(&info.config, &wanted) {
+                StreamDrift::UpToDate => Ok(info),
+                StreamDrift::Conflict(field) => Err(Error::StreamConflict { stream: name.clone(), field }),
+                StreamDrift::Update(fields) => {
+                    tracing::info!(stream = %name, ?fields, "updating stream settings");
+                    let merged = stream::Config {
+                        subjects: wanted.subjects,
+                        discard: wanted.discard,
+                        max_age: wanted.max_age,
+                        max_bytes: wanted.max_bytes,
+                        duplicate_window: wanted.duplicate_window,
+                        num_replicas: wanted.num_replicas,
+                        ..info.config
+                    };
+                    js.update_stream(merged).await.map_err(|e| failed("update", e.to_string()))
+                }
+            }
+        }
+        Err(error)
+            if matches!(
+                error.kind(),
+                jetstream::context::GetStreamErrorKind::JetStream(ref api)
+                    if api.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+            ) =>
+        {
+            tracing::info!(stream = %name, "creating stream");
+            let mut created =
+                js.create_stream(wanted).await.map_err(|e| failed("create", e.to_string()))?;
+            Ok(created.info().await.map_err(|e| failed("info", e.to_string()))?.clone())
+        }
+        Err(error) => Err(failed("lookup", error.to_string())),
+    }
+}
+
+/// The `Nats-Msg-Id` of an event: a digest of (source, id), the pair CloudEvents defines as
+/// unique, so a publisher that retries is stored once inside the duplicate window. The source's
+/// length goes first so that `("ab", "c")` and `("a", "bc")` differ.
+pub fn message_id(source: &str, id: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update((source.len() as u64).to_be_bytes());
+    hasher.update(source.as_bytes());
+    hasher.update(id.as_bytes());
+    let digest = hasher.finalize();
+    let mut out = String::with_capacity(32);
+    for byte in &digest[..16] {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xF)]));
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_stream_follows_the_design() {
+        let config = events_stream_config(&StreamArgs::default());
+        assert_eq!(config.name, "EDDY_EVENTS");
+        assert_eq!(config.subjects, vec!["eddy.events.>".to_owned()]);
+        assert_eq!(config.storage, StorageType::File);
+        assert_eq!(config.retention, RetentionPolicy::Limits);
+        assert_eq!(config.discard, DiscardPolicy::New);
+        assert_eq!(config.duplicate_window, Duration::from_secs(120));
+        assert_eq!(config.num_replicas, 1);
+        assert_eq!(config.max_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn dead_letters_bind_their_own_subjects() {
+        let config = dead_letter_stream_config(&StreamArgs::default());
+        assert_eq!(config.name, "EDDY_DEAD_LETTERS");
+        assert_eq!(config.subjects, vec!["eddy.dlq.>".to_owned()]);
+        assert_eq!(config.discard, DiscardPolicy::New);
+    }
+
+    #[test]
+    fn drift_lists_changed_settings() {
+        let wanted = events_stream_config(&StreamArgs::default());
+        assert_eq!(stream_drift(&wanted, &wanted), StreamDrift::UpToDate);
+        let old = stream::Config {
+            max_age: Duration::from_secs(60),
+            discard: DiscardPolicy::Old,
+            ..wanted.clone()
+        };
+        assert_eq!(stream_drift(&old, &wanted), StreamDrift::Update(vec!["discard", "max_age"]));
+        let memory = stream::Config { storage: StorageType::Memory, ..wanted.clone() };
+        assert_eq!(stream_drift(&memory, &wanted), StreamDrift::Conflict("storage"));
+    }
+
+    #[test]
+    fn message_ids_separate_source_from_id() {
+        assert_ne!(message_id("ab", "c"), message_id("a", "bc"));
+        assert_eq!(message_id("shop", "1"), message_id("shop", "1"));
+        assert_eq!(message_id("shop", "1").len(), 32);
+    }
+
+    #[test]
+    fn reconnect_delay_is_capped() {
+        let max = Duration::from_secs(2);
+        assert_eq!(reconnect_delay(1, max), Duration::from_millis(50));
+        assert_eq!(reconnect_delay(1000, max), max);
+        assert_eq!(reconnect_delay(usize::MAX, max), max);
+    }
+}

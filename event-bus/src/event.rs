@@ -1,0 +1,471 @@
+//! Turning what publishers send into what JetStream stores.
+//!
+//! Every content mode ends as one [`OutgoingEvent`]: a binary-mode NATS message (`ce-*` headers,
+//! `content-type`, trace context, the data untouched as payload) with its subject and message id.
+//! This module is pure: no I/O, so every rule here is tested directly.
+//!
+//! CloudEvents are parsed with the official SDK (`cloudevents-sdk`). A small check runs before it
+//! so that every refusal names the attribute at fault, which the SDK's messages do not always do,
+//! and so that nothing the SDK accepts can break a NATS or HTTP header (control characters).
+
+use std::borrow::Cow;
+
+use async_nats::{HeaderMap as NatsHeaders, HeaderName, HeaderValue};
+use bytes::Bytes;
+use chrono::SecondsFormat;
+use cloudevents::{AttributesReader, Data, Event, event::AttributeValue};
+use eddy_api::{headers as names, nats::message_id, subject};
+use serde_json::{Map, Value};
+
+/// One event, ready for JetStream.
+#[derive(Debug, Clone)]
+pub struct OutgoingEvent {
+    /// `eddy.events.<source>.<type>`.
+    pub subject: String,
+    /// `Nats-Msg-Id`, a digest of (source, id).
+    pub msg_id: String,
+    /// `ce-*`, `content-type` and trace headers.
+    pub headers: NatsHeaders,
+    /// The event's data, as sent.
+    pub payload: Bytes,
+    /// The CloudEvents id.
+    pub id: String,
+    /// The CloudEvents source.
+    pub source: String,
+}
+
+/// Why an event was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Malformed or invalid: 400.
+    Invalid,
+    /// Over the size limit: 413.
+    TooLarge,
+    /// A content mode or format we do not speak: 415.
+    Unsupported,
+}
+
+/// A refused event: what is wrong and, where one attribute is at fault, its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventError {
+    /// How it maps to HTTP.
+    pub refusal: Refusal,
+    /// The attribute or field at fault.
+    pub field: Option<Cow<'static, str>>,
+    /// A sentence for the publisher.
+    pub message: String,
+}
+
+impl EventError {
+    /// An invalid attribute.
+    pub fn invalid(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        let field = field.into();
+        let message = format!("`{field}`: {}", message.into());
+        Self { refusal: Refusal::Invalid, field: Some(field), message }
+    }
+
+    /// An invalid request as a whole.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self { refusal: Refusal::Invalid, field: None, message: message.into() }
+    }
+
+    /// Too large.
+    pub fn too_large(size: usize, limit: usize) -> Self {
+        Self {
+            refusal: Refusal::TooLarge,
+            field: None,
+            message: format!("event is {size} bytes, the limit is {limit} bytes"),
+        }
+    }
+
+    /// A batch with more events than allowed.
+    pub fn too_many_events(count: usize, limit: usize) -> Self {
+        Self {
+            refusal: Refusal::TooLarge,
+            field: None,
+            message: format!("batch has {count} events, the limit is {limit}"),
+        }
+    }
+
+    /// Not a content mode we accept.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self { refusal: Refusal::Unsupported, field: None, message: message.into() }
+    }
+}
+
+/// Which of the CloudEvents HTTP content modes a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentMode {
+    /// Attributes in `ce-*` headers, data as the body.
+    Binary,
+    /// One `application/cloudevents+json` document.
+    Structured,
+    /// An `application/cloudevents-batch+json` array.
+    Batch,
+}
+
+/// Picks the content mode from the request headers.
+pub fn content_mode(headers: &http::HeaderMap) -> Result<ContentMode, EventError> {
+    let media_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase());
+    match media_type.as_deref() {
+        Some(names::CLOUDEVENTS_BATCH_JSON) => Ok(ContentMode::Batch),
+        Some(names::CLOUDEVENTS_JSON) => Ok(ContentMode::Structured),
+        Some(other) if other.starts_with("application/cloudevents") => Err(EventError::unsupported(
+            format!("event format `{other}` is not supported; use application/cloudevents+json"),
+        )),
+        _ if headers.contains_key("ce-specversion") => Ok(ContentMode::Binary),
+        _ => Err(EventError::unsupported(
+            "unknown content mode: send the attributes as ce-* headers (binary mode), or the \
+             event as application/cloudevents+json (structured mode), or a batch as \
+             application/cloudevents-batch+json",
+        )),
+    }
+}
+
+/// Limits applied to every event.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest stored message: data plus headers, in bytes.
+    pub max_event_size: usize,
+    /// Most events in one batch.
+    pub max_batch_events: usize,
+}
+
+/// Trace context of the HTTP request, copied onto every stored event.
+#[derive(Debug, Clone, Default)]
+pub struct TraceContext {
+    traceparent: Option<HeaderValue>,
+    tracestate: Option<HeaderValue>,
+}
+
+impl TraceContext {
+    /// Takes `traceparent` and `tracestate` from the request (ignored when not valid text).
+    pub fn from_http(headers: &http::HeaderMap) -> Self {
+        let take = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.parse::<HeaderValue>().ok())
+        };
+        Self { traceparent: take(names::TRACEPARENT), tracestate: take(names::TRACESTATE) }
+    }
+}
+
+/// Accumulates NATS headers and their encoded size.
+struct HeaderBuilder {
+    headers: NatsHeaders,
+    size: usize,
+}
+
+impl HeaderBuilder {
+    fn new() -> Self {
+        Self { headers: NatsHeaders::new(), size: "NATS/1.0\r\n\r\n".len() }
+    }
+
+    fn insert(&mut self, attribute: &str, name: &str, value: &str) -> Result<(), EventError> {
+        let header_name: HeaderName = name
+            .parse()
+            .map_err(|_| EventError::invalid(attribute.to_owned(), "not a valid attribute name"))?;
+        let header_value: HeaderValue = value.parse().map_err(|_| {
+            EventError::invalid(attribute.to_owned(), "value must not contain control characters")
+        })?;
+        if self.headers.get(name).is_some() {
+            return Err(EventError::invalid(attribute.to_owned(), "given more than once"));
+        }
+        self.size += name.len() + value.len() + 4;
+        self.headers.insert(header_name, header_value);
+        Ok(())
+    }
+
+    fn insert_trace(&mut self, trace: &TraceContext) {
+        for (name, value) in [
+            (names::TRACEPARENT, &trace.traceparent),
+            (names::TRACESTATE, &trace.tracestate),
+        ] {
+            if let Some(value) = value {
+                self.size += name.len() + value.as_str().len() + 4;
+                self.headers.insert(HeaderName::from_static(name), value.clone());
+            }
+        }
+    }
+}
+
+/// CloudEvents attribute names: lower-case ASCII letters and digits.
+fn check_attribute_name(name: &str) -> Result<(), EventError> {
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+        return Err(EventError::invalid(
+            name.to_owned(),
+            "attribute names must consist of lower-case letters (a-z) and digits (0-9)",
+        ));
+    }
+    if name == "data" {
+        return Err(EventError::invalid("data", "`data` is not an attribute"));
+    }
+    Ok(())
+}
+
+fn check_text(name: &str, value: &str) -> Result<(), EventError> {
+    if value.chars().any(char::is_control) {
+        return Err(EventError::invalid(name.to_owned(), "value must not contain control characters"));
+    }
+    Ok(())
+}
+
+const REQUIRED: [&str; 4] = ["specversion", "id", "source", "type"];
+
+fn check_required(name: &'static str, value: Option<&str>) -> Result<(), EventError> {
+    match value {
+        None => Err(EventError::invalid(name, "required attribute is missing")),
+        Some("") => Err(EventError::invalid(name, "must not be empty")),
+        Some(version) if name == "specversion" && version != "1.0" => Err(EventError::invalid(
+            name,
+            format!("unsupported specversion `{version}`; eddy accepts 1.0"),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Maps an SDK error to the attribute it is about, when it says.
+fn sdk_error(error: &cloudevents::message::Error) -> EventError {
+    use cloudevents::event::EventBuilderError as Builder;
+    use cloudevents::message::Error as Sdk;
+    let field: Cow<'static, str> = match error {
+        Sdk::EventBuilderError { source } => match source {
+            Builder::MissingRequiredAttribute { attribute_name }
+            | Builder::ParseTimeError { attribute_name, .. }
+            | Builder::ParseUrlError { attribute_name, .. }
+            | Builder::InvalidUriRefError { attribute_name } => Cow::Borrowed(*attribute_name),
+        },
+        Sdk::ParseTimeError { .. } => Cow::Borrowed("time"),
+        Sdk::ParseUrlError { .. } => Cow::Borrowed("dataschema"),
+        Sdk::UnknownSpecVersion { .. } => Cow::Borrowed("specversion"),
+        Sdk::UnknownAttribute { name } => Cow::Owned(name.clone()),
+        _ => return EventError::malformed(format!("invalid CloudEvent: {error}")),
+    };
+    EventError::invalid(field, error.to_string())
+}
+
+fn subject_of(source: &str, ty: &str) -> Result<String, EventError> {
+    subject::event_subject(source, ty).map_err(|error| match error {
+        subject::SubjectError::EmptySource => EventError::invalid("source", error.to_string()),
+        _ => EventError::invalid("type", error.to_string()),
+    })
+}
+
+fn finish(
+    builder: HeaderBuilder,
+    payload: Bytes,
+    event: &Event,
+    limits: &Limits,
+) -> Result<OutgoingEvent, EventError> {
+    let size = builder.size + payload.len();
+    if size > limits.max_event_size {
+        return Err(EventError::too_large(size, limits.max_event_size));
+    }
+    let source = event.source().as_str();
+    Ok(OutgoingEvent {
+        subject: subject_of(source, event.ty())?,
+        msg_id: message_id(source, event.id()),
+        headers: builder.headers,
+        payload,
+        id: event.id().to_owned(),
+        source: source.to_owned(),
+    })
+}
+
+/// A binary-mode event: attributes in `ce-*` headers, the body as data. The header values are
+/// stored as sent; the SDK parses them to validate types (time, URIs).
+pub fn from_binary(
+    headers: &http::HeaderMap,
+    body: Bytes,
+    limits: &Limits,
+) -> Result<OutgoingEvent, EventError> {
+    let mut builder = HeaderBuilder::new();
+    for (name, value) in headers {
+        let Some(attribute) = name.as_str().strip_prefix(names::CE_PREFIX) else {
+            continue;
+        };
+        check_attribute_name(attribute)?;
+        let text = value.to_str().map_err(|_| {
+            EventError::invalid(
+                attribute.to_owned(),
+                "header values must be printable ASCII; percent-encode anything else",
+            )
+        })?;
+        builder.insert(attribute, name.as_str(), text)?;
+    }
+    for required in REQUIRED {
+        let value = headers.get(format!("ce-{required}")).and_then(|v| v.to_str().ok());
+        check_required(required, value)?;
+    }
+    if let Some(content_type) = headers.get(http::header::CONTENT_TYPE) {
+        let text = content_type
+            .to_str()
+            .map_err(|_| EventError::invalid("datacontenttype", "content-type must be ASCII"))?;
+        builder.insert("datacontenttype", names::CONTENT_TYPE, text)?;
+    }
+    builder.insert_trace(&TraceContext::from_http(headers));
+
+    // The SDK checks types (time, dataschema). The body stays out of it: we store it untouched.
+    let event = cloudevents::binding::http::to_event(headers, Vec::new())
+        .map_err(|error| sdk_error(&error))?;
+    finish(builder, body, &event, limits)
+}
+
+/// A structured-mode event: one JSON object.
+pub fn from_structured(
+    body: &[u8],
+    trace: &TraceContext,
+    limits: &Limits,
+) -> Result<OutgoingEvent, EventError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|error| EventError::malformed(format!("body is not valid JSON: {error}")))?;
+    from_json(value, trace, limits)
+}
+
+/// One event of structured or batch mode.
+pub fn from_json(value: Value, trace: &TraceContext, limits: &Limits) -> Result<OutgoingEvent, EventError> {
+    let Value::Object(mut map) = value else {
+        return Err(EventError::malformed("a structured event must be a JSON object"));
+    };
+    check_structured(&mut map)?;
+    let mut event: Event =
+        serde_json::from_value(Value::Object(map)).map_err(|error| sdk_json_error(&error))?;
+
+    let mut builder = HeaderBuilder::new();
+    let mut header_name = String::with_capacity(24);
+    for (name, value) in event.iter() {
+        let text = match value {
+            // Canonical RFC 3339 with `Z`, as the JSON format writes it.
+            AttributeValue::Time(time) => time.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+            other => other.to_string(),
+        };
+        if name == "datacontenttype" {
+            builder.insert(name, names::CONTENT_TYPE, &text)?;
+            continue;
+        }
+        header_name.clear();
+        header_name.push_str(names::CE_PREFIX);
+        header_name.push_str(name);
+        builder.insert(name, &header_name, &text)?;
+    }
+    builder.insert_trace(trace);
+
+    let is_json_by_default = event.datacontenttype().is_none();
+    let payload = match event.take_data().2 {
+        None => Bytes::new(),
+        Some(Data::Binary(bytes)) => Bytes::from(bytes),
+        Some(Data::String(text)) => Bytes::from(text),
+        Some(Data::Json(json)) => {
+            if is_json_by_default {
+                builder.insert("datacontenttype", names::CONTENT_TYPE, "application/json")?;
+            }
+            Bytes::from(serde_json::to_vec(&json).map_err(|e| EventError::invalid("data", e.to_string()))?)
+        }
+    };
+    finish(builder, payload, &event, limits)
+}
+
+/// Checks names and value types of a structured event before the SDK sees it. JSON `null`
+/// attributes count as absent, as the JSON event format says.
+fn check_structured(map: &mut Map<String, Value>) -> Result<(), EventError> {
+    map.retain(|_, value| !value.is_null());
+    if map.contains_key("data") && map.contains_key("data_base64") {
+        return Err(EventError::invalid("data_base64", "an event has `data` or `data_base64`, not both"));
+    }
+    for (name, value) in map.iter() {
+        if name == "data" || name == "data_base64" {
+            continue;
+        }
+        check_attribute_name(name)?;
+        let is_extension = !matches!(
+            name.as_str(),
+            "specversion" | "id" | "source" | "type" | "subject" | "time" | "datacontenttype" | "dataschema"
+        );
+        match value {
+            Value::String(text) => {
+                check_text(name, text)?;
+                check_typed_attribute(name, text)?;
+            }
+            Value::Bool(_) if is_extension => {}
+            Value::Number(number) if is_extension => {
+                let in_range = number.as_i64().is_some_and(|n| i32::try_from(n).is_ok());
+                if !in_range {
+                    return Err(EventError::invalid(
+                        name.clone(),
+                        "integer extension values must be whole numbers within 32 bits",
+                    ));
+                }
+            }
+            _ if is_extension => {
+                return Err(EventError::invalid(
+                    name.clone(),
+                    "extension values must be strings, booleans or integers",
+                ));
+            }
+            _ => return Err(EventError::invalid(name.clone(), "must be a string")),
+        }
+    }
+    for required in REQUIRED {
+        check_required(required, map.get(required).and_then(Value::as_str))?;
+    }
+    Ok(())
+}
+
+/// Time and dataschema have types of their own; check them here to name them in the error.
+fn check_typed_attribute(name: &str, text: &str) -> Result<(), EventError> {
+    match name {
+        "time" => chrono::DateTime::parse_from_rfc3339(text)
+            .map(drop)
+            .map_err(|error| EventError::invalid("time", format!("not an RFC 3339 timestamp: {error}"))),
+        "dataschema" => url::Url::parse(text)
+            .map(drop)
+            .map_err(|error| EventError::invalid("dataschema", format!("not an absolute URI: {error}"))),
+        _ => Ok(()),
+    }
+}
+
+fn sdk_json_error(error: &serde_json::Error) -> EventError {
+    // Names, types, time and dataschema were checked before; what is left is the data.
+    let text = error.to_string();
+    if text.contains("decode error") {
+        return EventError::invalid("data_base64", format!("not valid base64 ({text})"));
+    }
+    EventError::malformed(format!("invalid CloudEvent: {text}"))
+}
+
+/// A batch: a JSON array of structured events. Either every event is valid and the list is
+/// returned, or the errors are returned per position and nothing is stored.
+pub fn from_batch(
+    body: &[u8],
+    trace: &TraceContext,
+    limits: &Limits,
+) -> Result<Vec<OutgoingEvent>, BatchError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|error| BatchError::Whole(EventError::malformed(format!("body is not valid JSON: {error}"))))?;
+    let Value::Array(items) = value else {
+        return Err(BatchError::Whole(EventError::malformed("a batch must be a JSON array of events")));
+    };
+    if items.len() > limits.max_batch_events {
+        return Err(BatchError::Whole(EventError::too_many_events(items.len(), limits.max_batch_events)));
+    }
+    let results: Vec<Result<OutgoingEvent, EventError>> =
+        items.into_iter().map(|item| from_json(item, trace, limits)).collect();
+    if results.iter().all(Result::is_ok) {
+        Ok(results.into_iter().flatten().collect())
+    } else {
+        Err(BatchError::PerEvent(results.into_iter().map(|result| result.err()).collect()))
+    }
+}
+
+/// Why a batch was refused.
+#[derive(Debug)]
+pub enum BatchError {
+    /// The batch as a whole (not JSON, not an array, too many events).
+    Whole(EventError),
+    /// One entry per event: `None` for a valid event, the error otherwise.
+    PerEvent(Vec<Option<EventError>>),
+}

@@ -1,0 +1,225 @@
+//! The legacy JSON format (`POST /{application}/v1/events`), kept so that publishers written for
+//! Kyma's legacy event API move over unchanged.
+//!
+//! ```json
+//! {"event-type": "order.created", "event-type-version": "v1", "event-id": "optional",
+//!  "event-time": "2024-01-01T00:00:00Z", "data": {...}}
+//! ```
+//! becomes a CloudEvent with source = application, type = `order.created.v1`.
+
+use async_nats::{HeaderMap as NatsHeaders, HeaderName, HeaderValue};
+use bytes::Bytes;
+use eddy_api::{headers as names, nats::message_id, subject};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::event::{Limits, OutgoingEvent};
+
+/// One problem with a legacy event, in the shape Kyma's legacy API answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LegacyFieldError {
+    /// The field at fault.
+    pub field: &'static str,
+    /// `missing_field`, `invalid_field` or `too_large`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// A sentence for the publisher.
+    pub message: String,
+}
+
+impl LegacyFieldError {
+    fn missing(field: &'static str) -> Self {
+        Self { field, kind: "missing_field", message: format!("`{field}` is required") }
+    }
+
+    fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self { field, kind: "invalid_field", message: message.into() }
+    }
+}
+
+fn text_field<'a>(
+    map: &'a Map<String, Value>,
+    field: &'static str,
+    errors: &mut Vec<LegacyFieldError>,
+) -> Option<&'a str> {
+    match map.get(field) {
+        None | Some(Value::Null) => {
+            errors.push(LegacyFieldError::missing(field));
+            None
+        }
+        Some(Value::String(text)) if text.is_empty() => {
+            errors.push(LegacyFieldError::invalid(field, format!("`{field}` must not be empty")));
+            None
+        }
+        Some(Value::String(text)) if text.chars().any(char::is_control) => {
+            errors.push(LegacyFieldError::invalid(
+                field,
+                format!("`{field}` must not contain control characters"),
+            ));
+            None
+        }
+        Some(Value::String(text)) => Some(text),
+        Some(_) => {
+            errors.push(LegacyFieldError::invalid(field, format!("`{field}` must be a string")));
+            None
+        }
+    }
+}
+
+/// Parses and validates a legacy event for `application`. `new_id` supplies an id when the
+/// publisher gave none. All problems are reported at once.
+pub fn from_legacy(
+    application: &str,
+    body: &[u8],
+    limits: &Limits,
+    new_id: impl FnOnce() -> String,
+) -> Result<OutgoingEvent, Vec<LegacyFieldError>> {
+    let value: Value = serde_json::from_slice(body).map_err(|error| {
+        vec![LegacyFieldError::invalid("body", format!("body is not valid JSON: {error}"))]
+    })?;
+    let Value::Object(map) = value else {
+        return Err(vec![LegacyFieldError::invalid("body", "body must be a JSON object")]);
+    };
+    let mut errors = Vec::new();
+    let event_type = text_field(&map, "event-type", &mut errors);
+    let version = text_field(&map, "event-type-version", &mut errors);
+    let time = text_field(&map, "event-time", &mut errors);
+    let id = match map.get("event-id") {
+        None | Some(Value::Null) => None,
+        Some(_) => text_field(&map, "event-id", &mut errors),
+    };
+    if let Some(version) = version {
+        if !version.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            errors.push(LegacyFieldError::invalid(
+                "event-type-version",
+                "`event-type-version` must consist of letters and digits",
+            ));
+        }
+    }
+    if let Some(time) = time {
+        if let Err(error) = chrono::DateTime::parse_from_rfc3339(time) {
+            errors.push(LegacyFieldError::invalid(
+                "event-time",
+                format!("`event-time` is not an RFC 3339 timestamp: {error}"),
+            ));
+        }
+    }
+    let data = match map.get("data") {
+        None | Some(Value::Null) => {
+            errors.push(LegacyFieldError::missing("data"));
+            None
+        }
+        Some(data) => Some(data),
+    };
+    if application.is_empty() || application.chars().any(char::is_control) {
+        errors.push(LegacyFieldError::invalid("application", "the application name in the path is invalid"));
+    }
+    let (Some(event_type), Some(version), Some(time), Some(data), true) =
+        (event_type, version, time, data, errors.is_empty())
+    else {
+        return Err(errors);
+    };
+
+    let ty = format!("{event_type}.{version}");
+    let subject = subject::event_subject(application, &ty)
+        .map_err(|error| vec![LegacyFieldError::invalid("event-type", error.to_string())])?;
+    let id = id.map_or_else(new_id, str::to_owned);
+    let payload = Bytes::from(
+        serde_json::to_vec(data).map_err(|e| vec![LegacyFieldError::invalid("data", e.to_string())])?,
+    );
+
+    let mut headers = NatsHeaders::new();
+    let mut size = payload.len();
+    for (name, value) in [
+        ("ce-specversion", "1.0"),
+        ("ce-id", id.as_str()),
+        ("ce-source", application),
+        ("ce-type", ty.as_str()),
+        ("ce-time", time),
+        (names::CONTENT_TYPE, "application/json"),
+    ] {
+        // Every value was checked for control characters above; parse rather than assume.
+        let value: HeaderValue = value
+            .parse()
+            .map_err(|_| vec![LegacyFieldError::invalid("body", "a value contains control characters")])?;
+        size += name.len() + value.as_str().len() + 4;
+        headers.insert(HeaderName::from_static(name), value);
+    }
+    if size > limits.max_event_size {
+        return Err(vec![LegacyFieldError {
+            field: "data",
+            kind: "too_large",
+            message: format!("event is {size} bytes, the limit is {} bytes", limits.max_event_size),
+        }]);
+    }
+    Ok(OutgoingEvent {
+        subject,
+        msg_id: message_id(application, &id),
+        headers,
+        payload,
+        id,
+        source: application.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits { max_event_size: 1 << 20, max_batch_events: 10 };
+
+    fn parse(body: &str) -> Result<OutgoingEvent, Vec<LegacyFieldError>> {
+        from_legacy("shop", body.as_bytes(), &LIMITS, || "generated".to_owned())
+    }
+
+    #[test]
+    fn maps_to_a_cloudevent() {
+        let event = parse(
+            r#"{"event-type":"order.created","event-type-version":"v1","event-id":"e1",
+                "event-time":"2024-01-01T00:00:00Z","data":{"b":1,"a":2}}"#,
+        )
+        .unwrap();
+        assert_eq!(event.subject, "eddy.events.shop.order.created.v1");
+        assert_eq!(event.id, "e1");
+        assert_eq!(event.headers.get("ce-type").unwrap().as_str(), "order.created.v1");
+        assert_eq!(event.headers.get("ce-source").unwrap().as_str(), "shop");
+        assert_eq!(event.headers.get("ce-time").unwrap().as_str(), "2024-01-01T00:00:00Z");
+        assert_eq!(&event.payload[..], br#"{"b":1,"a":2}"#);
+        assert_eq!(event.msg_id, message_id("shop", "e1"));
+    }
+
+    #[test]
+    fn generates_an_id_when_missing() {
+        let event = parse(
+            r#"{"event-type":"a","event-type-version":"v1","event-time":"2024-01-01T00:00:00Z","data":1}"#,
+        )
+        .unwrap();
+        assert_eq!(event.id, "generated");
+    }
+
+    #[test]
+    fn names_every_bad_field() {
+        let errors = parse(r#"{"event-type-version":"v-1","event-time":"yesterday"}"#).unwrap_err();
+        let fields: Vec<_> = errors.iter().map(|e| (e.field, e.kind)).collect();
+        assert_eq!(
+            fields,
+            vec![
+                ("event-type", "missing_field"),
+                ("event-type-version", "invalid_field"),
+                ("event-time", "invalid_field"),
+                ("data", "missing_field"),
+            ]
+        );
+    }
+
+    #[test]
+    fn refuses_empty_type_segments_and_non_objects() {
+        let errors = parse(
+            r#"{"event-type":"a..b","event-type-version":"v1","event-time":"2024-01-01T00:00:00Z","data":1}"#,
+        )
+        .unwrap_err();
+        assert_eq!(errors[0].field, "event-type");
+        assert_eq!(parse("[1]").unwrap_err()[0].field, "body");
+        assert_eq!(parse("{").unwrap_err()[0].field, "body");
+    }
+}

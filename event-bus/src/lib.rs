@@ -1,0 +1,199 @@
+//! The eddy event-bus: an HTTP endpoint that takes CloudEvents (binary, structured and batch
+//! content modes, plus the legacy JSON format) and answers 2xx only once NATS JetStream has
+//! stored the event.
+//!
+//! Stateless: any number of replicas can run against one NATS. See DESIGN §3 and §4.
+
+pub mod auth;
+pub mod event;
+pub mod legacy;
+pub mod metrics;
+pub mod publisher;
+pub mod routes;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use eddy_api::{
+    nats::{NatsArgs, StreamArgs, events_stream_config},
+    shutdown::CancellationToken,
+};
+use tokio::{net::TcpListener, sync::Notify};
+
+pub use routes::{AppState, router};
+
+/// Errors that stop the event-bus.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Shared setup (NATS connection) failed.
+    #[error(transparent)]
+    Api(#[from] eddy_api::Error),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("HTTP server failed: {0}")]
+    Serve(#[source] std::io::Error),
+    /// The token file could not be read.
+    #[error("cannot read token file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Flags of `eddy event-bus`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Address to listen on.
+    #[arg(long = "addr", env = "EDDY_BUS_ADDR", default_value = "127.0.0.1:8081")]
+    pub addr: SocketAddr,
+    /// NATS connection.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// Settings of the EDDY_EVENTS stream, applied at start-up.
+    #[command(flatten)]
+    pub stream: StreamArgs,
+    /// Largest event (data plus attributes); never above the NATS server's max_payload.
+    #[arg(long = "max-event-size", env = "EDDY_MAX_EVENT_SIZE", default_value = "1MiB")]
+    pub max_event_size: bytesize::ByteSize,
+    /// Largest batch request body.
+    #[arg(long = "max-batch-size", env = "EDDY_MAX_BATCH_SIZE", default_value = "16MiB")]
+    pub max_batch_size: bytesize::ByteSize,
+    /// Most events in one batch.
+    #[arg(long = "max-batch-events", env = "EDDY_MAX_BATCH_EVENTS", default_value_t = 10_000)]
+    pub max_batch_events: usize,
+    /// How long to wait for JetStream's ack before answering 503.
+    #[arg(long = "publish-timeout", env = "EDDY_PUBLISH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub publish_timeout: Duration,
+    /// Accepted publisher bearer tokens, comma-separated. With none (and no file), publishing is open.
+    #[arg(long = "tokens", env = "EDDY_BUS_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    pub tokens: Vec<String>,
+    /// File with one accepted publisher token per line.
+    #[arg(long = "token-file", env = "EDDY_BUS_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Longest wait for in-flight requests on shutdown.
+    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+impl Args {
+    /// Defaults for everything but the NATS URL and the listen address (for tests and `eddy up`).
+    pub fn new(addr: SocketAddr, nats_url: impl Into<String>) -> Self {
+        Self {
+            addr,
+            nats: NatsArgs::with_url(nats_url),
+            stream: StreamArgs::default(),
+            max_event_size: bytesize::ByteSize::mib(1),
+            max_batch_size: bytesize::ByteSize::mib(16),
+            max_batch_events: 10_000,
+            publish_timeout: Duration::from_secs(5),
+            tokens: Vec::new(),
+            token_file: None,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A configured event-bus, connected (or connecting) to NATS, not yet serving.
+pub struct EventBus {
+    state: Arc<AppState>,
+    drain_timeout: Duration,
+    shutdown: CancellationToken,
+}
+
+impl EventBus {
+    /// Connects to NATS (in the background when it is not up yet) and starts keeping the stream.
+    pub async fn new(args: Args, shutdown: CancellationToken) -> Result<Self> {
+        let Args {
+            addr: _,
+            nats,
+            stream,
+            max_event_size,
+            max_batch_size,
+            max_batch_events,
+            publish_timeout,
+            tokens,
+            token_file,
+            drain_timeout,
+        } = args;
+        let tokens = auth::Tokens::load(&tokens, token_file.as_deref())?;
+        if tokens.is_none() {
+            tracing::warn!("no publisher tokens configured: anyone who reaches the event-bus can publish");
+        }
+        let metrics = metrics::Metrics::new();
+        let recheck_stream = Arc::new(Notify::new());
+        let on_event = {
+            let recheck_stream = recheck_stream.clone();
+            move |event: async_nats::Event| match event {
+                async_nats::Event::Connected => {
+                    tracing::info!("connected to NATS");
+                    recheck_stream.notify_one();
+                }
+                async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; publishes answer 503 until it is back"),
+                other => tracing::info!(event = %other, "NATS connection event"),
+            }
+        };
+        let client = nats.connect("eddy-event-bus", on_event).await?;
+        let publisher = publisher::Publisher::start(
+            client,
+            events_stream_config(&stream),
+            publish_timeout,
+            recheck_stream,
+            shutdown.clone(),
+        );
+        let limits = event::Limits {
+            max_event_size: usize::try_from(max_event_size.as_u64()).unwrap_or(usize::MAX),
+            max_batch_events,
+        };
+        let max_batch_bytes = usize::try_from(max_batch_size.as_u64()).unwrap_or(usize::MAX);
+        let state = Arc::new(AppState { publisher, limits, max_batch_bytes, tokens, metrics });
+        Ok(Self { state, drain_timeout, shutdown })
+    }
+
+    /// The shared state (for embedding the router elsewhere).
+    pub fn state(&self) -> Arc<AppState> {
+        self.state.clone()
+    }
+
+    /// Serves on `listener` until shutdown, then drains in-flight requests for at most the drain
+    /// timeout.
+    pub async fn serve(self, listener: TcpListener) -> Result<()> {
+        let app = router(self.state);
+        let shutdown = self.shutdown.clone();
+        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let deadline = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(self.drain_timeout).await;
+        };
+        tokio::select! {
+            served = server => served.map_err(Error::Serve),
+            () = deadline => {
+                tracing::warn!(timeout = ?self.drain_timeout, "drain timed out; dropping in-flight requests");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs the event-bus until `shutdown` is cancelled.
+pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
+    let addr = args.addr;
+    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
+    let local = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+    let bus = EventBus::new(args, shutdown).await?;
+    tracing::info!(addr = %local, "event-bus listening");
+    println!("event-bus ready on http://{local}");
+    bus.serve(listener).await
+}

@@ -1,0 +1,197 @@
+//! Storing events in JetStream, and keeping the stream there.
+//!
+//! A publish counts only once JetStream has acknowledged it. While the client is not connected we
+//! refuse at once (503) instead of letting the client queue the message: a queued message could
+//! be stored after we told the publisher it was not. The one remaining window (NATS goes away
+//! between the check and the ack) is covered by the message id: a publisher that retries is
+//! stored once.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use async_nats::{
+    connection::State,
+    jetstream::{
+        self,
+        context::PublishErrorKind,
+        message::PublishMessage,
+        stream,
+    },
+};
+use eddy_api::{nats as layout, shutdown::CancellationToken};
+use tokio::sync::Notify;
+
+use crate::event::OutgoingEvent;
+
+/// Why a publish did not get a JetStream ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishFailure {
+    /// Not connected to NATS, or no ack in time.
+    Unavailable,
+    /// NATS answered but refused to store (store full, stream missing, ...).
+    Refused,
+    /// Larger than the server's `max_payload`.
+    TooLarge,
+}
+
+impl PublishFailure {
+    /// Bounded label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unavailable => "nats_unavailable",
+            Self::Refused => "stream_refused",
+            Self::TooLarge => "too_large",
+        }
+    }
+}
+
+/// A stored event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    /// Sequence in `EDDY_EVENTS`.
+    pub sequence: u64,
+    /// The (source, id) was already stored inside the duplicate window.
+    pub duplicate: bool,
+}
+
+/// Publishes into `EDDY_EVENTS`; cheap to clone.
+#[derive(Clone)]
+pub struct Publisher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    stream_ready: AtomicBool,
+    max_payload: AtomicUsize,
+    recheck_stream: Arc<Notify>,
+}
+
+impl Publisher {
+    /// Wraps a client; `recheck_stream` is notified on every (re)connection by the caller's
+    /// event callback. Spawns the task that keeps the stream in place until `shutdown`.
+    pub fn start(
+        client: async_nats::Client,
+        wanted: stream::Config,
+        publish_timeout: Duration,
+        recheck_stream: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let jetstream = jetstream::ContextBuilder::new().timeout(publish_timeout).build(client.clone());
+        let inner = Arc::new(Inner {
+            client,
+            jetstream,
+            stream_ready: AtomicBool::new(false),
+            max_payload: AtomicUsize::new(0),
+            recheck_stream,
+        });
+        tokio::spawn(keep_stream(inner.clone(), wanted, shutdown));
+        Self { inner }
+    }
+
+    /// Connected to NATS and the stream is in place.
+    pub fn is_ready(&self) -> bool {
+        self.is_connected() && self.inner.stream_ready.load(Ordering::Acquire)
+    }
+
+    /// Connected to NATS.
+    pub fn is_connected(&self) -> bool {
+        self.inner.client.connection_state() == State::Connected
+    }
+
+    /// The server's `max_payload` (0 until first connected).
+    pub fn max_payload(&self) -> usize {
+        self.inner.max_payload.load(Ordering::Relaxed)
+    }
+
+    /// Sends one event and returns the future of its ack. Sending in order and awaiting the acks
+    /// afterwards keeps a batch in order while it is pipelined.
+    pub async fn send(
+        &self,
+        event: OutgoingEvent,
+    ) -> Result<jetstream::context::PublishAckFuture, PublishFailure> {
+        if !self.is_connected() {
+            return Err(PublishFailure::Unavailable);
+        }
+        let message = PublishMessage::build()
+            .headers(event.headers)
+            .payload(event.payload)
+            .message_id(event.msg_id);
+        self.inner
+            .jetstream
+            .send_publish(event.subject, message)
+            .await
+            .map_err(|error| self.failure(&error))
+    }
+
+    /// Waits for the ack of a sent event.
+    pub async fn ack(
+        &self,
+        pending: jetstream::context::PublishAckFuture,
+    ) -> Result<Stored, PublishFailure> {
+        match pending.await {
+            Ok(ack) => Ok(Stored { sequence: ack.sequence, duplicate: ack.duplicate }),
+            Err(error) => Err(self.failure(&error)),
+        }
+    }
+
+    /// Sends one event and waits for its ack.
+    pub async fn publish(&self, event: OutgoingEvent) -> Result<Stored, PublishFailure> {
+        let pending = self.send(event).await?;
+        self.ack(pending).await
+    }
+
+    fn failure(&self, error: &jetstream::context::PublishError) -> PublishFailure {
+        let failure = match error.kind() {
+            PublishErrorKind::MaxPayloadExceeded => PublishFailure::TooLarge,
+            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => PublishFailure::Unavailable,
+            PublishErrorKind::StreamNotFound => {
+                // Someone deleted the stream, or NATS came back with an empty store.
+                self.inner.stream_ready.store(false, Ordering::Release);
+                self.inner.recheck_stream.notify_one();
+                PublishFailure::Refused
+            }
+            _ => PublishFailure::Refused,
+        };
+        tracing::warn!(reason = failure.label(), %error, "publish not acknowledged");
+        failure
+    }
+}
+
+/// Creates or updates the stream after every (re)connection, retrying with capped backoff.
+async fn keep_stream(inner: Arc<Inner>, wanted: stream::Config, shutdown: CancellationToken) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        if inner.client.connection_state() == State::Connected {
+            // Read here, once per connection, not on the publish path (server_info clones).
+            inner.max_payload.store(inner.client.server_info().max_payload, Ordering::Relaxed);
+            match layout::ensure_stream(&inner.jetstream, wanted.clone()).await {
+                Ok(info) => {
+                    tracing::info!(stream = %info.config.name, messages = info.state.messages, "stream ready");
+                    inner.stream_ready.store(true, Ordering::Release);
+                    delay = Duration::from_millis(100);
+                    tokio::select! {
+                        () = inner.recheck_stream.notified() => continue,
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+                Err(error) => {
+                    inner.stream_ready.store(false, Ordering::Release);
+                    tracing::error!(%error, retry_in = ?delay, "cannot set up the events stream");
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = inner.recheck_stream.notified() => {}
+            () = shutdown.cancelled() => return,
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,384 @@
+//! The HTTP surface of the event-bus (DESIGN §4). Built by [`router`] so tests drive it
+//! in-process; every refusal is a JSON body that names what is wrong and never leaks internals.
+
+use std::{sync::Arc, time::Instant};
+
+use axum::{
+    Json, Router,
+    body::Body,
+    extract::{MatchedPath, Path, Request, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::json;
+
+use crate::{
+    auth::Tokens,
+    event::{self, BatchError, ContentMode, EventError, Limits, OutgoingEvent, Refusal, TraceContext},
+    legacy,
+    metrics::{Metrics, Mode, Outcome},
+    publisher::{PublishFailure, Publisher, Stored},
+};
+
+/// Seconds a publisher should wait before retrying after a 503.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+/// Everything the handlers share.
+pub struct AppState {
+    /// The JetStream side.
+    pub publisher: Publisher,
+    /// Event limits.
+    pub limits: Limits,
+    /// Largest batch body, in bytes.
+    pub max_batch_bytes: usize,
+    /// Accepted publisher tokens; `None` turns authentication off.
+    pub tokens: Option<Tokens>,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+impl AppState {
+    /// The event size limit in force: the configured one, never above the server's max_payload.
+    fn limits(&self) -> Limits {
+        let server_max = self.publisher.max_payload();
+        let mut limits = self.limits;
+        if server_max > 0 {
+            limits.max_event_size = limits.max_event_size.min(server_max);
+        }
+        limits
+    }
+
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        self.tokens.as_ref().is_none_or(|tokens| tokens.allows(headers))
+    }
+}
+
+type Shared = State<Arc<AppState>>;
+
+/// The event-bus router.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/publish", post(publish))
+        .route("/{application}/v1/events", post(publish_legacy))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), track_latency))
+        .with_state(state)
+}
+
+fn route_label(path: Option<&MatchedPath>) -> &'static str {
+    match path.map(MatchedPath::as_str) {
+        Some("/publish") => "publish",
+        Some("/{application}/v1/events") => "legacy",
+        Some("/healthz") => "healthz",
+        Some("/readyz") => "readyz",
+        Some("/metrics") => "metrics",
+        _ => "unmatched",
+    }
+}
+
+async fn track_latency(State(state): Shared, request: Request, next: Next) -> Response {
+    let route = route_label(request.extensions().get::<MatchedPath>());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    state.metrics.observe_request(route, started.elapsed().as_secs_f64());
+    response
+}
+
+async fn readyz(State(state): Shared) -> Response {
+    let connected = state.publisher.is_connected();
+    state.metrics.set_nats_connected(connected);
+    if state.publisher.is_ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        let reason = if connected { "events stream not ready" } else { "not connected to NATS" };
+        (StatusCode::SERVICE_UNAVAILABLE, reason).into_response()
+    }
+}
+
+async fn metrics(State(state): Shared) -> Response {
+    state.metrics.set_nats_connected(state.publisher.is_connected());
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// A refusal of `/publish`, as JSON.
+fn refusal(status: StatusCode, message: &str, field: Option<&str>) -> Response {
+    let mut body = json!({ "error": message });
+    if let Some(field) = field {
+        body["field"] = json!(field);
+    }
+    let mut response = (status, Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+fn refusal_status(refusal: Refusal) -> (StatusCode, Outcome) {
+    match refusal {
+        Refusal::Invalid => (StatusCode::BAD_REQUEST, Outcome::Invalid),
+        Refusal::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, Outcome::TooLarge),
+        Refusal::Unsupported => (StatusCode::UNSUPPORTED_MEDIA_TYPE, Outcome::Unsupported),
+    }
+}
+
+fn failure_status(failure: PublishFailure) -> (StatusCode, Outcome, &'static str) {
+    match failure {
+        PublishFailure::Unavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::NatsUnavailable,
+            "event not stored: NATS is unavailable; retry later",
+        ),
+        PublishFailure::Refused => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::StreamRefused,
+            "event not stored: the event store refused it (it may be full); retry later",
+        ),
+        PublishFailure::TooLarge => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Outcome::TooLarge,
+            "event not stored: larger than the server accepts",
+        ),
+    }
+}
+
+fn stored_outcome(stored: Stored) -> Outcome {
+    if stored.duplicate { Outcome::Duplicate } else { Outcome::Stored }
+}
+
+/// Reads at most `limit` bytes of body; `Err(None)` when it is larger.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, Option<String>> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(None),
+        Err(error) => Err(Some(format!("cannot read the request body: {error}"))),
+    }
+}
+
+async fn publish(State(state): Shared, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
+    if !state.authorized(headers) {
+        state.metrics.events(Mode::Unknown, Outcome::Unauthorized, 1);
+        return refusal(StatusCode::UNAUTHORIZED, "a valid bearer token is required", None);
+    }
+    let mode = match event::content_mode(headers) {
+        Ok(mode) => mode,
+        Err(error) => return refused(&state, Mode::Unknown, &error),
+    };
+    let limits = state.limits();
+    // Structured events carry their attributes and maybe base64 data inside the body.
+    let body_limit = match mode {
+        ContentMode::Binary => limits.max_event_size,
+        ContentMode::Structured => limits.max_event_size.saturating_mul(2),
+        ContentMode::Batch => state.max_batch_bytes,
+    };
+    let metric_mode = match mode {
+        ContentMode::Binary => Mode::Binary,
+        ContentMode::Structured => Mode::Structured,
+        ContentMode::Batch => Mode::Batch,
+    };
+    let body = match read_body(body, body_limit).await {
+        Ok(body) => body,
+        Err(None) => {
+            let error = EventError {
+                refusal: Refusal::TooLarge,
+                field: None,
+                message: format!("request body is over the limit of {body_limit} bytes"),
+            };
+            return refused(&state, metric_mode, &error);
+        }
+        Err(Some(message)) => return refused(&state, metric_mode, &EventError::malformed(message)),
+    };
+    state.metrics.received("publish", body.len() as u64);
+
+    let parsed = match mode {
+        ContentMode::Binary => event::from_binary(headers, body, &limits),
+        ContentMode::Structured => event::from_structured(&body, &TraceContext::from_http(headers), &limits),
+        ContentMode::Batch => return publish_batch(&state, headers, &body, &limits).await,
+    };
+    match parsed {
+        Ok(event) => publish_one(&state, metric_mode, event).await,
+        Err(error) => refused(&state, metric_mode, &error),
+    }
+}
+
+fn refused(state: &AppState, mode: Mode, error: &EventError) -> Response {
+    let (status, outcome) = refusal_status(error.refusal);
+    state.metrics.events(mode, outcome, 1);
+    tracing::debug!(?mode, field = ?error.field, message = %error.message, "event refused");
+    refusal(status, &error.message, error.field.as_deref())
+}
+
+async fn publish_one(state: &AppState, mode: Mode, event: OutgoingEvent) -> Response {
+    match state.publisher.publish(event).await {
+        Ok(stored) => {
+            state.metrics.events(mode, stored_outcome(stored), 1);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(failure) => {
+            let (status, outcome, message) = failure_status(failure);
+            state.metrics.events(mode, outcome, 1);
+            refusal(status, message, None)
+        }
+    }
+}
+
+async fn publish_batch(state: &AppState, headers: &HeaderMap, body: &[u8], limits: &Limits) -> Response {
+    let events = match event::from_batch(body, &TraceContext::from_http(headers), limits) {
+        Ok(events) => events,
+        Err(BatchError::Whole(error)) => return refused(state, Mode::Batch, &error),
+        Err(BatchError::PerEvent(errors)) => {
+            let invalid = errors.iter().flatten().count() as u64;
+            state.metrics.events(Mode::Batch, Outcome::Invalid, invalid);
+            let results: Vec<_> = errors
+                .iter()
+                .map(|error| match error {
+                    None => json!({ "status": 409, "error": "not stored: another event in the batch is invalid" }),
+                    Some(error) => {
+                        let mut entry = json!({ "status": refusal_status(error.refusal).0.as_u16(), "error": error.message });
+                        if let Some(field) = &error.field {
+                            entry["field"] = json!(field);
+                        }
+                        entry
+                    }
+                })
+                .collect();
+            let body = json!({ "error": "the batch has invalid events; none was stored", "results": results });
+            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        }
+    };
+
+    // Send all in order (pipelined on one connection), then collect the acks in order.
+    let mut identities = Vec::with_capacity(events.len());
+    let mut pending = Vec::with_capacity(events.len());
+    for event in events {
+        identities.push((event.id.clone(), event.source.clone()));
+        let sent = match pending.last() {
+            // Once a send failed, NATS is gone: do not push later events out of order.
+            Some(Err(failure)) => Err(*failure),
+            _ => state.publisher.send(event).await,
+        };
+        pending.push(sent);
+    }
+    let mut results = Vec::with_capacity(pending.len());
+    let mut first_failure = None;
+    let mut stored_count = 0u64;
+    let mut duplicates = 0u64;
+    for sent in pending {
+        let outcome = match sent {
+            Ok(ack) => state.publisher.ack(ack).await,
+            Err(failure) => Err(failure),
+        };
+        match outcome {
+            Ok(stored) if stored.duplicate => duplicates += 1,
+            Ok(_) => stored_count += 1,
+            Err(failure) => {
+                state.metrics.events(Mode::Batch, failure_status(failure).1, 1);
+                first_failure.get_or_insert(failure);
+            }
+        }
+        results.push(outcome);
+    }
+    state.metrics.events(Mode::Batch, Outcome::Stored, stored_count);
+    state.metrics.events(Mode::Batch, Outcome::Duplicate, duplicates);
+
+    let Some(first_failure) = first_failure else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    let entries: Vec<_> = results
+        .iter()
+        .zip(&identities)
+        .map(|(outcome, (id, source))| match outcome {
+            Ok(_) => json!({ "id": id, "source": source, "status": 204 }),
+            Err(failure) => {
+                let (status, _, message) = failure_status(*failure);
+                json!({ "id": id, "source": source, "status": status.as_u16(), "error": message })
+            }
+        })
+        .collect();
+    let all_failed = stored_count + duplicates == 0;
+    let status = if all_failed { failure_status(first_failure).0 } else { StatusCode::MULTI_STATUS };
+    let message = if all_failed { "no event was stored" } else { "some events were not stored" };
+    let mut response = (status, Json(json!({ "error": message, "results": entries }))).into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+    response
+}
+
+fn legacy_error(status: StatusCode, message: &str, details: &[legacy::LegacyFieldError]) -> Response {
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "validation_violation",
+        StatusCode::PAYLOAD_TOO_LARGE => "request_body_too_large",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        _ => "internal_server_error",
+    };
+    let body = json!({ "status": status.as_u16(), "type": kind, "message": message, "details": details });
+    let mut response = (status, Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+    }
+    response
+}
+
+async fn publish_legacy(State(state): Shared, Path(application): Path<String>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if !state.authorized(&parts.headers) {
+        state.metrics.events(Mode::Legacy, Outcome::Unauthorized, 1);
+        let mut response = legacy_error(StatusCode::UNAUTHORIZED, "a valid bearer token is required", &[]);
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    let limits = state.limits();
+    let body_limit = limits.max_event_size.saturating_mul(2);
+    let body = match read_body(body, body_limit).await {
+        Ok(body) => body,
+        Err(None) => {
+            state.metrics.events(Mode::Legacy, Outcome::TooLarge, 1);
+            let message = format!("request body is over the limit of {body_limit} bytes");
+            return legacy_error(StatusCode::PAYLOAD_TOO_LARGE, &message, &[]);
+        }
+        Err(Some(message)) => {
+            state.metrics.events(Mode::Legacy, Outcome::Invalid, 1);
+            return legacy_error(StatusCode::BAD_REQUEST, &message, &[]);
+        }
+    };
+    state.metrics.received("legacy", body.len() as u64);
+    let event = match legacy::from_legacy(&application, &body, &limits, || uuid::Uuid::new_v4().to_string()) {
+        Ok(event) => event,
+        Err(errors) => {
+            let too_large = errors.iter().any(|error| error.kind == "too_large");
+            let (status, outcome) = if too_large {
+                (StatusCode::PAYLOAD_TOO_LARGE, Outcome::TooLarge)
+            } else {
+                (StatusCode::BAD_REQUEST, Outcome::Invalid)
+            };
+            state.metrics.events(Mode::Legacy, outcome, 1);
+            let message = errors.first().map_or("invalid event", |error| error.message.as_str());
+            return legacy_error(status, message, &errors);
+        }
+    };
+    let id = event.id.clone();
+    match state.publisher.publish(event).await {
+        Ok(stored) => {
+            state.metrics.events(Mode::Legacy, stored_outcome(stored), 1);
+            (StatusCode::OK, Json(json!({ "event-id": id }))).into_response()
+        }
+        Err(failure) => {
+            let (status, outcome, message) = failure_status(failure);
+            state.metrics.events(Mode::Legacy, outcome, 1);
+            legacy_error(status, message, &[])
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Client verbs of the `eddy` command line.
+
+pub mod publish;
