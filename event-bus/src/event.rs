@@ -276,8 +276,9 @@ fn finish(
     })
 }
 
-/// A binary-mode event: attributes in `ce-*` headers, the body as data. The header values are
-/// stored as sent; the SDK parses them to validate types (time, URIs).
+/// A binary-mode event: attributes in `ce-*` headers, the body as data. Header values are
+/// percent-decoded as the HTTP binding says, so JetStream holds the attribute values themselves;
+/// the SDK parses the headers to validate types (time, URIs). The body is stored untouched.
 pub fn from_binary(
     headers: &http::HeaderMap,
     body: Bytes,
@@ -289,13 +290,11 @@ pub fn from_binary(
             continue;
         };
         check_attribute_name(attribute)?;
-        let text = value.to_str().map_err(|_| {
-            EventError::invalid(
-                attribute.to_owned(),
-                "header values must be printable ASCII; percent-encode anything else",
-            )
+        let decoded = percent_encoding::percent_decode(value.as_bytes()).decode_utf8().map_err(|_| {
+            EventError::invalid(attribute.to_owned(), "value is not UTF-8 once percent-decoded")
         })?;
-        builder.insert(attribute, name.as_str(), text)?;
+        check_text(attribute, &decoded)?;
+        builder.insert(attribute, name.as_str(), &decoded)?;
     }
     for required in REQUIRED {
         let value = headers.get(format!("ce-{required}")).and_then(|v| v.to_str().ok());

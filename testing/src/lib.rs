@@ -53,6 +53,15 @@ impl NatsServer {
         Ok(server)
     }
 
+    /// Starts a server with a configuration file holding `config` (e.g. `max_payload: 65536`).
+    pub fn start_with_config(config: &str) -> Result<Self> {
+        let file = tempfile::Builder::new().prefix("eddy-nats-").suffix(".conf").tempfile()?;
+        std::fs::write(file.path(), config)?;
+        let (_, path) = file.keep()?;
+        let path = path.to_string_lossy().into_owned();
+        Self::start_with_args(&["-c", &path])
+    }
+
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
