@@ -2,6 +2,7 @@
 //! tests that kill one component); client verbs talk to a running platform.
 
 mod cli;
+mod up;
 
 use clap::{Parser, Subcommand};
 use eddy_api::telemetry::LogArgs;
@@ -18,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run everything on this machine: nats-server, event-bus (and, as they land, the rest).
+    Up(up::Args),
     /// Run the event-bus: the HTTP publish endpoint in front of JetStream.
     EventBus(eddy_event_bus::Args),
     /// Publish one event to the event-bus (binary mode).
@@ -33,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
             let shutdown = eddy_api::shutdown::on_signal();
             eddy_event_bus::run(args, shutdown).await?;
         }
+        Command::Up(args) => up::run(args).await?,
         Command::Publish(args) => cli::publish::run(args).await?,
     }
     Ok(())

@@ -6,6 +6,7 @@
 
 pub mod headers;
 pub mod nats;
+pub mod process;
 pub mod shutdown;
 pub mod subject;
 pub mod telemetry;
@@ -42,7 +43,9 @@ pub enum Error {
         message: String,
     },
     /// The existing stream differs from the wanted one in a setting NATS cannot change in place.
-    #[error("stream {stream} exists with a different {field}, which cannot be changed in place; delete the stream or keep its setting")]
+    #[error(
+        "stream {stream} exists with a different {field}, which cannot be changed in place; delete the stream or keep its setting"
+    )]
     StreamConflict {
         /// The stream.
         stream: String,

@@ -21,7 +21,11 @@ pub const RESOURCES_BUCKET: &str = "eddy_resources";
 #[derive(Debug, Clone, clap::Args)]
 pub struct NatsArgs {
     /// NATS server URL(s), comma-separated.
-    #[arg(long = "nats-url", env = "EDDY_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long = "nats-url",
+        env = "EDDY_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
     pub nats_url: String,
     /// NATS credentials file (JWT + nkey), when the server requires one.
     #[arg(long = "nats-creds", env = "EDDY_NATS_CREDS")]
@@ -34,7 +38,11 @@ pub struct NatsArgs {
 impl NatsArgs {
     /// Arguments pointing at `url` with the defaults for everything else.
     pub fn with_url(url: impl Into<String>) -> Self {
-        Self { nats_url: url.into(), nats_creds: None, max_reconnect_delay: Duration::from_secs(2) }
+        Self {
+            nats_url: url.into(),
+            nats_creds: None,
+            max_reconnect_delay: Duration::from_secs(2),
+        }
     }
 
     /// Connects, retrying forever in the background: the returned client queues work until the
@@ -56,15 +64,22 @@ impl NatsArgs {
                 async move { on_event(event) }
             });
         if let Some(path) = &self.nats_creds {
-            options = options
-                .credentials_file(path)
-                .await
-                .map_err(|source| Error::Credentials { path: path.clone(), source })?;
+            options =
+                options
+                    .credentials_file(path)
+                    .await
+                    .map_err(|source| Error::Credentials {
+                        path: path.clone(),
+                        source,
+                    })?;
         }
         options
             .connect(self.nats_url.as_str())
             .await
-            .map_err(|source| Error::Connect { url: self.nats_url.clone(), source })
+            .map_err(|source| Error::Connect {
+                url: self.nats_url.clone(),
+                source,
+            })
     }
 }
 
@@ -72,7 +87,8 @@ impl NatsArgs {
 /// that stays down.
 pub fn reconnect_delay(attempts: usize, max: Duration) -> Duration {
     let step = Duration::from_millis(50);
-    step.saturating_mul(u32::try_from(attempts).unwrap_or(u32::MAX)).min(max)
+    step.saturating_mul(u32::try_from(attempts).unwrap_or(u32::MAX))
+        .min(max)
 }
 
 /// Settings of the `EDDY_EVENTS` stream.
@@ -82,7 +98,11 @@ pub struct StreamArgs {
     #[arg(long = "stream-max-age", env = "EDDY_STREAM_MAX_AGE", default_value = "7d", value_parser = humantime::parse_duration)]
     pub max_age: Duration,
     /// Store size limit; when full, publishes are refused (503), stored events are never dropped.
-    #[arg(long = "stream-max-bytes", env = "EDDY_STREAM_MAX_BYTES", default_value = "1GiB")]
+    #[arg(
+        long = "stream-max-bytes",
+        env = "EDDY_STREAM_MAX_BYTES",
+        default_value = "1GiB"
+    )]
     pub max_bytes: bytesize::ByteSize,
     /// Window in which a repeated (source, id) is stored only once.
     #[arg(long = "duplicate-window", env = "EDDY_DUPLICATE_WINDOW", default_value = "2m", value_parser = humantime::parse_duration)]
@@ -159,13 +179,23 @@ pub fn stream_drift(existing: &stream::Config, wanted: &stream::Config) -> Strea
     check("discard", existing.discard != wanted.discard);
     check("max_age", existing.max_age != wanted.max_age);
     check("max_bytes", existing.max_bytes != wanted.max_bytes);
-    check("duplicate_window", existing.duplicate_window != wanted.duplicate_window);
+    check(
+        "duplicate_window",
+        existing.duplicate_window != wanted.duplicate_window,
+    );
     check("num_replicas", existing.num_replicas != wanted.num_replicas);
-    if changed.is_empty() { StreamDrift::UpToDate } else { StreamDrift::Update(changed) }
+    if changed.is_empty() {
+        StreamDrift::UpToDate
+    } else {
+        StreamDrift::Update(changed)
+    }
 }
 
 /// Creates the stream, or brings the settings eddy owns up to date.
-pub async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> Result<stream::Info> {
+pub async fn ensure_stream(
+    js: &jetstream::Context,
+    wanted: stream::Config,
+) -> Result<stream::Info> {
     let name = wanted.name.clone();
     let failed = |operation: &'static str, message: String| Error::JetStream {
         operation,
@@ -174,10 +204,17 @@ pub async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> R
     };
     match js.get_stream(&name).await {
         Ok(mut existing) => {
-            let info = existing.info().await.map_err(|e| failed("info", e.to_string()))?.clone();
+            let info = existing
+                .info()
+                .await
+                .map_err(|e| failed("info", e.to_string()))?
+                .clone();
             match stream_drift(&info.config, &wanted) {
                 StreamDrift::UpToDate => Ok(info),
-                StreamDrift::Conflict(field) => Err(Error::StreamConflict { stream: name.clone(), field }),
+                StreamDrift::Conflict(field) => Err(Error::StreamConflict {
+                    stream: name.clone(),
+                    field,
+                }),
                 StreamDrift::Update(fields) => {
                     tracing::info!(stream = %name, ?fields, "updating stream settings");
                     let merged = stream::Config {
@@ -189,7 +226,9 @@ pub async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> R
                         num_replicas: wanted.num_replicas,
                         ..info.config
                     };
-                    js.update_stream(merged).await.map_err(|e| failed("update", e.to_string()))
+                    js.update_stream(merged)
+                        .await
+                        .map_err(|e| failed("update", e.to_string()))
                 }
             }
         }
@@ -201,9 +240,15 @@ pub async fn ensure_stream(js: &jetstream::Context, wanted: stream::Config) -> R
             ) =>
         {
             tracing::info!(stream = %name, "creating stream");
-            let mut created =
-                js.create_stream(wanted).await.map_err(|e| failed("create", e.to_string()))?;
-            Ok(created.info().await.map_err(|e| failed("info", e.to_string()))?.clone())
+            let mut created = js
+                .create_stream(wanted)
+                .await
+                .map_err(|e| failed("create", e.to_string()))?;
+            Ok(created
+                .info()
+                .await
+                .map_err(|e| failed("info", e.to_string()))?
+                .clone())
         }
         Err(error) => Err(failed("lookup", error.to_string())),
     }
@@ -224,6 +269,18 @@ pub fn message_id(source: &str, id: &str) -> String {
         out.push(char::from(HEX[usize::from(byte & 0xF)]));
     }
     out
+}
+
+/// The client URL a nats-server started with `--ports_file_dir DIR` wrote into DIR, once it
+/// listens (`nats://127.0.0.1:<port>`).
+pub fn read_ports_file(dir: &std::path::Path) -> Option<String> {
+    let entry = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .find(|entry| entry.path().extension().is_some_and(|ext| ext == "ports"))?;
+    let text = std::fs::read_to_string(entry.path()).ok()?;
+    let url = text.split('"').find(|part| part.starts_with("nats://"))?;
+    Some(url.replace("0.0.0.0", "127.0.0.1"))
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -262,9 +319,18 @@ mod tests {
             discard: DiscardPolicy::Old,
             ..wanted.clone()
         };
-        assert_eq!(stream_drift(&old, &wanted), StreamDrift::Update(vec!["discard", "max_age"]));
-        let memory = stream::Config { storage: StorageType::Memory, ..wanted.clone() };
-        assert_eq!(stream_drift(&memory, &wanted), StreamDrift::Conflict("storage"));
+        assert_eq!(
+            stream_drift(&old, &wanted),
+            StreamDrift::Update(vec!["discard", "max_age"])
+        );
+        let memory = stream::Config {
+            storage: StorageType::Memory,
+            ..wanted.clone()
+        };
+        assert_eq!(
+            stream_drift(&memory, &wanted),
+            StreamDrift::Conflict("storage")
+        );
     }
 
     #[test]

@@ -26,7 +26,9 @@ pub enum SubjectError {
     #[error("type `{0}` has an empty segment; segments are separated by single dots")]
     EmptyTypeSegment(String),
     /// The subject would be longer than [`MAX_SUBJECT_LEN`].
-    #[error("source and type are too long together: the subject would be {0} bytes (at most {MAX_SUBJECT_LEN})")]
+    #[error(
+        "source and type are too long together: the subject would be {0} bytes (at most {MAX_SUBJECT_LEN})"
+    )]
     TooLong(usize),
     /// A subject that was not produced by [`event_subject`].
     #[error("`{0}` is not an eddy event subject")]
@@ -96,7 +98,8 @@ pub fn event_subject(source: &str, ty: &str) -> Result<String, SubjectError> {
     if source.is_empty() {
         return Err(SubjectError::EmptySource);
     }
-    let mut subject = String::with_capacity(EVENTS_SUBJECT_PREFIX.len() + source.len() + ty.len() + 8);
+    let mut subject =
+        String::with_capacity(EVENTS_SUBJECT_PREFIX.len() + source.len() + ty.len() + 8);
     subject.push_str(EVENTS_SUBJECT_PREFIX);
     subject.push('.');
     escape_token_into(source, &mut subject);
@@ -121,7 +124,10 @@ pub fn parse_event_subject(subject: &str) -> Result<(String, String), SubjectErr
         .and_then(|rest| rest.strip_prefix('.'))
         .ok_or_else(not_ours)?;
     let mut tokens = rest.split('.');
-    let source = tokens.next().and_then(unescape_token).ok_or_else(not_ours)?;
+    let source = tokens
+        .next()
+        .and_then(unescape_token)
+        .ok_or_else(not_ours)?;
     if source.is_empty() {
         return Err(not_ours());
     }
@@ -194,7 +200,10 @@ mod tests {
     #[test]
     fn overlong_subjects_are_refused() {
         let source = "s".repeat(MAX_SUBJECT_LEN);
-        assert!(matches!(event_subject(&source, "t"), Err(SubjectError::TooLong(_))));
+        assert!(matches!(
+            event_subject(&source, "t"),
+            Err(SubjectError::TooLong(_))
+        ));
     }
 
     #[test]
@@ -208,7 +217,10 @@ mod tests {
 
     #[test]
     fn dead_letter_subjects_escape_names() {
-        assert_eq!(dead_letter_subject("default", "on.order"), "eddy.dlq.default.on~2Eorder");
+        assert_eq!(
+            dead_letter_subject("default", "on.order"),
+            "eddy.dlq.default.on~2Eorder"
+        );
     }
 
     proptest! {

@@ -15,10 +15,21 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Args)]
 pub struct LogArgs {
     /// Log filter in `tracing` syntax, e.g. `info,eddy_event_bus=debug`.
-    #[arg(long = "log-level", env = "EDDY_LOG", default_value = "info", global = true)]
+    #[arg(
+        long = "log-level",
+        env = "EDDY_LOG",
+        default_value = "info",
+        global = true
+    )]
     pub log_level: String,
     /// Log format.
-    #[arg(long = "log-format", env = "EDDY_LOG_FORMAT", value_enum, default_value = "compact", global = true)]
+    #[arg(
+        long = "log-format",
+        env = "EDDY_LOG_FORMAT",
+        value_enum,
+        default_value = "compact",
+        global = true
+    )]
     pub log_format: LogFormat,
 }
 
@@ -33,7 +44,12 @@ impl LogArgs {
                 .with(fmt::layer().compact().with_writer(std::io::stderr))
                 .try_init(),
             LogFormat::Json => registry
-                .with(fmt::layer().json().flatten_event(true).with_writer(std::io::stderr))
+                .with(
+                    fmt::layer()
+                        .json()
+                        .flatten_event(true)
+                        .with_writer(std::io::stderr),
+                )
                 .try_init(),
         };
         // Already installed (tests, or `eddy up` running several components): keep it.

@@ -24,8 +24,10 @@ impl Tokens {
             tokens.add(token);
         }
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path)
-                .map_err(|source| Error::TokenFile { path: path.to_path_buf(), source })?;
+            let text = std::fs::read_to_string(path).map_err(|source| Error::TokenFile {
+                path: path.to_path_buf(),
+                source,
+            })?;
             for line in text.lines() {
                 let line = line.trim();
                 if !line.is_empty() && !line.starts_with('#') {
@@ -50,9 +52,14 @@ impl Tokens {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| {
                 let (scheme, token) = value.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
+                scheme
+                    .eq_ignore_ascii_case("bearer")
+                    .then_some(token.trim())
             })
-            .is_some_and(|token| self.digests.contains(&<[u8; 32]>::from(Sha256::digest(token.as_bytes()))))
+            .is_some_and(|token| {
+                self.digests
+                    .contains(&<[u8; 32]>::from(Sha256::digest(token.as_bytes())))
+            })
     }
 }
 
@@ -68,7 +75,9 @@ mod tests {
 
     #[test]
     fn accepts_only_listed_tokens() {
-        let tokens = Tokens::load(&["s3cret".to_owned(), " ".to_owned()], None).unwrap().unwrap();
+        let tokens = Tokens::load(&["s3cret".to_owned(), " ".to_owned()], None)
+            .unwrap()
+            .unwrap();
         assert!(tokens.allows(&bearer("Bearer s3cret")));
         assert!(tokens.allows(&bearer("bearer s3cret")));
         assert!(!tokens.allows(&bearer("Bearer other")));

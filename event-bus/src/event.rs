@@ -61,12 +61,20 @@ impl EventError {
     pub fn invalid(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         let field = field.into();
         let message = format!("`{field}`: {}", message.into());
-        Self { refusal: Refusal::Invalid, field: Some(field), message }
+        Self {
+            refusal: Refusal::Invalid,
+            field: Some(field),
+            message,
+        }
     }
 
     /// An invalid request as a whole.
     pub fn malformed(message: impl Into<String>) -> Self {
-        Self { refusal: Refusal::Invalid, field: None, message: message.into() }
+        Self {
+            refusal: Refusal::Invalid,
+            field: None,
+            message: message.into(),
+        }
     }
 
     /// Too large.
@@ -89,7 +97,11 @@ impl EventError {
 
     /// Not a content mode we accept.
     pub fn unsupported(message: impl Into<String>) -> Self {
-        Self { refusal: Refusal::Unsupported, field: None, message: message.into() }
+        Self {
+            refusal: Refusal::Unsupported,
+            field: None,
+            message: message.into(),
+        }
     }
 }
 
@@ -109,13 +121,22 @@ pub fn content_mode(headers: &http::HeaderMap) -> Result<ContentMode, EventError
     let media_type = headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
-        .map(|value| value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase());
+        .map(|value| {
+            value
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase()
+        });
     match media_type.as_deref() {
         Some(names::CLOUDEVENTS_BATCH_JSON) => Ok(ContentMode::Batch),
         Some(names::CLOUDEVENTS_JSON) => Ok(ContentMode::Structured),
-        Some(other) if other.starts_with("application/cloudevents") => Err(EventError::unsupported(
-            format!("event format `{other}` is not supported; use application/cloudevents+json"),
-        )),
+        Some(other) if other.starts_with("application/cloudevents") => {
+            Err(EventError::unsupported(format!(
+                "event format `{other}` is not supported; use application/cloudevents+json"
+            )))
+        }
         _ if headers.contains_key("ce-specversion") => Ok(ContentMode::Binary),
         _ => Err(EventError::unsupported(
             "unknown content mode: send the attributes as ce-* headers (binary mode), or the \
@@ -150,7 +171,10 @@ impl TraceContext {
                 .and_then(|value| value.to_str().ok())
                 .and_then(|value| value.parse::<HeaderValue>().ok())
         };
-        Self { traceparent: take(names::TRACEPARENT), tracestate: take(names::TRACESTATE) }
+        Self {
+            traceparent: take(names::TRACEPARENT),
+            tracestate: take(names::TRACESTATE),
+        }
     }
 }
 
@@ -162,7 +186,10 @@ struct HeaderBuilder {
 
 impl HeaderBuilder {
     fn new() -> Self {
-        Self { headers: NatsHeaders::new(), size: "NATS/1.0\r\n\r\n".len() }
+        Self {
+            headers: NatsHeaders::new(),
+            size: "NATS/1.0\r\n\r\n".len(),
+        }
     }
 
     fn insert(&mut self, attribute: &str, name: &str, value: &str) -> Result<(), EventError> {
@@ -170,10 +197,16 @@ impl HeaderBuilder {
             .parse()
             .map_err(|_| EventError::invalid(attribute.to_owned(), "not a valid attribute name"))?;
         let header_value: HeaderValue = value.parse().map_err(|_| {
-            EventError::invalid(attribute.to_owned(), "value must not contain control characters")
+            EventError::invalid(
+                attribute.to_owned(),
+                "value must not contain control characters",
+            )
         })?;
         if self.headers.get(name).is_some() {
-            return Err(EventError::invalid(attribute.to_owned(), "given more than once"));
+            return Err(EventError::invalid(
+                attribute.to_owned(),
+                "given more than once",
+            ));
         }
         self.size += name.len() + value.len() + 4;
         self.headers.insert(header_name, header_value);
@@ -187,7 +220,8 @@ impl HeaderBuilder {
         ] {
             if let Some(value) = value {
                 self.size += name.len() + value.as_str().len() + 4;
-                self.headers.insert(HeaderName::from_static(name), value.clone());
+                self.headers
+                    .insert(HeaderName::from_static(name), value.clone());
             }
         }
     }
@@ -195,7 +229,11 @@ impl HeaderBuilder {
 
 /// CloudEvents attribute names: lower-case ASCII letters and digits.
 fn check_attribute_name(name: &str) -> Result<(), EventError> {
-    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
         return Err(EventError::invalid(
             name.to_owned(),
             "attribute names must consist of lower-case letters (a-z) and digits (0-9)",
@@ -209,7 +247,10 @@ fn check_attribute_name(name: &str) -> Result<(), EventError> {
 
 fn check_text(name: &str, value: &str) -> Result<(), EventError> {
     if value.chars().any(char::is_control) {
-        return Err(EventError::invalid(name.to_owned(), "value must not contain control characters"));
+        return Err(EventError::invalid(
+            name.to_owned(),
+            "value must not contain control characters",
+        ));
     }
     Ok(())
 }
@@ -290,14 +331,21 @@ pub fn from_binary(
             continue;
         };
         check_attribute_name(attribute)?;
-        let decoded = percent_encoding::percent_decode(value.as_bytes()).decode_utf8().map_err(|_| {
-            EventError::invalid(attribute.to_owned(), "value is not UTF-8 once percent-decoded")
-        })?;
+        let decoded = percent_encoding::percent_decode(value.as_bytes())
+            .decode_utf8()
+            .map_err(|_| {
+                EventError::invalid(
+                    attribute.to_owned(),
+                    "value is not UTF-8 once percent-decoded",
+                )
+            })?;
         check_text(attribute, &decoded)?;
         builder.insert(attribute, name.as_str(), &decoded)?;
     }
     for required in REQUIRED {
-        let value = headers.get(format!("ce-{required}")).and_then(|v| v.to_str().ok());
+        let value = headers
+            .get(format!("ce-{required}"))
+            .and_then(|v| v.to_str().ok());
         check_required(required, value)?;
     }
     if let Some(content_type) = headers.get(http::header::CONTENT_TYPE) {
@@ -326,9 +374,15 @@ pub fn from_structured(
 }
 
 /// One event of structured or batch mode.
-pub fn from_json(value: Value, trace: &TraceContext, limits: &Limits) -> Result<OutgoingEvent, EventError> {
+pub fn from_json(
+    value: Value,
+    trace: &TraceContext,
+    limits: &Limits,
+) -> Result<OutgoingEvent, EventError> {
     let Value::Object(mut map) = value else {
-        return Err(EventError::malformed("a structured event must be a JSON object"));
+        return Err(EventError::malformed(
+            "a structured event must be a JSON object",
+        ));
     };
     check_structured(&mut map)?;
     let mut event: Event =
@@ -362,7 +416,10 @@ pub fn from_json(value: Value, trace: &TraceContext, limits: &Limits) -> Result<
             if is_json_by_default {
                 builder.insert("datacontenttype", names::CONTENT_TYPE, "application/json")?;
             }
-            Bytes::from(serde_json::to_vec(&json).map_err(|e| EventError::invalid("data", e.to_string()))?)
+            Bytes::from(
+                serde_json::to_vec(&json)
+                    .map_err(|e| EventError::invalid("data", e.to_string()))?,
+            )
         }
     };
     finish(builder, payload, &event, limits)
@@ -373,7 +430,10 @@ pub fn from_json(value: Value, trace: &TraceContext, limits: &Limits) -> Result<
 fn check_structured(map: &mut Map<String, Value>) -> Result<(), EventError> {
     map.retain(|_, value| !value.is_null());
     if map.contains_key("data") && map.contains_key("data_base64") {
-        return Err(EventError::invalid("data_base64", "an event has `data` or `data_base64`, not both"));
+        return Err(EventError::invalid(
+            "data_base64",
+            "an event has `data` or `data_base64`, not both",
+        ));
     }
     for (name, value) in map.iter() {
         if name == "data" || name == "data_base64" {
@@ -382,7 +442,14 @@ fn check_structured(map: &mut Map<String, Value>) -> Result<(), EventError> {
         check_attribute_name(name)?;
         let is_extension = !matches!(
             name.as_str(),
-            "specversion" | "id" | "source" | "type" | "subject" | "time" | "datacontenttype" | "dataschema"
+            "specversion"
+                | "id"
+                | "source"
+                | "type"
+                | "subject"
+                | "time"
+                | "datacontenttype"
+                | "dataschema"
         );
         match value {
             Value::String(text) => {
@@ -419,10 +486,12 @@ fn check_typed_attribute(name: &str, text: &str) -> Result<(), EventError> {
     match name {
         "time" => chrono::DateTime::parse_from_rfc3339(text)
             .map(drop)
-            .map_err(|error| EventError::invalid("time", format!("not an RFC 3339 timestamp: {error}"))),
-        "dataschema" => url::Url::parse(text)
-            .map(drop)
-            .map_err(|error| EventError::invalid("dataschema", format!("not an absolute URI: {error}"))),
+            .map_err(|error| {
+                EventError::invalid("time", format!("not an RFC 3339 timestamp: {error}"))
+            }),
+        "dataschema" => url::Url::parse(text).map(drop).map_err(|error| {
+            EventError::invalid("dataschema", format!("not an absolute URI: {error}"))
+        }),
         _ => Ok(()),
     }
 }
@@ -443,20 +512,32 @@ pub fn from_batch(
     trace: &TraceContext,
     limits: &Limits,
 ) -> Result<Vec<OutgoingEvent>, BatchError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|error| BatchError::Whole(EventError::malformed(format!("body is not valid JSON: {error}"))))?;
+    let value: Value = serde_json::from_slice(body).map_err(|error| {
+        BatchError::Whole(EventError::malformed(format!(
+            "body is not valid JSON: {error}"
+        )))
+    })?;
     let Value::Array(items) = value else {
-        return Err(BatchError::Whole(EventError::malformed("a batch must be a JSON array of events")));
+        return Err(BatchError::Whole(EventError::malformed(
+            "a batch must be a JSON array of events",
+        )));
     };
     if items.len() > limits.max_batch_events {
-        return Err(BatchError::Whole(EventError::too_many_events(items.len(), limits.max_batch_events)));
+        return Err(BatchError::Whole(EventError::too_many_events(
+            items.len(),
+            limits.max_batch_events,
+        )));
     }
-    let results: Vec<Result<OutgoingEvent, EventError>> =
-        items.into_iter().map(|item| from_json(item, trace, limits)).collect();
+    let results: Vec<Result<OutgoingEvent, EventError>> = items
+        .into_iter()
+        .map(|item| from_json(item, trace, limits))
+        .collect();
     if results.iter().all(Result::is_ok) {
         Ok(results.into_iter().flatten().collect())
     } else {
-        Err(BatchError::PerEvent(results.into_iter().map(|result| result.err()).collect()))
+        Err(BatchError::PerEvent(
+            results.into_iter().map(|result| result.err()).collect(),
+        ))
     }
 }
 

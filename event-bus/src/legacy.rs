@@ -29,11 +29,19 @@ pub struct LegacyFieldError {
 
 impl LegacyFieldError {
     fn missing(field: &'static str) -> Self {
-        Self { field, kind: "missing_field", message: format!("`{field}` is required") }
+        Self {
+            field,
+            kind: "missing_field",
+            message: format!("`{field}` is required"),
+        }
     }
 
     fn invalid(field: &'static str, message: impl Into<String>) -> Self {
-        Self { field, kind: "invalid_field", message: message.into() }
+        Self {
+            field,
+            kind: "invalid_field",
+            message: message.into(),
+        }
     }
 }
 
@@ -48,7 +56,10 @@ fn text_field<'a>(
             None
         }
         Some(Value::String(text)) if text.is_empty() => {
-            errors.push(LegacyFieldError::invalid(field, format!("`{field}` must not be empty")));
+            errors.push(LegacyFieldError::invalid(
+                field,
+                format!("`{field}` must not be empty"),
+            ));
             None
         }
         Some(Value::String(text)) if text.chars().any(char::is_control) => {
@@ -60,7 +71,10 @@ fn text_field<'a>(
         }
         Some(Value::String(text)) => Some(text),
         Some(_) => {
-            errors.push(LegacyFieldError::invalid(field, format!("`{field}` must be a string")));
+            errors.push(LegacyFieldError::invalid(
+                field,
+                format!("`{field}` must be a string"),
+            ));
             None
         }
     }
@@ -75,10 +89,16 @@ pub fn from_legacy(
     new_id: impl FnOnce() -> String,
 ) -> Result<OutgoingEvent, Vec<LegacyFieldError>> {
     let value: Value = serde_json::from_slice(body).map_err(|error| {
-        vec![LegacyFieldError::invalid("body", format!("body is not valid JSON: {error}"))]
+        vec![LegacyFieldError::invalid(
+            "body",
+            format!("body is not valid JSON: {error}"),
+        )]
     })?;
     let Value::Object(map) = value else {
-        return Err(vec![LegacyFieldError::invalid("body", "body must be a JSON object")]);
+        return Err(vec![LegacyFieldError::invalid(
+            "body",
+            "body must be a JSON object",
+        )]);
     };
     let mut errors = Vec::new();
     let event_type = text_field(&map, "event-type", &mut errors);
@@ -112,7 +132,10 @@ pub fn from_legacy(
         Some(data) => Some(data),
     };
     if application.is_empty() || application.chars().any(char::is_control) {
-        errors.push(LegacyFieldError::invalid("application", "the application name in the path is invalid"));
+        errors.push(LegacyFieldError::invalid(
+            "application",
+            "the application name in the path is invalid",
+        ));
     }
     let (Some(event_type), Some(version), Some(time), Some(data), true) =
         (event_type, version, time, data, errors.is_empty())
@@ -125,7 +148,8 @@ pub fn from_legacy(
         .map_err(|error| vec![LegacyFieldError::invalid("event-type", error.to_string())])?;
     let id = id.map_or_else(new_id, str::to_owned);
     let payload = Bytes::from(
-        serde_json::to_vec(data).map_err(|e| vec![LegacyFieldError::invalid("data", e.to_string())])?,
+        serde_json::to_vec(data)
+            .map_err(|e| vec![LegacyFieldError::invalid("data", e.to_string())])?,
     );
 
     let mut headers = NatsHeaders::new();
@@ -139,9 +163,12 @@ pub fn from_legacy(
         (names::CONTENT_TYPE, "application/json"),
     ] {
         // Every value was checked for control characters above; parse rather than assume.
-        let value: HeaderValue = value
-            .parse()
-            .map_err(|_| vec![LegacyFieldError::invalid("body", "a value contains control characters")])?;
+        let value: HeaderValue = value.parse().map_err(|_| {
+            vec![LegacyFieldError::invalid(
+                "body",
+                "a value contains control characters",
+            )]
+        })?;
         size += name.len() + value.as_str().len() + 4;
         headers.insert(HeaderName::from_static(name), value);
     }
@@ -149,7 +176,10 @@ pub fn from_legacy(
         return Err(vec![LegacyFieldError {
             field: "data",
             kind: "too_large",
-            message: format!("event is {size} bytes, the limit is {} bytes", limits.max_event_size),
+            message: format!(
+                "event is {size} bytes, the limit is {} bytes",
+                limits.max_event_size
+            ),
         }]);
     }
     Ok(OutgoingEvent {
@@ -166,7 +196,10 @@ pub fn from_legacy(
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits { max_event_size: 1 << 20, max_batch_events: 10 };
+    const LIMITS: Limits = Limits {
+        max_event_size: 1 << 20,
+        max_batch_events: 10,
+    };
 
     fn parse(body: &str) -> Result<OutgoingEvent, Vec<LegacyFieldError>> {
         from_legacy("shop", body.as_bytes(), &LIMITS, || "generated".to_owned())
@@ -181,9 +214,15 @@ mod tests {
         .unwrap();
         assert_eq!(event.subject, "eddy.events.shop.order.created.v1");
         assert_eq!(event.id, "e1");
-        assert_eq!(event.headers.get("ce-type").unwrap().as_str(), "order.created.v1");
+        assert_eq!(
+            event.headers.get("ce-type").unwrap().as_str(),
+            "order.created.v1"
+        );
         assert_eq!(event.headers.get("ce-source").unwrap().as_str(), "shop");
-        assert_eq!(event.headers.get("ce-time").unwrap().as_str(), "2024-01-01T00:00:00Z");
+        assert_eq!(
+            event.headers.get("ce-time").unwrap().as_str(),
+            "2024-01-01T00:00:00Z"
+        );
         assert_eq!(&event.payload[..], br#"{"b":1,"a":2}"#);
         assert_eq!(event.msg_id, message_id("shop", "e1"));
     }

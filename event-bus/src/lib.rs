@@ -66,19 +66,36 @@ pub struct Args {
     #[command(flatten)]
     pub stream: StreamArgs,
     /// Largest event (data plus attributes); never above the NATS server's max_payload.
-    #[arg(long = "max-event-size", env = "EDDY_MAX_EVENT_SIZE", default_value = "1MiB")]
+    #[arg(
+        long = "max-event-size",
+        env = "EDDY_MAX_EVENT_SIZE",
+        default_value = "1MiB"
+    )]
     pub max_event_size: bytesize::ByteSize,
     /// Largest batch request body.
-    #[arg(long = "max-batch-size", env = "EDDY_MAX_BATCH_SIZE", default_value = "16MiB")]
+    #[arg(
+        long = "max-batch-size",
+        env = "EDDY_MAX_BATCH_SIZE",
+        default_value = "16MiB"
+    )]
     pub max_batch_size: bytesize::ByteSize,
     /// Most events in one batch.
-    #[arg(long = "max-batch-events", env = "EDDY_MAX_BATCH_EVENTS", default_value_t = 10_000)]
+    #[arg(
+        long = "max-batch-events",
+        env = "EDDY_MAX_BATCH_EVENTS",
+        default_value_t = 10_000
+    )]
     pub max_batch_events: usize,
     /// How long to wait for JetStream's ack before answering 503.
     #[arg(long = "publish-timeout", env = "EDDY_PUBLISH_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub publish_timeout: Duration,
     /// Accepted publisher bearer tokens, comma-separated. With none (and no file), publishing is open.
-    #[arg(long = "tokens", env = "EDDY_BUS_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    #[arg(
+        long = "tokens",
+        env = "EDDY_BUS_TOKENS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     pub tokens: Vec<String>,
     /// File with one accepted publisher token per line.
     #[arg(long = "token-file", env = "EDDY_BUS_TOKEN_FILE")]
@@ -130,7 +147,9 @@ impl EventBus {
         } = args;
         let tokens = auth::Tokens::load(&tokens, token_file.as_deref())?;
         if tokens.is_none() {
-            tracing::warn!("no publisher tokens configured: anyone who reaches the event-bus can publish");
+            tracing::warn!(
+                "no publisher tokens configured: anyone who reaches the event-bus can publish"
+            );
         }
         let metrics = metrics::Metrics::new();
         let recheck_stream = Arc::new(Notify::new());
@@ -141,7 +160,9 @@ impl EventBus {
                     tracing::info!("connected to NATS");
                     recheck_stream.notify_one();
                 }
-                async_nats::Event::Disconnected => tracing::warn!("disconnected from NATS; publishes answer 503 until it is back"),
+                async_nats::Event::Disconnected => {
+                    tracing::warn!("disconnected from NATS; publishes answer 503 until it is back")
+                }
                 other => tracing::info!(event = %other, "NATS connection event"),
             }
         };
@@ -158,8 +179,18 @@ impl EventBus {
             max_batch_events,
         };
         let max_batch_bytes = usize::try_from(max_batch_size.as_u64()).unwrap_or(usize::MAX);
-        let state = Arc::new(AppState { publisher, limits, max_batch_bytes, tokens, metrics });
-        Ok(Self { state, drain_timeout, shutdown })
+        let state = Arc::new(AppState {
+            publisher,
+            limits,
+            max_batch_bytes,
+            tokens,
+            metrics,
+        });
+        Ok(Self {
+            state,
+            drain_timeout,
+            shutdown,
+        })
     }
 
     /// The shared state (for embedding the router elsewhere).
@@ -172,7 +203,8 @@ impl EventBus {
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
         let app = router(self.state);
         let shutdown = self.shutdown.clone();
-        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let server =
+            axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
         let deadline = async {
             shutdown.cancelled().await;
             tokio::time::sleep(self.drain_timeout).await;
@@ -190,8 +222,12 @@ impl EventBus {
 /// Runs the event-bus until `shutdown` is cancelled.
 pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
     let addr = args.addr;
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
-    let local = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::Bind { addr, source })?;
     let bus = EventBus::new(args, shutdown).await?;
     tracing::info!(addr = %local, "event-bus listening");
     println!("event-bus ready on http://{local}");

@@ -115,10 +115,15 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("eddy_bus");
         let events = Family::<EventLabels, Counter>::default();
-        registry.register("events", "Events by content mode and outcome", events.clone());
+        registry.register(
+            "events",
+            "Events by content mode and outcome",
+            events.clone(),
+        );
         let request_seconds = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([
-                0.000_25, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                0.000_25, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0,
             ])
         });
         registry.register(
@@ -127,25 +132,45 @@ impl Metrics {
             request_seconds.clone(),
         );
         let received_bytes = Family::<RouteLabels, Counter>::default();
-        registry.register("received_bytes", "Request body bytes received, by route", received_bytes.clone());
+        registry.register(
+            "received_bytes",
+            "Request body bytes received, by route",
+            received_bytes.clone(),
+        );
         let nats_connected = Gauge::default();
-        registry.register("nats_connected", "1 while connected to NATS", nats_connected.clone());
-        Self { registry, events, request_seconds, received_bytes, nats_connected }
+        registry.register(
+            "nats_connected",
+            "1 while connected to NATS",
+            nats_connected.clone(),
+        );
+        Self {
+            registry,
+            events,
+            request_seconds,
+            received_bytes,
+            nats_connected,
+        }
     }
 
     /// Counts `count` events with this mode and outcome.
     pub fn events(&self, mode: Mode, outcome: Outcome, count: u64) {
-        self.events.get_or_create(&EventLabels { mode, outcome }).inc_by(count);
+        self.events
+            .get_or_create(&EventLabels { mode, outcome })
+            .inc_by(count);
     }
 
     /// Records how long a request took.
     pub fn observe_request(&self, route: &'static str, seconds: f64) {
-        self.request_seconds.get_or_create(&RouteLabels { route }).observe(seconds);
+        self.request_seconds
+            .get_or_create(&RouteLabels { route })
+            .observe(seconds);
     }
 
     /// Counts request body bytes.
     pub fn received(&self, route: &'static str, bytes: u64) {
-        self.received_bytes.get_or_create(&RouteLabels { route }).inc_by(bytes);
+        self.received_bytes
+            .get_or_create(&RouteLabels { route })
+            .inc_by(bytes);
     }
 
     /// Sets the connection gauge.

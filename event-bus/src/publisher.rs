@@ -16,12 +16,7 @@ use std::{
 
 use async_nats::{
     connection::State,
-    jetstream::{
-        self,
-        context::PublishErrorKind,
-        message::PublishMessage,
-        stream,
-    },
+    jetstream::{self, context::PublishErrorKind, message::PublishMessage, stream},
 };
 use eddy_api::{nats as layout, shutdown::CancellationToken};
 use tokio::sync::Notify;
@@ -83,7 +78,9 @@ impl Publisher {
         recheck_stream: Arc<Notify>,
         shutdown: CancellationToken,
     ) -> Self {
-        let jetstream = jetstream::ContextBuilder::new().timeout(publish_timeout).build(client.clone());
+        let jetstream = jetstream::ContextBuilder::new()
+            .timeout(publish_timeout)
+            .build(client.clone());
         let inner = Arc::new(Inner {
             client,
             jetstream,
@@ -136,7 +133,10 @@ impl Publisher {
         pending: jetstream::context::PublishAckFuture,
     ) -> Result<Stored, PublishFailure> {
         match pending.await {
-            Ok(ack) => Ok(Stored { sequence: ack.sequence, duplicate: ack.duplicate }),
+            Ok(ack) => Ok(Stored {
+                sequence: ack.sequence,
+                duplicate: ack.duplicate,
+            }),
             Err(error) => Err(self.failure(&error)),
         }
     }
@@ -150,7 +150,9 @@ impl Publisher {
     fn failure(&self, error: &jetstream::context::PublishError) -> PublishFailure {
         let failure = match error.kind() {
             PublishErrorKind::MaxPayloadExceeded => PublishFailure::TooLarge,
-            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => PublishFailure::Unavailable,
+            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+                PublishFailure::Unavailable
+            }
             PublishErrorKind::StreamNotFound => {
                 // Someone deleted the stream, or NATS came back with an empty store.
                 self.inner.stream_ready.store(false, Ordering::Release);
@@ -170,7 +172,9 @@ async fn keep_stream(inner: Arc<Inner>, wanted: stream::Config, shutdown: Cancel
     loop {
         if inner.client.connection_state() == State::Connected {
             // Read here, once per connection, not on the publish path (server_info clones).
-            inner.max_payload.store(inner.client.server_info().max_payload, Ordering::Relaxed);
+            inner
+                .max_payload
+                .store(inner.client.server_info().max_payload, Ordering::Relaxed);
             match layout::ensure_stream(&inner.jetstream, wanted.clone()).await {
                 Ok(info) => {
                     tracing::info!(stream = %info.config.name, messages = info.state.messages, "stream ready");

@@ -18,7 +18,9 @@ use serde_json::json;
 
 use crate::{
     auth::Tokens,
-    event::{self, BatchError, ContentMode, EventError, Limits, OutgoingEvent, Refusal, TraceContext},
+    event::{
+        self, BatchError, ContentMode, EventError, Limits, OutgoingEvent, Refusal, TraceContext,
+    },
     legacy,
     metrics::{Metrics, Mode, Outcome},
     publisher::{PublishFailure, Publisher, Stored},
@@ -53,7 +55,9 @@ impl AppState {
     }
 
     fn authorized(&self, headers: &HeaderMap) -> bool {
-        self.tokens.as_ref().is_none_or(|tokens| tokens.allows(headers))
+        self.tokens
+            .as_ref()
+            .is_none_or(|tokens| tokens.allows(headers))
     }
 }
 
@@ -86,7 +90,9 @@ async fn track_latency(State(state): Shared, request: Request, next: Next) -> Re
     let route = route_label(request.extensions().get::<MatchedPath>());
     let started = Instant::now();
     let response = next.run(request).await;
-    state.metrics.observe_request(route, started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .observe_request(route, started.elapsed().as_secs_f64());
     response
 }
 
@@ -96,15 +102,24 @@ async fn readyz(State(state): Shared) -> Response {
     if state.publisher.is_ready() {
         (StatusCode::OK, "ready").into_response()
     } else {
-        let reason = if connected { "events stream not ready" } else { "not connected to NATS" };
+        let reason = if connected {
+            "events stream not ready"
+        } else {
+            "not connected to NATS"
+        };
         (StatusCode::SERVICE_UNAVAILABLE, reason).into_response()
     }
 }
 
 async fn metrics(State(state): Shared) -> Response {
-    state.metrics.set_nats_connected(state.publisher.is_connected());
+    state
+        .metrics
+        .set_nats_connected(state.publisher.is_connected());
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.encode(),
     )
         .into_response()
@@ -118,10 +133,15 @@ fn refusal(status: StatusCode, message: &str, field: Option<&str>) -> Response {
     }
     let mut response = (status, Json(body)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
     }
     if status == StatusCode::UNAUTHORIZED {
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
     response
 }
@@ -155,7 +175,11 @@ fn failure_status(failure: PublishFailure) -> (StatusCode, Outcome, &'static str
 }
 
 fn stored_outcome(stored: Stored) -> Outcome {
-    if stored.duplicate { Outcome::Duplicate } else { Outcome::Stored }
+    if stored.duplicate {
+        Outcome::Duplicate
+    } else {
+        Outcome::Stored
+    }
 }
 
 /// Reads at most `limit` bytes of body; `Err(None)` when it is larger.
@@ -171,8 +195,14 @@ async fn publish(State(state): Shared, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
     if !state.authorized(headers) {
-        state.metrics.events(Mode::Unknown, Outcome::Unauthorized, 1);
-        return refusal(StatusCode::UNAUTHORIZED, "a valid bearer token is required", None);
+        state
+            .metrics
+            .events(Mode::Unknown, Outcome::Unauthorized, 1);
+        return refusal(
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required",
+            None,
+        );
     }
     let mode = match event::content_mode(headers) {
         Ok(mode) => mode,
@@ -206,7 +236,9 @@ async fn publish(State(state): Shared, request: Request) -> Response {
 
     let parsed = match mode {
         ContentMode::Binary => event::from_binary(headers, body, &limits),
-        ContentMode::Structured => event::from_structured(&body, &TraceContext::from_http(headers), &limits),
+        ContentMode::Structured => {
+            event::from_structured(&body, &TraceContext::from_http(headers), &limits)
+        }
         ContentMode::Batch => return publish_batch(&state, headers, &body, &limits).await,
     };
     match parsed {
@@ -236,7 +268,12 @@ async fn publish_one(state: &AppState, mode: Mode, event: OutgoingEvent) -> Resp
     }
 }
 
-async fn publish_batch(state: &AppState, headers: &HeaderMap, body: &[u8], limits: &Limits) -> Response {
+async fn publish_batch(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+    limits: &Limits,
+) -> Response {
     let events = match event::from_batch(body, &TraceContext::from_http(headers), limits) {
         Ok(events) => events,
         Err(BatchError::Whole(error)) => return refused(state, Mode::Batch, &error),
@@ -286,14 +323,20 @@ async fn publish_batch(state: &AppState, headers: &HeaderMap, body: &[u8], limit
             Ok(stored) if stored.duplicate => duplicates += 1,
             Ok(_) => stored_count += 1,
             Err(failure) => {
-                state.metrics.events(Mode::Batch, failure_status(failure).1, 1);
+                state
+                    .metrics
+                    .events(Mode::Batch, failure_status(failure).1, 1);
                 first_failure.get_or_insert(failure);
             }
         }
         results.push(outcome);
     }
-    state.metrics.events(Mode::Batch, Outcome::Stored, stored_count);
-    state.metrics.events(Mode::Batch, Outcome::Duplicate, duplicates);
+    state
+        .metrics
+        .events(Mode::Batch, Outcome::Stored, stored_count);
+    state
+        .metrics
+        .events(Mode::Batch, Outcome::Duplicate, duplicates);
 
     let Some(first_failure) = first_failure else {
         return StatusCode::NO_CONTENT.into_response();
@@ -310,34 +353,67 @@ async fn publish_batch(state: &AppState, headers: &HeaderMap, body: &[u8], limit
         })
         .collect();
     let all_failed = stored_count + duplicates == 0;
-    let status = if all_failed { failure_status(first_failure).0 } else { StatusCode::MULTI_STATUS };
-    let message = if all_failed { "no event was stored" } else { "some events were not stored" };
-    let mut response = (status, Json(json!({ "error": message, "results": entries }))).into_response();
-    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+    let status = if all_failed {
+        failure_status(first_failure).0
+    } else {
+        StatusCode::MULTI_STATUS
+    };
+    let message = if all_failed {
+        "no event was stored"
+    } else {
+        "some events were not stored"
+    };
+    let mut response = (
+        status,
+        Json(json!({ "error": message, "results": entries })),
+    )
+        .into_response();
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_static(RETRY_AFTER_SECONDS),
+    );
     response
 }
 
-fn legacy_error(status: StatusCode, message: &str, details: &[legacy::LegacyFieldError]) -> Response {
+fn legacy_error(
+    status: StatusCode,
+    message: &str,
+    details: &[legacy::LegacyFieldError],
+) -> Response {
     let kind = match status {
         StatusCode::BAD_REQUEST => "validation_violation",
         StatusCode::PAYLOAD_TOO_LARGE => "request_body_too_large",
         StatusCode::UNAUTHORIZED => "unauthorized",
         _ => "internal_server_error",
     };
-    let body = json!({ "status": status.as_u16(), "type": kind, "message": message, "details": details });
+    let body =
+        json!({ "status": status.as_u16(), "type": kind, "message": message, "details": details });
     let mut response = (status, Json(body)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_SECONDS),
+        );
     }
     response
 }
 
-async fn publish_legacy(State(state): Shared, Path(application): Path<String>, request: Request) -> Response {
+async fn publish_legacy(
+    State(state): Shared,
+    Path(application): Path<String>,
+    request: Request,
+) -> Response {
     let (parts, body) = request.into_parts();
     if !state.authorized(&parts.headers) {
         state.metrics.events(Mode::Legacy, Outcome::Unauthorized, 1);
-        let mut response = legacy_error(StatusCode::UNAUTHORIZED, "a valid bearer token is required", &[]);
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        let mut response = legacy_error(
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required",
+            &[],
+        );
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
     }
     let limits = state.limits();
@@ -355,7 +431,9 @@ async fn publish_legacy(State(state): Shared, Path(application): Path<String>, r
         }
     };
     state.metrics.received("legacy", body.len() as u64);
-    let event = match legacy::from_legacy(&application, &body, &limits, || uuid::Uuid::new_v4().to_string()) {
+    let event = match legacy::from_legacy(&application, &body, &limits, || {
+        uuid::Uuid::new_v4().to_string()
+    }) {
         Ok(event) => event,
         Err(errors) => {
             let too_large = errors.iter().any(|error| error.kind == "too_large");
@@ -365,14 +443,18 @@ async fn publish_legacy(State(state): Shared, Path(application): Path<String>, r
                 (StatusCode::BAD_REQUEST, Outcome::Invalid)
             };
             state.metrics.events(Mode::Legacy, outcome, 1);
-            let message = errors.first().map_or("invalid event", |error| error.message.as_str());
+            let message = errors
+                .first()
+                .map_or("invalid event", |error| error.message.as_str());
             return legacy_error(status, message, &errors);
         }
     };
     let id = event.id.clone();
     match state.publisher.publish(event).await {
         Ok(stored) => {
-            state.metrics.events(Mode::Legacy, stored_outcome(stored), 1);
+            state
+                .metrics
+                .events(Mode::Legacy, stored_outcome(stored), 1);
             (StatusCode::OK, Json(json!({ "event-id": id }))).into_response()
         }
         Err(failure) => {

@@ -22,7 +22,10 @@ async fn binary_event_is_stored_with_its_attributes_and_untouched_data() {
         .header("ce-dataschema", "https://schemas.example/order")
         .header("ce-tenant", "acme")
         .header("content-type", "application/json; charset=utf-8")
-        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
         .header("tracestate", "vendor=1")
         .body(data)
         .send()
@@ -43,7 +46,10 @@ async fn binary_event_is_stored_with_its_attributes_and_untouched_data() {
         ("ce-dataschema", "https://schemas.example/order"),
         ("ce-tenant", "acme"),
         ("content-type", "application/json; charset=utf-8"),
-        ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
         ("tracestate", "vendor=1"),
         ("Nats-Msg-Id", message_id("shop", "order-1").as_str()),
     ] {
@@ -62,8 +68,14 @@ async fn structured_event_is_stored_in_binary_form() {
     });
     let response = bus
         .post("/publish")
-        .header("content-type", "application/cloudevents+json; charset=utf-8")
-        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .header(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        )
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
         .body(event.to_string())
         .send()
         .await
@@ -85,14 +97,21 @@ async fn structured_event_is_stored_in_binary_form() {
         ("ce-priority", "3"),
         ("ce-urgent", "true"),
         ("content-type", "application/json"),
-        ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
     ] {
         assert_eq!(header(&stored, name), Some(value), "{name}");
     }
     let data: Value = serde_json::from_slice(&stored.payload).unwrap();
     assert_eq!(data, json!({"sku": "A-1", "qty": 2, "note": "ünïcode"}));
     // Key order is kept.
-    assert!(std::str::from_utf8(&stored.payload).unwrap().starts_with("{\"sku\""));
+    assert!(
+        std::str::from_utf8(&stored.payload)
+            .unwrap()
+            .starts_with("{\"sku\"")
+    );
 }
 
 #[tokio::test]
@@ -114,7 +133,10 @@ async fn structured_binary_data_and_text_data_become_the_payload() {
     }
     let first = bus.stored(1).await;
     assert_eq!(&first.payload[..], &[0, 1, 2, 255]);
-    assert_eq!(header(&first, "content-type"), Some("application/octet-stream"));
+    assert_eq!(
+        header(&first, "content-type"),
+        Some("application/octet-stream")
+    );
     let second = bus.stored(2).await;
     assert_eq!(&second.payload[..], b"hello");
     assert_eq!(header(&second, "content-type"), Some("text/plain"));
@@ -124,11 +146,21 @@ async fn structured_binary_data_and_text_data_become_the_payload() {
 async fn same_source_and_id_is_stored_once() {
     let bus = Bus::start().await;
     for _ in 0..3 {
-        let response = bus.binary("shop", "dup-1", "order.created.v1").body("{}").send().await.unwrap();
+        let response = bus
+            .binary("shop", "dup-1", "order.created.v1")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 204);
     }
     // Same id from another source is another event.
-    let response = bus.binary("billing", "dup-1", "order.created.v1").body("{}").send().await.unwrap();
+    let response = bus
+        .binary("billing", "dup-1", "order.created.v1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 204);
     // A structured retry of the binary event is a duplicate too.
     let structured = json!({"specversion": "1.0", "id": "dup-1", "source": "shop", "type": "order.created.v1", "data": {}});
@@ -141,14 +173,28 @@ async fn same_source_and_id_is_stored_once() {
         .unwrap();
     assert_eq!(response.status(), 204);
     assert_eq!(bus.stored_count().await, 2);
-    let metrics = bus.http.get(format!("{}/metrics", bus.url)).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains(r#"eddy_bus_events_total{mode="binary",outcome="duplicate"} 2"#), "{metrics}");
+    let metrics = bus
+        .http
+        .get(format!("{}/metrics", bus.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"eddy_bus_events_total{mode="binary",outcome="duplicate"} 2"#),
+        "{metrics}"
+    );
 }
 
 async fn assert_refused(response: reqwest::Response, status: u16, field: Option<&str>) -> Value {
     assert_eq!(response.status(), status);
     let body: Value = response.json().await.unwrap();
-    assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{body}");
+    assert!(
+        body["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{body}"
+    );
     assert_eq!(body["field"].as_str(), field, "{body}");
     body
 }
@@ -156,15 +202,89 @@ async fn assert_refused(response: reqwest::Response, status: u16, field: Option<
 #[tokio::test]
 async fn malformed_binary_events_get_400_naming_the_attribute() {
     let bus = Bus::start().await;
-    let cases: Vec<(&str, Vec<(&str, &str)>, &str)> = vec![
-        ("missing id", vec![("ce-specversion", "1.0"), ("ce-source", "s"), ("ce-type", "t")], "id"),
-        ("empty source", vec![("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-source", ""), ("ce-type", "t")], "source"),
-        ("missing type", vec![("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-source", "s")], "type"),
-        ("old spec", vec![("ce-specversion", "0.3"), ("ce-id", "1"), ("ce-source", "s"), ("ce-type", "t")], "specversion"),
-        ("empty type segment", vec![("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-source", "s"), ("ce-type", "order..created")], "type"),
-        ("bad time", vec![("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-source", "s"), ("ce-type", "t"), ("ce-time", "yesterday")], "time"),
-        ("bad dataschema", vec![("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-source", "s"), ("ce-type", "t"), ("ce-dataschema", "not a uri")], "dataschema"),
-        ("bad extension name", vec![("ce-specversion", "1.0"), ("ce-id", "1"), ("ce-source", "s"), ("ce-type", "t"), ("ce-my-ext", "x")], "my-ext"),
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "missing id",
+            vec![
+                ("ce-specversion", "1.0"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+            ],
+            "id",
+        ),
+        (
+            "empty source",
+            vec![
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", ""),
+                ("ce-type", "t"),
+            ],
+            "source",
+        ),
+        (
+            "missing type",
+            vec![
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+            ],
+            "type",
+        ),
+        (
+            "old spec",
+            vec![
+                ("ce-specversion", "0.3"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+            ],
+            "specversion",
+        ),
+        (
+            "empty type segment",
+            vec![
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "order..created"),
+            ],
+            "type",
+        ),
+        (
+            "bad time",
+            vec![
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+                ("ce-time", "yesterday"),
+            ],
+            "time",
+        ),
+        (
+            "bad dataschema",
+            vec![
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+                ("ce-dataschema", "not a uri"),
+            ],
+            "dataschema",
+        ),
+        (
+            "bad extension name",
+            vec![
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+                ("ce-my-ext", "x"),
+            ],
+            "my-ext",
+        ),
     ];
     for (case, headers, field) in cases {
         let mut request = bus.post("/publish");
@@ -231,7 +351,13 @@ async fn malformed_structured_events_get_400_naming_the_attribute() {
 #[tokio::test]
 async fn unknown_content_modes_get_415() {
     let bus = Bus::start().await;
-    let response = bus.post("/publish").header("content-type", "application/json").body("{}").send().await.unwrap();
+    let response = bus
+        .post("/publish")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_refused(response, 415, None).await;
     let response = bus
         .post("/publish")
@@ -246,11 +372,21 @@ async fn unknown_content_modes_get_415() {
 #[tokio::test]
 async fn events_over_the_size_limit_get_413() {
     let nats = NatsServer::start().unwrap();
-    let bus = Bus::start_with(nats, |args| args.max_event_size = bytesize::ByteSize::kib(4)).await;
+    let bus = Bus::start_with(nats, |args| {
+        args.max_event_size = bytesize::ByteSize::kib(4)
+    })
+    .await;
     let big = "x".repeat(5 * 1024);
-    let response = bus.binary("s", "1", "t").header("content-type", "text/plain").body(big.clone()).send().await.unwrap();
+    let response = bus
+        .binary("s", "1", "t")
+        .header("content-type", "text/plain")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
     assert_refused(response, 413, None).await;
-    let structured = json!({"specversion": "1.0", "id": "2", "source": "s", "type": "t", "data": big});
+    let structured =
+        json!({"specversion": "1.0", "id": "2", "source": "s", "type": "t", "data": big});
     let response = bus
         .post("/publish")
         .header("content-type", "application/cloudevents+json")
@@ -260,7 +396,12 @@ async fn events_over_the_size_limit_get_413() {
         .unwrap();
     assert_refused(response, 413, None).await;
     // Just under the limit is fine.
-    let response = bus.binary("s", "3", "t").body("x".repeat(3 * 1024)).send().await.unwrap();
+    let response = bus
+        .binary("s", "3", "t")
+        .body("x".repeat(3 * 1024))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 204);
     assert_eq!(bus.stored_count().await, 1);
 }
@@ -270,9 +411,19 @@ async fn event_size_never_exceeds_the_servers_max_payload() {
     let nats = NatsServer::start_with_config("max_payload: 65536\n").unwrap();
     // Configured at 1 MiB, but the server takes at most 64 KiB.
     let bus = Bus::start_with(nats, |_| {}).await;
-    let response = bus.binary("s", "1", "t").body("x".repeat(100 * 1024)).send().await.unwrap();
+    let response = bus
+        .binary("s", "1", "t")
+        .body("x".repeat(100 * 1024))
+        .send()
+        .await
+        .unwrap();
     assert_refused(response, 413, None).await;
-    let response = bus.binary("s", "2", "t").body("x".repeat(32 * 1024)).send().await.unwrap();
+    let response = bus
+        .binary("s", "2", "t")
+        .body("x".repeat(32 * 1024))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 204);
 }
 
@@ -280,8 +431,10 @@ async fn event_size_never_exceeds_the_servers_max_payload() {
 async fn batch_of_1000_is_stored_whole_and_in_order() {
     let bus = Bus::start().await;
     let events: Vec<Value> = (0..1000)
-        .map(|i| json!({"specversion": "1.0", "id": format!("b-{i}"), "source": "batcher",
-            "type": "order.created.v1", "data": {"n": i}}))
+        .map(|i| {
+            json!({"specversion": "1.0", "id": format!("b-{i}"), "source": "batcher",
+            "type": "order.created.v1", "data": {"n": i}})
+        })
         .collect();
     let response = bus
         .post("/publish")
@@ -356,13 +509,18 @@ async fn legacy_events_are_stored_as_cloudevents() {
     let bus = Bus::start().await;
     let response = bus
         .post("/shop/v1/events")
-        .json(&json!({"event-type": "order.created", "event-type-version": "v1", "event-id": "leg-1",
-            "event-time": "2024-05-01T08:00:00Z", "data": {"sku": "A-1"}}))
+        .json(
+            &json!({"event-type": "order.created", "event-type-version": "v1", "event-id": "leg-1",
+            "event-time": "2024-05-01T08:00:00Z", "data": {"sku": "A-1"}}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    assert_eq!(response.json::<Value>().await.unwrap(), json!({"event-id": "leg-1"}));
+    assert_eq!(
+        response.json::<Value>().await.unwrap(),
+        json!({"event-id": "leg-1"})
+    );
     let stored = bus.last_stored().await;
     assert_eq!(stored.subject.as_str(), "eddy.events.shop.order.created.v1");
     assert_eq!(header(&stored, "ce-type"), Some("order.created.v1"));
@@ -374,13 +532,18 @@ async fn legacy_events_are_stored_as_cloudevents() {
     // Without an id, one is generated and returned.
     let response = bus
         .post("/shop/v1/events")
-        .json(&json!({"event-type": "order.created", "event-type-version": "v1",
-            "event-time": "2024-05-01T08:00:00Z", "data": 1}))
+        .json(
+            &json!({"event-type": "order.created", "event-type-version": "v1",
+            "event-time": "2024-05-01T08:00:00Z", "data": 1}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let id = response.json::<Value>().await.unwrap()["event-id"].as_str().unwrap().to_owned();
+    let id = response.json::<Value>().await.unwrap()["event-id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(!id.is_empty());
     assert_eq!(header(&bus.last_stored().await, "ce-id"), Some(id.as_str()));
 }
@@ -404,17 +567,29 @@ async fn invalid_legacy_events_get_400_naming_the_field() {
 #[tokio::test]
 async fn nats_down_gives_503_and_publishing_resumes_when_it_is_back() {
     let mut bus = Bus::start().await;
-    let response = bus.binary("s", "before", "t").body("{}").send().await.unwrap();
+    let response = bus
+        .binary("s", "before", "t")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 204);
 
     bus.nats.kill();
     let readyz = format!("{}/readyz", bus.url);
-    eventually("readyz to report NATS down", Duration::from_secs(10), || async {
-        bus.http.get(&readyz).send().await.unwrap().status() == 503
-    })
+    eventually(
+        "readyz to report NATS down",
+        Duration::from_secs(10),
+        || async { bus.http.get(&readyz).send().await.unwrap().status() == 503 },
+    )
     .await
     .unwrap();
-    let response = bus.binary("s", "while-down", "t").body("{}").send().await.unwrap();
+    let response = bus
+        .binary("s", "while-down", "t")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "1");
     let legacy = bus
@@ -427,7 +602,12 @@ async fn nats_down_gives_503_and_publishing_resumes_when_it_is_back() {
 
     bus.nats.restart().unwrap();
     bus.wait_ready().await;
-    let response = bus.binary("s", "after", "t").body("{}").send().await.unwrap();
+    let response = bus
+        .binary("s", "after", "t")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 204);
 
     // The test's own client reconnects too; read what the restarted server has.
@@ -437,14 +617,20 @@ async fn nats_down_gives_503_and_publishing_resumes_when_it_is_back() {
 
 async fn eventually_ids(bus: &Bus) -> Vec<String> {
     let mut ids = Vec::new();
-    eventually("the stream to be readable", Duration::from_secs(10), || async {
-        bus.js.get_stream("EDDY_EVENTS").await.is_ok()
-    })
+    eventually(
+        "the stream to be readable",
+        Duration::from_secs(10),
+        || async { bus.js.get_stream("EDDY_EVENTS").await.is_ok() },
+    )
     .await
     .unwrap();
     let count = bus.stored_count().await;
     for sequence in 1..=count {
-        ids.push(header(&bus.stored(sequence).await, "ce-id").unwrap().to_owned());
+        ids.push(
+            header(&bus.stored(sequence).await, "ce-id")
+                .unwrap()
+                .to_owned(),
+        );
     }
     ids
 }
@@ -452,11 +638,19 @@ async fn eventually_ids(bus: &Bus) -> Vec<String> {
 #[tokio::test]
 async fn a_full_store_refuses_with_503_and_keeps_what_it_has() {
     let nats = NatsServer::start().unwrap();
-    let bus = Bus::start_with(nats, |args| args.stream.max_bytes = bytesize::ByteSize::kib(16)).await;
+    let bus = Bus::start_with(nats, |args| {
+        args.stream.max_bytes = bytesize::ByteSize::kib(16)
+    })
+    .await;
     let mut stored = 0;
     let mut refused = None;
     for i in 0..100 {
-        let response = bus.binary("s", &format!("fill-{i}"), "t").body("x".repeat(1024)).send().await.unwrap();
+        let response = bus
+            .binary("s", &format!("fill-{i}"), "t")
+            .body("x".repeat(1024))
+            .send()
+            .await
+            .unwrap();
         match response.status().as_u16() {
             204 => stored += 1,
             503 => {
@@ -480,7 +674,13 @@ async fn publisher_tokens_are_required_when_configured() {
     let response = bus.binary("s", "1", "t").body("{}").send().await.unwrap();
     assert_eq!(response.status(), 401);
     assert_eq!(response.headers()["www-authenticate"], "Bearer");
-    let response = bus.binary("s", "1", "t").bearer_auth("wrong").body("{}").send().await.unwrap();
+    let response = bus
+        .binary("s", "1", "t")
+        .bearer_auth("wrong")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 401);
     let response = bus
         .post("/shop/v1/events")
@@ -490,21 +690,65 @@ async fn publisher_tokens_are_required_when_configured() {
         .unwrap();
     assert_eq!(response.status(), 401);
     assert_eq!(bus.stored_count().await, 0);
-    let response = bus.binary("s", "1", "t").bearer_auth("s3cret").body("{}").send().await.unwrap();
+    let response = bus
+        .binary("s", "1", "t")
+        .bearer_auth("s3cret")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 204);
     // Probes stay open.
-    assert_eq!(bus.http.get(format!("{}/healthz", bus.url)).send().await.unwrap().status(), 200);
+    assert_eq!(
+        bus.http
+            .get(format!("{}/healthz", bus.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[tokio::test]
 async fn health_readiness_and_metrics() {
     let bus = Bus::start().await;
-    assert_eq!(bus.http.get(format!("{}/healthz", bus.url)).send().await.unwrap().status(), 200);
-    assert_eq!(bus.http.get(format!("{}/readyz", bus.url)).send().await.unwrap().status(), 200);
-    bus.binary("s", "1", "t").body("{\"a\":1}").send().await.unwrap();
+    assert_eq!(
+        bus.http
+            .get(format!("{}/healthz", bus.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        bus.http
+            .get(format!("{}/readyz", bus.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    bus.binary("s", "1", "t")
+        .body("{\"a\":1}")
+        .send()
+        .await
+        .unwrap();
     bus.binary("s", "2", "t").send().await.unwrap();
-    bus.post("/publish").header("content-type", "text/plain").body("x").send().await.unwrap();
-    let response = bus.http.get(format!("{}/metrics", bus.url)).send().await.unwrap();
+    bus.post("/publish")
+        .header("content-type", "text/plain")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let response = bus
+        .http
+        .get(format!("{}/metrics", bus.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
     for expected in [
@@ -532,7 +776,10 @@ async fn an_existing_stream_is_brought_up_to_date() {
     })
     .await
     .unwrap();
-    let bus = Bus::start_with(nats, |args| args.stream.duplicate_window = Duration::from_secs(30)).await;
+    let bus = Bus::start_with(nats, |args| {
+        args.stream.duplicate_window = Duration::from_secs(30)
+    })
+    .await;
     let mut stream = bus.js.get_stream("EDDY_EVENTS").await.unwrap();
     let config = stream.info().await.unwrap().config.clone();
     assert_eq!(config.discard, DiscardPolicy::New);
@@ -548,17 +795,22 @@ async fn the_bus_starts_before_nats_and_becomes_ready_when_it_appears() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = eddy_api::shutdown::CancellationToken::new();
-    let bus = eddy_event_bus::EventBus::new(eddy_event_bus::Args::new(addr, nats.url()), shutdown.clone())
-        .await
-        .unwrap();
+    let bus = eddy_event_bus::EventBus::new(
+        eddy_event_bus::Args::new(addr, nats.url()),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
     tokio::spawn(bus.serve(listener));
     let http = reqwest::Client::new();
     let readyz = format!("http://{addr}/readyz");
     assert_eq!(http.get(&readyz).send().await.unwrap().status(), 503);
     nats.restart().unwrap();
-    eventually("readyz once NATS is up", Duration::from_secs(20), || async {
-        http.get(&readyz).send().await.unwrap().status() == 200
-    })
+    eventually(
+        "readyz once NATS is up",
+        Duration::from_secs(20),
+        || async { http.get(&readyz).send().await.unwrap().status() == 200 },
+    )
     .await
     .unwrap();
     shutdown.cancel();

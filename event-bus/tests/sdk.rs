@@ -24,7 +24,11 @@ fn python() -> PathBuf {
         return python.into();
     }
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/python");
-    if venv.is_file() { venv } else { PathBuf::from("python3") }
+    if venv.is_file() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
 }
 
 /// Runs a publishing script and returns what it says it sent.
@@ -60,7 +64,11 @@ fn assert_intact(sent: &Value, stored: &StreamMessage) {
     let attributes = sent["attributes"].as_object().unwrap();
     for (name, expected) in attributes {
         let expected = expected.as_str().unwrap();
-        let header_name = if name == "datacontenttype" { "content-type".to_owned() } else { format!("ce-{name}") };
+        let header_name = if name == "datacontenttype" {
+            "content-type".to_owned()
+        } else {
+            format!("ce-{name}")
+        };
         let actual = header(stored, &header_name)
             .unwrap_or_else(|| panic!("{mode}: attribute {name} was not stored"));
         if name == "time" {
@@ -68,7 +76,10 @@ fn assert_intact(sent: &Value, stored: &StreamMessage) {
             let actual = chrono::DateTime::parse_from_rfc3339(actual).unwrap();
             assert_eq!(actual, expected, "{mode}: time");
         } else if name == "datacontenttype" {
-            assert!(actual.starts_with(expected), "{mode}: content-type {actual} vs {expected}");
+            assert!(
+                actual.starts_with(expected),
+                "{mode}: content-type {actual} vs {expected}"
+            );
         } else {
             assert_eq!(actual, expected, "{mode}: attribute {name}");
         }
@@ -85,7 +96,9 @@ async fn check_sdk(program: &Path, script: &str, extensions: &[&str]) {
     assert_eq!(stored.len(), 2);
     for event in &sent {
         let id = event["attributes"]["id"].as_str().unwrap();
-        let message = stored.get(id).unwrap_or_else(|| panic!("event {id} was not stored"));
+        let message = stored
+            .get(id)
+            .unwrap_or_else(|| panic!("event {id} was not stored"));
         for extension in extensions {
             assert!(
                 event["attributes"].get(*extension).is_some(),
@@ -103,5 +116,10 @@ async fn python_sdk_events_are_stored_intact() {
 
 #[tokio::test]
 async fn javascript_sdk_events_are_stored_intact() {
-    check_sdk(Path::new("node"), "publish_node.mjs", &["tenant", "priority"]).await;
+    check_sdk(
+        Path::new("node"),
+        "publish_node.mjs",
+        &["tenant", "priority"],
+    )
+    .await;
 }

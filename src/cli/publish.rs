@@ -27,7 +27,11 @@ pub struct Args {
     #[arg(long = "extension", short = 'e', value_parser = parse_extension)]
     pub extensions: Vec<(String, String)>,
     /// The event-bus URL.
-    #[arg(long = "bus", env = "EDDY_BUS_URL", default_value = "http://127.0.0.1:8081")]
+    #[arg(
+        long = "bus",
+        env = "EDDY_BUS_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
     pub bus: String,
     /// Bearer token, when the event-bus requires one.
     #[arg(long, env = "EDDY_BUS_TOKEN", hide_env_values = true)]
@@ -35,19 +39,32 @@ pub struct Args {
 }
 
 fn parse_extension(text: &str) -> Result<(String, String), String> {
-    let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
     Ok((name.to_owned(), value.to_owned()))
 }
 
 /// Publishes and prints the event id.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let Args { ty, source, data, content_type, id, time, extensions, bus, token } = args;
+    let Args {
+        ty,
+        source,
+        data,
+        content_type,
+        id,
+        time,
+        extensions,
+        bus,
+        token,
+    } = args;
     if content_type.contains("json") {
         serde_json::from_str::<serde_json::Value>(&data)
             .with_context(|| format!("--data is not valid JSON for content type {content_type}"))?;
     }
     let id = id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let time = time.unwrap_or_else(|| chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let time = time
+        .unwrap_or_else(|| chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
     let url = format!("{}/publish", bus.trim_end_matches('/'));
     let mut request = reqwest::Client::new()
         .post(&url)
@@ -63,7 +80,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
-    let response = request.body(data).send().await.with_context(|| format!("cannot reach the event-bus at {url}"))?;
+    let response = request
+        .body(data)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the event-bus at {url}"))?;
     let status = response.status();
     if !status.is_success() {
         let body = response.text().await.unwrap_or_default();

@@ -55,7 +55,10 @@ impl NatsServer {
 
     /// Starts a server with a configuration file holding `config` (e.g. `max_payload: 65536`).
     pub fn start_with_config(config: &str) -> Result<Self> {
-        let file = tempfile::Builder::new().prefix("eddy-nats-").suffix(".conf").tempfile()?;
+        let file = tempfile::Builder::new()
+            .prefix("eddy-nats-")
+            .suffix(".conf")
+            .tempfile()?;
         std::fs::write(file.path(), config)?;
         let (_, path) = file.keep()?;
         let path = path.to_string_lossy().into_owned();
@@ -79,7 +82,10 @@ impl NatsServer {
 
     /// Whether the process is running.
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|child| child.try_wait()), Some(Ok(None)))
+        matches!(
+            self.child.as_mut().map(|child| child.try_wait()),
+            Some(Ok(None))
+        )
     }
 
     /// SIGKILLs the server, as a crash would, and waits for it to be gone.
@@ -103,7 +109,9 @@ impl NatsServer {
     }
 
     fn spawn(&mut self, port: Option<u16>) -> Result<()> {
-        let ports_dir = tempfile::Builder::new().prefix("eddy-nats-ports-").tempdir()?;
+        let ports_dir = tempfile::Builder::new()
+            .prefix("eddy-nats-ports-")
+            .tempdir()?;
         let port_arg = port.map_or_else(|| "-1".to_owned(), |port| port.to_string());
         let mut command = Command::new(&self.binary);
         command
@@ -131,10 +139,16 @@ impl NatsServer {
                 }
             }
             if !self.is_running() {
-                bail!("nats-server exited during start-up; its log:\n{}", self.log());
+                bail!(
+                    "nats-server exited during start-up; its log:\n{}",
+                    self.log()
+                );
             }
             if Instant::now() > deadline {
-                bail!("nats-server did not start within 20s; its log:\n{}", self.log());
+                bail!(
+                    "nats-server did not start within 20s; its log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -149,14 +163,11 @@ impl Drop for NatsServer {
 
 /// Reads the client port from the ports file nats-server writes once it listens.
 fn read_client_port(dir: &Path) -> Option<u16> {
-    let entry = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .find(|entry| entry.path().extension().is_some_and(|ext| ext == "ports"))?;
-    let text = std::fs::read_to_string(entry.path()).ok()?;
-    let ports: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let url = ports.get("nats")?.get(0)?.as_str()?;
-    url.rsplit(':').next()?.parse().ok()
+    eddy_api::nats::read_ports_file(dir)?
+        .rsplit(':')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The nats-server binary to use, checked once per test process.
@@ -170,8 +181,9 @@ pub fn nats_server_binary() -> Result<&'static Path> {
 }
 
 fn find_and_check() -> Result<PathBuf> {
-    let binary = find_binary()
-        .ok_or_else(|| anyhow!("no nats-server found on PATH or in EDDY_NATS_SERVER; {INSTALL_HINT}"))?;
+    let binary = find_binary().ok_or_else(|| {
+        anyhow!("no nats-server found on PATH or in EDDY_NATS_SERVER; {INSTALL_HINT}")
+    })?;
     let output = Command::new(&binary)
         .arg("--version")
         .output()

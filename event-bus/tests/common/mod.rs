@@ -31,16 +31,24 @@ impl Bus {
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(bus.serve(listener));
         let client = async_nats::connect(nats.url()).await.unwrap();
-        let this = Self { nats, url, http: reqwest::Client::new(), js: jetstream::new(client), shutdown };
+        let this = Self {
+            nats,
+            url,
+            http: reqwest::Client::new(),
+            js: jetstream::new(client),
+            shutdown,
+        };
         this.wait_ready().await;
         this
     }
 
     pub async fn wait_ready(&self) {
         let readyz = format!("{}/readyz", self.url);
-        eventually("the event-bus to be ready", Duration::from_secs(20), || async {
-            matches!(self.http.get(&readyz).send().await, Ok(r) if r.status() == 200)
-        })
+        eventually(
+            "the event-bus to be ready",
+            Duration::from_secs(20),
+            || async { matches!(self.http.get(&readyz).send().await, Ok(r) if r.status() == 200) },
+        )
         .await
         .unwrap();
     }

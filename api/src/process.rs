@@ -1,0 +1,55 @@
+//! Child processes that never outlive eddy.
+//!
+//! Every child eddy starts (nats-server, function instances, builds) runs in its own process
+//! group, so that stopping it also stops what it started (npm starts node, shells start tools),
+//! and is told by the kernel to terminate when eddy dies, even by SIGKILL (Linux
+//! `PR_SET_PDEATHSIG`). The death signal is tied to the spawning thread, so spawn from a runtime
+//! worker thread (which lives as long as the process), never from a `spawn_blocking` thread.
+
+use std::time::Duration;
+
+use nix::{
+    sys::signal::{Signal, killpg},
+    unistd::Pid,
+};
+use tokio::process::{Child, Command};
+
+/// Puts the child in its own process group and asks the kernel to SIGTERM it when eddy dies.
+pub fn supervise(command: &mut Command) {
+    command.process_group(0).kill_on_drop(true);
+    #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs between fork and exec and calls only prctl(2), which is
+    // async-signal-safe; it touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+        });
+    }
+}
+
+/// Sends `signal` to the child's whole process group.
+pub fn signal_group(child: &Child, signal: Signal) {
+    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+        // ESRCH (already gone) is fine.
+        let _ = killpg(Pid::from_raw(pid), signal);
+    }
+}
+
+/// SIGTERM to the group, then SIGKILL after `grace` if it is still there; reaps the child.
+pub async fn terminate(child: &mut Child, grace: Duration) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    signal_group(child, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        signal_group(child, Signal::SIGKILL);
+        let _ = child.wait().await;
+    }
+}
+
+/// SIGKILL to the group, at once; reaps the child.
+pub async fn kill(child: &mut Child) {
+    signal_group(child, Signal::SIGKILL);
+    let _ = child.wait().await;
+}
