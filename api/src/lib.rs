@@ -7,6 +7,7 @@
 pub mod headers;
 pub mod nats;
 pub mod process;
+pub mod resources;
 pub mod shutdown;
 pub mod subject;
 pub mod telemetry;

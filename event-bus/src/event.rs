@@ -549,3 +549,159 @@ pub enum BatchError {
     /// One entry per event: `None` for a valid event, the error otherwise.
     PerEvent(Vec<Option<EventError>>),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LIMITS: Limits = Limits {
+        max_event_size: 1 << 20,
+        max_batch_events: 100,
+    };
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn content_modes() {
+        let mode = |pairs: &[(&str, &str)]| content_mode(&headers(pairs));
+        assert_eq!(mode(&[("ce-specversion", "1.0")]), Ok(ContentMode::Binary));
+        assert_eq!(
+            mode(&[(
+                "content-type",
+                "Application/CloudEvents+JSON; charset=utf-8"
+            )]),
+            Ok(ContentMode::Structured)
+        );
+        assert_eq!(
+            mode(&[("content-type", "application/cloudevents-batch+json")]),
+            Ok(ContentMode::Batch)
+        );
+        assert_eq!(
+            mode(&[
+                ("content-type", "application/json"),
+                ("ce-specversion", "1.0")
+            ]),
+            Ok(ContentMode::Binary)
+        );
+        assert_eq!(
+            mode(&[("content-type", "application/json")])
+                .unwrap_err()
+                .refusal,
+            Refusal::Unsupported
+        );
+        assert_eq!(
+            mode(&[("content-type", "application/cloudevents+avro")])
+                .unwrap_err()
+                .refusal,
+            Refusal::Unsupported
+        );
+    }
+
+    #[test]
+    fn binary_values_are_percent_decoded() {
+        let event = from_binary(
+            &headers(&[
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+                ("ce-subject", "a%20b%25c%C3%BC"),
+            ]),
+            Bytes::from_static(b"x"),
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(event.headers.get("ce-subject").unwrap().as_str(), "a b%cü");
+        let error = from_binary(
+            &headers(&[
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1%0A"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+            ]),
+            Bytes::new(),
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("id"));
+    }
+
+    #[test]
+    fn repeated_attributes_are_refused() {
+        let error = from_binary(
+            &headers(&[
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-id", "2"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+            ]),
+            Bytes::new(),
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("id"));
+    }
+
+    #[test]
+    fn the_size_limit_counts_headers_and_data() {
+        let limits = Limits {
+            max_event_size: 200,
+            max_batch_events: 1,
+        };
+        let pairs = [
+            ("ce-specversion", "1.0"),
+            ("ce-id", "1"),
+            ("ce-source", "s"),
+            ("ce-type", "t"),
+        ];
+        assert!(from_binary(&headers(&pairs), Bytes::from(vec![b'x'; 100]), &limits).is_ok());
+        let error =
+            from_binary(&headers(&pairs), Bytes::from(vec![b'x'; 190]), &limits).unwrap_err();
+        assert_eq!(error.refusal, Refusal::TooLarge);
+    }
+
+    proptest! {
+        #[test]
+        fn structured_parsing_never_panics(body in any::<Vec<u8>>()) {
+            let _ = from_structured(&body, &TraceContext::default(), &LIMITS);
+            let _ = from_batch(&body, &TraceContext::default(), &LIMITS);
+        }
+
+        #[test]
+        fn structured_attributes_never_panic(
+            key in "[a-zA-Z0-9_-]{0,8}",
+            value in any::<String>(),
+            ty in any::<String>(),
+            source in any::<String>(),
+        ) {
+            let event = serde_json::json!({"specversion": "1.0", "id": "1", "source": source, "type": ty, key: value});
+            let _ = from_json(event, &TraceContext::default(), &LIMITS);
+        }
+
+        #[test]
+        fn binary_parsing_never_panics(
+            values in prop::collection::vec("[ -~]{0,12}", 4),
+            extension in "[a-z0-9-]{1,6}",
+        ) {
+            let map = headers(&[
+                ("ce-specversion", &values[0]),
+                ("ce-id", &values[1]),
+                ("ce-source", &values[2]),
+                ("ce-type", &values[3]),
+                (&format!("ce-{extension}"), "v"),
+            ]);
+            let _ = from_binary(&map, Bytes::new(), &LIMITS);
+        }
+    }
+}

@@ -1,0 +1,1108 @@
+//! The resource model (DESIGN §2): Function and Subscription, identical in local mode and on
+//! Kubernetes. Field names follow Kyma's serverless and eventing v1alpha2 APIs.
+//!
+//! Defaults and validation are pure functions here so that the local API, the Kubernetes CRD
+//! and the tests agree on one set of rules.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::subject::{self, EVENTS_SUBJECT_PREFIX};
+
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// API group of every eddy resource.
+pub const GROUP: &str = "eddy.dev";
+/// API version of every eddy resource.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` as written in manifests.
+pub const API_VERSION: &str = "eddy.dev/v1alpha1";
+
+/// One problem with a resource, named by its JSON path (`spec.types[1]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// JSON path of the field.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A status condition, as Kubernetes writes them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `ConfigurationReady`, `BuildReady`, `Running`, `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// CamelCase reason.
+    pub reason: String,
+    /// A sentence for humans.
+    #[serde(default)]
+    pub message: String,
+    /// RFC 3339 time of the last status change.
+    pub last_transition_time: String,
+}
+
+/// Sets `condition` in `conditions`, keeping the transition time when the status did not change.
+pub fn set_condition(conditions: &mut Vec<Condition>, mut condition: Condition) {
+    match conditions
+        .iter_mut()
+        .find(|existing| existing.type_ == condition.type_)
+    {
+        Some(existing) => {
+            if existing.status == condition.status {
+                condition.last_transition_time = existing.last_transition_time.clone();
+            }
+            *existing = condition;
+        }
+        None => conditions.push(condition),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Function
+
+/// Function runtimes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Runtime {
+    /// Node.js 20, `handler.js` exporting `main(event, context)`.
+    #[serde(rename = "nodejs20")]
+    Nodejs20,
+    /// Python 3.11, `handler.py` defining `main(event, context)`.
+    #[serde(rename = "python311")]
+    Python311,
+}
+
+impl Runtime {
+    /// The name used in manifests and paths.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nodejs20 => "nodejs20",
+            Self::Python311 => "python311",
+        }
+    }
+}
+
+/// A Function: user code run on demand behind an HTTP address.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "eddy.dev",
+    version = "v1alpha1",
+    kind = "Function",
+    namespaced,
+    status = "FunctionStatus",
+    shortname = "fn",
+    printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
+    printcolumn = r#"{"name":"URL","type":"string","jsonPath":".status.url"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FunctionSpec {
+    /// `nodejs20` or `python311`.
+    pub runtime: Runtime,
+    /// Where the code comes from (exactly one kind).
+    pub source: FunctionSource,
+    /// Environment variables given to every instance.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// A fixed number of instances (ignored when `scaleConfig` is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Autoscaling bounds; `minReplicas: 0` scales to zero when idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_config: Option<ScaleConfig>,
+    /// CPU and memory of each instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_configuration: Option<ResourceConfiguration>,
+    /// Longest a handler may run before it is answered 504 (default 180).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i32>,
+}
+
+/// Source of a Function's code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FunctionSource {
+    /// Code given inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<InlineSource>,
+}
+
+/// Inline code and dependencies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InlineSource {
+    /// `handler.js` or `handler.py`.
+    pub source: String,
+    /// `package.json` or `requirements.txt` text.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dependencies: String,
+}
+
+/// One environment variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvVar {
+    /// Name (a C identifier; names the platform sets are reserved).
+    pub name: String,
+    /// Value.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// Autoscaling bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScaleConfig {
+    /// Fewest instances; 0 scales to zero.
+    pub min_replicas: i32,
+    /// Most instances.
+    pub max_replicas: i32,
+}
+
+/// Resources of the function container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceConfiguration {
+    /// The function's own container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<ResourceRequest>,
+}
+
+/// A preset or explicit resources, never both.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceRequest {
+    /// `XS`, `S`, `M`, `L` or `XL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Explicit requests and limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+/// Requests and limits, as in a Kubernetes container.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    /// Limits (`cpu`, `memory`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, Quantity>,
+    /// Requests (`cpu`, `memory`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, Quantity>,
+}
+
+/// Observed state of a Function.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FunctionStatus {
+    /// `ConfigurationReady`, `BuildReady`, `Running`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Instances ready to serve.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Where to invoke it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Presets of `resourceConfiguration.function.profile`: (cpu request, memory request, cpu limit,
+/// memory limit).
+pub const PROFILES: [(&str, &str, &str, &str, &str); 5] = [
+    ("XS", "50m", "64Mi", "150m", "128Mi"),
+    ("S", "100m", "128Mi", "200m", "256Mi"),
+    ("M", "200m", "256Mi", "400m", "512Mi"),
+    ("L", "400m", "512Mi", "800m", "1024Mi"),
+    ("XL", "800m", "1024Mi", "1600m", "2048Mi"),
+];
+
+/// Environment variables the platform sets; users may not set them.
+pub const RESERVED_ENV: [&str; 6] = [
+    "FUNC_NAME",
+    "FUNC_NAMESPACE",
+    "FUNC_RUNTIME",
+    "FUNC_PORT",
+    "FUNC_TIMEOUT",
+    "PUBLISHER_PROXY_ADDRESS",
+];
+
+/// Default handler timeout.
+pub const DEFAULT_TIMEOUT_SECONDS: i32 = 180;
+
+impl FunctionSpec {
+    /// The (min, max) instance counts this spec asks for.
+    pub fn replica_bounds(&self) -> (i32, i32) {
+        match (self.scale_config, self.replicas) {
+            (Some(scale), _) => (scale.min_replicas, scale.max_replicas),
+            (None, Some(fixed)) => (fixed, fixed),
+            (None, None) => (1, 1),
+        }
+    }
+
+    /// The handler timeout.
+    pub fn timeout(&self) -> Duration {
+        let seconds = self.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(1))
+    }
+}
+
+/// Checks a Function; every problem is reported.
+pub fn validate_function(function: &Function) -> Vec<FieldError> {
+    let mut errors = validate_metadata(&function.metadata, true);
+    let spec = &function.spec;
+    match &spec.source.inline {
+        None => errors.push(FieldError::new(
+            "spec.source",
+            "exactly one source kind is required: inline",
+        )),
+        Some(inline) if inline.source.trim().is_empty() => {
+            errors.push(FieldError::new(
+                "spec.source.inline.source",
+                "must not be empty",
+            ));
+        }
+        Some(_) => {}
+    }
+    for (index, var) in spec.env.iter().enumerate() {
+        let field = format!("spec.env[{index}].name");
+        if !is_c_identifier(&var.name) {
+            errors.push(FieldError::new(
+                field,
+                "must be a C identifier: letters, digits and _, not starting with a digit",
+            ));
+        } else if RESERVED_ENV.contains(&var.name.as_str()) {
+            errors.push(FieldError::new(
+                field,
+                format!("{} is set by the platform", var.name),
+            ));
+        } else if spec.env[..index]
+            .iter()
+            .any(|earlier| earlier.name == var.name)
+        {
+            errors.push(FieldError::new(
+                field,
+                format!("{} is given more than once", var.name),
+            ));
+        }
+    }
+    if let Some(replicas) = spec.replicas {
+        if !(0..=100).contains(&replicas) {
+            errors.push(FieldError::new(
+                "spec.replicas",
+                "must be between 0 and 100",
+            ));
+        }
+    }
+    if let Some(scale) = spec.scale_config {
+        if !(0..=100).contains(&scale.min_replicas) {
+            errors.push(FieldError::new(
+                "spec.scaleConfig.minReplicas",
+                "must be between 0 and 100",
+            ));
+        }
+        if !(1..=100).contains(&scale.max_replicas) {
+            errors.push(FieldError::new(
+                "spec.scaleConfig.maxReplicas",
+                "must be between 1 and 100",
+            ));
+        } else if scale.max_replicas < scale.min_replicas {
+            errors.push(FieldError::new(
+                "spec.scaleConfig.maxReplicas",
+                "must not be below minReplicas",
+            ));
+        }
+    }
+    if let Some(request) = spec
+        .resource_configuration
+        .as_ref()
+        .and_then(|r| r.function.as_ref())
+    {
+        match (&request.profile, &request.resources) {
+            (Some(_), Some(_)) => errors.push(FieldError::new(
+                "spec.resourceConfiguration.function",
+                "set profile or resources, not both",
+            )),
+            (Some(profile), None) if !PROFILES.iter().any(|p| p.0 == profile) => {
+                errors.push(FieldError::new(
+                    "spec.resourceConfiguration.function.profile",
+                    "must be one of XS, S, M, L, XL",
+                ))
+            }
+            _ => {}
+        }
+    }
+    if let Some(timeout) = spec.timeout_seconds {
+        if !(1..=3600).contains(&timeout) {
+            errors.push(FieldError::new(
+                "spec.timeoutSeconds",
+                "must be between 1 and 3600",
+            ));
+        }
+    }
+    errors
+}
+
+fn is_c_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// DNS-1035 label: lower-case letters, digits and `-`, starting with a letter, at most 63.
+pub fn is_dns1035_label(name: &str) -> bool {
+    name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// DNS-1123 label: like DNS-1035 but may start with a digit.
+pub fn is_dns1123_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+fn validate_metadata(metadata: &ObjectMeta, dns1035: bool) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    match metadata.name.as_deref() {
+        None | Some("") => errors.push(FieldError::new("metadata.name", "is required")),
+        Some(name) if dns1035 && !is_dns1035_label(name) => errors.push(FieldError::new(
+            "metadata.name",
+            "must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter, at most 63 characters",
+        )),
+        Some(name) if !dns1035 && !is_dns1123_label(name) => errors.push(FieldError::new(
+            "metadata.name",
+            "must be a DNS-1123 label: lower-case letters, digits and '-', at most 63 characters",
+        )),
+        Some(_) => {}
+    }
+    if let Some(namespace) = metadata.namespace.as_deref() {
+        if !is_dns1123_label(namespace) {
+            errors.push(FieldError::new(
+                "metadata.namespace",
+                "must be a DNS-1123 label",
+            ));
+        }
+    }
+    errors
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subscription
+
+/// How `spec.types` are matched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TypeMatching {
+    /// Exact types, or prefixes ending in `.*` (one more segment) or `.>` (one or more).
+    #[default]
+    Standard,
+    /// Types are taken literally.
+    Exact,
+}
+
+/// A Subscription: events of some types, pushed to a sink.
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "eddy.dev",
+    version = "v1alpha1",
+    kind = "Subscription",
+    namespaced,
+    status = "SubscriptionStatus",
+    shortname = "sub",
+    printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Sink","type":"string","jsonPath":".spec.sink"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionSpec {
+    /// Where events go: `http://<function>.<namespace>.svc.cluster.local`.
+    pub sink: String,
+    /// Only events with this CloudEvents source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Event types (or prefixes, with standard matching).
+    pub types: Vec<String>,
+    /// `standard` (prefixes allowed) or `exact`.
+    #[serde(default)]
+    pub type_matching: TypeMatching,
+    /// Flow control.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<SubscriptionConfig>,
+    /// Retries, backoff and timeouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<DeliverySpec>,
+}
+
+/// Flow control of a Subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubscriptionConfig {
+    /// Most events in flight to the sink at once (Kyma writes it as a string; both are taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight_messages: Option<IntOrString>,
+}
+
+/// An integer that may be written as a string, as Kyma's `config` map does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum IntOrString {
+    /// `10`
+    Int(i64),
+    /// `"10"`
+    String(String),
+}
+
+/// Backoff shapes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Backoff {
+    /// initialDelay × 2^(attempt-1), capped at maxDelay.
+    #[default]
+    Exponential,
+    /// initialDelay × attempt, capped at maxDelay.
+    Linear,
+    /// initialDelay every time.
+    Constant,
+}
+
+/// Delivery settings of a Subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeliverySpec {
+    /// Deliveries before the event goes to dead letters (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i64>,
+    /// Backoff shape (default exponential).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Backoff>,
+    /// First retry delay (default 1s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_delay: Option<String>,
+    /// Longest retry delay (default 60s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_delay: Option<String>,
+    /// Per-delivery timeout (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+/// A resolved type filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TypeStatus {
+    /// The type as written in the spec.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The NATS subject filter it resolves to.
+    pub subject: String,
+}
+
+/// Observed state of a Subscription.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionStatus {
+    /// Valid, consumer in place, sink resolvable.
+    #[serde(default)]
+    pub ready: bool,
+    /// `Ready`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// Each type and its subject filter.
+    #[serde(default)]
+    pub types: Vec<TypeStatus>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Default `maxInFlightMessages`.
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 10;
+/// Default `maxAttempts`.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+/// A Subscription's delivery settings with defaults filled in and durations parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryPolicy {
+    /// Most events in flight at once.
+    pub max_in_flight: u32,
+    /// Deliveries before dead letters.
+    pub max_attempts: u32,
+    /// Backoff shape.
+    pub backoff: Backoff,
+    /// First retry delay.
+    pub initial_delay: Duration,
+    /// Longest retry delay.
+    pub max_delay: Duration,
+    /// Per-delivery timeout.
+    pub timeout: Duration,
+}
+
+impl DeliveryPolicy {
+    /// Delay before attempt `attempt + 1`, after `attempt` (1-based) failed.
+    pub fn retry_delay(&self, attempt: u32) -> Duration {
+        let step = attempt.max(1);
+        let delay = match self.backoff {
+            Backoff::Constant => self.initial_delay,
+            Backoff::Linear => self.initial_delay.saturating_mul(step),
+            Backoff::Exponential => self
+                .initial_delay
+                .saturating_mul(2u32.saturating_pow(step.saturating_sub(1).min(31))),
+        };
+        delay.min(self.max_delay)
+    }
+}
+
+/// Where a sink may point.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SinkPolicy {
+    /// URL prefixes allowed besides function Services (e.g. `http://127.0.0.1:9000/`).
+    pub allowed_prefixes: Vec<String>,
+}
+
+/// A sink that names a Function's Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionSink {
+    /// The function.
+    pub function: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Path and query after the host, `/` at least.
+    pub path_and_query: String,
+}
+
+/// Parses `http://<function>.<namespace>.svc.cluster.local[:80][/path]`.
+pub fn parse_function_sink(sink: &str) -> Option<FunctionSink> {
+    let url = url::Url::parse(sink).ok()?;
+    if url.scheme() != "http"
+        || !matches!(url.port(), None | Some(80))
+        || !url.username().is_empty()
+    {
+        return None;
+    }
+    let host = url.host_str()?;
+    let rest = host.strip_suffix(".svc.cluster.local")?;
+    let (function, namespace) = rest.split_once('.')?;
+    if !is_dns1035_label(function) || !is_dns1123_label(namespace) {
+        return None;
+    }
+    let mut path_and_query = url.path().to_owned();
+    if let Some(query) = url.query() {
+        path_and_query.push('?');
+        path_and_query.push_str(query);
+    }
+    Some(FunctionSink {
+        function: function.to_owned(),
+        namespace: namespace.to_owned(),
+        path_and_query,
+    })
+}
+
+fn parse_duration_field(
+    value: Option<&str>,
+    default: Duration,
+    field: &str,
+    errors: &mut Vec<FieldError>,
+) -> Duration {
+    let Some(text) = value else { return default };
+    match humantime::parse_duration(text) {
+        Ok(duration) if !duration.is_zero() => duration,
+        Ok(_) => {
+            errors.push(FieldError::new(field, "must be greater than zero"));
+            default
+        }
+        Err(error) => {
+            errors.push(FieldError::new(
+                field,
+                format!("not a duration like 500ms, 1s or 2m: {error}"),
+            ));
+            default
+        }
+    }
+}
+
+impl SubscriptionSpec {
+    /// The delivery policy, or every problem with the fields behind it.
+    pub fn delivery_policy(&self) -> Result<DeliveryPolicy, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let max_in_flight = match self
+            .config
+            .as_ref()
+            .and_then(|c| c.max_in_flight_messages.as_ref())
+        {
+            None => DEFAULT_MAX_IN_FLIGHT,
+            Some(value) => {
+                let parsed = match value {
+                    IntOrString::Int(n) => Some(*n),
+                    IntOrString::String(text) => text.trim().parse().ok(),
+                };
+                match parsed
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| (1..=10_000).contains(n))
+                {
+                    Some(n) => n,
+                    None => {
+                        errors.push(FieldError::new(
+                            "spec.config.maxInFlightMessages",
+                            "must be a whole number between 1 and 10000",
+                        ));
+                        DEFAULT_MAX_IN_FLIGHT
+                    }
+                }
+            }
+        };
+        let delivery = self.delivery.clone().unwrap_or_default();
+        let max_attempts = match delivery.max_attempts {
+            None => DEFAULT_MAX_ATTEMPTS,
+            Some(n) => match u32::try_from(n).ok().filter(|n| (1..=100).contains(n)) {
+                Some(n) => n,
+                None => {
+                    errors.push(FieldError::new(
+                        "spec.delivery.maxAttempts",
+                        "must be between 1 and 100",
+                    ));
+                    DEFAULT_MAX_ATTEMPTS
+                }
+            },
+        };
+        let initial_delay = parse_duration_field(
+            delivery.initial_delay.as_deref(),
+            Duration::from_secs(1),
+            "spec.delivery.initialDelay",
+            &mut errors,
+        );
+        let max_delay = parse_duration_field(
+            delivery.max_delay.as_deref(),
+            Duration::from_secs(60),
+            "spec.delivery.maxDelay",
+            &mut errors,
+        );
+        let timeout = parse_duration_field(
+            delivery.timeout.as_deref(),
+            Duration::from_secs(30),
+            "spec.delivery.timeout",
+            &mut errors,
+        );
+        if max_delay < initial_delay {
+            errors.push(FieldError::new(
+                "spec.delivery.maxDelay",
+                "must not be below initialDelay",
+            ));
+        }
+        if timeout > Duration::from_secs(3600) {
+            errors.push(FieldError::new(
+                "spec.delivery.timeout",
+                "must be at most 1h",
+            ));
+        }
+        if errors.is_empty() {
+            Ok(DeliveryPolicy {
+                max_in_flight,
+                max_attempts,
+                backoff: delivery.backoff.unwrap_or_default(),
+                initial_delay,
+                max_delay,
+                timeout,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The NATS subject filter of each type, or the problems with them.
+    pub fn type_subjects(&self) -> Result<Vec<TypeStatus>, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let mut resolved = Vec::with_capacity(self.types.len());
+        if self.types.is_empty() {
+            errors.push(FieldError::new(
+                "spec.types",
+                "at least one type is required",
+            ));
+        }
+        let source_token = match self.source.as_deref() {
+            None => "*".to_owned(),
+            Some("") => {
+                errors.push(FieldError::new(
+                    "spec.source",
+                    "must not be empty when given",
+                ));
+                "*".to_owned()
+            }
+            Some(source) => subject::escape_token(source),
+        };
+        for (index, ty) in self.types.iter().enumerate() {
+            match type_filter(ty, self.type_matching) {
+                Ok(pattern) => {
+                    let subject = format!("{EVENTS_SUBJECT_PREFIX}.{source_token}.{pattern}");
+                    if subject.len() > subject::MAX_SUBJECT_LEN {
+                        errors.push(FieldError::new(format!("spec.types[{index}]"), "too long"));
+                    } else if resolved.iter().any(|t: &TypeStatus| t.subject == subject) {
+                        errors.push(FieldError::new(
+                            format!("spec.types[{index}]"),
+                            "given more than once",
+                        ));
+                    } else {
+                        resolved.push(TypeStatus {
+                            type_: ty.clone(),
+                            subject,
+                        });
+                    }
+                }
+                Err(message) => {
+                    errors.push(FieldError::new(format!("spec.types[{index}]"), message))
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(resolved)
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+/// The subject pattern after the source token for one type.
+fn type_filter(ty: &str, matching: TypeMatching) -> Result<String, String> {
+    let segments: Vec<&str> = ty.split('.').collect();
+    if segments.iter().any(|segment| segment.is_empty()) {
+        return Err("must not be empty or have empty segments (`a..b`, `.a`, `a.`)".to_owned());
+    }
+    let mut pattern = String::with_capacity(ty.len() + 8);
+    let last = segments.len() - 1;
+    for (index, segment) in segments.iter().enumerate() {
+        if index > 0 {
+            pattern.push('.');
+        }
+        let wildcard = matching == TypeMatching::Standard && (*segment == "*" || *segment == ">");
+        if wildcard && index == last && index > 0 {
+            pattern.push_str(segment);
+        } else if wildcard {
+            return Err(
+                "wildcards `*` and `>` may only end a prefix, as in `order.*` or `order.>`"
+                    .to_owned(),
+            );
+        } else {
+            subject::escape_token_into(segment, &mut pattern);
+        }
+    }
+    Ok(pattern)
+}
+
+/// Checks a Subscription; every problem is reported.
+pub fn validate_subscription(subscription: &Subscription, sinks: &SinkPolicy) -> Vec<FieldError> {
+    let mut errors = validate_metadata(&subscription.metadata, false);
+    let spec = &subscription.spec;
+    if let Err(found) = spec.type_subjects() {
+        errors.extend(found);
+    }
+    if let Err(found) = spec.delivery_policy() {
+        errors.extend(found);
+    }
+    let namespace = subscription
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or("default");
+    match parse_function_sink(&spec.sink) {
+        Some(sink) if sink.namespace != namespace => errors.push(FieldError::new(
+            "spec.sink",
+            format!("must be a Service in the Subscription's namespace ({namespace})"),
+        )),
+        Some(_) => {}
+        None if sinks
+            .allowed_prefixes
+            .iter()
+            .any(|prefix| spec.sink.starts_with(prefix.as_str())) =>
+        {
+            if url::Url::parse(&spec.sink).is_err() {
+                errors.push(FieldError::new("spec.sink", "not a valid URL"));
+            }
+        }
+        None => errors.push(FieldError::new(
+            "spec.sink",
+            format!(
+                "must be a function Service, http://<function>.{namespace}.svc.cluster.local, \
+                 or a URL allowed by the platform's sink policy"
+            ),
+        )),
+    }
+    errors
+}
+
+/// The durable consumer name of a Subscription (`sub_<namespace>_<name>`; `_` appears in neither).
+pub fn consumer_name(namespace: &str, name: &str) -> String {
+    format!("sub_{namespace}_{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub_json(spec: serde_json::Value) -> Subscription {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Subscription",
+            "metadata": {"name": "on-order", "namespace": "default"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn types_resolve_to_subject_filters() {
+        let sub = sub_json(serde_json::json!({
+            "sink": "http://stock.default.svc.cluster.local",
+            "source": "shop",
+            "types": ["order.created.v1", "order.*", "payment.>"],
+        }));
+        let subjects: Vec<_> = sub
+            .spec
+            .type_subjects()
+            .unwrap()
+            .into_iter()
+            .map(|t| t.subject)
+            .collect();
+        assert_eq!(
+            subjects,
+            vec![
+                "eddy.events.shop.order.created.v1",
+                "eddy.events.shop.order.*",
+                "eddy.events.shop.payment.>"
+            ]
+        );
+        assert!(validate_subscription(&sub, &SinkPolicy::default()).is_empty());
+    }
+
+    #[test]
+    fn any_source_and_escaped_tokens() {
+        let sub = sub_json(serde_json::json!({
+            "sink": "http://stock.default.svc.cluster.local",
+            "types": ["com.example/order created"],
+        }));
+        assert_eq!(
+            sub.spec.type_subjects().unwrap()[0].subject,
+            "eddy.events.*.com.example~2Forder~20created"
+        );
+        let exact = sub_json(serde_json::json!({
+            "sink": "http://stock.default.svc.cluster.local",
+            "types": ["order.*"], "typeMatching": "exact",
+        }));
+        assert_eq!(
+            exact.spec.type_subjects().unwrap()[0].subject,
+            "eddy.events.*.order.~2A"
+        );
+    }
+
+    #[test]
+    fn bad_types_are_named() {
+        let sub = sub_json(serde_json::json!({
+            "sink": "http://stock.default.svc.cluster.local",
+            "types": ["ok", "a..b", "*.created", "order.*.v1", "ok"],
+        }));
+        let fields: Vec<_> = validate_subscription(&sub, &SinkPolicy::default())
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                "spec.types[1]",
+                "spec.types[2]",
+                "spec.types[3]",
+                "spec.types[4]"
+            ]
+        );
+        let none = sub_json(
+            serde_json::json!({"sink": "http://stock.default.svc.cluster.local", "types": []}),
+        );
+        assert_eq!(
+            validate_subscription(&none, &SinkPolicy::default())[0].field,
+            "spec.types"
+        );
+    }
+
+    #[test]
+    fn sinks_are_function_services_or_allowed() {
+        let policy = SinkPolicy {
+            allowed_prefixes: vec!["http://127.0.0.1:".to_owned()],
+        };
+        for (sink, ok) in [
+            ("http://stock.default.svc.cluster.local", true),
+            ("http://stock.default.svc.cluster.local/orders?x=1", true),
+            ("http://stock.other.svc.cluster.local", false),
+            ("http://127.0.0.1:9000/hook", true),
+            ("http://169.254.169.254/latest/meta-data", false),
+            ("https://stock.default.svc.cluster.local", false),
+            ("http://stock.default.svc.cluster.local:8080", false),
+        ] {
+            let sub = sub_json(serde_json::json!({"sink": sink, "types": ["a"]}));
+            assert_eq!(
+                validate_subscription(&sub, &policy).is_empty(),
+                ok,
+                "{sink}"
+            );
+        }
+        let parsed = parse_function_sink("http://stock.shop.svc.cluster.local/a/b?c=d").unwrap();
+        assert_eq!(
+            parsed,
+            FunctionSink {
+                function: "stock".into(),
+                namespace: "shop".into(),
+                path_and_query: "/a/b?c=d".into()
+            }
+        );
+    }
+
+    #[test]
+    fn delivery_defaults_and_limits() {
+        let sub = sub_json(
+            serde_json::json!({"sink": "http://a.default.svc.cluster.local", "types": ["a"]}),
+        );
+        let policy = sub.spec.delivery_policy().unwrap();
+        assert_eq!(policy.max_in_flight, 10);
+        assert_eq!(policy.max_attempts, 5);
+        assert_eq!(policy.timeout, Duration::from_secs(30));
+        let kyma = sub_json(serde_json::json!({
+            "sink": "http://a.default.svc.cluster.local", "types": ["a"],
+            "config": {"maxInFlightMessages": "3"},
+            "delivery": {"maxAttempts": 3, "backoff": "linear", "initialDelay": "200ms", "maxDelay": "1s", "timeout": "5s"}
+        }));
+        let policy = kyma.spec.delivery_policy().unwrap();
+        assert_eq!((policy.max_in_flight, policy.max_attempts), (3, 3));
+        assert_eq!(policy.retry_delay(1), Duration::from_millis(200));
+        assert_eq!(policy.retry_delay(2), Duration::from_millis(400));
+        assert_eq!(policy.retry_delay(9), Duration::from_secs(1));
+        let bad = sub_json(serde_json::json!({
+            "sink": "http://a.default.svc.cluster.local", "types": ["a"],
+            "config": {"maxInFlightMessages": "lots"},
+            "delivery": {"maxAttempts": 0, "initialDelay": "soon", "timeout": "0s"}
+        }));
+        let fields: Vec<_> = bad
+            .spec
+            .delivery_policy()
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                "spec.config.maxInFlightMessages",
+                "spec.delivery.maxAttempts",
+                "spec.delivery.initialDelay",
+                "spec.delivery.timeout"
+            ]
+        );
+    }
+
+    #[test]
+    fn exponential_backoff_doubles_up_to_the_cap() {
+        let policy = DeliveryPolicy {
+            max_in_flight: 1,
+            max_attempts: 5,
+            backoff: Backoff::Exponential,
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(10),
+            timeout: Duration::from_secs(1),
+        };
+        let delays: Vec<_> = (1..=6).map(|a| policy.retry_delay(a).as_secs()).collect();
+        assert_eq!(delays, vec![1, 2, 4, 8, 10, 10]);
+        assert_eq!(policy.retry_delay(u32::MAX), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn functions_are_validated_field_by_field() {
+        let function: Function = serde_json::from_value(serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Function",
+            "metadata": {"name": "9bad", "namespace": "default"},
+            "spec": {
+                "runtime": "nodejs20",
+                "source": {"inline": {"source": " "}},
+                "env": [{"name": "FUNC_PORT", "value": "1"}, {"name": "1X"}, {"name": "A"}, {"name": "A"}],
+                "scaleConfig": {"minReplicas": 3, "maxReplicas": 2},
+                "resourceConfiguration": {"function": {"profile": "S", "resources": {"limits": {"cpu": "1"}}}},
+                "timeoutSeconds": 0
+            }
+        }))
+        .unwrap();
+        let fields: Vec<_> = validate_function(&function)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                "metadata.name",
+                "spec.source.inline.source",
+                "spec.env[0].name",
+                "spec.env[1].name",
+                "spec.env[3].name",
+                "spec.scaleConfig.maxReplicas",
+                "spec.resourceConfiguration.function",
+                "spec.timeoutSeconds"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_runtimes_are_refused() {
+        let typo = serde_json::from_value::<Function>(serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Function", "metadata": {"name": "a"},
+            "spec": {"runtime": "nodejs20", "source": {"inline": {"source": "x"}}, "replica": 2}
+        }));
+        assert!(typo.unwrap_err().to_string().contains("replica"));
+        let runtime = serde_json::from_value::<Function>(serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "Function", "metadata": {"name": "a"},
+            "spec": {"runtime": "cobol", "source": {"inline": {"source": "x"}}}
+        }));
+        assert!(runtime.is_err());
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_until_the_status_changes() {
+        let mut conditions = Vec::new();
+        let make = |status: &str, time: &str| Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: "R".into(),
+            message: String::new(),
+            last_transition_time: time.into(),
+        };
+        set_condition(&mut conditions, make("True", "t1"));
+        set_condition(&mut conditions, make("True", "t2"));
+        assert_eq!(conditions[0].last_transition_time, "t1");
+        set_condition(&mut conditions, make("False", "t3"));
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].last_transition_time, "t3");
+    }
+
+    #[test]
+    fn consumer_names_cannot_collide() {
+        assert_eq!(consumer_name("default", "on-order"), "sub_default_on-order");
+        assert_ne!(consumer_name("a-b", "c"), consumer_name("a", "b-c"));
+    }
+}
