@@ -4,6 +4,8 @@
 mod cli;
 mod up;
 
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
 use eddy_api::telemetry::LogArgs;
 
@@ -23,8 +25,105 @@ enum Command {
     Up(up::Args),
     /// Run the event-bus: the HTTP publish endpoint in front of JetStream.
     EventBus(eddy_event_bus::Args),
+    /// Run the dispatcher: delivers subscribed events to their sinks.
+    Dispatcher(eddy_dispatcher::Args),
+    /// Run the controller: the resource API and the reconcilers.
+    Controller(eddy_controller::Args),
     /// Publish one event to the event-bus (binary mode).
     Publish(cli::publish::Args),
+    /// Create or update the resources in a manifest file or directory.
+    Apply {
+        /// A YAML/JSON file (several documents allowed) or a directory of them.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        #[command(flatten)]
+        api: cli::resources::ApiArgs,
+    },
+    /// Show resources.
+    Get {
+        /// functions or subscriptions.
+        kind: cli::resources::Kind,
+        /// One resource; all when left out.
+        name: Option<String>,
+        /// Every namespace.
+        #[arg(short = 'A', long = "all-namespaces")]
+        all_namespaces: bool,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+        output: cli::resources::Output,
+        #[command(flatten)]
+        api: cli::resources::ApiArgs,
+    },
+    /// Delete resources, by name or by manifest.
+    Delete {
+        /// functions or subscriptions.
+        kind: Option<cli::resources::Kind>,
+        /// The resource.
+        name: Option<String>,
+        /// Delete what a manifest file or directory names.
+        #[arg(short = 'f', long = "filename")]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        api: cli::resources::ApiArgs,
+    },
+    /// Dead letters: events that could not be delivered.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+        #[command(flatten)]
+        dispatcher: cli::dlq::DispatcherArgs,
+        /// Namespace of the subscription.
+        #[arg(
+            long = "namespace",
+            short = 'n',
+            env = "EDDY_NAMESPACE",
+            default_value = "default",
+            global = true
+        )]
+        namespace: String,
+    },
+    /// Deliver stored events again to one subscription (no other is touched).
+    Replay {
+        /// The subscription.
+        subscription: String,
+        /// Events stored within this long ago (e.g. 10m, 2h).
+        #[arg(
+            long,
+            conflicts_with = "from_seq",
+            required_unless_present = "from_seq"
+        )]
+        since: Option<String>,
+        /// Events from this stream sequence on.
+        #[arg(long = "from-seq")]
+        from_seq: Option<u64>,
+        #[command(flatten)]
+        dispatcher: cli::dlq::DispatcherArgs,
+        /// Namespace of the subscription.
+        #[arg(
+            long = "namespace",
+            short = 'n',
+            env = "EDDY_NAMESPACE",
+            default_value = "default"
+        )]
+        namespace: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// List dead letters, of one subscription or all.
+    List {
+        /// The subscription.
+        subscription: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+        output: cli::resources::Output,
+    },
+    /// Deliver a subscription's dead letters to its sink again; delivered ones leave dead letters.
+    Redrive {
+        /// The subscription.
+        subscription: String,
+    },
 }
 
 #[tokio::main]
@@ -36,8 +135,65 @@ async fn main() -> anyhow::Result<()> {
             let shutdown = eddy_api::shutdown::on_signal();
             eddy_event_bus::run(args, shutdown).await?;
         }
+        Command::Dispatcher(args) => {
+            let shutdown = eddy_api::shutdown::on_signal();
+            eddy_dispatcher::run(args, shutdown).await?;
+        }
+        Command::Controller(args) => {
+            let shutdown = eddy_api::shutdown::on_signal();
+            eddy_controller::run(args, shutdown).await?;
+        }
         Command::Up(args) => up::run(args).await?,
         Command::Publish(args) => cli::publish::run(args).await?,
+        Command::Apply { file, api } => cli::resources::apply(&api, &file).await?,
+        Command::Get {
+            kind,
+            name,
+            all_namespaces,
+            output,
+            api,
+        } => {
+            cli::resources::get(&api, kind, name.as_deref(), all_namespaces, output).await?;
+        }
+        Command::Delete {
+            kind,
+            name,
+            file,
+            api,
+        } => {
+            cli::resources::delete(&api, kind, name.as_deref(), file.as_ref()).await?;
+        }
+        Command::Dlq {
+            command,
+            dispatcher,
+            namespace,
+        } => match command {
+            DlqCommand::List {
+                subscription,
+                output,
+            } => {
+                cli::dlq::list(&dispatcher, &namespace, subscription.as_deref(), output).await?;
+            }
+            DlqCommand::Redrive { subscription } => {
+                cli::dlq::redrive(&dispatcher, &namespace, &subscription).await?
+            }
+        },
+        Command::Replay {
+            subscription,
+            since,
+            from_seq,
+            dispatcher,
+            namespace,
+        } => {
+            cli::dlq::replay(
+                &dispatcher,
+                &namespace,
+                &subscription,
+                since.as_deref(),
+                from_seq,
+            )
+            .await?;
+        }
     }
     Ok(())
 }

@@ -35,6 +35,20 @@ pub struct Args {
         default_value = "127.0.0.1:8081"
     )]
     pub bus_addr: SocketAddr,
+    /// Resource API and dashboard address.
+    #[arg(
+        long = "api-addr",
+        env = "EDDY_API_ADDR",
+        default_value = "127.0.0.1:8082"
+    )]
+    pub api_addr: SocketAddr,
+    /// Dispatcher admin address.
+    #[arg(
+        long = "dispatcher-addr",
+        env = "EDDY_DISPATCHER_ADDR",
+        default_value = "127.0.0.1:8083"
+    )]
+    pub dispatcher_addr: SocketAddr,
     /// Largest event accepted by the event-bus.
     #[arg(
         long = "max-event-size",
@@ -50,88 +64,124 @@ pub struct Args {
         hide_env_values = true
     )]
     pub bus_tokens: Vec<String>,
+    /// URL prefixes Subscription sinks may use besides functions (comma-separated).
+    #[arg(
+        long = "allowed-sinks",
+        env = "EDDY_ALLOWED_SINKS",
+        value_delimiter = ','
+    )]
+    pub allowed_sinks: Vec<String>,
 }
 
 /// Runs everything until a shutdown signal.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let Args {
-        data_dir,
-        nats_url,
-        nats_server,
-        bus_addr,
-        max_event_size,
-        bus_tokens,
-    } = args;
     let shutdown = eddy_api::shutdown::on_signal();
-    std::fs::create_dir_all(data_dir.join("logs"))
-        .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
+    std::fs::create_dir_all(args.data_dir.join("logs"))
+        .with_context(|| format!("cannot create the data dir {}", args.data_dir.display()))?;
 
-    let (mut nats, nats_url) = match nats_url {
+    let (mut nats, nats_url) = match args.nats_url.clone() {
         Some(url) => (None, url),
         None => {
-            let binary = find_nats_server(nats_server)?;
-            let started = NatsChild::start(&binary, &data_dir).await?;
+            let binary = find_nats_server(args.nats_server.clone())?;
+            let started = NatsChild::start(&binary, &args.data_dir).await?;
             let url = started.url.clone();
             println!(
-                "nats       ready  {url}  (store {})",
-                data_dir.join("nats").display()
+                "nats        ready  {url}  (store {})",
+                args.data_dir.join("nats").display()
             );
             (Some(started), url)
         }
     };
 
     let components = CancellationToken::new();
-    let result = run_components(
-        &nats_url,
-        bus_addr,
-        max_event_size,
-        bus_tokens,
-        &components,
-        &shutdown,
-    )
-    .await;
+    let result = run_components(&args, &nats_url, &components, &shutdown).await;
     components.cancel();
     if let Some(nats) = nats.as_mut() {
         nats.stop().await;
-        println!("nats       stopped");
+        println!("nats        stopped");
     }
     result
 }
 
+type Component = (&'static str, tokio::task::JoinHandle<anyhow::Result<()>>);
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}
+
 async fn run_components(
+    args: &Args,
     nats_url: &str,
-    bus_addr: SocketAddr,
-    max_event_size: bytesize::ByteSize,
-    bus_tokens: Vec<String>,
     components: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let bus_listener = TcpListener::bind(bus_addr)
-        .await
-        .with_context(|| format!("cannot listen on {bus_addr}"))?;
-    let bus_local = bus_listener.local_addr()?;
+    let mut running: Vec<Component> = Vec::new();
+
+    let (bus_listener, bus_local) = bind(args.bus_addr).await?;
     let mut bus_args = eddy_event_bus::Args::new(bus_local, nats_url);
-    bus_args.max_event_size = max_event_size;
-    bus_args.tokens = bus_tokens;
+    bus_args.max_event_size = args.max_event_size;
+    bus_args.tokens = args.bus_tokens.clone();
     let bus = eddy_event_bus::EventBus::new(bus_args, components.child_token()).await?;
-    let mut bus_task = tokio::spawn(bus.serve(bus_listener));
-    println!("event-bus  ready  http://{bus_local}/publish");
+    running.push((
+        "event-bus",
+        tokio::spawn(async move { Ok(bus.serve(bus_listener).await?) }),
+    ));
+    println!("event-bus   ready  http://{bus_local}/publish");
+
+    let (api_listener, api_local) = bind(args.api_addr).await?;
+    let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
+    controller_args.data_dir = args.data_dir.clone();
+    controller_args.allowed_sinks = args.allowed_sinks.clone();
+    let controller =
+        eddy_controller::Controller::new(controller_args, components.child_token()).await?;
+    running.push((
+        "controller",
+        tokio::spawn(async move { Ok(controller.serve(api_listener).await?) }),
+    ));
+    println!("controller  ready  http://{api_local}");
+
+    let (dispatcher_listener, dispatcher_local) = bind(args.dispatcher_addr).await?;
+    let mut dispatcher_args =
+        eddy_dispatcher::Args::new(dispatcher_local, nats_url, format!("http://{bus_local}"));
+    dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
+    dispatcher_args.bus_token = args.bus_tokens.first().cloned();
+    let dispatcher =
+        eddy_dispatcher::Dispatcher::new(dispatcher_args, components.child_token()).await?;
+    running.push((
+        "dispatcher",
+        tokio::spawn(async move { Ok(dispatcher.serve(dispatcher_listener).await?) }),
+    ));
+    println!("dispatcher  ready  http://{dispatcher_local}");
     println!("ready");
 
-    tokio::select! {
-        () = shutdown.cancelled() => {
-            components.cancel();
-            match tokio::time::timeout(Duration::from_secs(15), &mut bus_task).await {
-                Ok(joined) => joined??,
-                Err(_) => bail!("the event-bus did not stop within 15s"),
-            }
-            Ok(())
-        }
-        joined = &mut bus_task => {
-            joined??;
-            bail!("the event-bus stopped unexpectedly")
+    let failed = tokio::select! {
+        () = shutdown.cancelled() => None,
+        (joined, index, _) = futures::future::select_all(running.iter_mut().map(|(_, task)| task)) => Some((index, joined)),
+    };
+    components.cancel();
+    let mut result = Ok(());
+    if let Some((index, joined)) = failed {
+        let name = running[index].0;
+        result = Err(match joined {
+            Ok(Ok(())) => anyhow::anyhow!("{name} stopped unexpectedly"),
+            Ok(Err(error)) => error.context(format!("{name} failed")),
+            Err(error) => anyhow::anyhow!("{name} crashed: {error}"),
+        });
+        running.remove(index);
+    }
+    for (name, task) in running {
+        match tokio::time::timeout(Duration::from_secs(20), task).await {
+            Ok(Ok(Ok(()))) => println!("{name:<11} stopped"),
+            Ok(Ok(Err(error))) => eprintln!("{name} stopped with an error: {error:#}"),
+            Ok(Err(error)) => eprintln!("{name} crashed: {error}"),
+            Err(_) => eprintln!("{name} did not stop within 20s"),
         }
     }
+    result
 }
 
 /// The nats-server to start: the flag, then PATH, then the project's tool dir.

@@ -9,6 +9,7 @@ pub mod nats;
 pub mod process;
 pub mod resources;
 pub mod shutdown;
+pub mod store;
 pub mod subject;
 pub mod telemetry;
 

@@ -1,1 +1,287 @@
-//! x
+//! The eddy dispatcher: one durable JetStream consumer per Subscription, pushing each event to
+//! its sink as a binary-mode CloudEvent over HTTP, at least once. See DESIGN §3 and §5, and
+//! `docs/dispatcher.md`.
+//!
+//! Any number of dispatcher processes can run against one NATS: they share each consumer, and
+//! JetStream hands an event to one of them at a time.
+
+pub mod admin;
+pub mod consumer;
+pub mod deadletter;
+pub mod delivery;
+pub mod manager;
+pub mod metrics;
+pub mod sinks;
+pub mod worker;
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use eddy_api::{
+    nats::{NatsArgs, StreamArgs, dead_letter_stream_config, ensure_stream},
+    resources::SinkPolicy,
+    shutdown::CancellationToken,
+    store::Store,
+};
+use tokio::net::TcpListener;
+
+/// Errors of the dispatcher.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Shared setup failed.
+    #[error(transparent)]
+    Api(#[from] eddy_api::Error),
+    /// The resource store failed.
+    #[error(transparent)]
+    Store(#[from] eddy_api::store::StoreError),
+    /// A JetStream consumer operation failed.
+    #[error("consumer {consumer}: {operation} failed: {message}")]
+    Consumer {
+        /// The consumer.
+        consumer: String,
+        /// What we were doing.
+        operation: &'static str,
+        /// What NATS said.
+        message: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[source] reqwest::Error),
+    /// An address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The admin server failed.
+    #[error("HTTP server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+impl Error {
+    /// A consumer error with its context.
+    pub fn consumer(
+        consumer: &str,
+        operation: &'static str,
+        error: impl std::fmt::Display,
+    ) -> Self {
+        Self::Consumer {
+            consumer: consumer.to_owned(),
+            operation,
+            message: error.to_string(),
+        }
+    }
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Flags of `eddy dispatcher`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Admin address: probes, metrics, dead letters, replay.
+    #[arg(
+        long = "addr",
+        env = "EDDY_DISPATCHER_ADDR",
+        default_value = "127.0.0.1:8083"
+    )]
+    pub addr: SocketAddr,
+    /// NATS connection.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// Settings of the streams (the dead-letter stream takes the same limits as the events).
+    #[command(flatten)]
+    pub stream: StreamArgs,
+    /// The event-bus, where replies of functions are published.
+    #[arg(
+        long = "bus-url",
+        env = "EDDY_BUS_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
+    pub bus_url: String,
+    /// Bearer token for the event-bus, when it requires one.
+    #[arg(long = "bus-token", env = "EDDY_BUS_TOKEN", hide_env_values = true)]
+    pub bus_token: Option<String>,
+    /// URL prefixes sinks may use besides function Services (comma-separated).
+    #[arg(
+        long = "allowed-sinks",
+        env = "EDDY_ALLOWED_SINKS",
+        value_delimiter = ','
+    )]
+    pub allowed_sinks: Vec<String>,
+    /// How function sinks are resolved: through Function status (local) or as written (direct).
+    #[arg(
+        long = "sink-resolution",
+        env = "EDDY_SINK_RESOLUTION",
+        value_enum,
+        default_value = "local"
+    )]
+    pub sink_resolution: sinks::Resolution,
+    /// How long a delivery may go without an ack before JetStream gives the event to another
+    /// dispatcher; in-progress acks keep longer deliveries alive.
+    #[arg(long = "ack-wait", env = "EDDY_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ack_wait: Duration,
+    /// Largest reply event read from a sink's answer.
+    #[arg(
+        long = "max-reply-size",
+        env = "EDDY_MAX_REPLY_SIZE",
+        default_value = "1MiB"
+    )]
+    pub max_reply_size: bytesize::ByteSize,
+    /// Longest wait for in-flight deliveries on shutdown.
+    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+impl Args {
+    /// Defaults for everything but the NATS URL, the admin address and the event-bus URL.
+    pub fn new(addr: SocketAddr, nats_url: impl Into<String>, bus_url: impl Into<String>) -> Self {
+        Self {
+            addr,
+            nats: NatsArgs::with_url(nats_url),
+            stream: StreamArgs::default(),
+            bus_url: bus_url.into(),
+            bus_token: None,
+            allowed_sinks: Vec::new(),
+            sink_resolution: sinks::Resolution::Local,
+            ack_wait: Duration::from_secs(30),
+            max_reply_size: bytesize::ByteSize::mib(1),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A configured dispatcher, delivering, with its admin API not yet served.
+pub struct Dispatcher {
+    router: axum::Router,
+    manager_task: tokio::task::JoinHandle<()>,
+    drain_timeout: Duration,
+    shutdown: CancellationToken,
+}
+
+impl Dispatcher {
+    /// Connects, makes sure the dead-letter stream exists, and starts following Subscriptions.
+    pub async fn new(args: Args, shutdown: CancellationToken) -> Result<Self> {
+        let Args {
+            addr: _,
+            nats,
+            stream,
+            bus_url,
+            bus_token,
+            allowed_sinks,
+            sink_resolution,
+            ack_wait,
+            max_reply_size,
+            drain_timeout,
+        } = args;
+        let client = nats
+            .connect(
+                "eddy-dispatcher",
+                |event| tracing::info!(%event, "NATS connection event"),
+            )
+            .await?;
+        let js = async_nats::jetstream::new(client.clone());
+        let store = open_with_retry(&js, &stream, &shutdown).await?;
+        let policy = SinkPolicy {
+            allowed_prefixes: allowed_sinks,
+        };
+        let sinks = sinks::Sinks::new(sink_resolution, policy.clone());
+        if sink_resolution == sinks::Resolution::Local {
+            tokio::spawn(sinks.clone().watch(store.clone(), shutdown.child_token()));
+        }
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(Error::Http)?;
+        let shared = Arc::new(worker::Shared {
+            js,
+            http,
+            sinks,
+            metrics: metrics::Metrics::new(),
+            bus_publish_url: format!("{}/publish", bus_url.trim_end_matches('/')),
+            bus_token,
+            max_reply_size: usize::try_from(max_reply_size.as_u64()).unwrap_or(usize::MAX),
+            progress_every: (ack_wait / 3).max(Duration::from_millis(100)),
+        });
+        let manager = Arc::new(manager::Manager::new(
+            shared.clone(),
+            policy,
+            ack_wait,
+            drain_timeout,
+            shutdown.child_token(),
+        ));
+        let manager_task = tokio::spawn(manager.clone().run(store));
+        let router = admin::router(Arc::new(admin::AdminState {
+            shared,
+            manager,
+            client,
+        }));
+        Ok(Self {
+            router,
+            manager_task,
+            drain_timeout,
+            shutdown,
+        })
+    }
+
+    /// Serves the admin API until shutdown, then waits for the workers to drain.
+    pub async fn serve(self, listener: TcpListener) -> Result<()> {
+        let shutdown = self.shutdown.clone();
+        let server = axum::serve(listener, self.router)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let served = server.await.map_err(Error::Serve);
+        // The manager stops every worker on shutdown, each bounded by the drain timeout.
+        if tokio::time::timeout(
+            self.drain_timeout + Duration::from_secs(1),
+            self.manager_task,
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!("dispatcher workers did not drain in time");
+        }
+        served
+    }
+}
+
+/// Creates the dead-letter stream and opens the store, waiting for NATS with backoff.
+async fn open_with_retry(
+    js: &async_nats::jetstream::Context,
+    stream: &StreamArgs,
+    shutdown: &CancellationToken,
+) -> Result<Store> {
+    let mut attempt = 0;
+    loop {
+        let opened = async {
+            ensure_stream(js, dead_letter_stream_config(stream)).await?;
+            Ok::<_, Error>(Store::open(js, usize::from(stream.replicas)).await?)
+        }
+        .await;
+        match opened {
+            Ok(store) => return Ok(store),
+            Err(error) if attempt < 60 && !shutdown.is_cancelled() => {
+                attempt += 1;
+                tracing::warn!(%error, attempt, "NATS not ready for the dispatcher yet");
+                tokio::time::sleep(eddy_api::store::rewatch_delay(attempt)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Runs the dispatcher until `shutdown`.
+pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
+    let addr = args.addr;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::Bind { addr, source })?;
+    let dispatcher = Dispatcher::new(args, shutdown).await?;
+    println!("dispatcher ready on http://{local}");
+    dispatcher.serve(listener).await
+}

@@ -1,3 +1,5 @@
 //! Client verbs of the `eddy` command line.
 
+pub mod dlq;
 pub mod publish;
+pub mod resources;

@@ -1,0 +1,518 @@
+//! Resources in the NATS KV bucket `eddy_resources` (local mode).
+//!
+//! Spec and status live under separate keys, so that the API (which writes specs) and the
+//! controller (which writes status) never overwrite each other:
+//! `<plural>.<namespace>.<name>` holds the resource without status, and
+//! `status.<plural>.<namespace>.<name>` its status. Any process with a NATS connection can read
+//! and watch them: the dispatcher resolves sinks from Function status this way.
+
+use std::{fmt::Debug, time::Duration};
+
+use async_nats::jetstream::{
+    self,
+    kv::{self, Operation},
+};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::{
+    nats::RESOURCES_BUCKET,
+    resources::{Function, FunctionStatus, ObjectMeta, Subscription, SubscriptionStatus},
+};
+
+/// Errors of the resource store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// NATS did not answer or refused.
+    #[error("resource store: {operation} failed: {message}")]
+    Nats {
+        /// What we were doing.
+        operation: &'static str,
+        /// What NATS said.
+        message: String,
+    },
+    /// A stored value could not be decoded.
+    #[error("resource store: {key} holds an invalid value: {source}")]
+    Decode {
+        /// The key.
+        key: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A concurrent writer changed the resource; reread and retry.
+    #[error("resource store: {0} was changed concurrently")]
+    Conflict(String),
+    /// The resource has no name or namespace.
+    #[error("resource store: the resource needs metadata.name")]
+    Unnamed,
+}
+
+fn nats_error(operation: &'static str) -> impl FnOnce(String) -> StoreError {
+    move |message| StoreError::Nats { operation, message }
+}
+
+/// A resource kept in the store.
+pub trait StoredResource:
+    Serialize + DeserializeOwned + Clone + Debug + Send + Sync + 'static
+{
+    /// Status type.
+    type Status: Serialize + DeserializeOwned + Clone + Debug + Default + PartialEq + Send + Sync;
+    /// `functions`, `subscriptions`.
+    const PLURAL: &'static str;
+    /// `Function`, `Subscription`.
+    const KIND: &'static str;
+    /// Metadata.
+    fn meta(&self) -> &ObjectMeta;
+    /// Metadata, mutable.
+    fn meta_mut(&mut self) -> &mut ObjectMeta;
+    /// Takes the status out (the spec key stores none).
+    fn take_status(&mut self) -> Option<Self::Status>;
+    /// Sets the status.
+    fn set_status(&mut self, status: Option<Self::Status>);
+    /// Whether two resources have the same spec.
+    fn same_spec(&self, other: &Self) -> bool;
+}
+
+impl StoredResource for Function {
+    type Status = FunctionStatus;
+    const PLURAL: &'static str = "functions";
+    const KIND: &'static str = "Function";
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn take_status(&mut self) -> Option<FunctionStatus> {
+        self.status.take()
+    }
+    fn set_status(&mut self, status: Option<FunctionStatus>) {
+        self.status = status;
+    }
+    fn same_spec(&self, other: &Self) -> bool {
+        self.spec == other.spec
+    }
+}
+
+impl StoredResource for Subscription {
+    type Status = SubscriptionStatus;
+    const PLURAL: &'static str = "subscriptions";
+    const KIND: &'static str = "Subscription";
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn take_status(&mut self) -> Option<SubscriptionStatus> {
+        self.status.take()
+    }
+    fn set_status(&mut self, status: Option<SubscriptionStatus>) {
+        self.status = status;
+    }
+    fn same_spec(&self, other: &Self) -> bool {
+        self.spec == other.spec
+    }
+}
+
+/// The key of a resource's spec.
+pub fn spec_key<R: StoredResource>(namespace: &str, name: &str) -> String {
+    format!("{}.{namespace}.{name}", R::PLURAL)
+}
+
+/// The key of a resource's status.
+pub fn status_key<R: StoredResource>(namespace: &str, name: &str) -> String {
+    format!("status.{}.{namespace}.{name}", R::PLURAL)
+}
+
+/// A change seen by [`Store::watch`].
+#[derive(Debug, Clone)]
+pub enum Change<R> {
+    /// Created or updated.
+    Applied(R),
+    /// Deleted.
+    Deleted {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// Every resource that existed when the watch started has been seen.
+    Synced,
+}
+
+/// The resource store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    kv: kv::Store,
+}
+
+impl Store {
+    /// Opens the bucket, creating it when missing.
+    pub async fn open(js: &jetstream::Context, replicas: usize) -> Result<Self, StoreError> {
+        let kv = match js.get_key_value(RESOURCES_BUCKET).await {
+            Ok(kv) => kv,
+            Err(_) => js
+                .create_key_value(kv::Config {
+                    bucket: RESOURCES_BUCKET.to_owned(),
+                    description: "eddy: Functions and Subscriptions (local mode)".to_owned(),
+                    history: 5,
+                    storage: jetstream::stream::StorageType::File,
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| nats_error("create bucket")(e.to_string()))?,
+        };
+        Ok(Self { kv })
+    }
+
+    /// Reads one resource with its status; `resourceVersion` is the spec key's revision.
+    pub async fn get<R: StoredResource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<R>, StoreError> {
+        let key = spec_key::<R>(namespace, name);
+        let Some(entry) = self
+            .kv
+            .entry(&key)
+            .await
+            .map_err(|e| nats_error("get")(e.to_string()))?
+        else {
+            return Ok(None);
+        };
+        if entry.operation != Operation::Put {
+            return Ok(None);
+        }
+        let mut resource: R = decode(&key, &entry.value)?;
+        resource.meta_mut().resource_version = Some(entry.revision.to_string());
+        resource.set_status(self.get_status::<R>(namespace, name).await?);
+        Ok(Some(resource))
+    }
+
+    /// Reads a status alone.
+    pub async fn get_status<R: StoredResource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<R::Status>, StoreError> {
+        let key = status_key::<R>(namespace, name);
+        match self
+            .kv
+            .get(&key)
+            .await
+            .map_err(|e| nats_error("get status")(e.to_string()))?
+        {
+            Some(value) if !value.is_empty() => Ok(Some(decode(&key, &value)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Lists resources of a kind, in one namespace or all, sorted by namespace and name.
+    pub async fn list<R: StoredResource>(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<R>, StoreError> {
+        let prefix = match namespace {
+            Some(namespace) => format!("{}.{namespace}.", R::PLURAL),
+            None => format!("{}.", R::PLURAL),
+        };
+        let mut keys = match self.kv.keys().await {
+            Ok(keys) => keys,
+            Err(error) => return Err(nats_error("list")(error.to_string())),
+        };
+        let mut names = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| nats_error("list")(e.to_string()))?;
+            if let Some(rest) = key.strip_prefix(&prefix) {
+                let (namespace, name) = match namespace {
+                    Some(namespace) => (namespace.to_owned(), rest.to_owned()),
+                    None => match rest.split_once('.') {
+                        Some((namespace, name)) => (namespace.to_owned(), name.to_owned()),
+                        None => continue,
+                    },
+                };
+                names.push((namespace, name));
+            }
+        }
+        names.sort();
+        let mut resources = Vec::with_capacity(names.len());
+        for (namespace, name) in names {
+            if let Some(resource) = self.get::<R>(&namespace, &name).await? {
+                resources.push(resource);
+            }
+        }
+        Ok(resources)
+    }
+
+    /// Creates or replaces a resource's spec. Keeps uid and creation time, bumps the generation
+    /// when the spec changed, and refuses to overwrite a concurrent change. Returns the stored
+    /// resource and whether it was created.
+    pub async fn apply<R: StoredResource>(&self, mut resource: R) -> Result<(R, bool), StoreError> {
+        let namespace = resource
+            .meta()
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned());
+        let name = resource.meta().name.clone().ok_or(StoreError::Unnamed)?;
+        resource.meta_mut().namespace = Some(namespace.clone());
+        let key = spec_key::<R>(&namespace, &name);
+        let existing = self
+            .kv
+            .entry(&key)
+            .await
+            .map_err(|e| nats_error("get")(e.to_string()))?;
+        let existing = match existing {
+            Some(entry) if entry.operation == Operation::Put => {
+                let old: R = decode(&key, &entry.value)?;
+                Some((old, entry.revision))
+            }
+            _ => None,
+        };
+        resource.take_status();
+        let meta = resource.meta_mut();
+        meta.resource_version = None;
+        meta.managed_fields = None;
+        let created = existing.is_none();
+        match &existing {
+            Some((old, _)) => {
+                let old_meta = old.meta();
+                let generation = old_meta.generation.unwrap_or(1);
+                let changed = !old.same_spec(&resource);
+                let meta = resource.meta_mut();
+                meta.uid.clone_from(&old_meta.uid);
+                meta.creation_timestamp
+                    .clone_from(&old_meta.creation_timestamp);
+                meta.generation = Some(if changed { generation + 1 } else { generation });
+            }
+            None => {
+                let meta = resource.meta_mut();
+                meta.uid = Some(new_uid());
+                meta.creation_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
+                meta.generation = Some(1);
+            }
+        }
+        let value =
+            Bytes::from(
+                serde_json::to_vec(&resource).map_err(|source| StoreError::Decode {
+                    key: key.clone(),
+                    source,
+                })?,
+            );
+        let revision = match existing {
+            Some((_, revision)) => {
+                self.kv
+                    .update(&key, value, revision)
+                    .await
+                    .map_err(|error| {
+                        if error.kind() == kv::UpdateErrorKind::WrongLastRevision {
+                            StoreError::Conflict(key.clone())
+                        } else {
+                            nats_error("update")(error.to_string())
+                        }
+                    })?
+            }
+            None => self.kv.create(&key, value).await.map_err(|error| {
+                if error.kind() == kv::CreateErrorKind::AlreadyExists {
+                    StoreError::Conflict(key.clone())
+                } else {
+                    nats_error("create")(error.to_string())
+                }
+            })?,
+        };
+        resource.meta_mut().resource_version = Some(revision.to_string());
+        resource.set_status(self.get_status::<R>(&namespace, &name).await?);
+        Ok((resource, created))
+    }
+
+    /// Deletes a resource's spec (its controller removes the status when it has cleaned up).
+    /// Returns whether it existed.
+    pub async fn delete<R: StoredResource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<bool, StoreError> {
+        let key = spec_key::<R>(namespace, name);
+        let exists = matches!(
+            self.kv.entry(&key).await.map_err(|e| nats_error("get")(e.to_string()))?,
+            Some(entry) if entry.operation == Operation::Put
+        );
+        if exists {
+            self.kv
+                .delete(&key)
+                .await
+                .map_err(|e| nats_error("delete")(e.to_string()))?;
+        }
+        Ok(exists)
+    }
+
+    /// Writes a status.
+    pub async fn put_status<R: StoredResource>(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: &R::Status,
+    ) -> Result<(), StoreError> {
+        let key = status_key::<R>(namespace, name);
+        let value = serde_json::to_vec(status).map_err(|source| StoreError::Decode {
+            key: key.clone(),
+            source,
+        })?;
+        self.kv
+            .put(&key, value.into())
+            .await
+            .map_err(|e| nats_error("put status")(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Removes a status.
+    pub async fn delete_status<R: StoredResource>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), StoreError> {
+        let key = status_key::<R>(namespace, name);
+        self.kv
+            .delete(&key)
+            .await
+            .map_err(|e| nats_error("delete status")(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Watches the specs of a kind: every current resource first, then [`Change::Synced`], then
+    /// changes as they happen. The stream ends when the watch breaks (NATS restarted, say);
+    /// callers watch again and treat the new initial list as the truth.
+    pub async fn watch<R: StoredResource>(
+        &self,
+    ) -> Result<
+        impl futures::Stream<Item = Result<Change<R>, StoreError>> + Send + use<R>,
+        StoreError,
+    > {
+        let prefix = format!("{}.", R::PLURAL);
+        let mut watch = self
+            .kv
+            .watch_with_history(format!("{prefix}>"))
+            .await
+            .map_err(|e| nats_error("watch")(e.to_string()))?;
+        // An empty bucket yields no entry to carry `seen_current`; ask how many there are.
+        let initially_empty = self.list::<R>(None).await?.is_empty();
+        let stream = async_stream_like(move |sender| async move {
+            let mut synced = false;
+            if initially_empty {
+                synced = true;
+                if sender.send(Ok(Change::Synced)).await.is_err() {
+                    return;
+                }
+            }
+            while let Some(entry) = watch.next().await {
+                let change = match entry {
+                    Err(error) => Err(nats_error("watch")(error.to_string())),
+                    Ok(entry) => match entry.operation {
+                        Operation::Put => {
+                            decode::<R>(&entry.key, &entry.value).map(|mut resource| {
+                                resource.meta_mut().resource_version =
+                                    Some(entry.revision.to_string());
+                                Change::Applied(resource)
+                            })
+                        }
+                        Operation::Delete | Operation::Purge => {
+                            let rest = entry.key.strip_prefix(&prefix).unwrap_or(&entry.key);
+                            let (namespace, name) = rest.split_once('.').unwrap_or(("", rest));
+                            Ok(Change::Deleted {
+                                namespace: namespace.to_owned(),
+                                name: name.to_owned(),
+                            })
+                        }
+                    }
+                    .map(|change| (change, entry.seen_current)),
+                };
+                let (change, seen_current) = match change {
+                    Ok((change, seen_current)) => (Ok(change), seen_current),
+                    Err(error) => (Err(error), false),
+                };
+                let failed = change.is_err();
+                if sender.send(change).await.is_err() || failed {
+                    return;
+                }
+                if seen_current && !synced {
+                    synced = true;
+                    if sender.send(Ok(Change::Synced)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(stream)
+    }
+
+    /// Watches the status of a kind (for caches such as the dispatcher's sink resolver):
+    /// `(namespace, name, Some(status) | None when removed)`.
+    pub async fn watch_status<R: StoredResource>(
+        &self,
+    ) -> Result<
+        impl futures::Stream<Item = (String, String, Option<R::Status>)> + Send + use<R>,
+        StoreError,
+    > {
+        let prefix = format!("status.{}.", R::PLURAL);
+        let watch = self
+            .kv
+            .watch_with_history(format!("{prefix}>"))
+            .await
+            .map_err(|e| nats_error("watch status")(e.to_string()))?;
+        Ok(watch.filter_map(move |entry| {
+            let prefix = prefix.clone();
+            async move {
+                let entry = entry.ok()?;
+                let rest = entry.key.strip_prefix(&prefix)?;
+                let (namespace, name) = rest.split_once('.')?;
+                let status = match entry.operation {
+                    Operation::Put => serde_json::from_slice(&entry.value).ok(),
+                    Operation::Delete | Operation::Purge => None,
+                };
+                Some((namespace.to_owned(), name.to_owned(), status))
+            }
+        }))
+    }
+}
+
+fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(value).map_err(|source| StoreError::Decode {
+        key: key.to_owned(),
+        source,
+    })
+}
+
+fn new_uid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// A stream fed by a task: simpler than a hand-written state machine for a loop with sends.
+fn async_stream_like<T, F, Fut>(body: F) -> impl futures::Stream<Item = T> + Send
+where
+    T: Send + 'static,
+    F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(body(sender));
+    tokio_stream_receiver(receiver)
+}
+
+fn tokio_stream_receiver<T: Send + 'static>(
+    mut receiver: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
+
+/// How long to wait before watching again after a watch broke.
+pub fn rewatch_delay(failures: u32) -> Duration {
+    Duration::from_millis(200)
+        .saturating_mul(2u32.saturating_pow(failures.min(5)))
+        .min(Duration::from_secs(5))
+}

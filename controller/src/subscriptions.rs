@@ -1,0 +1,285 @@
+//! Subscription status in local mode.
+//!
+//! The dispatcher owns the consumers; the controller reports on them. A Subscription is Ready
+//! when its spec is valid, its durable consumer exists in `EDDY_EVENTS` and its sink resolves
+//! (the function exists and has a URL). Status carries each type with its subject filter.
+
+use std::{collections::HashMap, time::Duration};
+
+use async_nats::jetstream;
+use eddy_api::{
+    nats::EVENTS_STREAM,
+    resources::{
+        Condition, Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name,
+        parse_function_sink, set_condition, validate_subscription,
+    },
+    shutdown::CancellationToken,
+    store::{Change, Store, rewatch_delay},
+};
+use futures::StreamExt as _;
+
+/// Why a Subscription is or is not ready (the `Ready` condition's reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Everything in place.
+    Ready,
+    /// The spec breaks a rule (stored before the rule existed, or written around the API).
+    Invalid,
+    /// The dispatcher has not created the consumer yet.
+    ConsumerNotReady,
+    /// The sink names a function that does not exist or has no URL yet.
+    SinkNotFound,
+}
+
+impl Readiness {
+    fn reason(self) -> &'static str {
+        match self {
+            Self::Ready => "ConsumerReady",
+            Self::Invalid => "Invalid",
+            Self::ConsumerNotReady => "ConsumerNotReady",
+            Self::SinkNotFound => "SinkNotFound",
+        }
+    }
+}
+
+/// The status a Subscription should have, given what was observed. Pure.
+pub fn desired_status(
+    subscription: &Subscription,
+    previous: Option<&SubscriptionStatus>,
+    readiness: Readiness,
+    message: String,
+    now: &str,
+) -> SubscriptionStatus {
+    let mut status = previous.cloned().unwrap_or_default();
+    status.types = subscription.spec.type_subjects().unwrap_or_default();
+    status.ready = readiness == Readiness::Ready;
+    status.observed_generation = subscription.metadata.generation;
+    set_condition(
+        &mut status.conditions,
+        Condition {
+            type_: "Ready".to_owned(),
+            status: if status.ready { "True" } else { "False" }.to_owned(),
+            reason: readiness.reason().to_owned(),
+            message,
+            last_transition_time: now.to_owned(),
+        },
+    );
+    status
+}
+
+/// Keeps Subscription status up to date until `shutdown`.
+pub async fn run(
+    store: Store,
+    js: jetstream::Context,
+    sinks: SinkPolicy,
+    shutdown: CancellationToken,
+) {
+    let mut failures = 0;
+    loop {
+        let watch = match store.watch::<Subscription>().await {
+            Ok(watch) => watch,
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch subscriptions; retrying");
+                failures += 1;
+                tokio::select! {
+                    () = tokio::time::sleep(rewatch_delay(failures)) => continue,
+                    () = shutdown.cancelled() => return,
+                }
+            }
+        };
+        failures = 0;
+        let mut watch = std::pin::pin!(watch);
+        let mut known: HashMap<(String, String), Subscription> = HashMap::new();
+        let mut written: HashMap<(String, String), SubscriptionStatus> = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                change = watch.next() => match change {
+                    Some(Ok(Change::Applied(subscription))) => {
+                        let key = key_of(&subscription);
+                        reconcile(&store, &js, &sinks, &subscription, &mut written).await;
+                        known.insert(key, subscription);
+                    }
+                    Some(Ok(Change::Deleted { namespace, name })) => {
+                        let key = (namespace, name);
+                        known.remove(&key);
+                        written.remove(&key);
+                        if let Err(error) = store.delete_status::<Subscription>(&key.0, &key.1).await {
+                            tracing::warn!(%error, namespace = %key.0, name = %key.1, "cannot remove subscription status");
+                        }
+                    }
+                    Some(Ok(Change::Synced)) => {}
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "subscription watch failed; watching again");
+                        break;
+                    }
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    // Consumers and functions appear after the Subscription; look again.
+                    for subscription in known.values() {
+                        let ready = written.get(&key_of(subscription)).is_some_and(|status| status.ready);
+                        if !ready {
+                            reconcile(&store, &js, &sinks, subscription, &mut written).await;
+                        }
+                    }
+                }
+                () = shutdown.cancelled() => return,
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(rewatch_delay(1)) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+fn key_of(subscription: &Subscription) -> (String, String) {
+    (
+        subscription.metadata.namespace.clone().unwrap_or_default(),
+        subscription.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+async fn reconcile(
+    store: &Store,
+    js: &jetstream::Context,
+    sinks: &SinkPolicy,
+    subscription: &Subscription,
+    written: &mut HashMap<(String, String), SubscriptionStatus>,
+) {
+    let key = key_of(subscription);
+    let (namespace, name) = (&key.0, &key.1);
+    let (readiness, message) = observe(store, js, sinks, subscription, namespace, name).await;
+    let previous = match written.get(&key) {
+        Some(status) => Some(status.clone()),
+        None => store
+            .get_status::<Subscription>(namespace, name)
+            .await
+            .ok()
+            .flatten(),
+    };
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let status = desired_status(subscription, previous.as_ref(), readiness, message, &now);
+    if previous.as_ref() == Some(&status) {
+        written.insert(key, status);
+        return;
+    }
+    match store
+        .put_status::<Subscription>(namespace, name, &status)
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(%namespace, %name, ready = status.ready, reason = readiness.reason(), "subscription status");
+            written.insert(key, status);
+        }
+        Err(error) => tracing::warn!(%error, %namespace, %name, "cannot write subscription status"),
+    }
+}
+
+async fn observe(
+    store: &Store,
+    js: &jetstream::Context,
+    sinks: &SinkPolicy,
+    subscription: &Subscription,
+    namespace: &str,
+    name: &str,
+) -> (Readiness, String) {
+    let errors = validate_subscription(subscription, sinks);
+    if !errors.is_empty() {
+        let text: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
+        return (Readiness::Invalid, text.join("; "));
+    }
+    let consumer = consumer_name(namespace, name);
+    let consumer_exists = match js.get_stream(EVENTS_STREAM).await {
+        Ok(stream) => stream.consumer_info(&consumer).await.is_ok(),
+        Err(_) => false,
+    };
+    if !consumer_exists {
+        return (
+            Readiness::ConsumerNotReady,
+            format!("waiting for the dispatcher to create consumer {consumer}"),
+        );
+    }
+    if let Some(sink) = parse_function_sink(&subscription.spec.sink) {
+        match store.get::<Function>(&sink.namespace, &sink.function).await {
+            Ok(Some(function)) if function.status.as_ref().is_some_and(|s| s.url.is_some()) => {}
+            Ok(Some(_)) => {
+                return (
+                    Readiness::SinkNotFound,
+                    format!("function {} has no URL yet", sink.function),
+                );
+            }
+            Ok(None) => {
+                return (
+                    Readiness::SinkNotFound,
+                    format!("function {} does not exist", sink.function),
+                );
+            }
+            Err(error) => {
+                return (
+                    Readiness::SinkNotFound,
+                    format!("cannot read function {}: {error}", sink.function),
+                );
+            }
+        }
+    }
+    (
+        Readiness::Ready,
+        format!("delivering through consumer {consumer}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn subscription() -> Subscription {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+            "metadata": {"name": "s", "namespace": "default", "generation": 3},
+            "spec": {"sink": "http://f.default.svc.cluster.local", "types": ["order.created.v1"], "source": "shop"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn ready_status_lists_subjects() {
+        let status = desired_status(&subscription(), None, Readiness::Ready, "ok".into(), "t1");
+        assert!(status.ready);
+        assert_eq!(status.observed_generation, Some(3));
+        assert_eq!(status.types[0].subject, "eddy.events.shop.order.created.v1");
+        assert_eq!(status.conditions[0].reason, "ConsumerReady");
+        assert_eq!(status.conditions[0].status, "True");
+    }
+
+    #[test]
+    fn unchanged_observations_give_an_unchanged_status() {
+        let first = desired_status(
+            &subscription(),
+            None,
+            Readiness::SinkNotFound,
+            "no".into(),
+            "t1",
+        );
+        let second = desired_status(
+            &subscription(),
+            Some(&first),
+            Readiness::SinkNotFound,
+            "no".into(),
+            "t2",
+        );
+        assert_eq!(first, second);
+        let third = desired_status(
+            &subscription(),
+            Some(&second),
+            Readiness::Ready,
+            "ok".into(),
+            "t3",
+        );
+        assert_eq!(third.conditions[0].last_transition_time, "t3");
+    }
+}

@@ -1,0 +1,148 @@
+//! The durable consumer of a Subscription: its configuration (pure) and keeping it in place.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self,
+    consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
+};
+use eddy_api::resources::DeliveryPolicy;
+
+use crate::{Error, Result};
+
+/// What a Subscription needs from its consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerPlan {
+    /// Durable name.
+    pub name: String,
+    /// Subject filters, one per type.
+    pub filter_subjects: Vec<String>,
+    /// Delivery settings.
+    pub policy: DeliveryPolicy,
+    /// How long a delivery may go without an ack or in-progress ack before JetStream hands the
+    /// event to another dispatcher.
+    pub ack_wait: Duration,
+}
+
+/// The consumer configuration for a plan. `max_deliver` is one more than `maxAttempts`: the
+/// last delivery is kept for handing the event to dead letters when a dispatcher died during the
+/// final attempt, so no event is stranded at the limit. Retry delays come from naks with delay,
+/// computed from the Subscription's backoff; the consumer itself carries no backoff list so that
+/// in-progress acks keep a slow delivery alive.
+pub fn consumer_config(plan: &ConsumerPlan, deliver_policy: DeliverPolicy) -> pull::Config {
+    pull::Config {
+        durable_name: Some(plan.name.clone()),
+        description: Some("eddy subscription".to_owned()),
+        deliver_policy,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: plan.ack_wait,
+        max_deliver: i64::from(plan.policy.max_attempts) + 1,
+        filter_subjects: plan.filter_subjects.clone(),
+        max_ack_pending: i64::from(plan.policy.max_in_flight),
+        ..Default::default()
+    }
+}
+
+/// Whether an existing consumer must be updated to match the plan.
+pub fn needs_update(existing: &jetstream::consumer::Config, wanted: &pull::Config) -> bool {
+    let mut existing_filters = existing.filter_subjects.clone();
+    if !existing.filter_subject.is_empty() {
+        existing_filters.push(existing.filter_subject.clone());
+    }
+    existing_filters.sort();
+    let mut wanted_filters = wanted.filter_subjects.clone();
+    wanted_filters.sort();
+    existing_filters != wanted_filters
+        || existing.max_ack_pending != wanted.max_ack_pending
+        || existing.max_deliver != wanted.max_deliver
+        || existing.ack_wait != wanted.ack_wait
+}
+
+/// Creates the consumer (delivering only new events) or updates it in place (keeping its
+/// position and deliver policy).
+pub async fn ensure(
+    stream: &jetstream::stream::Stream,
+    plan: &ConsumerPlan,
+) -> Result<PullConsumer> {
+    match stream.consumer_info(&plan.name).await {
+        Ok(info) => {
+            let wanted = consumer_config(plan, info.config.deliver_policy);
+            if needs_update(&info.config, &wanted) {
+                tracing::info!(consumer = %plan.name, "updating consumer");
+                stream
+                    .update_consumer(wanted)
+                    .await
+                    .map_err(|e| Error::consumer(&plan.name, "update", e))?;
+            }
+            stream
+                .get_consumer(&plan.name)
+                .await
+                .map_err(|e| Error::consumer(&plan.name, "get", e))
+        }
+        Err(_) => {
+            tracing::info!(consumer = %plan.name, "creating consumer");
+            stream
+                .create_consumer(consumer_config(plan, DeliverPolicy::New))
+                .await
+                .map_err(|e| Error::consumer(&plan.name, "create", e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_api::resources::Backoff;
+
+    fn plan() -> ConsumerPlan {
+        ConsumerPlan {
+            name: "sub_default_s".into(),
+            filter_subjects: vec!["eddy.events.*.a".into(), "eddy.events.*.b.>".into()],
+            policy: DeliveryPolicy {
+                max_in_flight: 7,
+                max_attempts: 3,
+                backoff: Backoff::Exponential,
+                initial_delay: Duration::from_secs(1),
+                max_delay: Duration::from_secs(10),
+                timeout: Duration::from_secs(5),
+            },
+            ack_wait: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn config_follows_the_subscription() {
+        let config = consumer_config(&plan(), DeliverPolicy::New);
+        assert_eq!(config.durable_name.as_deref(), Some("sub_default_s"));
+        assert_eq!(config.deliver_policy, DeliverPolicy::New);
+        assert_eq!(config.ack_policy, AckPolicy::Explicit);
+        assert_eq!(config.max_ack_pending, 7);
+        assert_eq!(config.max_deliver, 4);
+        assert_eq!(config.filter_subjects.len(), 2);
+    }
+
+    #[test]
+    fn updates_only_when_something_we_own_changed() {
+        let wanted = consumer_config(&plan(), DeliverPolicy::New);
+        let existing = jetstream::consumer::Config {
+            durable_name: wanted.durable_name.clone(),
+            filter_subjects: vec!["eddy.events.*.b.>".into(), "eddy.events.*.a".into()],
+            max_ack_pending: 7,
+            max_deliver: 4,
+            ack_wait: Duration::from_secs(30),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        };
+        assert!(!needs_update(&existing, &wanted));
+        let narrower = jetstream::consumer::Config {
+            filter_subjects: vec!["eddy.events.*.a".into()],
+            ..existing.clone()
+        };
+        assert!(needs_update(&narrower, &wanted));
+        let more = jetstream::consumer::Config {
+            max_ack_pending: 1,
+            ..existing
+        };
+        assert!(needs_update(&more, &wanted));
+    }
+}

@@ -1,0 +1,209 @@
+//! Reading dead letters and sending them back to their sink.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self,
+    consumer::{AckPolicy, DeliverPolicy, pull},
+    message::StreamMessage,
+};
+use eddy_api::{headers as names, nats::DEAD_LETTER_STREAM, subject};
+use futures::StreamExt as _;
+use serde::Serialize;
+
+use crate::{
+    Error, Result,
+    delivery::Verdict,
+    worker::{self, Shared, Target},
+};
+
+/// One dead letter, summarized.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetter {
+    /// Sequence in `EDDY_DEAD_LETTERS`.
+    pub sequence: u64,
+    /// `namespace/name` of the Subscription.
+    pub subscription: String,
+    /// Why.
+    pub reason: String,
+    /// The sink's last status, when it answered.
+    pub status: Option<u16>,
+    /// Deliveries attempted.
+    pub attempts: u32,
+    /// Sequence of the original event in `EDDY_EVENTS`.
+    pub stream_sequence: u64,
+    /// CloudEvents id.
+    pub id: String,
+    /// CloudEvents type.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// CloudEvents source.
+    pub source: String,
+    /// When it was dead-lettered (RFC 3339).
+    pub time: String,
+}
+
+fn summarize(sequence: u64, headers: &async_nats::HeaderMap, time: String) -> DeadLetter {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default()
+    };
+    DeadLetter {
+        sequence,
+        subscription: get(names::DLQ_SUBSCRIPTION),
+        reason: get(names::DLQ_REASON),
+        status: get(names::DLQ_STATUS).parse().ok(),
+        attempts: get(names::DLQ_ATTEMPTS).parse().unwrap_or(0),
+        stream_sequence: get(names::DLQ_STREAM_SEQ).parse().unwrap_or(0),
+        id: get("ce-id"),
+        ty: get("ce-type"),
+        source: get("ce-source"),
+        time,
+    }
+}
+
+/// The dead-letter subject filter of one Subscription, or of all.
+pub fn filter(subscription: Option<(&str, &str)>) -> String {
+    match subscription {
+        Some((namespace, name)) => subject::dead_letter_subject(namespace, name),
+        None => format!("{}.>", subject::DEAD_LETTER_SUBJECT_PREFIX),
+    }
+}
+
+/// Reads every dead letter under `filter`, oldest first, at most `limit`.
+pub async fn read(
+    js: &jetstream::Context,
+    filter: &str,
+    limit: usize,
+) -> Result<Vec<(u64, StreamMessage)>> {
+    let stream = js
+        .get_stream(DEAD_LETTER_STREAM)
+        .await
+        .map_err(|e| Error::consumer(DEAD_LETTER_STREAM, "find stream", e))?;
+    let mut consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: filter.to_owned(),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::None,
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::consumer("dead-letter reader", "create", e))?;
+    let pending = consumer
+        .info()
+        .await
+        .map_err(|e| Error::consumer("dead-letter reader", "info", e))?
+        .num_pending;
+    let wanted = usize::try_from(pending).unwrap_or(usize::MAX).min(limit);
+    let mut letters = Vec::with_capacity(wanted);
+    while letters.len() < wanted {
+        let batch = consumer
+            .fetch()
+            .max_messages((wanted - letters.len()).min(256))
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .map_err(|e| Error::consumer("dead-letter reader", "fetch", e))?;
+        let mut batch = std::pin::pin!(batch);
+        let before = letters.len();
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| Error::consumer("dead-letter reader", "fetch", e))?;
+            let info = message
+                .info()
+                .map_err(|e| Error::consumer("dead-letter reader", "info", e))?;
+            let sequence = info.stream_sequence;
+            let headers = message.headers.clone().unwrap_or_default();
+            letters.push((
+                sequence,
+                StreamMessage {
+                    subject: message.subject.clone(),
+                    sequence,
+                    headers,
+                    payload: message.payload.clone(),
+                    time: info.published,
+                },
+            ));
+        }
+        if letters.len() == before {
+            break;
+        }
+    }
+    let name = consumer.cached_info().name.clone();
+    let _ = stream.delete_consumer(&name).await;
+    Ok(letters)
+}
+
+/// Summaries of dead letters, oldest first.
+pub async fn list(
+    js: &jetstream::Context,
+    subscription: Option<(&str, &str)>,
+    limit: usize,
+) -> Result<Vec<DeadLetter>> {
+    let letters = read(js, &filter(subscription), limit).await?;
+    Ok(letters
+        .into_iter()
+        .map(|(sequence, message)| {
+            let time = chrono::DateTime::from_timestamp(
+                message.time.unix_timestamp(),
+                message.time.nanosecond(),
+            )
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+            .unwrap_or_default();
+            summarize(sequence, &message.headers, time)
+        })
+        .collect())
+}
+
+/// What a redrive did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Redriven {
+    /// Delivered and removed from dead letters.
+    pub delivered: u64,
+    /// Failed again; still in dead letters.
+    pub failed: u64,
+}
+
+/// Delivers every dead letter of `target` once more; delivered ones leave dead letters.
+pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
+    let letters = read(
+        &shared.js,
+        &filter(Some((&target.namespace, &target.name))),
+        usize::MAX,
+    )
+    .await?;
+    let stream = shared
+        .js
+        .get_stream(DEAD_LETTER_STREAM)
+        .await
+        .map_err(|e| Error::consumer(DEAD_LETTER_STREAM, "find stream", e))?;
+    let mut outcome = Redriven::default();
+    for (sequence, message) in letters {
+        match worker::deliver(
+            shared,
+            target,
+            Some(&message.headers),
+            &message.payload,
+            None,
+        )
+        .await
+        {
+            Verdict::Delivered { .. } => {
+                shared.metrics.delivered(&target.label, 0.0);
+                if let Err(error) = stream.delete_message(sequence).await {
+                    tracing::warn!(%error, sequence, "delivered a dead letter but cannot remove it");
+                }
+                outcome.delivered += 1;
+            }
+            Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
+                tracing::warn!(subscription = %target.label, reason, status, sequence, "redrive failed; kept in dead letters");
+                outcome.failed += 1;
+            }
+        }
+    }
+    tracing::info!(subscription = %target.label, delivered = outcome.delivered, failed = outcome.failed, "redrive done");
+    Ok(outcome)
+}

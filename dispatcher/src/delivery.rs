@@ -1,0 +1,203 @@
+//! One delivery: a stored event POSTed to a sink in binary content mode, and what the answer
+//! means. The classification is pure so every rule is tested without a server.
+
+use async_nats::HeaderMap as NatsHeaders;
+use bytes::Bytes;
+use eddy_api::headers as names;
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+
+/// Characters the CloudEvents HTTP binding says to percent-encode in `ce-*` values (besides
+/// everything outside printable ASCII).
+const CE_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
+
+/// What to do with an event after a delivery attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The sink took it (2xx).
+    Delivered {
+        /// The status.
+        status: u16,
+    },
+    /// It may succeed later: nak with backoff (or dead-letter when attempts are used up).
+    Retry {
+        /// Bounded reason label.
+        reason: &'static str,
+        /// The sink's status, when it answered.
+        status: Option<u16>,
+    },
+    /// It will never succeed: dead-letter now.
+    Dead {
+        /// Bounded reason label.
+        reason: &'static str,
+        /// The sink's status, when it answered.
+        status: Option<u16>,
+    },
+}
+
+/// Classifies an HTTP status: 2xx delivered; 408, 429 and 5xx retried; anything else permanent.
+pub fn classify_status(status: u16) -> Verdict {
+    match status {
+        200..=299 => Verdict::Delivered { status },
+        408 => Verdict::Retry {
+            reason: "http_408",
+            status: Some(status),
+        },
+        429 => Verdict::Retry {
+            reason: "http_429",
+            status: Some(status),
+        },
+        500..=599 => Verdict::Retry {
+            reason: "http_5xx",
+            status: Some(status),
+        },
+        300..=399 => Verdict::Dead {
+            reason: "http_3xx",
+            status: Some(status),
+        },
+        400..=499 => Verdict::Dead {
+            reason: "http_4xx",
+            status: Some(status),
+        },
+        _ => Verdict::Dead {
+            reason: "http_unexpected",
+            status: Some(status),
+        },
+    }
+}
+
+/// Classifies a transport failure: all of them may pass.
+pub fn classify_error(error: &reqwest::Error) -> Verdict {
+    let reason = if error.is_timeout() {
+        "timeout"
+    } else if error.is_connect() {
+        "connect_error"
+    } else {
+        "transport_error"
+    };
+    Verdict::Retry {
+        reason,
+        status: None,
+    }
+}
+
+/// Turns the stored NATS headers into HTTP headers for a binary-mode request: `ce-*` values
+/// percent-encoded as the HTTP binding says, `content-type` and trace context as they are.
+pub fn http_headers(stored: &NatsHeaders) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::with_capacity(12);
+    for (name, values) in stored.iter() {
+        let name: &str = name.as_ref();
+        let Some(value) = values.first() else {
+            continue;
+        };
+        let value = value.as_str();
+        let encoded = if name.starts_with(names::CE_PREFIX) {
+            utf8_percent_encode(value, CE_VALUE).to_string()
+        } else if name == names::CONTENT_TYPE
+            || name == names::TRACEPARENT
+            || name == names::TRACESTATE
+        {
+            value.to_owned()
+        } else {
+            continue;
+        };
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(&encoded),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    headers
+}
+
+/// A CloudEvent carried by a sink's 2xx answer, to be published back to the event-bus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// Headers to send to the event-bus (`ce-*` and `content-type`).
+    pub headers: http::HeaderMap,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// Finds a reply event in an answer: binary mode (`ce-specversion` header) or structured mode
+/// (`application/cloudevents+json`). Anything else is a plain answer.
+pub fn reply_event(answer_headers: &http::HeaderMap, body: Bytes) -> Option<Reply> {
+    let content_type = answer_headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    let structured = content_type
+        .to_ascii_lowercase()
+        .starts_with(names::CLOUDEVENTS_JSON);
+    let binary = answer_headers.contains_key("ce-specversion");
+    if !structured && !binary {
+        return None;
+    }
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in answer_headers {
+        let name_text = name.as_str();
+        if name_text.starts_with(names::CE_PREFIX) || name == http::header::CONTENT_TYPE {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    Some(Reply { headers, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_classified() {
+        assert_eq!(classify_status(200), Verdict::Delivered { status: 200 });
+        assert_eq!(classify_status(204), Verdict::Delivered { status: 204 });
+        for retried in [408, 429, 500, 502, 503, 504] {
+            assert!(
+                matches!(classify_status(retried), Verdict::Retry { .. }),
+                "{retried}"
+            );
+        }
+        for dead in [301, 400, 401, 403, 404, 410, 413, 422] {
+            assert!(
+                matches!(classify_status(dead), Verdict::Dead { .. }),
+                "{dead}"
+            );
+        }
+    }
+
+    #[test]
+    fn stored_headers_become_encoded_http_headers() {
+        let mut stored = NatsHeaders::new();
+        stored.insert("ce-id", "1");
+        stored.insert("ce-subject", "a b%\"ü");
+        stored.insert("content-type", "application/json; charset=utf-8");
+        stored.insert("traceparent", "00-abc-def-01");
+        stored.insert("Nats-Msg-Id", "digest");
+        let headers = http_headers(&stored);
+        assert_eq!(headers["ce-id"], "1");
+        assert_eq!(headers["ce-subject"], "a%20b%25%22%C3%BC");
+        assert_eq!(headers["content-type"], "application/json; charset=utf-8");
+        assert_eq!(headers["traceparent"], "00-abc-def-01");
+        assert!(!headers.contains_key("nats-msg-id"));
+    }
+
+    #[test]
+    fn replies_are_recognized_in_both_modes() {
+        let mut binary = http::HeaderMap::new();
+        binary.insert("ce-specversion", "1.0".parse().unwrap());
+        binary.insert("ce-type", "stock.reserved.v1".parse().unwrap());
+        binary.insert("content-type", "application/json".parse().unwrap());
+        binary.insert("x-other", "1".parse().unwrap());
+        let reply = reply_event(&binary, Bytes::from_static(b"{}")).unwrap();
+        assert_eq!(reply.headers.len(), 3);
+        let mut structured = http::HeaderMap::new();
+        structured.insert(
+            "content-type",
+            "application/cloudevents+json".parse().unwrap(),
+        );
+        assert!(reply_event(&structured, Bytes::from_static(b"{}")).is_some());
+        let mut plain = http::HeaderMap::new();
+        plain.insert("content-type", "application/json".parse().unwrap());
+        assert!(reply_event(&plain, Bytes::from_static(b"{}")).is_none());
+    }
+}

@@ -1,0 +1,196 @@
+//! Dispatcher metrics, per subscription (`namespace/name`: a bounded set, owned by operators)
+//! and reason (a fixed vocabulary), never per event.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SubscriptionLabel {
+    subscription: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    subscription: String,
+    reason: &'static str,
+}
+
+/// Counters of one subscription, for the admin API and dashboard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    /// Delivered (2xx).
+    pub delivered: u64,
+    /// Retried (nak with backoff).
+    pub retried: u64,
+    /// Sent to dead letters.
+    pub dead_lettered: u64,
+    /// Events not yet delivered (stored, not acknowledged).
+    pub pending: i64,
+    /// Deliveries running now in this process.
+    pub in_flight: i64,
+}
+
+/// The dispatcher metrics.
+pub struct Metrics {
+    registry: Registry,
+    delivered: Family<SubscriptionLabel, Counter>,
+    retried: Family<SubscriptionLabel, Counter>,
+    dead_lettered: Family<SubscriptionLabel, Counter>,
+    failures: Family<ReasonLabels, Counter>,
+    duration: Family<SubscriptionLabel, Histogram>,
+    pending: Family<SubscriptionLabel, Gauge>,
+    in_flight: Family<SubscriptionLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under `eddy_dispatcher_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("eddy_dispatcher");
+        let delivered = Family::<SubscriptionLabel, Counter>::default();
+        registry.register(
+            "delivered",
+            "Events delivered (sink answered 2xx)",
+            delivered.clone(),
+        );
+        let retried = Family::<SubscriptionLabel, Counter>::default();
+        registry.register(
+            "retried",
+            "Deliveries that failed and will be retried",
+            retried.clone(),
+        );
+        let dead_lettered = Family::<SubscriptionLabel, Counter>::default();
+        registry.register(
+            "dead_lettered",
+            "Events sent to dead letters",
+            dead_lettered.clone(),
+        );
+        let failures = Family::<ReasonLabels, Counter>::default();
+        registry.register("failures", "Failed deliveries by reason", failures.clone());
+        let duration = Family::<SubscriptionLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ])
+        });
+        registry.register(
+            "delivery_duration_seconds",
+            "Time of one delivery attempt",
+            duration.clone(),
+        );
+        let pending = Family::<SubscriptionLabel, Gauge>::default();
+        registry.register(
+            "pending_events",
+            "Events stored and not yet delivered",
+            pending.clone(),
+        );
+        let in_flight = Family::<SubscriptionLabel, Gauge>::default();
+        registry.register("in_flight", "Deliveries running now", in_flight.clone());
+        Self {
+            registry,
+            delivered,
+            retried,
+            dead_lettered,
+            failures,
+            duration,
+            pending,
+            in_flight,
+        }
+    }
+
+    fn label(subscription: &str) -> SubscriptionLabel {
+        SubscriptionLabel {
+            subscription: subscription.to_owned(),
+        }
+    }
+
+    /// A delivery succeeded after `seconds`.
+    pub fn delivered(&self, subscription: &str, seconds: f64) {
+        let label = Self::label(subscription);
+        self.delivered.get_or_create(&label).inc();
+        self.duration.get_or_create(&label).observe(seconds);
+    }
+
+    /// A delivery failed and will be retried.
+    pub fn retried(&self, subscription: &str, reason: &'static str, seconds: f64) {
+        let label = Self::label(subscription);
+        self.retried.get_or_create(&label).inc();
+        self.duration.get_or_create(&label).observe(seconds);
+        self.failures
+            .get_or_create(&ReasonLabels {
+                subscription: subscription.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// An event went to dead letters.
+    pub fn dead_lettered(&self, subscription: &str, reason: &'static str) {
+        self.dead_lettered
+            .get_or_create(&Self::label(subscription))
+            .inc();
+        self.failures
+            .get_or_create(&ReasonLabels {
+                subscription: subscription.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Counts a failure that is neither a retry nor a dead letter (e.g. a refused reply).
+    pub fn failure(&self, subscription: &str, reason: &'static str) {
+        self.failures
+            .get_or_create(&ReasonLabels {
+                subscription: subscription.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Sets the pending gauge.
+    pub fn set_pending(&self, subscription: &str, pending: i64) {
+        self.pending
+            .get_or_create(&Self::label(subscription))
+            .set(pending);
+    }
+
+    /// Changes the in-flight gauge by `delta`.
+    pub fn add_in_flight(&self, subscription: &str, delta: i64) {
+        self.in_flight
+            .get_or_create(&Self::label(subscription))
+            .inc_by(delta);
+    }
+
+    /// Current counters of one subscription.
+    pub fn counts(&self, subscription: &str) -> Counts {
+        let label = Self::label(subscription);
+        Counts {
+            delivered: self.delivered.get_or_create(&label).get(),
+            retried: self.retried.get_or_create(&label).get(),
+            dead_lettered: self.dead_lettered.get_or_create(&label).get(),
+            pending: self.pending.get_or_create(&label).get(),
+            in_flight: self.in_flight.get_or_create(&label).get(),
+        }
+    }
+
+    /// Drops the series of a deleted subscription.
+    pub fn forget(&self, subscription: &str) {
+        let label = Self::label(subscription);
+        self.pending.remove(&label);
+        self.in_flight.remove(&label);
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

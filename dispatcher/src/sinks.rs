@@ -1,0 +1,173 @@
+//! Where a Subscription's sink points right now.
+//!
+//! In local mode `http://<function>.<namespace>.svc.cluster.local/...` resolves to the
+//! function's `status.url` in the resource store (watched, so it works across processes). On
+//! Kubernetes the cluster DNS resolves it, so it is used as is. Any other sink must match the
+//! allowed prefixes, checked here again so a Subscription written around the API cannot reach
+//! arbitrary hosts.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+};
+
+use eddy_api::{
+    resources::{Function, SinkPolicy, parse_function_sink},
+    shutdown::CancellationToken,
+    store::{Store, rewatch_delay},
+};
+use futures::StreamExt as _;
+
+/// How function sinks are resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Resolution {
+    /// Through Function status in the local resource store.
+    Local,
+    /// Used as written (Kubernetes DNS).
+    Direct,
+}
+
+/// Resolves sinks; cheap to clone.
+#[derive(Clone)]
+pub struct Sinks {
+    resolution: Resolution,
+    policy: SinkPolicy,
+    functions: Arc<RwLock<HashMap<(String, String), String>>>,
+}
+
+impl Sinks {
+    /// A resolver; call [`Sinks::watch`] to feed it in local mode.
+    pub fn new(resolution: Resolution, policy: SinkPolicy) -> Self {
+        Self {
+            resolution,
+            policy,
+            functions: Arc::default(),
+        }
+    }
+
+    /// The URL to POST to, or a bounded reason why there is none.
+    pub fn resolve(&self, sink: &str) -> Result<String, &'static str> {
+        if let Some(function) = parse_function_sink(sink) {
+            if self.resolution == Resolution::Direct {
+                return Ok(sink.to_owned());
+            }
+            let functions = self.functions.read().map_err(|_| "sink_unresolved")?;
+            let base = functions
+                .get(&(function.namespace, function.function))
+                .ok_or("sink_unresolved")?;
+            return Ok(join(base, &function.path_and_query));
+        }
+        if self
+            .policy
+            .allowed_prefixes
+            .iter()
+            .any(|prefix| sink.starts_with(prefix.as_str()))
+        {
+            Ok(sink.to_owned())
+        } else {
+            Err("sink_not_allowed")
+        }
+    }
+
+    /// Records a function's URL (tests and in-process wiring).
+    pub fn set_function_url(&self, namespace: &str, name: &str, url: Option<String>) {
+        if let Ok(mut functions) = self.functions.write() {
+            let key = (namespace.to_owned(), name.to_owned());
+            match url {
+                Some(url) => functions.insert(key, url),
+                None => functions.remove(&key),
+            };
+        }
+    }
+
+    /// Follows Function status in the store until shutdown.
+    pub async fn watch(self, store: Store, shutdown: CancellationToken) {
+        let mut failures = 0;
+        loop {
+            match store.watch_status::<Function>().await {
+                Ok(updates) => {
+                    failures = 0;
+                    let mut updates = std::pin::pin!(updates);
+                    loop {
+                        tokio::select! {
+                            update = updates.next() => match update {
+                                Some((namespace, name, status)) => {
+                                    self.set_function_url(&namespace, &name, status.and_then(|s| s.url));
+                                }
+                                None => break,
+                            },
+                            () = shutdown.cancelled() => return,
+                        }
+                    }
+                }
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(%error, "cannot watch function status; retrying");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(rewatch_delay(failures)) => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// `base` + `path_and_query`, where the sink's path `/` means the function's root.
+fn join(base: &str, path_and_query: &str) -> String {
+    if path_and_query == "/" || path_and_query.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{}{path_and_query}", base.trim_end_matches('/'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn function_sinks_resolve_through_status() {
+        let sinks = Sinks::new(Resolution::Local, SinkPolicy::default());
+        let sink = "http://stock.shop.svc.cluster.local";
+        assert_eq!(sinks.resolve(sink), Err("sink_unresolved"));
+        sinks.set_function_url(
+            "shop",
+            "stock",
+            Some("http://127.0.0.1:8080/shop/stock".into()),
+        );
+        assert_eq!(
+            sinks.resolve(sink).unwrap(),
+            "http://127.0.0.1:8080/shop/stock"
+        );
+        assert_eq!(
+            sinks
+                .resolve("http://stock.shop.svc.cluster.local/hook?x=1")
+                .unwrap(),
+            "http://127.0.0.1:8080/shop/stock/hook?x=1"
+        );
+        sinks.set_function_url("shop", "stock", None);
+        assert_eq!(sinks.resolve(sink), Err("sink_unresolved"));
+    }
+
+    #[test]
+    fn other_sinks_need_an_allowed_prefix() {
+        let sinks = Sinks::new(
+            Resolution::Direct,
+            SinkPolicy {
+                allowed_prefixes: vec!["http://127.0.0.1:".into()],
+            },
+        );
+        assert_eq!(
+            sinks.resolve("http://127.0.0.1:9000/x").unwrap(),
+            "http://127.0.0.1:9000/x"
+        );
+        assert_eq!(sinks.resolve("http://10.0.0.1/x"), Err("sink_not_allowed"));
+        assert_eq!(
+            sinks
+                .resolve("http://stock.shop.svc.cluster.local")
+                .unwrap(),
+            "http://stock.shop.svc.cluster.local"
+        );
+    }
+}

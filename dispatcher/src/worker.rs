@@ -1,0 +1,529 @@
+//! The delivery loop of one Subscription: pull events from its consumer, deliver each at most
+//! `maxInFlightMessages` at a time, and settle each with JetStream.
+//!
+//! Settling follows vector's NATS source: ack only after the sink took the event; nak with the
+//! Subscription's backoff when it may succeed later; dead-letter (then ack) when it never will or
+//! attempts are used up. The dispatcher never retries in a loop of its own: every retry is a
+//! JetStream redelivery, so a crash loses nothing and several dispatchers share the work.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use async_nats::{
+    HeaderMap as NatsHeaders, HeaderName, HeaderValue,
+    jetstream::{self, AckKind, consumer::PullConsumer},
+};
+use bytes::{Bytes, BytesMut};
+use eddy_api::{headers as names, resources::DeliveryPolicy, shutdown::CancellationToken, subject};
+use futures::StreamExt as _;
+use tokio::{sync::Semaphore, task::JoinSet};
+
+use crate::{
+    consumer::{self, ConsumerPlan},
+    delivery::{self, Verdict},
+    metrics::Metrics,
+    sinks::Sinks,
+};
+
+/// What every delivery needs.
+pub struct Shared {
+    /// JetStream (dead letters, consumers).
+    pub js: jetstream::Context,
+    /// HTTP client for sinks and replies (no redirects: a sink cannot bounce us elsewhere).
+    pub http: reqwest::Client,
+    /// Sink resolution.
+    pub sinks: Sinks,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// `…/publish` of the event-bus, for replies.
+    pub bus_publish_url: String,
+    /// Token for the event-bus, when it requires one.
+    pub bus_token: Option<String>,
+    /// Largest reply read from a sink.
+    pub max_reply_size: usize,
+    /// How often to send in-progress acks while a delivery runs.
+    pub progress_every: Duration,
+}
+
+/// One Subscription, as the worker sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `namespace/name`: the metrics label and the dead-letter header.
+    pub label: String,
+    /// The sink as written.
+    pub sink: String,
+    /// Delivery settings.
+    pub policy: DeliveryPolicy,
+}
+
+/// Runs the live consumer of a Subscription until `cancel`: keeps the consumer in place and
+/// rebuilds the message stream with capped backoff when it breaks.
+pub async fn run(
+    shared: Arc<Shared>,
+    target: Arc<Target>,
+    plan: ConsumerPlan,
+    cancel: CancellationToken,
+) {
+    let mut failures: u32 = 0;
+    loop {
+        let consumer = match ensure(&shared, &plan).await {
+            Ok(consumer) => consumer,
+            Err(error) => {
+                failures += 1;
+                tracing::warn!(subscription = %target.label, %error, "cannot set up the consumer; retrying");
+                if sleep_or_cancel(backoff(failures), &cancel).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        failures = 0;
+        match consume(&shared, &target, consumer, false, &cancel).await {
+            Ended::Cancelled | Ended::CaughtUp => return,
+            Ended::Broken => {
+                failures += 1;
+                if sleep_or_cancel(backoff(failures), &cancel).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn ensure(shared: &Shared, plan: &ConsumerPlan) -> crate::Result<PullConsumer> {
+    let stream = shared
+        .js
+        .get_stream(eddy_api::nats::EVENTS_STREAM)
+        .await
+        .map_err(|e| crate::Error::consumer(&plan.name, "find stream", e))?;
+    consumer::ensure(&stream, plan).await
+}
+
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(2u32.saturating_pow(failures.min(6)))
+        .min(Duration::from_secs(5))
+}
+
+/// Sleeps; true when cancelled first.
+async fn sleep_or_cancel(delay: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(delay) => false,
+        () = cancel.cancelled() => true,
+    }
+}
+
+/// Why a consume loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Asked to stop.
+    Cancelled,
+    /// A replay delivered everything.
+    CaughtUp,
+    /// The message stream failed; build it again.
+    Broken,
+}
+
+/// Pulls and delivers until cancelled, broken, or (`until_caught_up`) nothing is left.
+pub async fn consume(
+    shared: &Arc<Shared>,
+    target: &Arc<Target>,
+    mut consumer: PullConsumer,
+    until_caught_up: bool,
+    cancel: &CancellationToken,
+) -> Ended {
+    let max_in_flight = usize::try_from(target.policy.max_in_flight)
+        .unwrap_or(1)
+        .max(1);
+    let messages = consumer
+        .stream()
+        .max_messages_per_batch(max_in_flight)
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await;
+    let mut messages = match messages {
+        Ok(messages) => messages,
+        Err(error) => {
+            tracing::warn!(subscription = %target.label, %error, "cannot open the message stream");
+            return Ended::Broken;
+        }
+    };
+    let permits = Arc::new(Semaphore::new(max_in_flight));
+    let mut running = JoinSet::new();
+    let mut tick = tokio::time::interval(if until_caught_up {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(2)
+    });
+    let ended = loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => break Ended::Cancelled,
+            message = messages.next() => match message {
+                Some(Ok(message)) => {
+                    let Ok(permit) = permits.clone().acquire_owned().await else { break Ended::Cancelled };
+                    let (shared, target) = (shared.clone(), target.clone());
+                    running.spawn(async move {
+                        handle(&shared, &target, message).await;
+                        drop(permit);
+                    });
+                }
+                Some(Err(error)) => {
+                    use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
+                    match error.kind() {
+                        Kind::MissingHeartbeat => {
+                            tracing::debug!(subscription = %target.label, "missed heartbeat; the stream recovers on its own");
+                        }
+                        _ => {
+                            tracing::warn!(subscription = %target.label, %error, "message stream failed; rebuilding");
+                            break Ended::Broken;
+                        }
+                    }
+                }
+                None => break Ended::Broken,
+            },
+            _ = tick.tick() => {
+                while running.try_join_next().is_some() {}
+                if let Ok(info) = consumer.info().await {
+                    let pending = i64::try_from(info.num_pending + info.num_ack_pending as u64).unwrap_or(i64::MAX);
+                    shared.metrics.set_pending(&target.label, pending);
+                    if until_caught_up && info.num_pending == 0 && info.num_ack_pending == 0 && running.is_empty() {
+                        break Ended::CaughtUp;
+                    }
+                }
+            }
+        }
+    };
+    // Let running deliveries finish and settle; the caller bounds the whole drain.
+    while running.join_next().await.is_some() {}
+    ended
+}
+
+/// Delivers one event and settles it with JetStream.
+async fn handle(shared: &Shared, target: &Target, message: jetstream::Message) {
+    let (attempt, stream_sequence) = match message.info() {
+        Ok(info) => (
+            u32::try_from(info.delivered).unwrap_or(u32::MAX),
+            info.stream_sequence,
+        ),
+        Err(_) => (1, 0),
+    };
+    let started = Instant::now();
+    shared.metrics.add_in_flight(&target.label, 1);
+    let verdict = if attempt > target.policy.max_attempts {
+        // The last delivery after a crash during the final attempt: hand it to dead letters.
+        Verdict::Dead {
+            reason: "max_attempts",
+            status: None,
+        }
+    } else {
+        deliver(
+            shared,
+            target,
+            message.headers.as_ref(),
+            &message.payload,
+            Some(&message),
+        )
+        .await
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    match verdict {
+        Verdict::Delivered { status } => {
+            if let Err(error) = message.ack().await {
+                // The event will come again: at-least-once, never lost.
+                tracing::warn!(subscription = %target.label, %error, "ack failed; the event will be redelivered");
+            }
+            shared.metrics.delivered(&target.label, seconds);
+            tracing::debug!(subscription = %target.label, status, attempt, "delivered");
+        }
+        Verdict::Retry { reason, status } if attempt < target.policy.max_attempts => {
+            let delay = target.policy.retry_delay(attempt);
+            shared.metrics.retried(&target.label, reason, seconds);
+            tracing::warn!(
+                subscription = %target.label, reason, status, attempt,
+                max_attempts = target.policy.max_attempts, retry_in = ?delay, stream_sequence,
+                "delivery failed; will retry"
+            );
+            if let Err(error) = message.ack_with(AckKind::Nak(Some(delay))).await {
+                tracing::warn!(subscription = %target.label, %error, "nak failed; the event will be redelivered after ack wait");
+            }
+        }
+        Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
+            dead_letter(
+                shared,
+                target,
+                &message,
+                reason,
+                status,
+                attempt,
+                stream_sequence,
+            )
+            .await;
+        }
+    }
+    shared.metrics.add_in_flight(&target.label, -1);
+}
+
+/// POSTs an event to the sink; with `progress`, sends in-progress acks for it while it runs.
+pub async fn deliver(
+    shared: &Shared,
+    target: &Target,
+    stored_headers: Option<&NatsHeaders>,
+    payload: &Bytes,
+    progress: Option<&jetstream::Message>,
+) -> Verdict {
+    let url = match shared.sinks.resolve(&target.sink) {
+        Ok(url) => url,
+        Err(reason @ "sink_not_allowed") => {
+            return Verdict::Dead {
+                reason,
+                status: None,
+            };
+        }
+        Err(reason) => {
+            return Verdict::Retry {
+                reason,
+                status: None,
+            };
+        }
+    };
+    let headers = stored_headers
+        .map(delivery::http_headers)
+        .unwrap_or_default();
+    let request = shared
+        .http
+        .post(url)
+        .headers(headers)
+        .body(payload.clone())
+        .timeout(target.policy.timeout)
+        .send();
+    let mut request = std::pin::pin!(request);
+    let mut ticker = tokio::time::interval(shared.progress_every);
+    ticker.tick().await;
+    let response = loop {
+        tokio::select! {
+            response = &mut request => break response,
+            _ = ticker.tick() => {
+                if let Some(message) = progress {
+                    if let Err(error) = message.ack_with(AckKind::Progress).await {
+                        tracing::debug!(subscription = %target.label, %error, "in-progress ack failed");
+                    }
+                }
+            }
+        }
+    };
+    let response = match response {
+        Ok(response) => response,
+        Err(error) => return delivery::classify_error(&error),
+    };
+    let verdict = delivery::classify_status(response.status().as_u16());
+    if !matches!(verdict, Verdict::Delivered { .. }) {
+        return verdict;
+    }
+    let answer_headers = response.headers().clone();
+    let body = match read_limited(response, shared.max_reply_size).await {
+        Some(body) => body,
+        None => {
+            shared.metrics.failure(&target.label, "reply_too_large");
+            tracing::warn!(subscription = %target.label, "the sink's answer is too large to be a reply; ignored");
+            return verdict;
+        }
+    };
+    if let Some(reply) = delivery::reply_event(&answer_headers, body) {
+        if let Err(reason) = publish_reply(shared, target, stored_headers, reply).await {
+            return Verdict::Retry {
+                reason,
+                status: None,
+            };
+        }
+    }
+    verdict
+}
+
+/// Reads a body up to `limit` bytes; `None` when larger (or broken).
+async fn read_limited(mut response: reqwest::Response, limit: usize) -> Option<Bytes> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > limit as u64)
+    {
+        return None;
+    }
+    let mut body = BytesMut::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > limit {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body.freeze())
+}
+
+/// Publishes a sink's reply event to the event-bus. A refusal (4xx) is logged and counted: the
+/// reply is broken and retrying the delivery will not mend it. Anything else is retried.
+async fn publish_reply(
+    shared: &Shared,
+    target: &Target,
+    stored_headers: Option<&NatsHeaders>,
+    reply: delivery::Reply,
+) -> Result<(), &'static str> {
+    let mut request = shared
+        .http
+        .post(&shared.bus_publish_url)
+        .headers(reply.headers)
+        .body(reply.body);
+    if let Some(traceparent) = stored_headers.and_then(|h| h.get(names::TRACEPARENT)) {
+        request = request.header(names::TRACEPARENT, traceparent.as_str());
+    }
+    if let Some(token) = &shared.bus_token {
+        request = request.bearer_auth(token);
+    }
+    match request.timeout(Duration::from_secs(10)).send().await {
+        Ok(response) if response.status().is_success() => Ok(()),
+        Ok(response) if response.status().is_client_error() => {
+            let status = response.status().as_u16();
+            let body = response.text().await.unwrap_or_default();
+            shared.metrics.failure(&target.label, "reply_refused");
+            tracing::warn!(subscription = %target.label, status, answer = %body, "the event-bus refused the sink's reply event; dropped");
+            Ok(())
+        }
+        Ok(response) => {
+            tracing::warn!(subscription = %target.label, status = response.status().as_u16(), "reply not stored; will retry the delivery");
+            Err("reply_not_stored")
+        }
+        Err(error) => {
+            tracing::warn!(subscription = %target.label, %error, "cannot reach the event-bus for a reply; will retry the delivery");
+            Err("reply_not_stored")
+        }
+    }
+}
+
+/// Stores the event in `EDDY_DEAD_LETTERS` with why, then acks it. When dead letters cannot be
+/// written the event is nak'ed, so it stays in `EDDY_EVENTS` and comes back.
+async fn dead_letter(
+    shared: &Shared,
+    target: &Target,
+    message: &jetstream::Message,
+    reason: &'static str,
+    status: Option<u16>,
+    attempt: u32,
+    stream_sequence: u64,
+) {
+    let headers = dead_letter_headers(
+        message.headers.as_ref(),
+        target,
+        reason,
+        status,
+        attempt,
+        stream_sequence,
+    );
+    let subject = subject::dead_letter_subject(&target.namespace, &target.name);
+    let stored = match shared
+        .js
+        .publish_with_headers(subject, headers, message.payload.clone())
+        .await
+    {
+        Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    match stored {
+        Ok(()) => {
+            shared.metrics.dead_lettered(&target.label, reason);
+            tracing::warn!(
+                subscription = %target.label, reason, status, attempt, stream_sequence,
+                "event sent to dead letters"
+            );
+            if let Err(error) = message.ack().await {
+                tracing::warn!(subscription = %target.label, %error, "ack after dead-lettering failed");
+            }
+        }
+        Err(error) => {
+            shared
+                .metrics
+                .failure(&target.label, "dead_letter_unavailable");
+            tracing::error!(subscription = %target.label, %error, reason, "cannot store the dead letter; the event stays and comes back");
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+        }
+    }
+}
+
+/// The original headers (without its message id) plus why it is here.
+pub fn dead_letter_headers(
+    original: Option<&NatsHeaders>,
+    target: &Target,
+    reason: &str,
+    status: Option<u16>,
+    attempt: u32,
+    stream_sequence: u64,
+) -> NatsHeaders {
+    let mut headers = NatsHeaders::new();
+    if let Some(original) = original {
+        for (name, values) in original.iter() {
+            if AsRef::<str>::as_ref(name).eq_ignore_ascii_case("nats-msg-id") {
+                continue;
+            }
+            for value in values {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    let mut set = |name: &'static str, value: String| {
+        if let Ok(value) = value.parse::<HeaderValue>() {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    set(names::DLQ_REASON, reason.to_owned());
+    if let Some(status) = status {
+        set(names::DLQ_STATUS, status.to_string());
+    }
+    set(names::DLQ_ATTEMPTS, attempt.to_string());
+    set(names::DLQ_SUBSCRIPTION, target.label.clone());
+    set(names::DLQ_STREAM_SEQ, stream_sequence.to_string());
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_api::resources::Backoff;
+
+    #[test]
+    fn dead_letters_keep_the_event_and_say_why() {
+        let mut original = NatsHeaders::new();
+        original.insert("ce-id", "1");
+        original.insert("Nats-Msg-Id", "abc");
+        let target = Target {
+            namespace: "default".into(),
+            name: "s".into(),
+            label: "default/s".into(),
+            sink: "http://f.default.svc.cluster.local".into(),
+            policy: DeliveryPolicy {
+                max_in_flight: 1,
+                max_attempts: 3,
+                backoff: Backoff::Constant,
+                initial_delay: Duration::from_secs(1),
+                max_delay: Duration::from_secs(1),
+                timeout: Duration::from_secs(1),
+            },
+        };
+        let headers = dead_letter_headers(Some(&original), &target, "http_5xx", Some(500), 3, 42);
+        assert_eq!(headers.get("ce-id").unwrap().as_str(), "1");
+        assert!(headers.get("Nats-Msg-Id").is_none());
+        assert_eq!(headers.get(names::DLQ_REASON).unwrap().as_str(), "http_5xx");
+        assert_eq!(headers.get(names::DLQ_STATUS).unwrap().as_str(), "500");
+        assert_eq!(headers.get(names::DLQ_ATTEMPTS).unwrap().as_str(), "3");
+        assert_eq!(
+            headers.get(names::DLQ_SUBSCRIPTION).unwrap().as_str(),
+            "default/s"
+        );
+        assert_eq!(headers.get(names::DLQ_STREAM_SEQ).unwrap().as_str(), "42");
+    }
+}

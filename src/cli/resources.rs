@@ -1,0 +1,379 @@
+//! `eddy apply`, `eddy get`, `eddy delete`: resources through the controller API.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+/// Where the API is and which namespace to use.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiArgs {
+    /// The controller API.
+    #[arg(
+        long = "server",
+        env = "EDDY_SERVER",
+        default_value = "http://127.0.0.1:8082",
+        global = true
+    )]
+    pub server: String,
+    /// Namespace of the resources named on the command line.
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        env = "EDDY_NAMESPACE",
+        default_value = "default",
+        global = true
+    )]
+    pub namespace: String,
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// A table for people.
+    Table,
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// Resource kinds on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// Functions.
+    #[value(alias = "function", alias = "fn")]
+    Functions,
+    /// Subscriptions.
+    #[value(alias = "subscription", alias = "sub")]
+    Subscriptions,
+}
+
+impl Kind {
+    fn plural(self) -> &'static str {
+        match self {
+            Self::Functions => "functions",
+            Self::Subscriptions => "subscriptions",
+        }
+    }
+
+    fn from_manifest(kind: &str) -> Option<Self> {
+        match kind {
+            "Function" => Some(Self::Functions),
+            "Subscription" => Some(Self::Subscriptions),
+            _ => None,
+        }
+    }
+}
+
+fn resource_url(server: &str, namespace: &str, kind: Kind, name: Option<&str>) -> String {
+    let base = format!(
+        "{}/apis/eddy.dev/v1alpha1/namespaces/{namespace}/{}",
+        server.trim_end_matches('/'),
+        kind.plural()
+    );
+    match name {
+        Some(name) => format!("{base}/{name}"),
+        None => base,
+    }
+}
+
+/// Reads every manifest in a file (several YAML documents allowed) or a directory (its
+/// `.yaml`, `.yml` and `.json` files, sorted).
+pub fn read_manifests(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let mut files = Vec::new();
+    if path.is_dir() {
+        for entry in
+            std::fs::read_dir(path).with_context(|| format!("cannot read {}", path.display()))?
+        {
+            let file = entry?.path();
+            if file
+                .extension()
+                .is_some_and(|ext| ext == "yaml" || ext == "yml" || ext == "json")
+            {
+                files.push(file);
+            }
+        }
+        files.sort();
+    } else {
+        files.push(path.to_path_buf());
+    }
+    let mut manifests = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value: Value = serde::Deserialize::deserialize(document)
+                .with_context(|| format!("{} is not valid YAML", file.display()))?;
+            if !value.is_null() {
+                manifests.push(value);
+            }
+        }
+    }
+    Ok(manifests)
+}
+
+fn identify(manifest: &Value, default_namespace: &str) -> anyhow::Result<(Kind, String, String)> {
+    let kind_text = manifest["kind"].as_str().unwrap_or_default();
+    let kind = Kind::from_manifest(kind_text).with_context(|| {
+        format!("unknown kind {kind_text:?}: eddy knows Function and Subscription")
+    })?;
+    let name = manifest["metadata"]["name"]
+        .as_str()
+        .context("a manifest has no metadata.name")?
+        .to_owned();
+    let namespace = manifest["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or(default_namespace)
+        .to_owned();
+    Ok((kind, namespace, name))
+}
+
+/// Explains an API refusal: the message and each bad field.
+async fn refusal(response: reqwest::Response) -> String {
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    let mut text = body["message"]
+        .as_str()
+        .map_or_else(|| format!("the API answered {status}"), str::to_owned);
+    if let Some(causes) = body["details"]["causes"].as_array() {
+        if !causes.is_empty() {
+            text = format!(
+                "{} is invalid:",
+                body["details"]["name"].as_str().unwrap_or("resource")
+            );
+            for cause in causes {
+                text.push_str(&format!(
+                    "\n  {}: {}",
+                    cause["field"].as_str().unwrap_or("?"),
+                    cause["message"].as_str().unwrap_or("?")
+                ));
+            }
+        }
+    }
+    text
+}
+
+/// `eddy apply -f FILE|DIR`.
+pub async fn apply(api: &ApiArgs, path: &Path) -> anyhow::Result<()> {
+    let manifests = read_manifests(path)?;
+    if manifests.is_empty() {
+        bail!("no manifests in {}", path.display());
+    }
+    let http = reqwest::Client::new();
+    let mut failed = 0;
+    for manifest in manifests {
+        let (kind, namespace, name) = identify(&manifest, &api.namespace)?;
+        let url = resource_url(&api.server, &namespace, kind, Some(&name));
+        let previous: Option<Value> = match http.get(&url).send().await {
+            Ok(response) if response.status().is_success() => response.json().await.ok(),
+            Ok(_) => None,
+            Err(error) => {
+                return Err(error)
+                    .with_context(|| format!("cannot reach the eddy API at {}", api.server));
+            }
+        };
+        let response = http
+            .put(&url)
+            .json(&manifest)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        let label = format!("{}.eddy.dev/{name}", kind.plural().trim_end_matches('s'));
+        if response.status().is_success() {
+            let stored: Value = response.json().await.unwrap_or(Value::Null);
+            let verb = match previous {
+                None => "created",
+                Some(previous)
+                    if previous["metadata"]["generation"] == stored["metadata"]["generation"] =>
+                {
+                    "unchanged"
+                }
+                Some(_) => "configured",
+            };
+            println!("{label} {verb}");
+        } else {
+            failed += 1;
+            eprintln!("{label}: {}", refusal(response).await);
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} manifest(s) were refused");
+    }
+    Ok(())
+}
+
+/// `eddy get KIND [NAME]`.
+pub async fn get(
+    api: &ApiArgs,
+    kind: Kind,
+    name: Option<&str>,
+    all_namespaces: bool,
+    output: Output,
+) -> anyhow::Result<()> {
+    let url = if all_namespaces && name.is_none() {
+        format!(
+            "{}/apis/eddy.dev/v1alpha1/{}",
+            api.server.trim_end_matches('/'),
+            kind.plural()
+        )
+    } else {
+        resource_url(&api.server, &api.namespace, kind, name)
+    };
+    let response = reqwest::get(&url)
+        .await
+        .with_context(|| format!("cannot reach the eddy API at {}", api.server))?;
+    if !response.status().is_success() {
+        bail!("{}", refusal(response).await);
+    }
+    let body: Value = response.json().await?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&body)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(&body)?),
+        Output::Table => {
+            let items = match body["items"].as_array() {
+                Some(items) => items.clone(),
+                None => vec![body],
+            };
+            print!("{}", table(kind, &items));
+        }
+    }
+    Ok(())
+}
+
+fn condition(resource: &Value, type_: &str) -> String {
+    resource["status"]["conditions"]
+        .as_array()
+        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
+        .map(|c| {
+            let status = c["status"].as_str().unwrap_or("Unknown");
+            if status == "True" {
+                "True".to_owned()
+            } else {
+                format!("{status} ({})", c["reason"].as_str().unwrap_or(""))
+            }
+        })
+        .unwrap_or_else(|| "Unknown".to_owned())
+}
+
+/// The table `eddy get` prints.
+pub fn table(kind: Kind, items: &[Value]) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    match kind {
+        Kind::Functions => {
+            rows.push(
+                [
+                    "NAMESPACE",
+                    "NAME",
+                    "RUNTIME",
+                    "BUILT",
+                    "RUNNING",
+                    "REPLICAS",
+                    "URL",
+                ]
+                .map(String::from)
+                .to_vec(),
+            );
+            for item in items {
+                rows.push(vec![
+                    item["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                    item["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                    item["spec"]["runtime"].as_str().unwrap_or("").to_owned(),
+                    condition(item, "BuildReady"),
+                    condition(item, "Running"),
+                    item["status"]["replicas"].as_i64().unwrap_or(0).to_string(),
+                    item["status"]["url"].as_str().unwrap_or("").to_owned(),
+                ]);
+            }
+        }
+        Kind::Subscriptions => {
+            rows.push(
+                ["NAMESPACE", "NAME", "READY", "SINK", "TYPES"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            for item in items {
+                let types: Vec<&str> = item["spec"]["types"]
+                    .as_array()
+                    .map(|t| t.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                rows.push(vec![
+                    item["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                    item["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                    condition(item, "Ready"),
+                    item["spec"]["sink"].as_str().unwrap_or("").to_owned(),
+                    types.join(","),
+                ]);
+            }
+        }
+    }
+    format_rows(&rows)
+}
+
+/// Left-aligned columns separated by three spaces.
+pub fn format_rows(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `eddy delete KIND NAME` or `eddy delete -f FILE`.
+pub async fn delete(
+    api: &ApiArgs,
+    kind: Option<Kind>,
+    name: Option<&str>,
+    file: Option<&PathBuf>,
+) -> anyhow::Result<()> {
+    let mut targets = Vec::new();
+    match (kind, name, file) {
+        (_, _, Some(file)) => {
+            for manifest in read_manifests(file)? {
+                targets.push(identify(&manifest, &api.namespace)?);
+            }
+        }
+        (Some(kind), Some(name), None) => {
+            targets.push((kind, api.namespace.clone(), name.to_owned()))
+        }
+        _ => bail!("say what to delete: `eddy delete functions NAME` or `eddy delete -f FILE`"),
+    }
+    let http = reqwest::Client::new();
+    for (kind, namespace, name) in targets {
+        let url = resource_url(&api.server, &namespace, kind, Some(&name));
+        let response = http
+            .delete(&url)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        let label = format!("{}.eddy.dev/{name}", kind.plural().trim_end_matches('s'));
+        if response.status().is_success() {
+            println!("{label} deleted");
+        } else {
+            bail!("{label}: {}", refusal(response).await);
+        }
+    }
+    Ok(())
+}

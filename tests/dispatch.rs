@@ -1,0 +1,662 @@
+//! Delivery of subscribed events (DESIGN §5), end to end through the event-bus, JetStream, the
+//! controller API and the dispatcher, to HTTP sinks in the test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use axum::{http::StatusCode, response::IntoResponse};
+use eddy_testing::eventually;
+use serde_json::{Value, json};
+use support::{Options, Platform, Sink};
+
+fn unique(ids: &[String]) -> HashSet<&String> {
+    ids.iter().collect()
+}
+
+#[tokio::test]
+async fn every_event_reaches_every_matching_subscription_exactly_once() {
+    let platform = Platform::start().await;
+    let orders_created = Sink::ok().await;
+    let all_orders = Sink::ok().await;
+    platform
+        .subscribe(
+            "created",
+            json!({"sink": orders_created.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .subscribe(
+            "orders",
+            json!({"sink": all_orders.url, "types": ["order.>"]}),
+        )
+        .await;
+
+    for i in 0..50 {
+        platform
+            .publish(
+                "shop",
+                "order.created.v1",
+                &format!("c-{i}"),
+                json!({"n": i}),
+            )
+            .await;
+    }
+    for i in 0..20 {
+        platform
+            .publish("shop", "order.paid.v1", &format!("p-{i}"), json!({"n": i}))
+            .await;
+    }
+    for i in 0..10 {
+        platform
+            .publish(
+                "shop",
+                "invoice.sent.v1",
+                &format!("i-{i}"),
+                json!({"n": i}),
+            )
+            .await;
+    }
+    platform.wait_settled("created").await;
+    platform.wait_settled("orders").await;
+
+    let created = orders_created.ids();
+    assert_eq!(
+        created.len(),
+        50,
+        "deliveries to the exact-type subscription"
+    );
+    assert_eq!(unique(&created).len(), 50);
+    assert!(created.iter().all(|id| id.starts_with("c-")));
+    let orders = all_orders.ids();
+    assert_eq!(orders.len(), 70, "deliveries to the prefix subscription");
+    assert_eq!(unique(&orders).len(), 70);
+
+    // The event arrives as a binary-mode CloudEvent with its data untouched.
+    let first = orders_created
+        .received()
+        .into_iter()
+        .find(|r| r.header("ce-id") == "c-7")
+        .unwrap();
+    assert_eq!(first.header("ce-type"), "order.created.v1");
+    assert_eq!(first.header("ce-source"), "shop");
+    assert_eq!(first.header("ce-specversion"), "1.0");
+    assert_eq!(first.header("content-type"), "application/json");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&first.body).unwrap(),
+        json!({"n": 7})
+    );
+
+    let metrics = platform
+        .http
+        .get(format!("{}/metrics", platform.dispatcher))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"eddy_dispatcher_delivered_total{subscription="default/created"} 50"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"eddy_dispatcher_delivered_total{subscription="default/orders"} 70"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn prefix_source_and_exact_filters_select_exactly_the_right_events() {
+    let platform = Platform::start().await;
+    let one_segment = Sink::ok().await;
+    let exact = Sink::ok().await;
+    platform
+        .subscribe(
+            "shop-orders",
+            json!({"sink": one_segment.url, "types": ["order.*"], "source": "shop"}),
+        )
+        .await;
+    platform
+        .subscribe(
+            "literal",
+            json!({"sink": exact.url, "types": ["order.*"], "typeMatching": "exact"}),
+        )
+        .await;
+
+    platform
+        .publish("shop", "order.created", "match-1", json!({}))
+        .await;
+    platform
+        .publish("shop", "order.paid", "match-2", json!({}))
+        .await;
+    platform
+        .publish("billing", "order.created", "other-source", json!({}))
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "too-deep", json!({}))
+        .await;
+    platform
+        .publish("shop", "orders.created", "other-prefix", json!({}))
+        .await;
+    platform
+        .publish("shop", "order.*", "literal-star", json!({}))
+        .await;
+    platform.wait_settled("shop-orders").await;
+    platform.wait_settled("literal").await;
+
+    let mut got = one_segment.ids();
+    got.sort();
+    assert_eq!(got, vec!["literal-star", "match-1", "match-2"]);
+    assert_eq!(exact.ids(), vec!["literal-star"]);
+
+    let status = platform.subscription("shop-orders").await;
+    assert_eq!(
+        status["status"]["types"][0]["subject"],
+        "eddy.events.shop.order.*"
+    );
+}
+
+#[tokio::test]
+async fn a_sink_that_fails_twice_gets_the_event_on_attempt_three() {
+    let platform = Platform::start().await;
+    let sink = Sink::start(
+        Duration::ZERO,
+        Arc::new(|_, attempt| {
+            if attempt <= 2 {
+                StatusCode::SERVICE_UNAVAILABLE.into_response()
+            } else {
+                StatusCode::OK.into_response()
+            }
+        }),
+    )
+    .await;
+    platform
+        .subscribe(
+            "flaky",
+            json!({"sink": sink.url, "types": ["order.created.v1"],
+                "delivery": {"maxAttempts": 5, "initialDelay": "100ms", "maxDelay": "200ms"}}),
+        )
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "retry-me", json!({}))
+        .await;
+    platform.wait_settled("flaky").await;
+    assert_eq!(sink.attempts("retry-me"), 3);
+    assert!(platform.dead_letters("flaky").await.is_empty());
+    let counts = subscription_counts(&platform, "flaky").await;
+    assert_eq!(counts["delivered"], 1);
+    assert_eq!(counts["retried"], 2);
+}
+
+async fn subscription_counts(platform: &Platform, name: &str) -> Value {
+    let body: Value = platform
+        .http
+        .get(format!("{}/subscriptions", platform.dispatcher))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["name"] == name)
+        .unwrap()["counts"]
+        .clone()
+}
+
+#[tokio::test]
+async fn a_sink_that_always_fails_sends_the_event_to_dead_letters_after_max_attempts() {
+    let platform = Platform::start().await;
+    let sink = Sink::start(
+        Duration::ZERO,
+        Arc::new(|_, _| StatusCode::INTERNAL_SERVER_ERROR.into_response()),
+    )
+    .await;
+    platform
+        .subscribe(
+            "broken",
+            json!({"sink": sink.url, "types": ["order.created.v1"],
+                "delivery": {"maxAttempts": 3, "initialDelay": "50ms", "maxDelay": "100ms"}}),
+        )
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "doomed", json!({"x": 1}))
+        .await;
+    platform.wait_settled("broken").await;
+    assert_eq!(sink.attempts("doomed"), 3);
+
+    let letters = platform.dead_letters("broken").await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert_eq!(letter["reason"], "http_5xx");
+    assert_eq!(letter["status"], 500);
+    assert_eq!(letter["attempts"], 3);
+    assert_eq!(letter["subscription"], "default/broken");
+    assert_eq!(letter["id"], "doomed");
+    assert_eq!(letter["streamSequence"], 1);
+
+    // The stored dead letter keeps the event and carries the reason headers.
+    let stream = platform.js.get_stream("EDDY_DEAD_LETTERS").await.unwrap();
+    let stored = stream
+        .get_raw_message(letter["sequence"].as_u64().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(stored.subject.as_str(), "eddy.dlq.default.broken");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&stored.payload).unwrap(),
+        json!({"x": 1})
+    );
+    for (name, value) in [
+        ("eddy-dlq-reason", "http_5xx"),
+        ("eddy-dlq-status", "500"),
+        ("eddy-dlq-attempts", "3"),
+        ("eddy-dlq-subscription", "default/broken"),
+        ("eddy-dlq-stream-seq", "1"),
+        ("ce-id", "doomed"),
+    ] {
+        assert_eq!(
+            stored.headers.get(name).map(|v| v.as_str()),
+            Some(value),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_permanent_4xx_goes_to_dead_letters_at_once() {
+    let platform = Platform::start().await;
+    let sink = Sink::start(
+        Duration::ZERO,
+        Arc::new(|_, _| StatusCode::BAD_REQUEST.into_response()),
+    )
+    .await;
+    platform
+        .subscribe("picky", json!({"sink": sink.url, "types": ["order.created.v1"], "delivery": {"maxAttempts": 5}}))
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "rejected", json!({}))
+        .await;
+    platform.wait_settled("picky").await;
+    assert_eq!(sink.attempts("rejected"), 1);
+    let letters = platform.dead_letters("picky").await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0]["reason"], "http_4xx");
+    assert_eq!(letters[0]["status"], 400);
+    assert_eq!(letters[0]["attempts"], 1);
+}
+
+#[tokio::test]
+async fn never_more_than_max_in_flight_deliveries_to_one_subscription() {
+    let platform = Platform::start().await;
+    let sink = Sink::start(
+        Duration::from_millis(150),
+        Arc::new(|_, _| StatusCode::OK.into_response()),
+    )
+    .await;
+    platform
+        .subscribe(
+            "slow",
+            json!({"sink": sink.url, "types": ["job.v1"], "config": {"maxInFlightMessages": "3"}}),
+        )
+        .await;
+    for i in 0..15 {
+        platform
+            .publish("batch", "job.v1", &format!("job-{i}"), json!({}))
+            .await;
+    }
+    platform.wait_settled("slow").await;
+    assert_eq!(sink.count(), 15);
+    assert_eq!(
+        sink.max_in_flight(),
+        3,
+        "the limit is used, and never exceeded"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_delivery_is_kept_alive_by_in_progress_acks() {
+    // ack wait 1s, a sink that takes 2.5s: without in-progress acks JetStream would redeliver.
+    let platform = Platform::start_with(Options {
+        ack_wait: Duration::from_secs(1),
+        ..Options::default()
+    })
+    .await;
+    let sink = Sink::start(
+        Duration::from_millis(2500),
+        Arc::new(|_, _| StatusCode::OK.into_response()),
+    )
+    .await;
+    platform
+        .subscribe(
+            "patient",
+            json!({"sink": sink.url, "types": ["slow.v1"], "delivery": {"timeout": "10s"}}),
+        )
+        .await;
+    platform.publish("s", "slow.v1", "slow-1", json!({})).await;
+    platform.wait_settled("patient").await;
+    assert_eq!(sink.attempts("slow-1"), 1);
+    assert_eq!(sink.overlaps(), 0);
+}
+
+#[tokio::test]
+async fn a_delivery_over_its_timeout_is_retried() {
+    let platform = Platform::start().await;
+    let sink = Sink::start(
+        Duration::from_millis(600),
+        Arc::new(|_, _| StatusCode::OK.into_response()),
+    )
+    .await;
+    platform
+        .subscribe(
+            "impatient",
+            json!({"sink": sink.url, "types": ["slow.v1"],
+                "delivery": {"timeout": "200ms", "maxAttempts": 2, "initialDelay": "50ms"}}),
+        )
+        .await;
+    platform
+        .publish("s", "slow.v1", "too-slow", json!({}))
+        .await;
+    platform.wait_settled("impatient").await;
+    let letters = platform.dead_letters("impatient").await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0]["reason"], "timeout");
+    assert_eq!(letters[0]["attempts"], 2);
+}
+
+#[tokio::test]
+async fn a_reply_event_triggers_the_subscription_for_its_type() {
+    let platform = Platform::start().await;
+    let replier = Sink::start(
+        Duration::ZERO,
+        Arc::new(|received, _| {
+            let id = format!("reply-to-{}", received.header("ce-id"));
+            (
+                StatusCode::OK,
+                [
+                    ("ce-specversion", "1.0"),
+                    ("ce-id", id.as_str()),
+                    ("ce-source", "stock-service"),
+                    ("ce-type", "stock.reserved.v1"),
+                    ("content-type", "application/json"),
+                ],
+                r#"{"reserved":true}"#,
+            )
+                .into_response()
+        }),
+    )
+    .await;
+    let recorder = Sink::ok().await;
+    platform
+        .subscribe(
+            "reserve",
+            json!({"sink": replier.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .subscribe(
+            "record",
+            json!({"sink": recorder.url, "types": ["stock.reserved.v1"]}),
+        )
+        .await;
+
+    platform
+        .publish("shop", "order.created.v1", "o-1", json!({"sku": "A"}))
+        .await;
+    recorder.wait_for(1).await;
+    let reply = &recorder.received()[0];
+    assert_eq!(reply.header("ce-id"), "reply-to-o-1");
+    assert_eq!(reply.header("ce-source"), "stock-service");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&reply.body).unwrap(),
+        json!({"reserved": true})
+    );
+}
+
+#[tokio::test]
+async fn two_dispatchers_share_the_work_and_never_hold_one_event_twice() {
+    let platform = Platform::start().await;
+    let second = platform.start_dispatcher(Duration::from_secs(30)).await;
+    let sink = Sink::start(
+        Duration::from_millis(20),
+        Arc::new(|_, _| StatusCode::OK.into_response()),
+    )
+    .await;
+    platform
+        .subscribe(
+            "shared",
+            json!({"sink": sink.url, "types": ["work.v1"], "config": {"maxInFlightMessages": 8}}),
+        )
+        .await;
+    for i in 0..120 {
+        platform
+            .publish("s", "work.v1", &format!("w-{i}"), json!({}))
+            .await;
+    }
+    platform.wait_settled("shared").await;
+    let ids = sink.ids();
+    assert_eq!(ids.len(), 120);
+    assert_eq!(unique(&ids).len(), 120);
+    assert_eq!(sink.overlaps(), 0);
+    assert!(sink.max_in_flight() <= 8);
+
+    let delivered = |body: Value| {
+        body["items"][0]["counts"]["delivered"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let first: Value = platform
+        .http
+        .get(format!("{}/subscriptions", platform.dispatcher))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let other: Value = platform
+        .http
+        .get(format!("{second}/subscriptions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (a, b) = (delivered(first), delivered(other));
+    println!("dispatcher 1 delivered {a}, dispatcher 2 delivered {b}");
+    assert_eq!(a + b, 120);
+    assert!(a > 0 && b > 0, "both dispatchers took part: {a} and {b}");
+}
+
+#[tokio::test]
+async fn consumers_follow_their_subscription_and_survive_restarts() {
+    let platform = Platform::start().await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe("life", json!({"sink": sink.url, "types": ["a.v1"]}))
+        .await;
+    let info = platform.consumer_info("life").await.unwrap();
+    assert_eq!(
+        info.config.filter_subjects,
+        vec!["eddy.events.*.a.v1".to_owned()]
+    );
+    assert_eq!(info.config.max_ack_pending, 10);
+    platform
+        .publish("s", "a.v1", "before-update", json!({}))
+        .await;
+    platform.wait_settled("life").await;
+
+    // Updated in place: new filters and limits, same consumer, position kept.
+    let (status, body) = platform
+        .put_subscription("life", json!({"sink": sink.url, "types": ["a.v1", "b.v1"], "config": {"maxInFlightMessages": 4}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    eventually(
+        "the consumer to be updated",
+        Duration::from_secs(20),
+        || async {
+            platform
+                .consumer_info("life")
+                .await
+                .is_some_and(|info| info.config.filter_subjects.len() == 2)
+        },
+    )
+    .await
+    .unwrap();
+    let updated = platform.consumer_info("life").await.unwrap();
+    assert_eq!(updated.config.max_ack_pending, 4);
+    assert_eq!(updated.created, info.created);
+    platform
+        .publish("s", "b.v1", "after-update", json!({}))
+        .await;
+    platform.wait_settled("life").await;
+    assert_eq!(sink.ids(), vec!["before-update", "after-update"]);
+
+    // A new dispatcher after the old one stopped picks up where it left off.
+    platform.stop_dispatchers();
+    platform.publish("s", "a.v1", "while-down", json!({})).await;
+    let restarted = platform.start_dispatcher(Duration::from_secs(30)).await;
+    platform.wait_settled("life").await;
+    assert_eq!(
+        sink.ids(),
+        vec!["before-update", "after-update", "while-down"]
+    );
+    let _ = restarted;
+
+    // Deleting the Subscription deletes its consumer.
+    platform.delete_subscription("life").await;
+    eventually(
+        "the consumer to be deleted",
+        Duration::from_secs(20),
+        || async { platform.consumer_info("life").await.is_none() },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn invalid_subscriptions_are_refused_naming_the_field() {
+    let platform = Platform::start().await;
+    let (status, body) = platform
+        .put_subscription(
+            "bad",
+            json!({"sink": "http://169.254.169.254/latest", "types": ["a..b"]}),
+        )
+        .await;
+    assert_eq!(status, 422);
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["reason"], "Invalid");
+    let fields: Vec<&str> = body["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, vec!["spec.types[0]", "spec.sink"]);
+    let (status, body) = platform
+        .put_subscription(
+            "typo",
+            json!({"sink": "http://127.0.0.1:1/", "type": ["a"]}),
+        )
+        .await;
+    assert_eq!(status, 422);
+    assert!(body["message"].as_str().unwrap().contains("type"), "{body}");
+    let response = platform
+        .http
+        .get(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/bad",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+}
+
+#[tokio::test]
+async fn dead_letters_can_be_redriven_and_events_replayed() {
+    let platform = Platform::start().await;
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let switch = healthy.clone();
+    let sink = Sink::start(
+        Duration::ZERO,
+        Arc::new(move |_, _| {
+            if switch.load(std::sync::atomic::Ordering::SeqCst) {
+                StatusCode::OK.into_response()
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR.into_response()
+            }
+        }),
+    )
+    .await;
+    let bystander = Sink::ok().await;
+    platform
+        .subscribe(
+            "redo",
+            json!({"sink": sink.url, "types": ["r.v1"], "delivery": {"maxAttempts": 1}}),
+        )
+        .await;
+    platform
+        .subscribe(
+            "bystander",
+            json!({"sink": bystander.url, "types": ["r.v1"]}),
+        )
+        .await;
+    for i in 0..3 {
+        platform
+            .publish("s", "r.v1", &format!("r-{i}"), json!({}))
+            .await;
+    }
+    platform.wait_settled("redo").await;
+    platform.wait_settled("bystander").await;
+    assert_eq!(platform.dead_letters("redo").await.len(), 3);
+
+    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+    let outcome: Value = platform
+        .http
+        .post(format!(
+            "{}/subscriptions/default/redo/redrive",
+            platform.dispatcher
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(outcome, json!({"delivered": 3, "failed": 0}));
+    assert!(platform.dead_letters("redo").await.is_empty());
+    assert_eq!(sink.count(), 6);
+
+    // Replay from the first event: the one subscription gets all three again, no other does.
+    let response = platform
+        .http
+        .post(format!(
+            "{}/subscriptions/default/redo/replay",
+            platform.dispatcher
+        ))
+        .json(&json!({"fromSeq": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    assert_eq!(response.json::<Value>().await.unwrap()["events"], 3);
+    sink.wait_for(9).await;
+    eventually(
+        "the replay consumer to be removed",
+        Duration::from_secs(20),
+        || async {
+            let stream = platform.js.get_stream("EDDY_EVENTS").await.unwrap();
+            stream.consumer_info("replay_default_redo").await.is_err()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(sink.count(), 9);
+    assert_eq!(bystander.count(), 3);
+}

@@ -1,0 +1,78 @@
+//! SIGKILL the dispatcher in the middle of a stream of events and start it again: every event is
+//! still delivered at least once. Prints how many were delivered twice.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use axum::{http::StatusCode, response::IntoResponse};
+use serde_json::json;
+use support::{Options, Platform, Sink};
+
+const EVENTS: usize = 300;
+
+#[tokio::test]
+async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
+    let platform = Arc::new(
+        Platform::start_with(Options {
+            ack_wait: Duration::from_secs(2),
+            dispatcher: false,
+        })
+        .await,
+    );
+    let mut dispatcher = platform.spawn_dispatcher("2s").await;
+    let sink = Sink::start(
+        Duration::from_millis(5),
+        Arc::new(|_, _| StatusCode::OK.into_response()),
+    )
+    .await;
+    platform
+        .subscribe("crash", json!({"sink": sink.url, "types": ["tick.v1"]}))
+        .await;
+
+    // A steady publisher in the background.
+    let publisher = {
+        let platform = platform.clone();
+        tokio::spawn(async move {
+            let mut pace = tokio::time::interval(Duration::from_millis(5));
+            for i in 0..EVENTS {
+                pace.tick().await;
+                platform
+                    .publish("clock", "tick.v1", &format!("t-{i}"), json!({"n": i}))
+                    .await;
+            }
+        })
+    };
+
+    sink.wait_for(80).await;
+    dispatcher.child.start_kill().unwrap();
+    dispatcher.child.wait().await.unwrap();
+    let delivered_before_restart = sink.count();
+    let restarted = platform.spawn_dispatcher("2s").await;
+
+    publisher.await.unwrap();
+    let expected: HashSet<String> = (0..EVENTS).map(|i| format!("t-{i}")).collect();
+    eddy_testing::eventually(
+        "every event to be delivered",
+        Duration::from_secs(60),
+        || async {
+            let seen: HashSet<String> = sink.ids().into_iter().collect();
+            expected.is_subset(&seen)
+        },
+    )
+    .await
+    .unwrap();
+    platform.wait_settled("crash").await;
+
+    let total = sink.count();
+    let unique: HashSet<String> = sink.ids().into_iter().collect();
+    assert_eq!(unique, expected, "every published event arrived");
+    println!(
+        "dispatcher SIGKILL: published {EVENTS}, delivered {total} ({} unique), delivered twice {}, \
+         delivered before the kill {delivered_before_restart}",
+        unique.len(),
+        total - unique.len()
+    );
+    drop(restarted);
+}

@@ -1,0 +1,459 @@
+//! Shared pieces of the end-to-end tests: the platform's components in-process against a real
+//! nats-server, and a programmable HTTP sink that records what it receives.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use async_nats::jetstream;
+use axum::{
+    Router,
+    body::Bytes,
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::post,
+};
+use eddy_api::shutdown::CancellationToken;
+use eddy_testing::{NatsServer, eventually};
+use serde_json::{Value, json};
+
+/// Options of [`Platform::start`].
+pub struct Options {
+    pub ack_wait: Duration,
+    /// Run a dispatcher in-process (tests that kill it run `eddy dispatcher` themselves).
+    pub dispatcher: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            ack_wait: Duration::from_secs(30),
+            dispatcher: true,
+        }
+    }
+}
+
+/// NATS, event-bus, controller API and dispatcher, each on its own port.
+pub struct Platform {
+    pub nats: NatsServer,
+    pub bus: String,
+    pub api: String,
+    pub dispatcher: String,
+    pub http: reqwest::Client,
+    pub js: jetstream::Context,
+    shutdown: CancellationToken,
+    dispatchers: Mutex<Vec<CancellationToken>>,
+}
+
+async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+impl Platform {
+    pub async fn start() -> Self {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> Self {
+        let nats = NatsServer::start().unwrap();
+        let shutdown = CancellationToken::new();
+
+        let (bus_listener, bus_addr) = listener().await;
+        let bus = eddy_event_bus::EventBus::new(
+            eddy_event_bus::Args::new(bus_addr, nats.url()),
+            shutdown.child_token(),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(bus.serve(bus_listener));
+
+        let (api_listener, api_addr) = listener().await;
+        let mut controller_args = eddy_controller::Args::new(api_addr, nats.url());
+        controller_args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
+        let controller = eddy_controller::Controller::new(controller_args, shutdown.child_token())
+            .await
+            .unwrap();
+        tokio::spawn(controller.serve(api_listener));
+
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let platform = Self {
+            nats,
+            bus: format!("http://{bus_addr}"),
+            api: format!("http://{api_addr}"),
+            dispatcher: String::new(),
+            http: reqwest::Client::new(),
+            js: jetstream::new(client),
+            dispatchers: Mutex::default(),
+            shutdown,
+        };
+        let mut platform = platform;
+        platform
+            .wait_ready(&format!("{}/readyz", platform.bus))
+            .await;
+        if options.dispatcher {
+            platform.dispatcher = platform.start_dispatcher(options.ack_wait).await;
+        }
+        platform
+    }
+
+    /// Starts one more dispatcher process-equivalent (in-process) and returns its admin URL.
+    pub async fn start_dispatcher(&self, ack_wait: Duration) -> String {
+        let (listener, addr) = listener().await;
+        let mut args = eddy_dispatcher::Args::new(addr, self.nats.url(), self.bus.clone());
+        args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
+        args.ack_wait = ack_wait;
+        let token = self.shutdown.child_token();
+        self.dispatchers.lock().unwrap().push(token.clone());
+        let dispatcher = eddy_dispatcher::Dispatcher::new(args, token).await.unwrap();
+        tokio::spawn(dispatcher.serve(listener));
+        let url = format!("http://{addr}");
+        self.wait_ready(&format!("{url}/readyz")).await;
+        url
+    }
+
+    pub async fn wait_ready(&self, url: &str) {
+        eventually(url, Duration::from_secs(20), || async {
+            matches!(self.http.get(url).send().await, Ok(r) if r.status() == 200)
+        })
+        .await
+        .unwrap();
+    }
+
+    /// PUTs a Subscription through the API; returns the status code and body.
+    pub async fn put_subscription(&self, name: &str, spec: Value) -> (u16, Value) {
+        let body = json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": spec,
+        });
+        let response = self
+            .http
+            .put(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/{name}",
+                self.api
+            ))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+
+    /// PUTs a Subscription and waits until it is Ready.
+    pub async fn subscribe(&self, name: &str, spec: Value) {
+        let (status, body) = self.put_subscription(name, spec).await;
+        assert!(status == 200 || status == 201, "{status}: {body}");
+        self.wait_subscription_ready(name).await;
+    }
+
+    pub async fn subscription(&self, name: &str) -> Value {
+        self.http
+            .get(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/{name}",
+                self.api
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn wait_subscription_ready(&self, name: &str) {
+        eventually(
+            &format!("subscription {name} to be ready"),
+            Duration::from_secs(20),
+            || async { self.subscription(name).await["status"]["ready"] == json!(true) },
+        )
+        .await
+        .unwrap();
+    }
+
+    pub async fn delete_subscription(&self, name: &str) {
+        let response = self
+            .http
+            .delete(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/{name}",
+                self.api
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+
+    /// Publishes a binary-mode event; asserts 204.
+    pub async fn publish(&self, source: &str, ty: &str, id: &str, data: Value) {
+        let response = self
+            .http
+            .post(format!("{}/publish", self.bus))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", source)
+            .header("ce-type", ty)
+            .header("content-type", "application/json")
+            .body(data.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204, "publish {id}");
+    }
+
+    /// The consumer of a subscription, if it exists.
+    pub async fn consumer_info(&self, name: &str) -> Option<jetstream::consumer::Info> {
+        let stream = self.js.get_stream("EDDY_EVENTS").await.ok()?;
+        stream
+            .consumer_info(format!("sub_default_{name}"))
+            .await
+            .ok()
+    }
+
+    /// Waits until a subscription's consumer has nothing pending and nothing unacknowledged.
+    pub async fn wait_settled(&self, name: &str) {
+        eventually(
+            &format!("subscription {name} to settle"),
+            Duration::from_secs(60),
+            || async {
+                self.consumer_info(name)
+                    .await
+                    .is_some_and(|info| info.num_pending == 0 && info.num_ack_pending == 0)
+            },
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Dead letters of a subscription, as the dispatcher lists them.
+    pub async fn dead_letters(&self, name: &str) -> Vec<Value> {
+        let body: Value = self
+            .http
+            .get(format!(
+                "{}/dead-letters?subscription=default/{name}",
+                self.dispatcher
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["items"].as_array().unwrap().clone()
+    }
+
+    pub fn stop_dispatchers(&self) {
+        for token in self.dispatchers.lock().unwrap().drain(..) {
+            token.cancel();
+        }
+    }
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// `eddy dispatcher` as a child process, killed on drop.
+pub struct DispatcherProcess {
+    pub child: tokio::process::Child,
+    pub url: String,
+}
+
+impl Platform {
+    /// Starts `eddy dispatcher` as its own process and waits until it is ready.
+    pub async fn spawn_dispatcher(&self, ack_wait: &str) -> DispatcherProcess {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args([
+                "dispatcher",
+                "--addr",
+                "127.0.0.1:0",
+                "--nats-url",
+                &self.nats.url(),
+                "--bus-url",
+                &self.bus,
+            ])
+            .env("EDDY_ALLOWED_SINKS", "http://127.0.0.1:")
+            .env("EDDY_ACK_WAIT", ack_wait)
+            .env("EDDY_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let url = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(url) = line.strip_prefix("dispatcher ready on ") {
+                    return url.to_owned();
+                }
+            }
+            panic!("eddy dispatcher exited before it was ready");
+        })
+        .await
+        .unwrap();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.wait_ready(&format!("{url}/readyz")).await;
+        DispatcherProcess { child, url }
+    }
+}
+
+/// One request a sink received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+}
+
+/// How a sink answers.
+pub type Behaviour = Arc<dyn Fn(&Received, usize) -> Response + Send + Sync>;
+
+struct SinkState {
+    received: Mutex<Vec<Received>>,
+    attempts_by_id: Mutex<HashMap<String, usize>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    overlaps: AtomicUsize,
+    active_ids: Mutex<Vec<String>>,
+    delay: Duration,
+    behaviour: Behaviour,
+}
+
+/// An HTTP sink in the test process.
+pub struct Sink {
+    pub url: String,
+    state: Arc<SinkState>,
+}
+
+impl Sink {
+    /// Answers 200 to everything.
+    pub async fn ok() -> Self {
+        Self::start(
+            Duration::ZERO,
+            Arc::new(|_, _| StatusCode::OK.into_response()),
+        )
+        .await
+    }
+
+    /// `behaviour(request, attempt_of_this_event)` decides the answer; `delay` before answering.
+    pub async fn start(delay: Duration, behaviour: Behaviour) -> Self {
+        let state = Arc::new(SinkState {
+            received: Mutex::default(),
+            attempts_by_id: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            overlaps: AtomicUsize::new(0),
+            active_ids: Mutex::default(),
+            delay,
+            behaviour,
+        });
+        let app = Router::new()
+            .route("/{*path}", post(receive))
+            .route("/", post(receive))
+            .with_state(state.clone());
+        let (listener, addr) = listener().await;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self {
+            url: format!("http://{addr}/"),
+            state,
+        }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.state.received.lock().unwrap().len()
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        self.received()
+            .iter()
+            .map(|r| r.header("ce-id").to_owned())
+            .collect()
+    }
+
+    pub fn attempts(&self, id: &str) -> usize {
+        self.state
+            .attempts_by_id
+            .lock()
+            .unwrap()
+            .get(id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn max_in_flight(&self) -> usize {
+        self.state.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// How often one event was being delivered twice at the same moment.
+    pub fn overlaps(&self) -> usize {
+        self.state.overlaps.load(Ordering::SeqCst)
+    }
+
+    pub async fn wait_for(&self, count: usize) {
+        eventually(
+            &format!("{count} deliveries"),
+            Duration::from_secs(60),
+            || async { self.count() >= count },
+        )
+        .await
+        .unwrap_or_else(|error| panic!("{error}; got {}", self.count()));
+    }
+}
+
+async fn receive(State(state): State<Arc<SinkState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let received = Received { headers, body };
+    let id = received.header("ce-id").to_owned();
+    {
+        let mut active = state.active_ids.lock().unwrap();
+        if active.contains(&id) {
+            state.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        active.push(id.clone());
+    }
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let attempt = {
+        let mut attempts = state.attempts_by_id.lock().unwrap();
+        let entry = attempts.entry(id.clone()).or_default();
+        *entry += 1;
+        *entry
+    };
+    if !state.delay.is_zero() {
+        tokio::time::sleep(state.delay).await;
+    }
+    let response = (state.behaviour)(&received, attempt);
+    state.received.lock().unwrap().push(received);
+    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    {
+        let mut active = state.active_ids.lock().unwrap();
+        if let Some(position) = active.iter().position(|active| *active == id) {
+            active.remove(position);
+        }
+    }
+    response
+}
