@@ -35,6 +35,13 @@ pub struct Args {
         default_value = "127.0.0.1:8081"
     )]
     pub bus_addr: SocketAddr,
+    /// Gateway address: functions are invoked at http://<gateway>/<namespace>/<name>.
+    #[arg(
+        long = "gateway-addr",
+        env = "EDDY_GATEWAY_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub gateway_addr: SocketAddr,
     /// Resource API and dashboard address.
     #[arg(
         long = "api-addr",
@@ -133,16 +140,23 @@ async fn run_components(
     println!("event-bus   ready  http://{bus_local}/publish");
 
     let (api_listener, api_local) = bind(args.api_addr).await?;
+    let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
     let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
     controller_args.data_dir = args.data_dir.clone();
     controller_args.allowed_sinks = args.allowed_sinks.clone();
-    let controller =
-        eddy_controller::Controller::new(controller_args, components.child_token()).await?;
+    controller_args.bus_url = format!("http://{bus_local}");
+    let controller = eddy_controller::Controller::new(
+        controller_args,
+        format!("http://{gateway_local}"),
+        components.child_token(),
+    )
+    .await?;
     running.push((
         "controller",
-        tokio::spawn(async move { Ok(controller.serve(api_listener).await?) }),
+        tokio::spawn(async move { Ok(controller.serve(api_listener, gateway_listener).await?) }),
     ));
     println!("controller  ready  http://{api_local}");
+    println!("gateway     ready  http://{gateway_local}/<namespace>/<function>");
 
     let (dispatcher_listener, dispatcher_local) = bind(args.dispatcher_addr).await?;
     let mut dispatcher_args =

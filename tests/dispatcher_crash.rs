@@ -18,6 +18,7 @@ async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
         Platform::start_with(Options {
             ack_wait: Duration::from_secs(2),
             dispatcher: false,
+            ..Options::default()
         })
         .await,
     );

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use axum::{
     Json, Router,
-    body::Bytes,
-    extract::{Path, State},
+    body::{Body, Bytes},
+    extract::{Path, Query, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::get,
@@ -25,6 +25,8 @@ pub struct ApiState {
     pub store: Store,
     /// Where Subscription sinks may point.
     pub sinks: SinkPolicy,
+    /// Function logs (`<dir>/<namespace>/<name>.log`).
+    pub logs_dir: std::path::PathBuf,
 }
 
 type Shared = State<Arc<ApiState>>;
@@ -56,6 +58,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
             get(read::<Function>)
                 .put(apply::<Function>)
                 .delete(remove::<Function>),
+        )
+        .route(
+            &format!("{API_PREFIX}/namespaces/{{namespace}}/functions/{{name}}/log"),
+            get(function_log),
         )
         .route(
             &format!("{API_PREFIX}/namespaces/{{namespace}}/subscriptions/{{name}}"),
@@ -277,5 +283,71 @@ async fn apply<R: StoredResource + Validate>(
             (code, Json(stored)).into_response()
         }
         Err(error) => store_failure(&error),
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct LogQuery {
+    /// Keep the response open and send new lines as they are written.
+    #[serde(default)]
+    follow: bool,
+}
+
+/// `GET .../functions/{name}/log[?follow=true]`: the instances' stdout and stderr.
+async fn function_log(
+    state: Shared,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(query): Query<LogQuery>,
+) -> Response {
+    match state.store.get::<Function>(&namespace, &name).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return not_found::<Function>(&name),
+        Err(error) => return store_failure(&error),
+    }
+    if !resources::is_dns1123_label(&namespace) || !resources::is_dns1035_label(&name) {
+        return not_found::<Function>(&name);
+    }
+    let path = state.logs_dir.join(&namespace).join(format!("{name}.log"));
+    if !query.follow {
+        let text = tokio::fs::read(&path).await.unwrap_or_default();
+        return (
+            [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            text,
+        )
+            .into_response();
+    }
+    let stream = futures::stream::unfold((path, 0u64), |(path, offset)| async move {
+        loop {
+            let chunk = read_from(&path, offset).await;
+            if !chunk.is_empty() {
+                let next = offset + chunk.len() as u64;
+                return Some((Ok::<_, std::io::Error>(Bytes::from(chunk)), (path, next)));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    });
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// Bytes of `path` from `offset` on (at most 64 KiB); empty when there are none (yet).
+async fn read_from(path: &std::path::Path, offset: u64) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+    let Ok(mut file) = tokio::fs::File::open(path).await else {
+        return Vec::new();
+    };
+    if file.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
+        return Vec::new();
+    }
+    let mut buffer = vec![0; 64 * 1024];
+    match file.read(&mut buffer).await {
+        Ok(read) => {
+            buffer.truncate(read);
+            buffer
+        }
+        Err(_) => Vec::new(),
     }
 }

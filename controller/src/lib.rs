@@ -3,6 +3,8 @@
 //! by the local backend.
 
 pub mod api;
+pub mod local;
+pub mod runtimes;
 pub mod subscriptions;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -67,6 +69,61 @@ pub struct Args {
         default_value = "127.0.0.1:8082"
     )]
     pub api_addr: SocketAddr,
+    /// Address of the gateway that invokes functions (local backend).
+    #[arg(
+        long = "gateway-addr",
+        env = "EDDY_GATEWAY_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub gateway_addr: SocketAddr,
+    /// The gateway's URL as callers reach it (default: http:// and the gateway address).
+    #[arg(long = "gateway-url", env = "EDDY_GATEWAY_URL")]
+    pub gateway_url: Option<String>,
+    /// The event-bus, given to functions for emitCloudEvent.
+    #[arg(
+        long = "bus-url",
+        env = "EDDY_BUS_URL",
+        default_value = "http://127.0.0.1:8081"
+    )]
+    pub bus_url: String,
+    /// Node.js, to run nodejs20 functions.
+    #[arg(long = "node", env = "EDDY_NODE", default_value = "node")]
+    pub node: PathBuf,
+    /// npm, to install nodejs20 dependencies.
+    #[arg(long = "npm", env = "EDDY_NPM", default_value = "npm")]
+    pub npm: PathBuf,
+    /// Python 3.11, to run python311 functions and install their dependencies.
+    #[arg(long = "python", env = "EDDY_PYTHON", default_value = "python3")]
+    pub python: PathBuf,
+    /// Longest a dependency install may take.
+    #[arg(long = "build-timeout", env = "EDDY_BUILD_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub build_timeout: Duration,
+    /// In-flight requests per instance the autoscaler aims for.
+    #[arg(
+        long = "target-concurrency",
+        env = "EDDY_TARGET_CONCURRENCY",
+        default_value_t = 10
+    )]
+    pub target_concurrency: usize,
+    /// Idle time after which a Function with minReplicas 0 runs no instance.
+    #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub scale_to_zero_after: Duration,
+    /// How long load is remembered before scaling down.
+    #[arg(long = "scale-down-window", env = "EDDY_SCALE_DOWN_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub scale_down_window: Duration,
+    /// Longest a request waits for an instance to start.
+    #[arg(long = "activation-timeout", env = "EDDY_ACTIVATION_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub activation_timeout: Duration,
+    /// Longest an instance may take to answer /healthz after it starts.
+    #[arg(long = "startup-timeout", env = "EDDY_STARTUP_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub startup_timeout: Duration,
+    /// Largest request body the gateway forwards.
+    #[arg(
+        long = "max-request-size",
+        env = "EDDY_MAX_REQUEST_SIZE",
+        default_value = "16MiB"
+    )]
+    pub max_request_size: bytesize::ByteSize,
     /// NATS connection.
     #[command(flatten)]
     pub nats: NatsArgs,
@@ -92,6 +149,19 @@ impl Args {
         Self {
             backend: Backend::Local,
             api_addr,
+            gateway_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            gateway_url: None,
+            bus_url: "http://127.0.0.1:8081".to_owned(),
+            node: PathBuf::from("node"),
+            npm: PathBuf::from("npm"),
+            python: PathBuf::from("python3"),
+            build_timeout: Duration::from_secs(300),
+            target_concurrency: 10,
+            scale_to_zero_after: Duration::from_secs(60),
+            scale_down_window: Duration::from_secs(30),
+            activation_timeout: Duration::from_secs(30),
+            startup_timeout: Duration::from_secs(30),
+            max_request_size: bytesize::ByteSize::mib(16),
             nats: NatsArgs::with_url(nats_url),
             data_dir: PathBuf::from(".eddy"),
             allowed_sinks: Vec::new(),
@@ -102,22 +172,40 @@ impl Args {
 
 /// A running controller's parts, ready to serve.
 pub struct Controller {
-    router: Router,
+    api: Router,
+    gateway: Router,
+    backend: Arc<local::LocalBackend>,
+    backend_task: tokio::task::JoinHandle<()>,
     drain_timeout: Duration,
     shutdown: CancellationToken,
 }
 
 impl Controller {
-    /// Connects to NATS, opens the store and starts the reconcilers.
-    pub async fn new(args: Args, shutdown: CancellationToken) -> Result<Self> {
+    /// Connects to NATS, opens the store and starts the reconcilers. `gateway_url` is where
+    /// callers reach the gateway (it goes into Function status).
+    pub async fn new(args: Args, gateway_url: String, shutdown: CancellationToken) -> Result<Self> {
         let Args {
             backend: Backend::Local,
             api_addr: _,
+            gateway_addr: _,
+            gateway_url: configured_gateway_url,
+            bus_url,
+            node,
+            npm,
+            python,
+            build_timeout,
+            target_concurrency,
+            scale_to_zero_after,
+            scale_down_window,
+            activation_timeout,
+            startup_timeout,
+            max_request_size,
             nats,
-            data_dir: _,
+            data_dir,
             allowed_sinks,
             drain_timeout,
         } = args;
+        let gateway_url = configured_gateway_url.unwrap_or(gateway_url);
         let client = nats
             .connect(
                 "eddy-controller",
@@ -135,28 +223,86 @@ impl Controller {
             sinks.clone(),
             shutdown.child_token(),
         ));
-        let state = Arc::new(api::ApiState { store, sinks });
-        let router = api::router(state).route("/healthz", axum::routing::get(|| async { "ok" }));
+
+        let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
+        let logs_dir = data_dir.join("logs").join("functions");
+        let pools: local::gateway::Pools = Arc::default();
+        let pool_config = local::pool::PoolConfig {
+            node: node.clone(),
+            python: python.clone(),
+            logs_dir: logs_dir.clone(),
+            publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
+            target_concurrency,
+            scale_to_zero_after,
+            scale_down_window,
+            startup_timeout,
+            drain_timeout,
+        };
+        let build_config = local::build::BuildConfig {
+            builds_dir: data_dir.join("builds"),
+            node,
+            npm,
+            python,
+            timeout: build_timeout,
+        };
+        let backend = Arc::new(local::LocalBackend::new(
+            store.clone(),
+            pools.clone(),
+            pool_config,
+            build_config,
+            gateway_url,
+            shutdown.child_token(),
+        ));
+        let backend_task = tokio::spawn(backend.clone().run());
+        let max_body = usize::try_from(max_request_size.as_u64()).unwrap_or(usize::MAX);
+        let gateway = Arc::new(local::gateway::Gateway::new(
+            pools,
+            activation_timeout,
+            Duration::from_secs(3600),
+            max_body,
+        ));
+        let state = Arc::new(api::ApiState {
+            store,
+            sinks,
+            logs_dir,
+        });
+        let api = api::router(state).route("/healthz", axum::routing::get(|| async { "ok" }));
         Ok(Self {
-            router,
+            api,
+            gateway: local::gateway::router(gateway),
+            backend,
+            backend_task,
             drain_timeout,
             shutdown,
         })
     }
 
-    /// Serves the API until shutdown, draining for at most the drain timeout.
-    pub async fn serve(self, listener: TcpListener) -> Result<()> {
+    /// The local backend (tests reach instance processes through it).
+    pub fn backend(&self) -> Arc<local::LocalBackend> {
+        self.backend.clone()
+    }
+
+    /// Serves the API and the gateway until shutdown, drains them for at most the drain
+    /// timeout, then stops every function instance.
+    pub async fn serve(self, api: TcpListener, gateway: TcpListener) -> Result<()> {
         let shutdown = self.shutdown.clone();
-        let server = axum::serve(listener, self.router)
+        let api_server =
+            axum::serve(api, self.api).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let gateway_server = axum::serve(gateway, self.gateway)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let servers =
+            async { tokio::try_join!(api_server.into_future(), gateway_server.into_future()) };
         let deadline = async {
             shutdown.cancelled().await;
             tokio::time::sleep(self.drain_timeout).await;
         };
-        tokio::select! {
-            served = server => served.map_err(Error::Serve),
+        let served = tokio::select! {
+            served = servers => served.map(drop).map_err(Error::Serve),
             () = deadline => Ok(()),
-        }
+        };
+        // The backend stops every instance once shutdown is signalled; wait for it.
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.backend_task).await;
+        served
     }
 }
 
@@ -181,14 +327,30 @@ async fn open_store(
 
 /// Runs the controller until `shutdown`.
 pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
-    let addr = args.api_addr;
-    let listener = TcpListener::bind(addr)
+    let api_addr = args.api_addr;
+    let api = TcpListener::bind(api_addr)
         .await
-        .map_err(|source| Error::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| Error::Bind { addr, source })?;
-    let controller = Controller::new(args, shutdown).await?;
-    println!("controller ready on http://{local}");
-    controller.serve(listener).await
+        .map_err(|source| Error::Bind {
+            addr: api_addr,
+            source,
+        })?;
+    let api_local = api.local_addr().map_err(|source| Error::Bind {
+        addr: api_addr,
+        source,
+    })?;
+    let gateway_addr = args.gateway_addr;
+    let gateway = TcpListener::bind(gateway_addr)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: gateway_addr,
+            source,
+        })?;
+    let gateway_local = gateway.local_addr().map_err(|source| Error::Bind {
+        addr: gateway_addr,
+        source,
+    })?;
+    let controller = Controller::new(args, format!("http://{gateway_local}"), shutdown).await?;
+    println!("controller ready on http://{api_local}");
+    println!("gateway ready on http://{gateway_local}");
+    controller.serve(api, gateway).await
 }

@@ -28,6 +28,8 @@ use serde_json::{Value, json};
 /// Options of [`Platform::start`].
 pub struct Options {
     pub ack_wait: Duration,
+    pub scale_to_zero_after: Duration,
+    pub scale_down_window: Duration,
     /// Run a dispatcher in-process (tests that kill it run `eddy dispatcher` themselves).
     pub dispatcher: bool,
 }
@@ -36,6 +38,8 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             ack_wait: Duration::from_secs(30),
+            scale_to_zero_after: Duration::from_secs(60),
+            scale_down_window: Duration::from_secs(30),
             dispatcher: true,
         }
     }
@@ -46,6 +50,9 @@ pub struct Platform {
     pub nats: NatsServer,
     pub bus: String,
     pub api: String,
+    pub gateway: String,
+    pub backend: std::sync::Arc<eddy_controller::local::LocalBackend>,
+    pub data_dir: tempfile::TempDir,
     pub dispatcher: String,
     pub http: reqwest::Client,
     pub js: jetstream::Context,
@@ -78,18 +85,32 @@ impl Platform {
         tokio::spawn(bus.serve(bus_listener));
 
         let (api_listener, api_addr) = listener().await;
+        let (gateway_listener, gateway_addr) = listener().await;
+        let data_dir = tempfile::tempdir().unwrap();
         let mut controller_args = eddy_controller::Args::new(api_addr, nats.url());
         controller_args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
-        let controller = eddy_controller::Controller::new(controller_args, shutdown.child_token())
-            .await
-            .unwrap();
-        tokio::spawn(controller.serve(api_listener));
+        controller_args.bus_url = format!("http://{bus_addr}");
+        controller_args.data_dir = data_dir.path().to_path_buf();
+        controller_args.scale_to_zero_after = options.scale_to_zero_after;
+        controller_args.scale_down_window = options.scale_down_window;
+        let controller = eddy_controller::Controller::new(
+            controller_args,
+            format!("http://{gateway_addr}"),
+            shutdown.child_token(),
+        )
+        .await
+        .unwrap();
+        let backend = controller.backend();
+        tokio::spawn(controller.serve(api_listener, gateway_listener));
 
         let client = async_nats::connect(nats.url()).await.unwrap();
         let platform = Self {
             nats,
             bus: format!("http://{bus_addr}"),
             api: format!("http://{api_addr}"),
+            gateway: format!("http://{gateway_addr}"),
+            backend,
+            data_dir,
             dispatcher: String::new(),
             http: reqwest::Client::new(),
             js: jetstream::new(client),
@@ -456,4 +477,90 @@ async fn receive(State(state): State<Arc<SinkState>>, headers: HeaderMap, body: 
         }
     }
     response
+}
+
+impl Platform {
+    /// PUTs a Function through the API; returns the status code and body.
+    pub async fn put_function(&self, name: &str, spec: Value) -> (u16, Value) {
+        let body = json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": spec,
+        });
+        let response = self
+            .http
+            .put(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}",
+                self.api
+            ))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+
+    pub async fn function(&self, name: &str) -> Value {
+        self.http
+            .get(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}",
+                self.api
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// The status of one condition of a Function (`True`, `False`, `Unknown`, or "").
+    pub async fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
+        let function = self.function(name).await;
+        let found = function["status"]["conditions"]
+            .as_array()
+            .and_then(|all| all.iter().find(|c| c["type"] == type_).cloned())
+            .unwrap_or(Value::Null);
+        (
+            found["status"].as_str().unwrap_or("").to_owned(),
+            found["reason"].as_str().unwrap_or("").to_owned(),
+            found["message"].as_str().unwrap_or("").to_owned(),
+        )
+    }
+
+    /// Deploys a Function and waits until it runs an instance of this generation.
+    pub async fn deploy(&self, name: &str, spec: Value) {
+        let (status, body) = self.put_function(name, spec).await;
+        assert!(status == 200 || status == 201, "{status}: {body}");
+        let generation = body["metadata"]["generation"].clone();
+        let waited = eventually(
+            &format!("function {name} to run"),
+            Duration::from_secs(120),
+            || async {
+                let function = self.function(name).await;
+                let running = function["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|all| {
+                        all.iter()
+                            .any(|c| c["type"] == "Running" && c["status"] == "True")
+                    });
+                running && function["status"]["observedGeneration"] == generation
+            },
+        )
+        .await;
+        if let Err(error) = waited {
+            panic!("{error}: {}", self.function(name).await);
+        }
+    }
+
+    /// Invokes a function through the gateway.
+    pub fn invoke(&self, name: &str, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}/default/{name}{path}", self.gateway))
+    }
+
+    pub fn pids(&self, name: &str) -> Vec<u32> {
+        self.backend.pids("default", name)
+    }
 }

@@ -1,0 +1,321 @@
+//! The local gateway (DESIGN §4): `ANY /{namespace}/{function}/{rest...}` goes to the
+//! least-loaded ready instance of the function, with the rest of the path and the query kept.
+//! A function scaled to zero gets an instance started and the request is held until it is ready.
+//! A request whose instance refused the connection (it just died) is sent to another one.
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::{Arc, RwLock},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Json, Router,
+    body::Body,
+    extract::{Request, State},
+    http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use eddy_api::resources::{is_dns1035_label, is_dns1123_label};
+use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use serde_json::json;
+
+use super::pool::{Lease, Pool};
+
+/// Pools by (namespace, name).
+pub type Pools = Arc<RwLock<HashMap<(String, String), Arc<Pool>>>>;
+
+/// The gateway's state.
+pub struct Gateway {
+    pools: Pools,
+    client: Client<HttpConnector, Full<Bytes>>,
+    activation_timeout: Duration,
+    request_timeout: Duration,
+    max_body: usize,
+}
+
+impl Gateway {
+    /// A gateway over `pools`.
+    pub fn new(
+        pools: Pools,
+        activation_timeout: Duration,
+        request_timeout: Duration,
+        max_body: usize,
+    ) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self {
+            pools,
+            client,
+            activation_timeout,
+            request_timeout,
+            max_body,
+        }
+    }
+}
+
+/// The gateway router.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new().fallback(proxy).with_state(gateway)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+/// Splits `/{namespace}/{function}/{rest}` (raw, still percent-encoded) into its parts.
+pub fn route(path: &str) -> Option<(&str, &str, &str)> {
+    let path = path.strip_prefix('/')?;
+    let (namespace, after) = path.split_once('/')?;
+    let (function, rest) = match after.find('/') {
+        Some(slash) => (&after[..slash], &after[slash..]),
+        None => (after, "/"),
+    };
+    (is_dns1123_label(namespace) && is_dns1035_label(function))
+        .then_some((namespace, function, rest))
+}
+
+/// Headers that belong to one connection and are not forwarded.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+fn forward_headers(headers: &mut HeaderMap) {
+    if let Some(listed) = headers
+        .get(header::CONNECTION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    {
+        for name in listed.split(',') {
+            if let Ok(name) = HeaderName::from_bytes(name.trim().as_bytes()) {
+                headers.remove(name);
+            }
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let Some((namespace, function, rest)) = route(request.uri().path()) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no function here: use /{namespace}/{function}/...",
+        );
+    };
+    let (namespace, function, rest) = (namespace.to_owned(), function.to_owned(), rest.to_owned());
+    let key = (namespace.clone(), function.clone());
+    let pool = gateway
+        .pools
+        .read()
+        .ok()
+        .and_then(|pools| pools.get(&key).cloned());
+    let Some(pool) = pool else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("function {namespace}/{function} not found"),
+        );
+    };
+    let mut path_and_query = rest;
+    if let Some(query) = request.uri().query() {
+        path_and_query.push('?');
+        path_and_query.push_str(query);
+    }
+    let (mut parts, body) = request.into_parts();
+    let body = match Limited::new(body, gateway.max_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(problem) if problem.downcast_ref::<LengthLimitError>().is_some() => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body is over {} bytes", gateway.max_body),
+            );
+        }
+        Err(problem) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {problem}"),
+            );
+        }
+    };
+    let original_host = parts.headers.get(header::HOST).cloned();
+    forward_headers(&mut parts.headers);
+    if let Some(host) = original_host {
+        parts
+            .headers
+            .insert(HeaderName::from_static("x-forwarded-host"), host);
+    }
+    parts.headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
+
+    let deadline = Instant::now() + gateway.activation_timeout;
+    let mut refused = 0;
+    loop {
+        let lease = match acquire(&pool, deadline).await {
+            Ok(lease) => lease,
+            Err(response) => return response,
+        };
+        let uri = match format!("http://127.0.0.1:{}{path_and_query}", lease.instance.port)
+            .parse::<Uri>()
+        {
+            Ok(uri) => uri,
+            Err(_) => return error(StatusCode::BAD_REQUEST, "invalid path"),
+        };
+        let mut upstream = http::Request::new(Full::new(body.clone()));
+        *upstream.method_mut() = parts.method.clone();
+        *upstream.uri_mut() = uri;
+        *upstream.headers_mut() = parts.headers.clone();
+        match tokio::time::timeout(gateway.request_timeout, gateway.client.request(upstream)).await
+        {
+            Ok(Ok(response)) => {
+                let (mut head, incoming) = response.into_parts();
+                forward_headers(&mut head.headers);
+                return Response::from_parts(
+                    head,
+                    Body::new(LeasedBody {
+                        inner: incoming,
+                        _lease: lease,
+                    }),
+                );
+            }
+            Ok(Err(problem)) if problem.is_connect() && refused < 3 => {
+                // The instance went away between pick and connect; try another.
+                refused += 1;
+                tracing::debug!(%problem, "instance refused the connection; trying another");
+                drop(lease);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(Err(problem)) => {
+                tracing::warn!(function = %format!("{namespace}/{function}"), %problem, "instance failed");
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    "the function instance failed to answer",
+                );
+            }
+            Err(_) => {
+                return error(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the function did not answer in time",
+                );
+            }
+        }
+    }
+}
+
+/// A ready instance, waiting (and asking for one to be started) up to `deadline`.
+async fn acquire(pool: &Arc<Pool>, deadline: Instant) -> Result<Lease, Response> {
+    if let Some(lease) = pool.pick() {
+        return Ok(lease);
+    }
+    let _waiting = pool.wait_guard();
+    loop {
+        let changed = pool.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if let Some(lease) = pool.pick() {
+            return Ok(lease);
+        }
+        if let Some(reason) = pool.unavailable() {
+            return Err(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("function is not available: {reason}"),
+            ));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let detail = pool
+                .last_error()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default();
+            let mut response = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("no instance became ready in time{detail}"),
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(response);
+        }
+        // Woken when an instance changes; the timeout re-checks now and then regardless.
+        let _ =
+            tokio::time::timeout((deadline - now).min(Duration::from_millis(500)), changed).await;
+    }
+}
+
+/// A response body that keeps its instance leased until the body is done.
+struct LeasedBody {
+    inner: hyper::body::Incoming,
+    _lease: Lease,
+}
+
+impl http_body::Body for LeasedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_split_namespace_function_and_rest() {
+        assert_eq!(route("/default/hello"), Some(("default", "hello", "/")));
+        assert_eq!(route("/default/hello/"), Some(("default", "hello", "/")));
+        assert_eq!(
+            route("/shop/stock/items/42"),
+            Some(("shop", "stock", "/items/42"))
+        );
+        assert_eq!(
+            route("/shop/stock/a%2Fb"),
+            Some(("shop", "stock", "/a%2Fb"))
+        );
+        assert_eq!(route("/default"), None);
+        assert_eq!(route("/Default/hello"), None);
+        assert_eq!(route("/default/.."), None);
+        assert_eq!(route("/default/hello%2F..%2Fother"), None);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, "keep-alive, x-secret".parse().unwrap());
+        headers.insert("x-secret", "1".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert("ce-id", "1".parse().unwrap());
+        forward_headers(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert!(headers.contains_key("ce-id"));
+    }
+}

@@ -1,0 +1,511 @@
+//! The local backend: Functions built in a directory and run as supervised processes behind
+//! the gateway, on this machine.
+//!
+//! For each Function: ConfigurationReady (the spec is valid), BuildReady (source and
+//! dependencies built; unchanged code is never rebuilt), Running (instances answer `/healthz`),
+//! with `replicas`, `url` and `observedGeneration`, all written to the resource store.
+
+pub mod build;
+pub mod gateway;
+pub mod pool;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use eddy_api::{
+    resources::{Condition, Function, FunctionStatus, set_condition, validate_function},
+    shutdown::CancellationToken,
+    store::{Change, Store, rewatch_delay},
+};
+use futures::StreamExt as _;
+use tokio::sync::Notify;
+
+use self::{
+    build::BuildConfig,
+    gateway::Pools,
+    pool::{Pool, PoolConfig, PoolStatus, Revision},
+};
+
+type Key = (String, String);
+
+/// What one Function's tasks share.
+struct Tracked {
+    pool: Arc<Pool>,
+    /// Conditions from the reconciler; the status writer adds Running and replicas.
+    status: Mutex<FunctionStatus>,
+    status_changed: Notify,
+    /// The reconcile in progress (a newer generation cancels an older build's rollout).
+    reconcile: Mutex<Option<CancellationToken>>,
+    /// Stops the status writer.
+    stop: CancellationToken,
+}
+
+/// The local backend.
+pub struct LocalBackend {
+    store: Store,
+    pools: Pools,
+    tracked: Mutex<HashMap<Key, Arc<Tracked>>>,
+    pool_config: Arc<PoolConfig>,
+    build_config: Arc<BuildConfig>,
+    gateway_url: String,
+    shutdown: CancellationToken,
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn condition(type_: &str, ok: Option<bool>, reason: &str, message: impl Into<String>) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: match ok {
+            Some(true) => "True",
+            Some(false) => "False",
+            None => "Unknown",
+        }
+        .to_owned(),
+        reason: reason.to_owned(),
+        message: message.into(),
+        last_transition_time: now(),
+    }
+}
+
+/// The Running condition and replica count for what the pool reports. Pure.
+pub fn running_condition(
+    pool: &PoolStatus,
+    has_revision: bool,
+) -> (Option<bool>, &'static str, String) {
+    let restarts = if pool.restarts > 0 {
+        format!(
+            "; restarted {} time(s), last: {}",
+            pool.restarts,
+            pool.last_error.as_deref().unwrap_or("unknown")
+        )
+    } else {
+        String::new()
+    };
+    if !has_revision {
+        return (None, "Waiting", "waiting for a build".to_owned());
+    }
+    if pool.ready > 0 {
+        return (
+            Some(true),
+            "Running",
+            format!(
+                "{}/{} instance(s) ready{restarts}",
+                pool.ready,
+                pool.desired.max(pool.ready)
+            ),
+        );
+    }
+    if pool.desired == 0 {
+        return (
+            Some(true),
+            "ScaledToZero",
+            format!("no instance while idle; the next request starts one{restarts}"),
+        );
+    }
+    if pool.restarts > 0 {
+        return (
+            Some(false),
+            "InstanceFailing",
+            format!("no instance ready{restarts}"),
+        );
+    }
+    (Some(false), "Starting", "starting instances".to_owned())
+}
+
+impl LocalBackend {
+    /// A backend; `pools` is shared with the gateway.
+    pub fn new(
+        store: Store,
+        pools: Pools,
+        pool_config: PoolConfig,
+        build_config: BuildConfig,
+        gateway_url: String,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            pools,
+            tracked: Mutex::default(),
+            pool_config: Arc::new(pool_config),
+            build_config: Arc::new(build_config),
+            gateway_url: gateway_url.trim_end_matches('/').to_owned(),
+            shutdown,
+        }
+    }
+
+    /// Follows the stored Functions until shutdown; then stops every instance.
+    pub async fn run(self: Arc<Self>) {
+        let mut failures = 0;
+        'watching: loop {
+            let watch = match self.store.watch::<Function>().await {
+                Ok(watch) => watch,
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(%error, "cannot watch functions; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(rewatch_delay(failures)) => continue,
+                        () = self.shutdown.cancelled() => break,
+                    }
+                }
+            };
+            failures = 0;
+            let mut watch = std::pin::pin!(watch);
+            let mut seen = std::collections::HashSet::new();
+            loop {
+                tokio::select! {
+                    change = watch.next() => match change {
+                        Some(Ok(Change::Applied(function))) => {
+                            let key = key_of(&function);
+                            seen.insert(key);
+                            self.apply(function);
+                        }
+                        Some(Ok(Change::Deleted { namespace, name })) => {
+                            seen.remove(&(namespace.clone(), name.clone()));
+                            self.remove(&namespace, &name).await;
+                        }
+                        Some(Ok(Change::Synced)) => {
+                            let gone: Vec<Key> = self
+                                .tracked
+                                .lock()
+                                .map(|t| t.keys().filter(|k| !seen.contains(*k)).cloned().collect())
+                                .unwrap_or_default();
+                            for (namespace, name) in gone {
+                                self.remove(&namespace, &name).await;
+                            }
+                        }
+                        Some(Err(error)) => {
+                            tracing::warn!(%error, "function watch failed; watching again");
+                            break;
+                        }
+                        None => break,
+                    },
+                    () = self.shutdown.cancelled() => break 'watching,
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(rewatch_delay(1)) => {}
+                () = self.shutdown.cancelled() => break,
+            }
+        }
+        self.stop_everything().await;
+    }
+
+    async fn stop_everything(&self) {
+        let all: Vec<Arc<Tracked>> = self
+            .tracked
+            .lock()
+            .map(|t| t.values().cloned().collect())
+            .unwrap_or_default();
+        for tracked in &all {
+            tracked.pool.shutdown();
+            tracked.stop.cancel();
+        }
+        // Wait for the instances to be gone, so none outlives the controller.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while all.iter().any(|t| !t.pool.pids().is_empty())
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn tracked(self: &Arc<Self>, namespace: &str, name: &str) -> Arc<Tracked> {
+        let key = (namespace.to_owned(), name.to_owned());
+        let Ok(mut all) = self.tracked.lock() else {
+            // A poisoned lock means a panic elsewhere; start a fresh entry rather than crash.
+            return self.new_tracked(namespace, name);
+        };
+        if let Some(existing) = all.get(&key) {
+            return existing.clone();
+        }
+        let tracked = self.new_tracked(namespace, name);
+        all.insert(key.clone(), tracked.clone());
+        if let Ok(mut pools) = self.pools.write() {
+            pools.insert(key, tracked.pool.clone());
+        }
+        tracked
+    }
+
+    fn new_tracked(self: &Arc<Self>, namespace: &str, name: &str) -> Arc<Tracked> {
+        let pool = Pool::start(
+            namespace,
+            name,
+            self.pool_config.clone(),
+            self.shutdown.child_token(),
+        );
+        let tracked = Arc::new(Tracked {
+            pool,
+            status: Mutex::new(FunctionStatus::default()),
+            status_changed: Notify::new(),
+            reconcile: Mutex::new(None),
+            stop: self.shutdown.child_token(),
+        });
+        tokio::spawn(self.clone().write_status(
+            namespace.to_owned(),
+            name.to_owned(),
+            tracked.clone(),
+        ));
+        tracked
+    }
+
+    fn apply(self: &Arc<Self>, function: Function) {
+        let (namespace, name) = key_of(&function);
+        let tracked = self.tracked(&namespace, &name);
+        let generation = function.metadata.generation.unwrap_or(1);
+        let observed = tracked
+            .status
+            .lock()
+            .ok()
+            .and_then(|s| s.observed_generation);
+        if observed == Some(generation) {
+            return;
+        }
+        let cancel = self.shutdown.child_token();
+        if let Ok(mut running) = tracked.reconcile.lock() {
+            if let Some(previous) = running.replace(cancel.clone()) {
+                previous.cancel();
+            }
+        }
+        tokio::spawn(self.clone().reconcile(function, tracked, cancel));
+    }
+
+    fn update_status(tracked: &Tracked, change: impl FnOnce(&mut FunctionStatus)) {
+        if let Ok(mut status) = tracked.status.lock() {
+            change(&mut status);
+        }
+        tracked.status_changed.notify_one();
+    }
+
+    async fn reconcile(
+        self: Arc<Self>,
+        function: Function,
+        tracked: Arc<Tracked>,
+        cancel: CancellationToken,
+    ) {
+        let (namespace, name) = key_of(&function);
+        let generation = function.metadata.generation.unwrap_or(1);
+        let url = format!("{}/{namespace}/{name}", self.gateway_url);
+        let errors = validate_function(&function);
+        if !errors.is_empty() {
+            let text: Vec<String> = errors
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect();
+            Self::update_status(&tracked, |status| {
+                set_condition(
+                    &mut status.conditions,
+                    condition(
+                        "ConfigurationReady",
+                        Some(false),
+                        "Invalid",
+                        text.join("; "),
+                    ),
+                );
+                status.observed_generation = Some(generation);
+            });
+            return;
+        }
+        Self::update_status(&tracked, |status| {
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    "ConfigurationReady",
+                    Some(true),
+                    "Valid",
+                    "the spec is valid",
+                ),
+            );
+            set_condition(
+                &mut status.conditions,
+                condition("BuildReady", None, "Building", "building the function"),
+            );
+            status.url = Some(url.clone());
+        });
+        let Some(inline) = function.spec.source.inline.as_ref() else {
+            return;
+        };
+        let built = tokio::select! {
+            built = build::build(&self.build_config, function.spec.runtime, &inline.source, &inline.dependencies) => built,
+            () = cancel.cancelled() => return,
+        };
+        let build = match built {
+            Ok(build) => build,
+            Err(failure) => {
+                tracing::warn!(function = %format!("{namespace}/{name}"), reason = failure.reason, "build failed");
+                if !tracked.pool.has_revision() {
+                    tracked
+                        .pool
+                        .set_unavailable(Some(format!("build failed ({})", failure.reason)));
+                }
+                Self::update_status(&tracked, |status| {
+                    set_condition(
+                        &mut status.conditions,
+                        condition("BuildReady", Some(false), failure.reason, failure.message),
+                    );
+                    status.observed_generation = Some(generation);
+                });
+                return;
+            }
+        };
+        if cancel.is_cancelled() {
+            return;
+        }
+        tracing::info!(function = %format!("{namespace}/{name}"), build = %build.hash, fresh = build.fresh, "build ready");
+        let (min, max) = function.spec.replica_bounds();
+        let timeout_seconds = function.spec.timeout().as_secs();
+        // `replicas: 0` switches the function off: answer at once rather than hold requests.
+        tracked.pool.set_unavailable((max == 0).then(|| "the function is switched off (replicas: 0)".to_owned()));
+        tracked.pool.set_revision(
+            Revision {
+                generation,
+                runtime: function.spec.runtime,
+                dir: build.dir,
+                env: function
+                    .spec
+                    .env
+                    .iter()
+                    .map(|var| (var.name.clone(), var.value.clone()))
+                    .collect(),
+                timeout_seconds,
+            },
+            usize::try_from(min).unwrap_or(0),
+            usize::try_from(max).unwrap_or(1),
+        );
+        let reason = if build.fresh { "Built" } else { "BuildReused" };
+        Self::update_status(&tracked, |status| {
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    "BuildReady",
+                    Some(true),
+                    reason,
+                    format!("build {}", build.hash),
+                ),
+            );
+            status.observed_generation = Some(generation);
+        });
+    }
+
+    /// Writes the Function's status whenever the reconciler or the pool changes it.
+    async fn write_status(self: Arc<Self>, namespace: String, name: String, tracked: Arc<Tracked>) {
+        let mut pool_status = tracked.pool.status();
+        let mut written: Option<FunctionStatus> = None;
+        loop {
+            let mut status = match tracked.status.lock() {
+                Ok(status) => status.clone(),
+                Err(_) => return,
+            };
+            let snapshot = pool_status.borrow_and_update().clone();
+            let (ok, reason, message) = running_condition(&snapshot, tracked.pool.has_revision());
+            let mut conditions = written
+                .as_ref()
+                .map(|w| w.conditions.clone())
+                .unwrap_or_default();
+            for existing in &status.conditions {
+                set_condition(&mut conditions, existing.clone());
+            }
+            set_condition(&mut conditions, condition("Running", ok, reason, message));
+            status.conditions = conditions;
+            status.replicas = i32::try_from(snapshot.ready).unwrap_or(i32::MAX);
+            if written.as_ref() != Some(&status) {
+                match self
+                    .store
+                    .put_status::<Function>(&namespace, &name, &status)
+                    .await
+                {
+                    Ok(()) => written = Some(status),
+                    Err(error) => {
+                        tracing::warn!(%error, %namespace, %name, "cannot write function status")
+                    }
+                }
+            }
+            tokio::select! {
+                () = tracked.status_changed.notified() => {}
+                changed = pool_status.changed() => if changed.is_err() { return },
+                () = tracked.stop.cancelled() => return,
+                // Retry a failed write now and then.
+                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+        }
+    }
+
+    async fn remove(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_owned(), name.to_owned());
+        let tracked = self.tracked.lock().ok().and_then(|mut t| t.remove(&key));
+        if let Ok(mut pools) = self.pools.write() {
+            pools.remove(&key);
+        }
+        if let Some(tracked) = tracked {
+            if let Some(running) = tracked.reconcile.lock().ok().and_then(|mut r| r.take()) {
+                running.cancel();
+            }
+            tracked.stop.cancel();
+            tracked.pool.shutdown();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+            while !tracked.pool.pids().is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tracing::info!(function = %format!("{namespace}/{name}"), "function removed");
+        }
+        if let Err(error) = self.store.delete_status::<Function>(namespace, name).await {
+            tracing::warn!(%error, %namespace, %name, "cannot remove function status");
+        }
+    }
+
+    /// Process ids of a function's instances (for tests and `eddy` diagnostics).
+    pub fn pids(&self, namespace: &str, name: &str) -> Vec<u32> {
+        self.tracked
+            .lock()
+            .ok()
+            .and_then(|t| {
+                t.get(&(namespace.to_owned(), name.to_owned()))
+                    .map(|t| t.pool.pids())
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn key_of(function: &Function) -> Key {
+    (
+        function
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        function.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_reflects_the_pool() {
+        let ready = PoolStatus {
+            ready: 2,
+            desired: 2,
+            ..Default::default()
+        };
+        assert_eq!(running_condition(&ready, true).0, Some(true));
+        assert_eq!(running_condition(&ready, true).1, "Running");
+        let zero = PoolStatus::default();
+        assert_eq!(running_condition(&zero, true).1, "ScaledToZero");
+        let crashing = PoolStatus {
+            desired: 1,
+            restarts: 3,
+            last_error: Some("exited".into()),
+            ..Default::default()
+        };
+        let (ok, reason, message) = running_condition(&crashing, true);
+        assert_eq!((ok, reason), (Some(false), "InstanceFailing"));
+        assert!(message.contains("restarted 3 time(s)"));
+        assert_eq!(running_condition(&zero, false).1, "Waiting");
+    }
+}

@@ -1,0 +1,772 @@
+//! The instances of one Function on this machine: child processes on free ports, routed to only
+//! once `/healthz` answers, restarted with backoff when they crash, scaled on in-flight requests
+//! (to zero when idle, if allowed), and replaced revision by revision without dropping a request:
+//! old instances keep serving until the new ones are ready, then drain and stop.
+
+use std::{
+    collections::VecDeque,
+    path::PathBuf,
+    process::Stdio,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use eddy_api::{process, resources::Runtime, shutdown::CancellationToken};
+use tokio::sync::{Notify, watch};
+
+/// Settings shared by every pool.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// `node`.
+    pub node: PathBuf,
+    /// `python3`.
+    pub python: PathBuf,
+    /// Where instance logs go (`<dir>/<namespace>/<name>.log`).
+    pub logs_dir: PathBuf,
+    /// `…/publish` of the event-bus, given to functions as `PUBLISHER_PROXY_ADDRESS`.
+    pub publisher_url: String,
+    /// In-flight requests per instance the autoscaler aims for.
+    pub target_concurrency: usize,
+    /// Idle time after which a Function with `minReplicas: 0` has no instance.
+    pub scale_to_zero_after: Duration,
+    /// Window over which load is remembered before scaling down.
+    pub scale_down_window: Duration,
+    /// Longest an instance may take to answer `/healthz`.
+    pub startup_timeout: Duration,
+    /// Longest a draining instance may keep requests before it is stopped anyway.
+    pub drain_timeout: Duration,
+}
+
+/// What to run: one generation of a Function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revision {
+    /// The Function's generation.
+    pub generation: i64,
+    /// The runtime.
+    pub runtime: Runtime,
+    /// The build directory.
+    pub dir: PathBuf,
+    /// The user's env.
+    pub env: Vec<(String, String)>,
+    /// Handler timeout, seconds.
+    pub timeout_seconds: u64,
+}
+
+impl Revision {
+    /// Whether two revisions run the same code with the same settings (generation aside).
+    pub fn runs_like(&self, other: &Self) -> bool {
+        self.runtime == other.runtime
+            && self.dir == other.dir
+            && self.env == other.env
+            && self.timeout_seconds == other.timeout_seconds
+    }
+}
+
+const STARTING: u8 = 0;
+const READY: u8 = 1;
+const DRAINING: u8 = 2;
+const GONE: u8 = 3;
+
+/// One running instance.
+#[derive(Debug)]
+pub struct Instance {
+    /// Unique within the pool.
+    pub id: u64,
+    /// The generation it runs.
+    pub generation: i64,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    in_flight: AtomicUsize,
+    state: AtomicU8,
+    stop: CancellationToken,
+    pid: AtomicU64,
+}
+
+impl Instance {
+    /// Requests being served.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// Whether it takes requests.
+    pub fn is_ready(&self) -> bool {
+        self.state() == READY
+    }
+
+    /// The process id (0 before start).
+    pub fn pid(&self) -> u32 {
+        u32::try_from(self.pid.load(Ordering::Acquire)).unwrap_or(0)
+    }
+}
+
+/// What the controller reports in Function status.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// Instances taking requests.
+    pub ready: usize,
+    /// Instances the autoscaler wants.
+    pub desired: usize,
+    /// Generations of the ready instances, newest last.
+    pub ready_generation: Option<i64>,
+    /// Instances restarted after crashing or failing to start.
+    pub restarts: u32,
+    /// The last crash or start failure.
+    pub last_error: Option<String>,
+}
+
+struct Inner {
+    revision: Option<Arc<Revision>>,
+    min: usize,
+    max: usize,
+    instances: Vec<Arc<Instance>>,
+    next_id: u64,
+    restarts: u32,
+    consecutive_failures: u32,
+    not_before: Instant,
+    last_error: Option<String>,
+    load: VecDeque<(Instant, usize)>,
+    desired: usize,
+}
+
+/// The instances of one Function.
+pub struct Pool {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    config: Arc<PoolConfig>,
+    inner: Mutex<Inner>,
+    /// Woken whenever an instance becomes ready or goes away.
+    pub changed: Notify,
+    kick: Notify,
+    waiting: AtomicUsize,
+    last_request: Mutex<Instant>,
+    status: watch::Sender<PoolStatus>,
+    unavailable: Mutex<Option<String>>,
+    shutdown: CancellationToken,
+}
+
+/// Inputs of the autoscaler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScaleInput {
+    /// `minReplicas`.
+    pub min: usize,
+    /// `maxReplicas`.
+    pub max: usize,
+    /// In-flight requests per instance to aim for.
+    pub target: usize,
+    /// Highest in-flight count (including requests waiting for an instance) over the window.
+    pub peak_load: usize,
+    /// Requests waiting for an instance now.
+    pub waiting: usize,
+    /// Time since the last request.
+    pub idle_for: Duration,
+    /// Idle time before scaling to zero.
+    pub scale_to_zero_after: Duration,
+}
+
+/// How many instances to run. Pure.
+pub fn desired_replicas(input: ScaleInput) -> usize {
+    let target = input.target.max(1);
+    let by_load = input.peak_load.div_ceil(target);
+    let mut desired = by_load.max(input.min).min(input.max.max(input.min));
+    let active =
+        input.waiting > 0 || input.peak_load > 0 || input.idle_for < input.scale_to_zero_after;
+    // `replicas: 0` (max 0) switches a function off; otherwise activity keeps one instance.
+    if desired == 0 && active && input.max > 0 {
+        desired = 1;
+    }
+    desired
+}
+
+/// Delay before starting an instance again after `failures` failures in a row.
+pub fn restart_delay(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_millis(100)
+        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(10)))
+        .min(Duration::from_secs(10))
+}
+
+/// Releases an instance when a request is done.
+pub struct Lease {
+    pool: Arc<Pool>,
+    /// The instance.
+    pub instance: Arc<Instance>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.instance.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.instance.state() == DRAINING
+        {
+            self.pool.kick.notify_one();
+        }
+    }
+}
+
+impl Pool {
+    /// A pool with nothing to run yet; its manager runs until `shutdown`.
+    pub fn start(
+        namespace: &str,
+        name: &str,
+        config: Arc<PoolConfig>,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        let (status, _) = watch::channel(PoolStatus::default());
+        let pool = Arc::new(Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            config,
+            inner: Mutex::new(Inner {
+                revision: None,
+                min: 1,
+                max: 1,
+                instances: Vec::new(),
+                next_id: 1,
+                restarts: 0,
+                consecutive_failures: 0,
+                not_before: Instant::now(),
+                last_error: None,
+                load: VecDeque::new(),
+                desired: 0,
+            }),
+            changed: Notify::new(),
+            kick: Notify::new(),
+            waiting: AtomicUsize::new(0),
+            last_request: Mutex::new(Instant::now()),
+            status,
+            unavailable: Mutex::new(None),
+            shutdown,
+        });
+        tokio::spawn(pool.clone().manage());
+        pool
+    }
+
+    /// Status updates for the controller.
+    pub fn status(&self) -> watch::Receiver<PoolStatus> {
+        self.status.subscribe()
+    }
+
+    /// Runs `revision` with these bounds (a new generation rolls out; the same one rescales).
+    pub fn set_revision(&self, revision: Revision, min: usize, max: usize) {
+        if let Ok(mut inner) = self.inner.lock() {
+            // A new generation that runs the same thing (only the scale changed) keeps the
+            // running instances.
+            let changed = inner
+                .revision
+                .as_deref()
+                .is_none_or(|current| !current.runs_like(&revision));
+            if changed {
+                inner.revision = Some(Arc::new(revision));
+                inner.consecutive_failures = 0;
+                inner.not_before = Instant::now();
+                inner.last_error = None;
+            }
+            inner.min = min;
+            inner.max = max.max(min);
+        }
+        if let Ok(mut last) = self.last_request.lock() {
+            *last = Instant::now();
+        }
+        self.kick.notify_one();
+    }
+
+    /// Says why nothing can run (a failed build with no earlier revision), so requests are
+    /// answered at once instead of waiting; `None` clears it.
+    pub fn set_unavailable(&self, reason: Option<String>) {
+        if let Ok(mut unavailable) = self.unavailable.lock() {
+            *unavailable = reason;
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Why nothing can run, if so.
+    pub fn unavailable(&self) -> Option<String> {
+        self.unavailable.lock().ok()?.clone()
+    }
+
+    /// Stops every instance and the manager.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Whether there is anything to run.
+    pub fn has_revision(&self) -> bool {
+        self.inner
+            .lock()
+            .map(|inner| inner.revision.is_some())
+            .unwrap_or(false)
+    }
+
+    /// The least-loaded ready instance (the current generation's first), leased for one request.
+    pub fn pick(self: &Arc<Self>) -> Option<Lease> {
+        let inner = self.inner.lock().ok()?;
+        let current = inner.revision.as_ref().map(|r| r.generation);
+        let ready = inner.instances.iter().filter(|i| i.is_ready());
+        let newest = ready
+            .clone()
+            .filter(|i| Some(i.generation) == current)
+            .min_by_key(|i| i.in_flight());
+        let chosen = newest
+            .or_else(|| ready.min_by_key(|i| i.in_flight()))?
+            .clone();
+        chosen.in_flight.fetch_add(1, Ordering::AcqRel);
+        drop(inner);
+        if let Ok(mut last) = self.last_request.lock() {
+            *last = Instant::now();
+        }
+        Some(Lease {
+            pool: self.clone(),
+            instance: chosen,
+        })
+    }
+
+    /// Marks a request as waiting for an instance (scale from zero) until the guard drops.
+    pub fn wait_guard(self: &Arc<Self>) -> WaitGuard {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        if let Ok(mut last) = self.last_request.lock() {
+            *last = Instant::now();
+        }
+        self.kick.notify_one();
+        WaitGuard { pool: self.clone() }
+    }
+
+    /// The last start failure, for gateway answers.
+    pub fn last_error(&self) -> Option<String> {
+        self.inner.lock().ok()?.last_error.clone()
+    }
+
+    /// Process ids of the running instances (tests kill them).
+    pub fn pids(&self) -> Vec<u32> {
+        self.inner
+            .lock()
+            .map(|inner| {
+                inner
+                    .instances
+                    .iter()
+                    .filter(|i| i.state() != GONE)
+                    .map(|i| i.pid())
+                    .filter(|p| *p > 0)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn publish_status(&self, inner: &Inner) {
+        let ready: Vec<&Arc<Instance>> = inner.instances.iter().filter(|i| i.is_ready()).collect();
+        let status = PoolStatus {
+            ready: ready.len(),
+            desired: inner.desired,
+            ready_generation: ready.iter().map(|i| i.generation).max(),
+            restarts: inner.restarts,
+            last_error: inner.last_error.clone(),
+        };
+        self.status.send_if_modified(|current| {
+            if *current == status {
+                false
+            } else {
+                *current = status;
+                true
+            }
+        });
+    }
+
+    async fn manage(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = self.kick.notified() => {}
+                _ = tick.tick() => {}
+                () = self.shutdown.cancelled() => break,
+            }
+            self.reconcile();
+        }
+        let instances: Vec<Arc<Instance>> = self
+            .inner
+            .lock()
+            .map(|inner| inner.instances.clone())
+            .unwrap_or_default();
+        for instance in &instances {
+            instance.stop.cancel();
+        }
+    }
+
+    fn reconcile(self: &Arc<Self>) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        inner.instances.retain(|i| i.state() != GONE);
+        let now = Instant::now();
+        let in_flight: usize = inner.instances.iter().map(|i| i.in_flight()).sum();
+        let waiting = self.waiting.load(Ordering::Acquire);
+        inner.load.push_back((now, in_flight + waiting));
+        let window = self.config.scale_down_window;
+        while inner
+            .load
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > window)
+        {
+            inner.load.pop_front();
+        }
+        let peak_load = inner.load.iter().map(|(_, load)| *load).max().unwrap_or(0);
+        let idle_for = self
+            .last_request
+            .lock()
+            .map(|last| now.duration_since(*last))
+            .unwrap_or_default();
+        let Some(revision) = inner.revision.clone() else {
+            self.publish_status(&inner);
+            return;
+        };
+        let desired = desired_replicas(ScaleInput {
+            min: inner.min,
+            max: inner.max,
+            target: self.config.target_concurrency,
+            peak_load,
+            waiting,
+            idle_for,
+            scale_to_zero_after: self.config.scale_to_zero_after,
+        });
+        inner.desired = desired;
+
+        let current: Vec<Arc<Instance>> = inner
+            .instances
+            .iter()
+            .filter(|i| {
+                i.generation == revision.generation && matches!(i.state(), STARTING | READY)
+            })
+            .cloned()
+            .collect();
+        // Start what is missing (after the crash backoff).
+        if current.len() < desired && now >= inner.not_before {
+            for _ in current.len()..desired {
+                let id = inner.next_id;
+                inner.next_id += 1;
+                match free_port() {
+                    Ok(port) => {
+                        let instance = Arc::new(Instance {
+                            id,
+                            generation: revision.generation,
+                            port,
+                            in_flight: AtomicUsize::new(0),
+                            state: AtomicU8::new(STARTING),
+                            stop: self.shutdown.child_token(),
+                            pid: AtomicU64::new(0),
+                        });
+                        inner.instances.push(instance.clone());
+                        tokio::spawn(self.clone().run_instance(instance, revision.clone()));
+                    }
+                    Err(error) => inner.last_error = Some(format!("no free port: {error}")),
+                }
+            }
+        }
+        // Too many of the current generation: drain the least busy.
+        if current.len() > desired {
+            let mut surplus = current.clone();
+            surplus.sort_by_key(|i| (i.is_ready(), i.in_flight()));
+            for instance in surplus.into_iter().take(current.len() - desired) {
+                instance.state.store(DRAINING, Ordering::Release);
+            }
+        }
+        // Older generations go once the current one serves at full strength (or nothing is wanted).
+        let current_ready = current.iter().filter(|i| i.is_ready()).count();
+        if current_ready >= desired {
+            for instance in inner
+                .instances
+                .iter()
+                .filter(|i| i.generation != revision.generation)
+            {
+                if instance.state() != GONE {
+                    instance.state.store(DRAINING, Ordering::Release);
+                }
+            }
+        }
+        // Draining instances stop when idle.
+        for instance in inner
+            .instances
+            .iter()
+            .filter(|i| i.state() == DRAINING && i.in_flight() == 0)
+        {
+            instance.stop.cancel();
+        }
+        self.publish_status(&inner);
+    }
+
+    fn record_failure(&self, message: String) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.restarts += 1;
+            inner.consecutive_failures += 1;
+            inner.not_before = Instant::now() + restart_delay(inner.consecutive_failures);
+            inner.last_error = Some(message);
+        }
+    }
+
+    async fn run_instance(self: Arc<Self>, instance: Arc<Instance>, revision: Arc<Revision>) {
+        let label = format!("{}/{}#{}", self.namespace, self.name, instance.id);
+        match self.spawn(&instance, &revision).await {
+            Ok(mut child) => {
+                instance
+                    .pid
+                    .store(u64::from(child.id().unwrap_or(0)), Ordering::Release);
+                let started = Instant::now();
+                let healthy = self.wait_healthy(&instance, &mut child).await;
+                match healthy {
+                    Ok(()) => {
+                        instance.state.store(READY, Ordering::Release);
+                        tracing::info!(instance = %label, port = instance.port, generation = revision.generation, startup = ?started.elapsed(), "instance ready");
+                        self.changed.notify_waiters();
+                        self.kick.notify_one();
+                        tokio::select! {
+                            exit = child.wait() => {
+                                let ran_for = started.elapsed();
+                                let text = exit.map_or_else(|e| e.to_string(), |status| status.to_string());
+                                tracing::warn!(instance = %label, status = %text, "instance exited; restarting");
+                                if ran_for > Duration::from_secs(10) {
+                                    if let Ok(mut inner) = self.inner.lock() {
+                                        inner.consecutive_failures = 0;
+                                    }
+                                }
+                                self.record_failure(format!("instance {} exited ({text})", instance.id));
+                            }
+                            () = instance.stop.cancelled() => {
+                                process::terminate(&mut child, self.config.drain_timeout.min(Duration::from_secs(10))).await;
+                                tracing::info!(instance = %label, "instance stopped");
+                            }
+                        }
+                    }
+                    Err(message) => {
+                        process::kill(&mut child).await;
+                        if !instance.stop.is_cancelled() {
+                            tracing::warn!(instance = %label, %message, "instance failed to start");
+                            self.record_failure(message);
+                        }
+                    }
+                }
+            }
+            Err(message) => {
+                tracing::warn!(instance = %label, %message, "cannot start instance");
+                self.record_failure(message);
+            }
+        }
+        instance.state.store(GONE, Ordering::Release);
+        self.changed.notify_waiters();
+        self.kick.notify_one();
+    }
+
+    async fn spawn(
+        &self,
+        instance: &Instance,
+        revision: &Revision,
+    ) -> Result<tokio::process::Child, String> {
+        let (program, server) = match revision.runtime {
+            Runtime::Nodejs20 => (&self.config.node, "server.js"),
+            Runtime::Python311 => (&self.config.python, "server.py"),
+        };
+        let log_dir = self.config.logs_dir.join(&self.namespace);
+        std::fs::create_dir_all(&log_dir)
+            .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
+        let log_path = log_dir.join(format!("{}.log", self.name));
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+        };
+        let stdout = open().map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let stderr = open().map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .arg(server)
+            .current_dir(&revision.dir)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        // Only what the function needs: its own settings, never eddy's environment.
+        for name in ["PATH", "LANG", "TZ", "SYSTEMROOT"] {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
+        command
+            .env("HOME", &revision.dir)
+            .env("FUNC_NAME", &self.name)
+            .env("FUNC_NAMESPACE", &self.namespace)
+            .env("FUNC_RUNTIME", revision.runtime.as_str())
+            .env("FUNC_PORT", instance.port.to_string())
+            .env("FUNC_TIMEOUT", revision.timeout_seconds.to_string())
+            .env("FUNC_DIR", &revision.dir)
+            .env("PUBLISHER_PROXY_ADDRESS", &self.config.publisher_url)
+            .env("PYTHONUNBUFFERED", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        for (name, value) in &revision.env {
+            command.env(name, value);
+        }
+        process::supervise(&mut command);
+        command
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", program.display()))
+    }
+
+    async fn wait_healthy(
+        &self,
+        instance: &Instance,
+        child: &mut tokio::process::Child,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + self.config.startup_timeout;
+        let address = format!("127.0.0.1:{}", instance.port);
+        loop {
+            if instance.stop.is_cancelled() {
+                return Err("stopped while starting".to_owned());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "instance exited during start-up ({status}); see `eddy logs {}`",
+                    self.name
+                ));
+            }
+            if probe(&address).await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "instance did not answer /healthz within {:?}",
+                    self.config.startup_timeout
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A request waiting for an instance.
+pub struct WaitGuard {
+    pool: Arc<Pool>,
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        self.pool.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `GET /healthz` answered 200, over a raw connection (no client pool for a probe).
+async fn probe(address: &str) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok(Ok(mut stream)) = tokio::time::timeout(
+        Duration::from_millis(500),
+        tokio::net::TcpStream::connect(address),
+    )
+    .await
+    else {
+        return false;
+    };
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), stream.read_exact(&mut head)).await,
+        Ok(Ok(_)) if &head[9..12] == b"200"
+    )
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> ScaleInput {
+        ScaleInput {
+            min: 1,
+            max: 5,
+            target: 10,
+            peak_load: 0,
+            waiting: 0,
+            idle_for: Duration::from_secs(1),
+            scale_to_zero_after: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn scales_on_load_within_bounds() {
+        assert_eq!(desired_replicas(input()), 1);
+        assert_eq!(
+            desired_replicas(ScaleInput {
+                peak_load: 10,
+                ..input()
+            }),
+            1
+        );
+        assert_eq!(
+            desired_replicas(ScaleInput {
+                peak_load: 11,
+                ..input()
+            }),
+            2
+        );
+        assert_eq!(
+            desired_replicas(ScaleInput {
+                peak_load: 35,
+                ..input()
+            }),
+            4
+        );
+        assert_eq!(
+            desired_replicas(ScaleInput {
+                peak_load: 500,
+                ..input()
+            }),
+            5
+        );
+        assert_eq!(desired_replicas(ScaleInput { min: 3, ..input() }), 3);
+    }
+
+    #[test]
+    fn scales_to_zero_only_when_idle_and_allowed() {
+        let zero = ScaleInput { min: 0, ..input() };
+        assert_eq!(desired_replicas(zero), 1, "recently used");
+        let idle = ScaleInput {
+            idle_for: Duration::from_secs(61),
+            ..zero
+        };
+        assert_eq!(desired_replicas(idle), 0);
+        assert_eq!(
+            desired_replicas(ScaleInput { waiting: 1, ..idle }),
+            1,
+            "a request is waiting"
+        );
+        assert_eq!(
+            desired_replicas(ScaleInput {
+                idle_for: Duration::from_secs(61),
+                ..input()
+            }),
+            1,
+            "min 1 stays"
+        );
+    }
+
+    #[test]
+    fn restart_backoff_grows_and_is_capped() {
+        assert_eq!(restart_delay(0), Duration::ZERO);
+        assert_eq!(restart_delay(1), Duration::from_millis(100));
+        assert_eq!(restart_delay(2), Duration::from_millis(200));
+        assert_eq!(restart_delay(50), Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,540 @@
+//! Functions on one machine: deployed through the API, built, run as processes and invoked
+//! through the gateway, with real Node.js and Python runtimes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use eddy_testing::eventually;
+use serde_json::{Value, json};
+use support::{Options, Platform};
+
+const NODE_HANDLER: &str = r#"
+module.exports = {
+  main: async (event, context) => {
+    const req = event.extensions.request;
+    const url = new URL(req.url, "http://function");
+    switch (url.pathname) {
+      case "/throw": throw new Error("boom");
+      case "/sleep": await new Promise((resolve) => setTimeout(resolve, 5000)); return "late";
+      case "/text": return "hello " + event.data.name;
+      case "/created":
+        event.extensions.response.statusCode = 201;
+        event.extensions.response.setHeader("x-custom", "yes");
+        return { created: true };
+      case "/emit":
+        return { id: await event.emitCloudEvent("order.emitted.v1", "node-fn", { from: "node" }) };
+    }
+    return {
+      data: event.data,
+      type: event["ce-type"], source: event["ce-source"], id: event["ce-id"], subject: event["ce-subject"],
+      context,
+      method: req.method, path: url.pathname, query: url.search, header: req.headers["x-test"],
+      env: {
+        GREETING: process.env.GREETING, FUNC_NAME: process.env.FUNC_NAME,
+        FUNC_NAMESPACE: process.env.FUNC_NAMESPACE, FUNC_RUNTIME: process.env.FUNC_RUNTIME,
+        FUNC_PORT: process.env.FUNC_PORT, FUNC_TIMEOUT: process.env.FUNC_TIMEOUT,
+        PUBLISHER_PROXY_ADDRESS: process.env.PUBLISHER_PROXY_ADDRESS,
+        CARGO_PKG_NAME: process.env.CARGO_PKG_NAME || null,
+      },
+    };
+  },
+};
+"#;
+
+const PYTHON_HANDLER: &str = r#"
+import os
+import time
+
+
+def main(event, context):
+    request = event["extensions"]["request"]
+    if request.path == "/throw":
+        raise RuntimeError("boom")
+    if request.path == "/sleep":
+        time.sleep(5)
+        return "late"
+    if request.path == "/text":
+        return "hello " + event["data"]["name"]
+    if request.path == "/created":
+        event["extensions"]["response"].status = 201
+        event["extensions"]["response"].headers["x-custom"] = "yes"
+        return {"created": True}
+    if request.path == "/emit":
+        return {"id": event.emitCloudEvent("order.emitted.v1", "python-fn", {"from": "python"})}
+    names = ["GREETING", "FUNC_NAME", "FUNC_NAMESPACE", "FUNC_RUNTIME", "FUNC_PORT", "FUNC_TIMEOUT",
+             "PUBLISHER_PROXY_ADDRESS", "CARGO_PKG_NAME"]
+    return {
+        "data": event["data"],
+        "type": event.get("ce-type"), "source": event.get("ce-source"), "id": event.get("ce-id"),
+        "subject": event.get("ce-subject"),
+        "context": context,
+        "method": request.method, "path": request.path,
+        "query": "?" + "&".join(k + "=" + v[0] for k, v in request.query.items()) if request.query else "",
+        "header": request.headers.get("x-test"),
+        "env": {name: os.environ.get(name) for name in names},
+    }
+"#;
+
+fn spec(runtime: &str, source: &str) -> Value {
+    json!({
+        "runtime": runtime,
+        "source": {"inline": {"source": source}},
+        "env": [{"name": "GREETING", "value": "hi"}],
+        "timeoutSeconds": 2,
+    })
+}
+
+async fn check_runtime(platform: &Platform, name: &str, runtime: &str, source: &str) {
+    platform.deploy(name, spec(runtime, source)).await;
+    let function = platform.function(name).await;
+    assert_eq!(
+        function["status"]["url"],
+        format!("{}/default/{name}", platform.gateway)
+    );
+    assert_eq!(function["status"]["replicas"], 1);
+    let (build, reason, _) = platform.condition(name, "BuildReady").await;
+    assert_eq!(build, "True", "{reason}");
+
+    let response = platform
+        .invoke(name, "/orders/7?x=1")
+        .header("ce-specversion", "1.0")
+        .header("ce-type", "order.created.v1")
+        .header("ce-source", "shop")
+        .header("ce-id", "e-1")
+        .header("ce-subject", "a%20b")
+        .header("x-test", "kept")
+        .json(&json!({"sku": "A-1", "qty": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["data"], json!({"sku": "A-1", "qty": 2}), "{body}");
+    assert_eq!(body["type"], "order.created.v1");
+    assert_eq!(body["source"], "shop");
+    assert_eq!(body["id"], "e-1");
+    assert_eq!(body["subject"], "a b", "ce-* values are percent-decoded");
+    assert_eq!(body["method"], "POST");
+    assert_eq!(body["path"], "/orders/7");
+    assert_eq!(body["query"], "?x=1");
+    assert_eq!(body["header"], "kept");
+    assert_eq!(body["context"]["function-name"], name);
+    assert_eq!(body["context"]["namespace"], "default");
+    assert_eq!(body["context"]["timeout"], 2);
+    assert_eq!(body["context"]["runtime"], runtime);
+    let env = &body["env"];
+    assert_eq!(env["GREETING"], "hi");
+    assert_eq!(env["FUNC_NAME"], name);
+    assert_eq!(env["FUNC_NAMESPACE"], "default");
+    assert_eq!(env["FUNC_RUNTIME"], runtime);
+    assert_eq!(env["FUNC_TIMEOUT"], "2");
+    assert!(env["FUNC_PORT"].as_str().unwrap().parse::<u16>().is_ok());
+    assert_eq!(
+        env["PUBLISHER_PROXY_ADDRESS"],
+        format!("{}/publish", platform.bus)
+    );
+    assert_eq!(
+        env["CARGO_PKG_NAME"],
+        Value::Null,
+        "instances get only their own env"
+    );
+
+    let response = platform
+        .invoke(name, "/text")
+        .json(&json!({"name": "eddy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    assert_eq!(response.text().await.unwrap(), "hello eddy");
+
+    let response = platform.invoke(name, "/created").send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.headers()["x-custom"], "yes");
+    assert_eq!(
+        response.json::<Value>().await.unwrap(),
+        json!({"created": true})
+    );
+
+    let response = platform.invoke(name, "/throw").send().await.unwrap();
+    assert_eq!(response.status(), 500);
+    let response = platform.invoke(name, "/sleep").send().await.unwrap();
+    assert_eq!(response.status(), 504);
+
+    // The handler's error went to the function's log.
+    let log = platform
+        .http
+        .get(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}/log",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(log.contains("boom"), "{log}");
+
+    // emitCloudEvent publishes through the event-bus into JetStream.
+    let response = platform.invoke(name, "/emit").send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let id = response.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut stream = platform.js.get_stream("EDDY_EVENTS").await.unwrap();
+    let last = stream.info().await.unwrap().state.last_sequence;
+    let stored = stream.get_raw_message(last).await.unwrap();
+    assert_eq!(stored.headers.get("ce-id").unwrap().as_str(), id);
+    assert_eq!(
+        stored.headers.get("ce-type").unwrap().as_str(),
+        "order.emitted.v1"
+    );
+}
+
+#[tokio::test]
+async fn nodejs20_functions_serve_the_runtime_contract() {
+    let platform = Platform::start().await;
+    check_runtime(&platform, "node-fn", "nodejs20", NODE_HANDLER).await;
+}
+
+#[tokio::test]
+async fn python311_functions_serve_the_runtime_contract() {
+    let platform = Platform::start().await;
+    check_runtime(&platform, "python-fn", "python311", PYTHON_HANDLER).await;
+}
+
+#[tokio::test]
+async fn unknown_functions_get_404() {
+    let platform = Platform::start().await;
+    let response = platform.invoke("nope", "/").send().await.unwrap();
+    assert_eq!(response.status(), 404);
+    assert!(
+        response.json::<Value>().await.unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
+    let response = platform
+        .http
+        .get(format!("{}/default", platform.gateway))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+}
+
+#[tokio::test]
+async fn a_build_that_fails_is_reported_and_harms_nothing_else() {
+    let platform = Platform::start().await;
+    platform
+        .deploy("healthy", spec("nodejs20", NODE_HANDLER))
+        .await;
+    let (status, body) = platform
+        .put_function(
+            "broken-deps",
+            json!({"runtime": "python311", "source": {"inline": {
+                "source": "def main(event, context):\n    return 'never'\n",
+                "dependencies": "=== this is not a requirement\n"}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    eventually("the build to fail", Duration::from_secs(60), || async {
+        platform.condition("broken-deps", "BuildReady").await.0 == "False"
+    })
+    .await
+    .unwrap();
+    let (_, reason, message) = platform.condition("broken-deps", "BuildReady").await;
+    assert_eq!(reason, "DependencyInstallFailed");
+    assert!(message.contains("requirement"), "{message}");
+    let response = platform.invoke("broken-deps", "/").send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    // The platform and the other function are fine.
+    let response = platform
+        .invoke("healthy", "/text")
+        .json(&json!({"name": "still"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.text().await.unwrap(), "hello still");
+    assert_eq!(
+        platform
+            .http
+            .get(format!("{}/readyz", platform.bus))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn invalid_functions_are_refused_with_422() {
+    let platform = Platform::start().await;
+    let (status, body) = platform
+        .put_function(
+            "bad",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": ""}},
+                "env": [{"name": "FUNC_PORT", "value": "1"}], "scaleConfig": {"minReplicas": 2, "maxReplicas": 1}}),
+        )
+        .await;
+    assert_eq!(status, 422);
+    let fields: Vec<&str> = body["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        vec![
+            "spec.source.inline.source",
+            "spec.env[0].name",
+            "spec.scaleConfig.maxReplicas"
+        ]
+    );
+    let (status, body) = platform
+        .put_function(
+            "bad",
+            json!({"runtime": "cobol", "source": {"inline": {"source": "x"}}}),
+        )
+        .await;
+    assert_eq!(status, 422);
+    assert_eq!(
+        body["details"]["causes"][0]["field"], "spec.runtime",
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_instance_is_restarted_and_invocations_succeed_again() {
+    let platform = Platform::start().await;
+    platform
+        .deploy("phoenix", spec("nodejs20", NODE_HANDLER))
+        .await;
+    let pids = platform.pids("phoenix");
+    assert_eq!(pids.len(), 1);
+    let killed = pids[0];
+    std::process::Command::new("kill")
+        .args(["-9", &killed.to_string()])
+        .status()
+        .unwrap();
+    eventually("a new instance", Duration::from_secs(30), || async {
+        let pids = platform.pids("phoenix");
+        !pids.is_empty() && !pids.contains(&killed)
+    })
+    .await
+    .unwrap();
+    eventually("invocations to succeed again", Duration::from_secs(30), || async {
+        matches!(platform.invoke("phoenix", "/text").json(&json!({"name": "again"})).send().await,
+            Ok(r) if r.status() == 200)
+    })
+    .await
+    .unwrap();
+    eventually(
+        "the restart to show in status",
+        Duration::from_secs(10),
+        || async {
+            platform
+                .condition("phoenix", "Running")
+                .await
+                .2
+                .contains("restarted 1 time(s)")
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
+    let platform = Platform::start_with(Options {
+        scale_to_zero_after: Duration::from_millis(500),
+        scale_down_window: Duration::from_millis(500),
+        ..Options::default()
+    })
+    .await;
+    let mut spec = spec("nodejs20", NODE_HANDLER);
+    spec["scaleConfig"] = json!({"minReplicas": 0, "maxReplicas": 2});
+    platform.deploy("sleepy", spec).await;
+    eventually("no instance to run", Duration::from_secs(20), || async {
+        platform.pids("sleepy").is_empty()
+    })
+    .await
+    .unwrap();
+    eventually(
+        "status to say scaled to zero",
+        Duration::from_secs(10),
+        || async { platform.condition("sleepy", "Running").await.1 == "ScaledToZero" },
+    )
+    .await
+    .unwrap();
+    let response = platform
+        .invoke("sleepy", "/text")
+        .json(&json!({"name": "awake"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "hello awake");
+    assert_eq!(platform.pids("sleepy").len(), 1);
+}
+
+#[tokio::test]
+async fn updating_source_under_load_fails_no_request() {
+    let platform = Arc::new(Platform::start().await);
+    let v1 = "module.exports = { main: async () => 'v1' };";
+    let v2 = "module.exports = { main: async () => 'v2' };";
+    platform
+        .deploy(
+            "rolling",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": v1}}}),
+        )
+        .await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let seen_v2 = Arc::new(AtomicUsize::new(0));
+    let mut loops = Vec::new();
+    for _ in 0..4 {
+        let (platform, stop, failures, seen_v2) = (
+            platform.clone(),
+            stop.clone(),
+            failures.clone(),
+            seen_v2.clone(),
+        );
+        loops.push(tokio::spawn(async move {
+            let mut total = 0;
+            while !stop.load(Ordering::SeqCst) {
+                total += 1;
+                match platform.invoke("rolling", "/").send().await {
+                    Ok(response) if response.status() == 200 => {
+                        let text = response.text().await.unwrap_or_default();
+                        if text == "v2" {
+                            seen_v2.fetch_add(1, Ordering::SeqCst);
+                        } else if text != "v1" {
+                            failures.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    Ok(response) => {
+                        eprintln!("failed: {}", response.status());
+                        failures.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(error) => {
+                        eprintln!("failed: {error}");
+                        failures.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            total
+        }));
+    }
+    platform
+        .deploy(
+            "rolling",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": v2}}}),
+        )
+        .await;
+    let before = seen_v2.load(Ordering::SeqCst);
+    eventually(
+        "new requests to get v2",
+        Duration::from_secs(30),
+        || async { seen_v2.load(Ordering::SeqCst) > before + 50 },
+    )
+    .await
+    .unwrap();
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for handle in loops {
+        total += handle.await.unwrap();
+    }
+    println!(
+        "rolling update: {total} requests, {} failed",
+        failures.load(Ordering::SeqCst)
+    );
+    assert_eq!(failures.load(Ordering::SeqCst), 0);
+    // Once v2 is out, nothing answers v1 any more.
+    for _ in 0..20 {
+        assert_eq!(
+            platform
+                .invoke("rolling", "/")
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+            "v2"
+        );
+    }
+    eventually(
+        "the old instance to stop",
+        Duration::from_secs(20),
+        || async { platform.pids("rolling").len() == 1 },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn deleting_a_function_stops_its_instances() {
+    let platform = Platform::start().await;
+    platform
+        .deploy("ephemeral", spec("python311", PYTHON_HANDLER))
+        .await;
+    let pids = platform.pids("ephemeral");
+    assert_eq!(pids.len(), 1);
+    let response = platform
+        .http
+        .delete(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/ephemeral",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    eventually("the instance to stop", Duration::from_secs(20), || async {
+        let alive = std::path::Path::new(&format!("/proc/{}", pids[0])).exists();
+        !alive && platform.pids("ephemeral").is_empty()
+    })
+    .await
+    .unwrap();
+    eventually(
+        "the gateway to forget it",
+        Duration::from_secs(10),
+        || async {
+            platform
+                .invoke("ephemeral", "/")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 404
+        },
+    )
+    .await
+    .unwrap();
+}
