@@ -1,6 +1,7 @@
 //! `eddy`: the one binary. Service subcommands run one component each (for containers and for
 //! tests that kill one component); client verbs talk to a running platform.
 
+mod bench;
 mod cli;
 mod up;
 
@@ -66,6 +67,39 @@ enum Command {
         #[command(flatten)]
         api: cli::resources::ApiArgs,
     },
+    /// Print a function's logs (stdout and stderr of its instances).
+    Logs {
+        /// The function.
+        name: String,
+        /// Keep printing new lines.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        #[command(flatten)]
+        api: cli::resources::ApiArgs,
+    },
+    /// Call a function through the gateway and print its answer.
+    Invoke {
+        #[command(flatten)]
+        invoke: cli::functions::InvokeArgs,
+        #[command(flatten)]
+        api: cli::resources::ApiArgs,
+    },
+    /// Scaffold a function: NAME/function.yaml with a handler to edit.
+    Init {
+        /// The function's name.
+        name: String,
+        /// nodejs20 or python311.
+        #[arg(long, default_value = "nodejs20")]
+        runtime: String,
+        /// Namespace written into the manifest.
+        #[arg(long = "namespace", short = 'n', default_value = "default")]
+        namespace: String,
+        /// Where to create the folder.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Measure eddy and print figures.
+    Bench(bench::Args),
     /// Dead letters: events that could not be delivered.
     Dlq {
         #[command(subcommand)]
@@ -128,7 +162,14 @@ enum DlqCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let Cli { log, command } = Cli::parse();
+    let Cli { mut log, command } = Cli::parse();
+    // Benchmarks print figures; keep component logs out of them unless asked for.
+    if matches!(command, Command::Bench(_))
+        && std::env::var_os("EDDY_LOG").is_none()
+        && log.log_level == "info"
+    {
+        log.log_level = "warn".to_owned();
+    }
     log.init()?;
     match command {
         Command::EventBus(args) => {
@@ -163,6 +204,15 @@ async fn main() -> anyhow::Result<()> {
         } => {
             cli::resources::delete(&api, kind, name.as_deref(), file.as_ref()).await?;
         }
+        Command::Logs { name, follow, api } => cli::functions::logs(&api, &name, follow).await?,
+        Command::Invoke { invoke, api } => cli::functions::invoke(&api, invoke).await?,
+        Command::Init {
+            name,
+            runtime,
+            namespace,
+            dir,
+        } => cli::functions::init(&name, &runtime, &namespace, &dir)?,
+        Command::Bench(args) => bench::run(args).await?,
         Command::Dlq {
             command,
             dispatcher,

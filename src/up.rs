@@ -71,6 +71,9 @@ pub struct Args {
         hide_env_values = true
     )]
     pub bus_tokens: Vec<String>,
+    /// Idle time after which a Function with minReplicas 0 runs no instance.
+    #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub scale_to_zero_after: Duration,
     /// URL prefixes Subscription sinks may use besides functions (comma-separated).
     #[arg(
         long = "allowed-sinks",
@@ -83,30 +86,10 @@ pub struct Args {
 /// Runs everything until a shutdown signal.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = eddy_api::shutdown::on_signal();
-    std::fs::create_dir_all(args.data_dir.join("logs"))
-        .with_context(|| format!("cannot create the data dir {}", args.data_dir.display()))?;
-
-    let (mut nats, nats_url) = match args.nats_url.clone() {
-        Some(url) => (None, url),
-        None => {
-            let binary = find_nats_server(args.nats_server.clone())?;
-            let started = NatsChild::start(&binary, &args.data_dir).await?;
-            let url = started.url.clone();
-            println!(
-                "nats        ready  {url}  (store {})",
-                args.data_dir.join("nats").display()
-            );
-            (Some(started), url)
-        }
-    };
-
-    let components = CancellationToken::new();
-    let result = run_components(&args, &nats_url, &components, &shutdown).await;
-    components.cancel();
-    if let Some(nats) = nats.as_mut() {
-        nats.stop().await;
-        println!("nats        stopped");
-    }
+    let mut platform = Platform::start(&args, true).await?;
+    println!("ready");
+    let result = platform.wait(&shutdown).await;
+    platform.stop(true).await;
     result
 }
 
@@ -120,82 +103,161 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
     Ok((listener, local))
 }
 
-async fn run_components(
-    args: &Args,
-    nats_url: &str,
-    components: &CancellationToken,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let mut running: Vec<Component> = Vec::new();
+/// Every component running in this process, and nats-server as a child unless one was given.
+pub struct Platform {
+    /// The event-bus.
+    pub bus_url: String,
+    /// The resource API.
+    pub api_url: String,
+    /// The gateway.
+    pub gateway_url: String,
+    /// The dispatcher's admin API.
+    pub dispatcher_url: String,
+    components: Vec<Component>,
+    token: CancellationToken,
+    nats: Option<NatsChild>,
+}
 
-    let (bus_listener, bus_local) = bind(args.bus_addr).await?;
-    let mut bus_args = eddy_event_bus::Args::new(bus_local, nats_url);
-    bus_args.max_event_size = args.max_event_size;
-    bus_args.tokens = args.bus_tokens.clone();
-    let bus = eddy_event_bus::EventBus::new(bus_args, components.child_token()).await?;
-    running.push((
-        "event-bus",
-        tokio::spawn(async move { Ok(bus.serve(bus_listener).await?) }),
-    ));
-    println!("event-bus   ready  http://{bus_local}/publish");
+impl Platform {
+    /// Starts nats-server (unless `--nats-url`) and every component; `report` prints a line
+    /// per component as it becomes ready.
+    pub async fn start(args: &Args, report: bool) -> anyhow::Result<Self> {
+        let say = |line: String| {
+            if report {
+                println!("{line}");
+            }
+        };
+        std::fs::create_dir_all(args.data_dir.join("logs"))
+            .with_context(|| format!("cannot create the data dir {}", args.data_dir.display()))?;
+        let (nats, nats_url) = match args.nats_url.clone() {
+            Some(url) => (None, url),
+            None => {
+                let binary = find_nats_server(args.nats_server.clone())?;
+                let started = NatsChild::start(&binary, &args.data_dir).await?;
+                let url = started.url.clone();
+                say(format!(
+                    "nats        ready  {url}  (store {})",
+                    args.data_dir.join("nats").display()
+                ));
+                (Some(started), url)
+            }
+        };
+        let mut platform = Self {
+            bus_url: String::new(),
+            api_url: String::new(),
+            gateway_url: String::new(),
+            dispatcher_url: String::new(),
+            components: Vec::new(),
+            token: CancellationToken::new(),
+            nats,
+        };
+        if let Err(error) = platform.start_components(args, &nats_url, &say).await {
+            platform.stop(false).await;
+            return Err(error);
+        }
+        Ok(platform)
+    }
 
-    let (api_listener, api_local) = bind(args.api_addr).await?;
-    let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
-    let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
-    controller_args.data_dir = args.data_dir.clone();
-    controller_args.allowed_sinks = args.allowed_sinks.clone();
-    controller_args.bus_url = format!("http://{bus_local}");
-    let controller = eddy_controller::Controller::new(
-        controller_args,
-        format!("http://{gateway_local}"),
-        components.child_token(),
-    )
-    .await?;
-    running.push((
-        "controller",
-        tokio::spawn(async move { Ok(controller.serve(api_listener, gateway_listener).await?) }),
-    ));
-    println!("controller  ready  http://{api_local}");
-    println!("gateway     ready  http://{gateway_local}/<namespace>/<function>");
+    async fn start_components(
+        &mut self,
+        args: &Args,
+        nats_url: &str,
+        say: &impl Fn(String),
+    ) -> anyhow::Result<()> {
+        let (bus_listener, bus_local) = bind(args.bus_addr).await?;
+        let mut bus_args = eddy_event_bus::Args::new(bus_local, nats_url);
+        bus_args.max_event_size = args.max_event_size;
+        bus_args.tokens = args.bus_tokens.clone();
+        let bus = eddy_event_bus::EventBus::new(bus_args, self.token.child_token()).await?;
+        self.components.push((
+            "event-bus",
+            tokio::spawn(async move { Ok(bus.serve(bus_listener).await?) }),
+        ));
+        self.bus_url = format!("http://{bus_local}");
+        say(format!("event-bus   ready  {}/publish", self.bus_url));
 
-    let (dispatcher_listener, dispatcher_local) = bind(args.dispatcher_addr).await?;
-    let mut dispatcher_args =
-        eddy_dispatcher::Args::new(dispatcher_local, nats_url, format!("http://{bus_local}"));
-    dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
-    dispatcher_args.bus_token = args.bus_tokens.first().cloned();
-    let dispatcher =
-        eddy_dispatcher::Dispatcher::new(dispatcher_args, components.child_token()).await?;
-    running.push((
-        "dispatcher",
-        tokio::spawn(async move { Ok(dispatcher.serve(dispatcher_listener).await?) }),
-    ));
-    println!("dispatcher  ready  http://{dispatcher_local}");
-    println!("ready");
+        let (api_listener, api_local) = bind(args.api_addr).await?;
+        let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
+        let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
+        controller_args.data_dir = args.data_dir.clone();
+        controller_args.allowed_sinks = args.allowed_sinks.clone();
+        controller_args.bus_url = self.bus_url.clone();
+        controller_args.scale_to_zero_after = args.scale_to_zero_after;
+        let controller = eddy_controller::Controller::new(
+            controller_args,
+            format!("http://{gateway_local}"),
+            self.token.child_token(),
+        )
+        .await?;
+        self.components.push((
+            "controller",
+            tokio::spawn(
+                async move { Ok(controller.serve(api_listener, gateway_listener).await?) },
+            ),
+        ));
+        self.api_url = format!("http://{api_local}");
+        self.gateway_url = format!("http://{gateway_local}");
+        say(format!("controller  ready  {}", self.api_url));
+        say(format!(
+            "gateway     ready  {}/<namespace>/<function>",
+            self.gateway_url
+        ));
 
-    let failed = tokio::select! {
-        () = shutdown.cancelled() => None,
-        (joined, index, _) = futures::future::select_all(running.iter_mut().map(|(_, task)| task)) => Some((index, joined)),
-    };
-    components.cancel();
-    let mut result = Ok(());
-    if let Some((index, joined)) = failed {
-        let name = running[index].0;
-        result = Err(match joined {
+        let (dispatcher_listener, dispatcher_local) = bind(args.dispatcher_addr).await?;
+        let mut dispatcher_args =
+            eddy_dispatcher::Args::new(dispatcher_local, nats_url, self.bus_url.clone());
+        dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
+        dispatcher_args.bus_token = args.bus_tokens.first().cloned();
+        let dispatcher =
+            eddy_dispatcher::Dispatcher::new(dispatcher_args, self.token.child_token()).await?;
+        self.components.push((
+            "dispatcher",
+            tokio::spawn(async move { Ok(dispatcher.serve(dispatcher_listener).await?) }),
+        ));
+        self.dispatcher_url = format!("http://{dispatcher_local}");
+        say(format!("dispatcher  ready  {}", self.dispatcher_url));
+        Ok(())
+    }
+
+    /// Waits for the shutdown signal, or for a component to fail.
+    pub async fn wait(&mut self, shutdown: &CancellationToken) -> anyhow::Result<()> {
+        if self.components.is_empty() {
+            return Ok(());
+        }
+        let failed = tokio::select! {
+            () = shutdown.cancelled() => None,
+            (joined, index, _) = futures::future::select_all(self.components.iter_mut().map(|(_, task)| task)) => Some((index, joined)),
+        };
+        let Some((index, joined)) = failed else {
+            return Ok(());
+        };
+        let (name, _) = self.components.remove(index);
+        Err(match joined {
             Ok(Ok(())) => anyhow::anyhow!("{name} stopped unexpectedly"),
             Ok(Err(error)) => error.context(format!("{name} failed")),
             Err(error) => anyhow::anyhow!("{name} crashed: {error}"),
-        });
-        running.remove(index);
+        })
     }
-    for (name, task) in running {
-        match tokio::time::timeout(Duration::from_secs(20), task).await {
-            Ok(Ok(Ok(()))) => println!("{name:<11} stopped"),
-            Ok(Ok(Err(error))) => eprintln!("{name} stopped with an error: {error:#}"),
-            Ok(Err(error)) => eprintln!("{name} crashed: {error}"),
-            Err(_) => eprintln!("{name} did not stop within 20s"),
+
+    /// Stops the components (each drains), then nats-server last so in-flight acks complete.
+    pub async fn stop(mut self, report: bool) {
+        self.token.cancel();
+        for (name, task) in self.components.drain(..) {
+            match tokio::time::timeout(Duration::from_secs(20), task).await {
+                Ok(Ok(Ok(()))) if report => println!("{name:<11} stopped"),
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(error))) => eprintln!("{name} stopped with an error: {error:#}"),
+                Ok(Err(error)) => eprintln!("{name} crashed: {error}"),
+                Err(_) => eprintln!("{name} did not stop within 20s"),
+            }
+        }
+        if let Some(nats) = self.nats.as_mut() {
+            nats.stop().await;
+            if report {
+                println!("nats        stopped");
+            }
         }
     }
-    result
 }
 
 /// The nats-server to start: the flag, then PATH, then the project's tool dir.

@@ -213,7 +213,8 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(f"eddy: {CONTEXT['function-name']} listening on {PORT}", flush=True)
-    server.serve_forever()
+    # A short poll interval makes SIGTERM take effect quickly.
+    server.serve_forever(poll_interval=0.05)
     POOL.shutdown(wait=False, cancel_futures=True)
 
 

@@ -167,7 +167,9 @@ impl LocalBackend {
                         }
                         Some(Ok(Change::Deleted { namespace, name })) => {
                             seen.remove(&(namespace.clone(), name.clone()));
-                            self.remove(&namespace, &name).await;
+                            // Stopping instances takes a moment; do not hold up other changes.
+                            let backend = self.clone();
+                            tokio::spawn(async move { backend.remove(&namespace, &name).await });
                         }
                         Some(Ok(Change::Synced)) => {
                             let gone: Vec<Key> = self
@@ -360,7 +362,9 @@ impl LocalBackend {
         let (min, max) = function.spec.replica_bounds();
         let timeout_seconds = function.spec.timeout().as_secs();
         // `replicas: 0` switches the function off: answer at once rather than hold requests.
-        tracked.pool.set_unavailable((max == 0).then(|| "the function is switched off (replicas: 0)".to_owned()));
+        tracked.pool.set_unavailable(
+            (max == 0).then(|| "the function is switched off (replicas: 0)".to_owned()),
+        );
         tracked.pool.set_revision(
             Revision {
                 generation,

@@ -1,0 +1,288 @@
+//! `eddy bench`: programs that measure eddy and print figures (never timed tests).
+//!
+//! Each scenario starts its own platform (nats-server as a child, every component in-process,
+//! free ports, a temporary data dir), so figures come from one known setup.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use crate::up::{self, Platform};
+
+/// Flags of `eddy bench`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// What to measure.
+    #[command(subcommand)]
+    pub scenario: Scenario,
+}
+
+/// Benchmark scenarios.
+#[derive(Debug, clap::Subcommand)]
+pub enum Scenario {
+    /// Deploy → ready, and first response from zero instances, per runtime.
+    Coldstart {
+        /// Runs per runtime and measure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Runtimes to measure.
+        #[arg(
+            long = "runtime",
+            value_delimiter = ',',
+            default_value = "nodejs20,python311"
+        )]
+        runtimes: Vec<String>,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The nats-server binary (default: PATH, then .tools/venv/bin).
+        #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
+        nats_server: Option<PathBuf>,
+    },
+}
+
+/// Runs a scenario.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    match args.scenario {
+        Scenario::Coldstart {
+            runs,
+            runtimes,
+            out,
+            nats_server,
+        } => coldstart(runs, &runtimes, out, nats_server).await,
+    }
+}
+
+fn local(port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Milliseconds summary of a list of durations.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Summary {
+    /// Median.
+    pub p50_ms: f64,
+    /// Fastest.
+    pub min_ms: f64,
+    /// Slowest.
+    pub max_ms: f64,
+}
+
+/// Summarizes durations (empty input gives zeros). Pure.
+pub fn summarize(samples: &[Duration]) -> Summary {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        ms.get(((ms.len().saturating_sub(1)) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Summary {
+        p50_ms: at(0.5),
+        min_ms: ms.first().copied().unwrap_or(0.0),
+        max_ms: ms.last().copied().unwrap_or(0.0),
+    }
+}
+
+fn handler(runtime: &str, run: usize) -> anyhow::Result<String> {
+    // A comment with the run number makes every deploy a fresh build.
+    Ok(match runtime {
+        "nodejs20" => format!("// run {run}\nmodule.exports = {{ main: async () => 'ok' }};\n"),
+        "python311" => format!("# run {run}\ndef main(event, context):\n    return 'ok'\n"),
+        other => bail!("unknown runtime {other:?}"),
+    })
+}
+
+async fn function(http: &reqwest::Client, api: &str, name: &str) -> anyhow::Result<Value> {
+    Ok(http
+        .get(format!(
+            "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/functions/{name}"
+        ))
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
+fn running_reason(function: &Value) -> Option<(String, String)> {
+    function["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Running")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or("").to_owned(),
+                c["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+}
+
+async fn wait_for(
+    http: &reqwest::Client,
+    api: &str,
+    name: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let current = function(http, api, name).await?;
+        if done(&current) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{name} did not become {what} within 120s: {}",
+                current["status"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn coldstart(
+    runs: usize,
+    runtimes: &[String],
+    out: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
+    let args = up::Args {
+        data_dir: data_dir.path().to_path_buf(),
+        nats_url: None,
+        nats_server,
+        bus_addr: local(0),
+        gateway_addr: local(0),
+        api_addr: local(0),
+        dispatcher_addr: local(0),
+        max_event_size: bytesize::ByteSize::mib(1),
+        bus_tokens: Vec::new(),
+        scale_to_zero_after: Duration::from_millis(300),
+        allowed_sinks: Vec::new(),
+    };
+    let platform = Platform::start(&args, false).await?;
+    let result = measure_coldstart(&platform, runs, runtimes).await;
+    platform.stop(false).await;
+    let figures = result?;
+    println!(
+        "cold start ({runs} runs each; {} cores)",
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+    println!(
+        "{:<11} {:>22} {:>22}",
+        "runtime", "deploy→ready p50 (min–max)", "from zero p50 (min–max)"
+    );
+    for (runtime, deploy, zero) in &figures {
+        println!(
+            "{runtime:<11} {:>9.0} ms ({:.0}–{:.0}) {:>10.0} ms ({:.0}–{:.0})",
+            deploy.p50_ms, deploy.min_ms, deploy.max_ms, zero.p50_ms, zero.min_ms, zero.max_ms
+        );
+    }
+    if let Some(out) = out {
+        let json: Vec<Value> = figures
+            .iter()
+            .map(|(runtime, deploy, zero)| json!({"runtime": runtime, "deployToReady": deploy, "firstResponseFromZero": zero}))
+            .collect();
+        std::fs::write(
+            &out,
+            serde_json::to_string_pretty(
+                &json!({"scenario": "coldstart", "runs": runs, "results": json}),
+            )?,
+        )
+        .with_context(|| format!("cannot write {}", out.display()))?;
+        println!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+async fn measure_coldstart(
+    platform: &Platform,
+    runs: usize,
+    runtimes: &[String],
+) -> anyhow::Result<Vec<(String, Summary, Summary)>> {
+    let http = reqwest::Client::new();
+    let api = platform.api_url.as_str();
+    let mut figures = Vec::new();
+    for runtime in runtimes {
+        let mut deploys = Vec::with_capacity(runs);
+        let mut from_zero = Vec::with_capacity(runs);
+        for run in 0..runs {
+            let name = format!(
+                "cold-{}-{run}",
+                runtime.replace(|c: char| !c.is_ascii_alphanumeric(), "")
+            );
+            let manifest = json!({
+                "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+                "metadata": {"name": name, "namespace": "bench"},
+                "spec": {"runtime": runtime, "source": {"inline": {"source": handler(runtime, run)?}},
+                    "scaleConfig": {"minReplicas": 0, "maxReplicas": 1}},
+            });
+            let started = Instant::now();
+            let response = http
+                .put(format!(
+                    "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/functions/{name}"
+                ))
+                .json(&manifest)
+                .send()
+                .await?;
+            if !response.status().is_success() {
+                bail!(
+                    "deploy refused: {}",
+                    response.text().await.unwrap_or_default()
+                );
+            }
+            wait_for(&http, api, &name, "ready", |f| {
+                f["status"]["replicas"].as_i64().unwrap_or(0) >= 1
+                    && running_reason(f).is_some_and(|(status, _)| status == "True")
+            })
+            .await?;
+            deploys.push(started.elapsed());
+
+            wait_for(&http, api, &name, "scaled to zero", |f| {
+                running_reason(f).is_some_and(|(_, reason)| reason == "ScaledToZero")
+            })
+            .await?;
+            let started = Instant::now();
+            let response = http
+                .get(format!("{}/bench/{name}/", platform.gateway_url))
+                .send()
+                .await?;
+            let status = response.status();
+            let _ = response.bytes().await?;
+            if !status.is_success() {
+                bail!("{name} answered {status} from zero");
+            }
+            from_zero.push(started.elapsed());
+            http.delete(format!(
+                "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/functions/{name}"
+            ))
+            .send()
+            .await?;
+        }
+        figures.push((runtime.clone(), summarize(&deploys), summarize(&from_zero)));
+    }
+    Ok(figures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries() {
+        let samples: Vec<Duration> = [30, 10, 20]
+            .iter()
+            .map(|ms| Duration::from_millis(*ms))
+            .collect();
+        let summary = summarize(&samples);
+        assert_eq!(
+            (summary.min_ms, summary.p50_ms, summary.max_ms),
+            (10.0, 20.0, 30.0)
+        );
+        assert_eq!(summarize(&[]).p50_ms, 0.0);
+    }
+}
