@@ -162,6 +162,7 @@ async fn coldstart(
         max_event_size: bytesize::ByteSize::mib(1),
         bus_tokens: Vec::new(),
         scale_to_zero_after: Duration::from_millis(300),
+        apply: Vec::new(),
         allowed_sinks: Vec::new(),
     };
     let platform = Platform::start(&args, false).await?;

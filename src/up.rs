@@ -71,6 +71,9 @@ pub struct Args {
         hide_env_values = true
     )]
     pub bus_tokens: Vec<String>,
+    /// Manifests (files or directories) to apply once the platform is up, e.g. `examples/shop`.
+    #[arg(long = "apply", short = 'f', env = "EDDY_APPLY", value_delimiter = ',')]
+    pub apply: Vec<PathBuf>,
     /// Idle time after which a Function with minReplicas 0 runs no instance.
     #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
     pub scale_to_zero_after: Duration,
@@ -87,8 +90,15 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = eddy_api::shutdown::on_signal();
     let mut platform = Platform::start(&args, true).await?;
-    println!("ready");
-    let result = platform.wait(&shutdown).await;
+    let applied = deploy(&platform, &args.apply, &shutdown).await;
+    let result = match applied {
+        Ok(()) => {
+            eddy_api::output::say("ready");
+            print_next_steps(&platform);
+            platform.wait(&shutdown).await
+        }
+        Err(error) => Err(error),
+    };
     platform.stop(true).await;
     result
 }
@@ -124,7 +134,7 @@ impl Platform {
     pub async fn start(args: &Args, report: bool) -> anyhow::Result<Self> {
         let say = |line: String| {
             if report {
-                println!("{line}");
+                eddy_api::output::say(&line);
             }
         };
         std::fs::create_dir_all(args.data_dir.join("logs"))
@@ -176,6 +186,7 @@ impl Platform {
         self.bus_url = format!("http://{bus_local}");
         say(format!("event-bus   ready  {}/publish", self.bus_url));
 
+        let (dispatcher_listener, dispatcher_local) = bind(args.dispatcher_addr).await?;
         let (api_listener, api_local) = bind(args.api_addr).await?;
         let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
         let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
@@ -183,6 +194,7 @@ impl Platform {
         controller_args.allowed_sinks = args.allowed_sinks.clone();
         controller_args.bus_url = self.bus_url.clone();
         controller_args.scale_to_zero_after = args.scale_to_zero_after;
+        controller_args.dispatcher_url = Some(format!("http://{dispatcher_local}"));
         let controller = eddy_controller::Controller::new(
             controller_args,
             format!("http://{gateway_local}"),
@@ -203,7 +215,6 @@ impl Platform {
             self.gateway_url
         ));
 
-        let (dispatcher_listener, dispatcher_local) = bind(args.dispatcher_addr).await?;
         let mut dispatcher_args =
             eddy_dispatcher::Args::new(dispatcher_local, nats_url, self.bus_url.clone());
         dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
@@ -244,7 +255,7 @@ impl Platform {
         self.token.cancel();
         for (name, task) in self.components.drain(..) {
             match tokio::time::timeout(Duration::from_secs(20), task).await {
-                Ok(Ok(Ok(()))) if report => println!("{name:<11} stopped"),
+                Ok(Ok(Ok(()))) if report => eddy_api::output::say(format!("{name:<11} stopped")),
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(error))) => eprintln!("{name} stopped with an error: {error:#}"),
                 Ok(Err(error)) => eprintln!("{name} crashed: {error}"),
@@ -254,7 +265,7 @@ impl Platform {
         if let Some(nats) = self.nats.as_mut() {
             nats.stop().await;
             if report {
-                println!("nats        stopped");
+                eddy_api::output::say("nats        stopped");
             }
         }
     }
@@ -331,4 +342,100 @@ impl NatsChild {
     async fn stop(&mut self) {
         process::terminate(&mut self.child, Duration::from_secs(10)).await;
     }
+}
+
+/// Applies manifests through the API and shows progress until every Function runs (or fails).
+async fn deploy(
+    platform: &Platform,
+    paths: &[PathBuf],
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let api = crate::cli::resources::ApiArgs {
+        server: platform.api_url.clone(),
+        namespace: "default".to_owned(),
+    };
+    for path in paths {
+        crate::cli::resources::apply(&api, path).await?;
+    }
+    let http = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    let mut reported: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    loop {
+        let list: serde_json::Value = http
+            .get(format!(
+                "{}/apis/eddy.dev/v1alpha1/functions",
+                platform.api_url
+            ))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        let mut pending = 0;
+        for function in &items {
+            let name = format!(
+                "{}/{}",
+                function["metadata"]["namespace"].as_str().unwrap_or(""),
+                function["metadata"]["name"].as_str().unwrap_or("")
+            );
+            let condition = |type_: &str| {
+                function["status"]["conditions"]
+                    .as_array()
+                    .and_then(|all| all.iter().find(|c| c["type"] == type_).cloned())
+                    .unwrap_or_default()
+            };
+            let (build, running) = (condition("BuildReady"), condition("Running"));
+            let state = if build["status"] == "False" {
+                format!("build failed: {}", build["message"].as_str().unwrap_or(""))
+            } else if running["status"] == "True" {
+                format!("running ({})", running["reason"].as_str().unwrap_or(""))
+            } else if build["status"] == "True" {
+                pending += 1;
+                "starting".to_owned()
+            } else {
+                pending += 1;
+                "building".to_owned()
+            };
+            if reported.get(&name) != Some(&state) {
+                eddy_api::output::say(format!(
+                    "function    {name:<32} {state}  [{:.1}s]",
+                    started.elapsed().as_secs_f64()
+                ));
+                reported.insert(name, state);
+            }
+        }
+        if pending == 0 {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            anyhow::bail!("functions did not start within 10 minutes");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            () = shutdown.cancelled() => return Ok(()),
+        }
+    }
+}
+
+fn print_next_steps(platform: &Platform) {
+    use eddy_api::output::say;
+    say("");
+    say(format!(
+        "  publish   curl {}/publish -H 'ce-specversion: 1.0' -H 'ce-id: order-1' -H 'ce-source: shop' \\",
+        platform.bus_url
+    ));
+    say("                 -H 'ce-type: order.created.v1' -H 'content-type: application/json' \\");
+    say(
+        "                 -d '{\"orderId\": \"1001\", \"items\": [{\"sku\": \"A-1\", \"qty\": 2}]}'",
+    );
+    say(format!(
+        "  invoke    {}/<namespace>/<function>   (or: eddy invoke <function>)",
+        platform.gateway_url
+    ));
+    say(format!("  dashboard {}/", platform.api_url));
+    say("  stop      Ctrl-C");
+    say("");
 }

@@ -6,6 +6,7 @@
 
 pub mod headers;
 pub mod nats;
+pub mod output;
 pub mod process;
 pub mod resources;
 pub mod shutdown;

@@ -3,6 +3,7 @@
 //! by the local backend.
 
 pub mod api;
+pub mod dashboard;
 pub mod local;
 pub mod runtimes;
 pub mod subscriptions;
@@ -86,6 +87,9 @@ pub struct Args {
         default_value = "http://127.0.0.1:8081"
     )]
     pub bus_url: String,
+    /// The dispatcher's admin API, for delivery counts on the dashboard.
+    #[arg(long = "dispatcher-url", env = "EDDY_DISPATCHER_URL")]
+    pub dispatcher_url: Option<String>,
     /// Node.js, to run nodejs20 functions.
     #[arg(long = "node", env = "EDDY_NODE", default_value = "node")]
     pub node: PathBuf,
@@ -152,6 +156,7 @@ impl Args {
             gateway_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             gateway_url: None,
             bus_url: "http://127.0.0.1:8081".to_owned(),
+            dispatcher_url: None,
             node: PathBuf::from("node"),
             npm: PathBuf::from("npm"),
             python: PathBuf::from("python3"),
@@ -190,6 +195,7 @@ impl Controller {
             gateway_addr: _,
             gateway_url: configured_gateway_url,
             bus_url,
+            dispatcher_url,
             node,
             npm,
             python,
@@ -261,12 +267,20 @@ impl Controller {
             Duration::from_secs(3600),
             max_body,
         ));
+        let dashboard = Arc::new(dashboard::DashboardState {
+            store: store.clone(),
+            js: js.clone(),
+            dispatcher_url: dispatcher_url.map(|url| url.trim_end_matches('/').to_owned()),
+            http: reqwest::Client::new(),
+        });
         let state = Arc::new(api::ApiState {
             store,
             sinks,
             logs_dir,
         });
-        let api = api::router(state).route("/healthz", axum::routing::get(|| async { "ok" }));
+        let api = api::router(state)
+            .merge(dashboard::router(dashboard))
+            .route("/healthz", axum::routing::get(|| async { "ok" }));
         Ok(Self {
             api,
             gateway: local::gateway::router(gateway),
@@ -350,7 +364,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
         source,
     })?;
     let controller = Controller::new(args, format!("http://{gateway_local}"), shutdown).await?;
-    println!("controller ready on http://{api_local}");
-    println!("gateway ready on http://{gateway_local}");
+    eddy_api::output::say(format!("controller ready on http://{api_local}"));
+    eddy_api::output::say(format!("gateway ready on http://{gateway_local}"));
     controller.serve(api, gateway).await
 }

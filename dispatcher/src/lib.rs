@@ -282,6 +282,6 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
         .local_addr()
         .map_err(|source| Error::Bind { addr, source })?;
     let dispatcher = Dispatcher::new(args, shutdown).await?;
-    println!("dispatcher ready on http://{local}");
+    eddy_api::output::say(format!("dispatcher ready on http://{local}"));
     dispatcher.serve(listener).await
 }

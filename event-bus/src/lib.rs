@@ -230,6 +230,6 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
         .map_err(|source| Error::Bind { addr, source })?;
     let bus = EventBus::new(args, shutdown).await?;
     tracing::info!(addr = %local, "event-bus listening");
-    println!("event-bus ready on http://{local}");
+    eddy_api::output::say(format!("event-bus ready on http://{local}"));
     bus.serve(listener).await
 }

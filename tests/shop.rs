@@ -1,0 +1,372 @@
+//! End to end, as a user drives it: `eddy up` with the shop examples, events through the whole
+//! chain, the dashboard in headless Chromium, a clean shutdown with no process left behind, and a
+//! restart on the same data dir that brings back every resource and undelivered event.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use eddy_testing::eventually;
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt as _;
+
+struct Up {
+    child: tokio::process::Child,
+    bus: String,
+    api: String,
+    gateway: String,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+async fn eddy_up(data_dir: &Path, apply: bool) -> Up {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
+    command
+        .arg("up")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--bus-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
+        .args([
+            "--gateway-addr",
+            "127.0.0.1:0",
+            "--dispatcher-addr",
+            "127.0.0.1:0",
+        ])
+        .env("EDDY_LOG", "warn")
+        .current_dir(repo())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    if apply {
+        command.arg("--apply").arg(repo().join("examples/shop"));
+    }
+    let mut child = command.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut bus, mut api, mut gateway) = (String::new(), String::new(), String::new());
+    tokio::time::timeout(Duration::from_secs(180), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let url = line
+                .split_whitespace()
+                .nth(2)
+                .unwrap_or_default()
+                .to_owned();
+            match line.split_whitespace().next() {
+                Some("event-bus") => bus = url.trim_end_matches("/publish").to_owned(),
+                Some("controller") => api = url,
+                Some("gateway") => gateway = url.split("/<").next().unwrap().to_owned(),
+                Some("ready") => return,
+                _ => {}
+            }
+        }
+        panic!("eddy up exited before it was ready");
+    })
+    .await
+    .expect("eddy up did not get ready in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Up {
+        child,
+        bus,
+        api,
+        gateway,
+    }
+}
+
+impl Up {
+    async fn publish(&self, ty: &str, id: &str, data: Value) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/publish", self.bus))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", "shop")
+            .header("ce-type", ty)
+            .header("content-type", "application/json")
+            .body(data.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+    }
+
+    async fn get(&self, url: String) -> Value {
+        reqwest::get(url).await.unwrap().json().await.unwrap()
+    }
+
+    async fn apply(&self, manifest: Value) {
+        let kind = if manifest["kind"] == "Function" {
+            "functions"
+        } else {
+            "subscriptions"
+        };
+        let name = manifest["metadata"]["name"].as_str().unwrap().to_owned();
+        let response = reqwest::Client::new()
+            .put(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/{kind}/{name}",
+                self.api
+            ))
+            .json(&manifest)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            response.status().is_success(),
+            "{}",
+            response.text().await.unwrap()
+        );
+    }
+
+    /// SIGINT, as Ctrl-C would; returns whether eddy exited cleanly.
+    async fn stop(mut self) -> bool {
+        let pid = self.child.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        status.success()
+    }
+}
+
+/// Processes whose working directory or command line is inside `dir`.
+fn processes_inside(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let path = entry.path();
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        {
+            continue;
+        }
+        let cwd = std::fs::read_link(path.join("cwd")).unwrap_or_default();
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cwd.starts_with(&dir) || cmdline.contains(dir.to_str().unwrap()) {
+            found.push(format!(
+                "{}: {cmdline}",
+                entry.file_name().to_string_lossy()
+            ));
+        }
+    }
+    found
+}
+
+/// What the dashboard shows in headless Chromium once `min_events` events are in its tail
+/// (tests/browser/dashboard.mjs, playwright-core driving Debian's Chromium).
+async fn render(url: &str, min_events: usize) -> Value {
+    let dir = repo().join("tests/browser");
+    let screenshot =
+        std::env::temp_dir().join(format!("eddy-dashboard-{}.png", std::process::id()));
+    let output = tokio::process::Command::new("node")
+        .arg(dir.join("dashboard.mjs"))
+        .arg(url)
+        .arg(min_events.to_string())
+        .arg(&screenshot)
+        .current_dir(&dir)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the dashboard check failed (scripts/setup --tests installs Chromium and playwright-core):\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!("dashboard screenshot: {}", screenshot.display());
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn the_shop_runs_end_to_end_and_survives_a_restart() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(data_dir.path(), true).await;
+
+    // The chain: order.created.v1 -> stock-reserver -> stock.reserved.v1 -> reservation-recorder.
+    for (i, sku) in ["A-1", "B-2", "A-1"].iter().enumerate() {
+        up.publish(
+            "order.created.v1",
+            &format!("order-{i}"),
+            json!({"orderId": format!("100{i}"), "items": [{"sku": sku, "qty": 1}]}),
+        )
+        .await;
+    }
+    let recorder = format!("{}/default/reservation-recorder", up.gateway);
+    eventually(
+        "three recorded reservations",
+        Duration::from_secs(60),
+        || async { up.get(recorder.clone()).await["count"] == 3 },
+    )
+    .await
+    .unwrap();
+    let recorded = up.get(recorder.clone()).await;
+    let mut orders: Vec<&str> = recorded["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["orderId"].as_str().unwrap())
+        .collect();
+    orders.sort();
+    assert_eq!(orders, vec!["1000", "1001", "1002"]);
+
+    // The function exposed for direct invocation.
+    let quote: Value = reqwest::Client::new()
+        .post(format!("{}/default/price-quote", up.gateway))
+        .json(&json!({"items": [{"sku": "A-1", "qty": 2}, {"sku": "B-2", "qty": 1}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(quote["total"], 43.0);
+
+    // The dashboard shows functions, subscriptions with their counts, and the events.
+    let shown = render(&format!("{}/", up.api), 6).await;
+    let functions: Vec<(String, String)> = shown["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row[1].as_str().unwrap().to_owned(),
+                row[4].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        functions,
+        vec![
+            ("price-quote".to_owned(), "Running".to_owned()),
+            ("reservation-recorder".to_owned(), "Running".to_owned()),
+            ("stock-reserver".to_owned(), "Running".to_owned()),
+        ]
+    );
+    let subscription = |name: &str| {
+        shown["subscriptions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|row| row[1] == name)
+            .unwrap()
+            .clone()
+    };
+    // Columns: namespace, name, ready, types, sink, delivered, retried, dead-lettered, pending.
+    for name in ["reserve-stock", "record-reservation"] {
+        let row = subscription(name);
+        assert_eq!(row[2], "ConsumerReady", "{row}");
+        assert_eq!(
+            (row[5].as_str(), row[7].as_str(), row[8].as_str()),
+            (Some("3"), Some("0"), Some("0")),
+            "{row}"
+        );
+    }
+    let types: Vec<&str> = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row[1].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types.iter().filter(|t| **t == "order.created.v1").count(),
+        3,
+        "{types:?}"
+    );
+    assert_eq!(
+        types.iter().filter(|t| **t == "stock.reserved.v1").count(),
+        3,
+        "{types:?}"
+    );
+
+    // Events for a sink that does not exist yet stay undelivered across the restart.
+    up.apply(json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+        "metadata": {"name": "late-orders", "namespace": "default"},
+        "spec": {"sink": "http://late-handler.default.svc.cluster.local", "types": ["order.late.v1"],
+            "delivery": {"maxAttempts": 100, "initialDelay": "200ms", "maxDelay": "500ms"}}
+    }))
+    .await;
+    eventually(
+        "the late subscription's consumer",
+        Duration::from_secs(30),
+        || async {
+            let status = up
+                .get(format!(
+                    "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/late-orders",
+                    up.api
+                ))
+                .await;
+            status["status"]["conditions"][0]["reason"] == "SinkNotFound"
+        },
+    )
+    .await
+    .unwrap();
+    up.publish("order.late.v1", "late-1", json!({"n": 1})).await;
+    up.publish("order.late.v1", "late-2", json!({"n": 2})).await;
+
+    assert!(up.stop().await, "eddy up exits cleanly on SIGINT");
+    let left = processes_inside(data_dir.path());
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+
+    // Same data dir, nothing applied: everything comes back.
+    let up = eddy_up(data_dir.path(), false).await;
+    let functions = up
+        .get(format!("{}/apis/eddy.dev/v1alpha1/functions", up.api))
+        .await;
+    let names: Vec<&str> = functions["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["price-quote", "reservation-recorder", "stock-reserver"]
+    );
+    let subscriptions = up
+        .get(format!("{}/apis/eddy.dev/v1alpha1/subscriptions", up.api))
+        .await;
+    assert_eq!(subscriptions["items"].as_array().unwrap().len(), 3);
+    // New ports after the restart.
+    let recorder = format!("{}/default/reservation-recorder", up.gateway);
+    eventually("the shop to run again", Duration::from_secs(60), || async {
+        matches!(reqwest::get(&recorder).await, Ok(response) if response.status() == 200)
+    })
+    .await
+    .unwrap();
+
+    // The late handler appears; the events stored before the restart reach it.
+    up.apply(json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+        "metadata": {"name": "late-handler", "namespace": "default"},
+        "spec": {"runtime": "python311", "source": {"inline": {"source":
+            "SEEN = set()\n\ndef main(event, context):\n    if event.get('ce-id'):\n        SEEN.add(event['ce-id'])\n    return sorted(SEEN)\n"}}}
+    }))
+    .await;
+    let late = format!("{}/default/late-handler", up.gateway);
+    eventually(
+        "the undelivered events to arrive",
+        Duration::from_secs(60),
+        || async {
+            match reqwest::get(&late).await {
+                Ok(response) if response.status() == 200 => {
+                    response.json::<Value>().await.unwrap_or_default()
+                        == json!(["late-1", "late-2"])
+                }
+                _ => false,
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    assert!(up.stop().await);
+    assert!(processes_inside(data_dir.path()).is_empty());
+}
