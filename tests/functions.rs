@@ -538,3 +538,130 @@ async fn deleting_a_function_stops_its_instances() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn load_scales_a_function_out_and_quiet_scales_it_back() {
+    let platform = Arc::new(
+        Platform::start_with(Options {
+            target_concurrency: 2,
+            scale_down_window: Duration::from_secs(1),
+            ..Options::default()
+        })
+        .await,
+    );
+    let slow = "module.exports = { main: async () => { await new Promise((r) => setTimeout(r, 300)); return 'done'; } };";
+    platform
+        .deploy(
+            "elastic",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": slow}},
+                "scaleConfig": {"minReplicas": 1, "maxReplicas": 4}}),
+        )
+        .await;
+    assert_eq!(platform.pids("elastic").len(), 1);
+
+    // Eight callers in a loop: eight in flight against a target of two per instance.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for _ in 0..8 {
+        let (platform, stop) = (platform.clone(), stop.clone());
+        callers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let response = platform.invoke("elastic", "/").send().await.unwrap();
+                assert_eq!(response.status(), 200);
+            }
+        }));
+    }
+    eventually(
+        "four instances under load",
+        Duration::from_secs(30),
+        || async { platform.pids("elastic").len() == 4 },
+    )
+    .await
+    .unwrap();
+    stop.store(true, Ordering::SeqCst);
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    eventually(
+        "back to one instance when quiet",
+        Duration::from_secs(30),
+        || async { platform.pids("elastic").len() == 1 },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn init_apply_invoke_and_logs_from_the_command_line() {
+    let platform = Platform::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let eddy = |args: Vec<String>| {
+        let api = platform.api.clone();
+        async move {
+            let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+                .args(&args)
+                .env("EDDY_SERVER", api)
+                .output()
+                .await
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "eddy {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        }
+    };
+    let dir_arg = dir.path().to_str().unwrap().to_owned();
+    eddy(vec![
+        "init".into(),
+        "hello".into(),
+        "--runtime".into(),
+        "python311".into(),
+        "--dir".into(),
+        dir_arg,
+    ])
+    .await;
+    let manifest = dir.path().join("hello/function.yaml");
+    let out = eddy(vec![
+        "apply".into(),
+        "-f".into(),
+        manifest.to_str().unwrap().into(),
+    ])
+    .await;
+    assert_eq!(out.trim(), "function.eddy.dev/hello created");
+    eventually("hello to run", Duration::from_secs(60), || async {
+        platform.condition("hello", "Running").await.0 == "True"
+    })
+    .await
+    .unwrap();
+    let out = eddy(vec![
+        "invoke".into(),
+        "hello".into(),
+        "--data".into(),
+        r#"{"n": 1}"#.into(),
+    ])
+    .await;
+    let answer: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(answer, json!({"hello": "from hello", "received": {"n": 1}}));
+    eventually(
+        "the handler's print in the log",
+        Duration::from_secs(10),
+        || async {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+                .args(["logs", "hello"])
+                .env("EDDY_SERVER", &platform.api)
+                .output()
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).contains("hello got a request")
+        },
+    )
+    .await
+    .unwrap();
+    let out = eddy(vec!["get".into(), "functions".into()]).await;
+    assert!(
+        out.contains("hello") && out.contains("python311") && out.contains("True"),
+        "{out}"
+    );
+}

@@ -30,6 +30,7 @@ pub struct Options {
     pub ack_wait: Duration,
     pub scale_to_zero_after: Duration,
     pub scale_down_window: Duration,
+    pub target_concurrency: usize,
     /// Run a dispatcher in-process (tests that kill it run `eddy dispatcher` themselves).
     pub dispatcher: bool,
 }
@@ -40,6 +41,7 @@ impl Default for Options {
             ack_wait: Duration::from_secs(30),
             scale_to_zero_after: Duration::from_secs(60),
             scale_down_window: Duration::from_secs(30),
+            target_concurrency: 10,
             dispatcher: true,
         }
     }
@@ -93,6 +95,7 @@ impl Platform {
         controller_args.data_dir = data_dir.path().to_path_buf();
         controller_args.scale_to_zero_after = options.scale_to_zero_after;
         controller_args.scale_down_window = options.scale_down_window;
+        controller_args.target_concurrency = options.target_concurrency;
         let controller = eddy_controller::Controller::new(
             controller_args,
             format!("http://{gateway_addr}"),
