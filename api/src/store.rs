@@ -6,7 +6,7 @@
 //! `status.<plural>.<namespace>.<name>` its status. Any process with a NATS connection can read
 //! and watch them: the dispatcher resolves sinks from Function status this way.
 
-use std::{fmt::Debug, time::Duration};
+use std::{collections::HashSet, fmt::Debug, time::Duration};
 
 use async_nats::jetstream::{
     self,
@@ -19,6 +19,7 @@ use serde::{Serialize, de::DeserializeOwned};
 use crate::{
     nats::RESOURCES_BUCKET,
     resources::{Function, FunctionStatus, ObjectMeta, Subscription, SubscriptionStatus},
+    shutdown::CancellationToken,
 };
 
 /// Errors of the resource store.
@@ -508,6 +509,85 @@ fn tokio_stream_receiver<T: Send + 'static>(
     mut receiver: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures::Stream<Item = T> + Send {
     futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
+
+impl Store {
+    /// Follows the specs of a kind until `shutdown`, handing every change to `on_change`. A
+    /// broken watch is set up again with backoff; after each (re)watch's initial list,
+    /// resources that disappeared meanwhile are reported as deleted, then [`Change::Synced`].
+    pub async fn follow<R, F, Fut>(&self, shutdown: &CancellationToken, mut on_change: F)
+    where
+        R: StoredResource,
+        F: FnMut(Change<R>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut known: HashSet<(String, String)> = HashSet::new();
+        let mut failures = 0;
+        loop {
+            let watch = match self.watch::<R>().await {
+                Ok(watch) => watch,
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(%error, kind = R::KIND, "cannot watch; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(rewatch_delay(failures)) => continue,
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+            };
+            failures = 0;
+            let mut watch = std::pin::pin!(watch);
+            let mut seen: HashSet<(String, String)> = HashSet::new();
+            loop {
+                let change = tokio::select! {
+                    change = watch.next() => change,
+                    () = shutdown.cancelled() => return,
+                };
+                match change {
+                    Some(Ok(Change::Applied(resource))) => {
+                        let meta = resource.meta();
+                        let key = (
+                            meta.namespace
+                                .clone()
+                                .unwrap_or_else(|| "default".to_owned()),
+                            meta.name.clone().unwrap_or_default(),
+                        );
+                        seen.insert(key.clone());
+                        known.insert(key);
+                        on_change(Change::Applied(resource)).await;
+                    }
+                    Some(Ok(Change::Deleted { namespace, name })) => {
+                        let key = (namespace, name);
+                        seen.remove(&key);
+                        known.remove(&key);
+                        on_change(Change::Deleted {
+                            namespace: key.0,
+                            name: key.1,
+                        })
+                        .await;
+                    }
+                    Some(Ok(Change::Synced)) => {
+                        let gone: Vec<(String, String)> =
+                            known.difference(&seen).cloned().collect();
+                        for (namespace, name) in gone {
+                            known.remove(&(namespace.clone(), name.clone()));
+                            on_change(Change::Deleted { namespace, name }).await;
+                        }
+                        on_change(Change::Synced).await;
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, kind = R::KIND, "watch failed; watching again");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(rewatch_delay(1)) => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
 }
 
 /// How long to wait before watching again after a watch broke.

@@ -4,7 +4,11 @@
 //! when its spec is valid, its durable consumer exists in `EDDY_EVENTS` and its sink resolves
 //! (the function exists and has a URL). Status carries each type with its subject filter.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use async_nats::jetstream;
 use eddy_api::{
@@ -14,9 +18,8 @@ use eddy_api::{
         parse_function_sink, set_condition, validate_subscription,
     },
     shutdown::CancellationToken,
-    store::{Change, Store, rewatch_delay},
+    store::{Change, Store},
 };
-use futures::StreamExt as _;
 
 /// Why a Subscription is or is not ready (the `Ready` condition's reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +70,8 @@ pub fn desired_status(
     status
 }
 
+type Statuses = Arc<Mutex<HashMap<(String, String), (Subscription, Option<SubscriptionStatus>)>>>;
+
 /// Keeps Subscription status up to date until `shutdown`.
 pub async fn run(
     store: Store,
@@ -74,64 +79,58 @@ pub async fn run(
     sinks: SinkPolicy,
     shutdown: CancellationToken,
 ) {
-    let mut failures = 0;
-    loop {
-        let watch = match store.watch::<Subscription>().await {
-            Ok(watch) => watch,
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch subscriptions; retrying");
-                failures += 1;
+    let tracked: Statuses = Arc::default();
+    // Consumers and functions appear after the Subscription: look again at the ones not ready.
+    let ticker = {
+        let (store, js, sinks, tracked, shutdown) = (
+            store.clone(),
+            js.clone(),
+            sinks.clone(),
+            tracked.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
                 tokio::select! {
-                    () = tokio::time::sleep(rewatch_delay(failures)) => continue,
+                    _ = tick.tick() => {}
                     () = shutdown.cancelled() => return,
                 }
-            }
-        };
-        failures = 0;
-        let mut watch = std::pin::pin!(watch);
-        let mut known: HashMap<(String, String), Subscription> = HashMap::new();
-        let mut written: HashMap<(String, String), SubscriptionStatus> = HashMap::new();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                change = watch.next() => match change {
-                    Some(Ok(Change::Applied(subscription))) => {
-                        let key = key_of(&subscription);
-                        reconcile(&store, &js, &sinks, &subscription, &mut written).await;
-                        known.insert(key, subscription);
-                    }
-                    Some(Ok(Change::Deleted { namespace, name })) => {
-                        let key = (namespace, name);
-                        known.remove(&key);
-                        written.remove(&key);
-                        if let Err(error) = store.delete_status::<Subscription>(&key.0, &key.1).await {
-                            tracing::warn!(%error, namespace = %key.0, name = %key.1, "cannot remove subscription status");
-                        }
-                    }
-                    Some(Ok(Change::Synced)) => {}
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "subscription watch failed; watching again");
-                        break;
-                    }
-                    None => break,
-                },
-                _ = tick.tick() => {
-                    // Consumers and functions appear after the Subscription; look again.
-                    for subscription in known.values() {
-                        let ready = written.get(&key_of(subscription)).is_some_and(|status| status.ready);
-                        if !ready {
-                            reconcile(&store, &js, &sinks, subscription, &mut written).await;
-                        }
-                    }
+                let not_ready: Vec<Subscription> = tracked
+                    .lock()
+                    .map(|all| {
+                        all.values()
+                            .filter(|(_, status)| !status.as_ref().is_some_and(|s| s.ready))
+                            .map(|(subscription, _)| subscription.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for subscription in not_ready {
+                    reconcile(&store, &js, &sinks, &subscription, &tracked).await;
                 }
-                () = shutdown.cancelled() => return,
             }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(rewatch_delay(1)) => {}
-            () = shutdown.cancelled() => return,
-        }
-    }
+        })
+    };
+    store
+        .follow::<Subscription, _, _>(&shutdown, |change| {
+            let (store, js, sinks, tracked) = (store.clone(), js.clone(), sinks.clone(), tracked.clone());
+            async move {
+                match change {
+                    Change::Applied(subscription) => reconcile(&store, &js, &sinks, &subscription, &tracked).await,
+                    Change::Deleted { namespace, name } => {
+                        if let Ok(mut all) = tracked.lock() {
+                            all.remove(&(namespace.clone(), name.clone()));
+                        }
+                        if let Err(error) = store.delete_status::<Subscription>(&namespace, &name).await {
+                            tracing::warn!(%error, %namespace, %name, "cannot remove subscription status");
+                        }
+                    }
+                    Change::Synced => {}
+                }
+            }
+        })
+        .await;
+    let _ = ticker.await;
 }
 
 fn key_of(subscription: &Subscription) -> (String, String) {
@@ -146,13 +145,17 @@ async fn reconcile(
     js: &jetstream::Context,
     sinks: &SinkPolicy,
     subscription: &Subscription,
-    written: &mut HashMap<(String, String), SubscriptionStatus>,
+    tracked: &Statuses,
 ) {
     let key = key_of(subscription);
     let (namespace, name) = (&key.0, &key.1);
     let (readiness, message) = observe(store, js, sinks, subscription, namespace, name).await;
-    let previous = match written.get(&key) {
-        Some(status) => Some(status.clone()),
+    let remembered = tracked
+        .lock()
+        .ok()
+        .and_then(|all| all.get(&key).and_then(|(_, status)| status.clone()));
+    let previous = match remembered {
+        Some(status) => Some(status),
         None => store
             .get_status::<Subscription>(namespace, name)
             .await
@@ -161,19 +164,31 @@ async fn reconcile(
     };
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let status = desired_status(subscription, previous.as_ref(), readiness, message, &now);
-    if previous.as_ref() == Some(&status) {
-        written.insert(key, status);
-        return;
-    }
-    match store
-        .put_status::<Subscription>(namespace, name, &status)
-        .await
-    {
-        Ok(()) => {
-            tracing::info!(%namespace, %name, ready = status.ready, reason = readiness.reason(), "subscription status");
-            written.insert(key, status);
+    let written = if previous.as_ref() == Some(&status) {
+        true
+    } else {
+        match store
+            .put_status::<Subscription>(namespace, name, &status)
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(%namespace, %name, ready = status.ready, reason = readiness.reason(), "subscription status");
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, %namespace, %name, "cannot write subscription status");
+                false
+            }
         }
-        Err(error) => tracing::warn!(%error, %namespace, %name, "cannot write subscription status"),
+    };
+    if let Ok(mut all) = tracked.lock() {
+        // The ticker may have worked on an older copy while a newer one arrived: keep the newer.
+        let newer_known = all
+            .get(&key)
+            .is_some_and(|(known, _)| known.metadata.generation > subscription.metadata.generation);
+        if !newer_known {
+            all.insert(key, (subscription.clone(), written.then_some(status)));
+        }
     }
 }
 

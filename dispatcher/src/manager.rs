@@ -13,7 +13,7 @@ use eddy_api::{
     nats::EVENTS_STREAM,
     resources::{SinkPolicy, Subscription, consumer_name, validate_subscription},
     shutdown::CancellationToken,
-    store::{Change, Store, rewatch_delay},
+    store::{Change, Store},
 };
 use futures::StreamExt as _;
 use tokio::task::JoinHandle;
@@ -42,6 +42,7 @@ pub struct Manager {
     workers: tokio::sync::Mutex<HashMap<Key, Running>>,
     targets: Mutex<HashMap<Key, Arc<Target>>>,
     replays: Mutex<HashMap<Key, CancellationToken>>,
+    known: Mutex<HashSet<Key>>,
     synced: std::sync::atomic::AtomicBool,
     shutdown: CancellationToken,
 }
@@ -116,6 +117,7 @@ impl Manager {
             workers: tokio::sync::Mutex::default(),
             targets: Mutex::default(),
             replays: Mutex::default(),
+            known: Mutex::default(),
             synced: std::sync::atomic::AtomicBool::new(false),
             shutdown,
         }
@@ -148,62 +150,39 @@ impl Manager {
 
     /// Follows the stored Subscriptions until shutdown, then stops every worker.
     pub async fn run(self: Arc<Self>, store: Store) {
-        let mut failures = 0;
-        'watching: loop {
-            let watch = match store.watch::<Subscription>().await {
-                Ok(watch) => watch,
-                Err(error) => {
-                    failures += 1;
-                    tracing::warn!(%error, "cannot watch subscriptions; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(rewatch_delay(failures)) => continue,
-                        () = self.shutdown.cancelled() => break,
+        store
+            .follow::<Subscription, _, _>(&self.shutdown, |change| {
+                let manager = self.clone();
+                async move {
+                    match change {
+                        Change::Applied(subscription) => {
+                            if let Ok(mut known) = manager.known.lock() {
+                                known.insert(key_of(&subscription));
+                            }
+                            manager.apply(&subscription).await;
+                        }
+                        Change::Deleted { namespace, name } => {
+                            if let Ok(mut known) = manager.known.lock() {
+                                known.remove(&(namespace.clone(), name.clone()));
+                            }
+                            manager.remove(&namespace, &name).await;
+                        }
+                        Change::Synced => {
+                            manager.delete_orphan_consumers().await;
+                            manager
+                                .synced
+                                .store(true, std::sync::atomic::Ordering::Release);
+                        }
                     }
                 }
-            };
-            failures = 0;
-            let mut watch = std::pin::pin!(watch);
-            let mut seen: HashSet<Key> = HashSet::new();
-            loop {
-                tokio::select! {
-                    change = watch.next() => match change {
-                        Some(Ok(Change::Applied(subscription))) => {
-                            let key = (
-                                subscription.metadata.namespace.clone().unwrap_or_default(),
-                                subscription.metadata.name.clone().unwrap_or_default(),
-                            );
-                            seen.insert(key);
-                            self.apply(&subscription).await;
-                        }
-                        Some(Ok(Change::Deleted { namespace, name })) => {
-                            seen.remove(&(namespace.clone(), name.clone()));
-                            self.remove(&namespace, &name).await;
-                        }
-                        Some(Ok(Change::Synced)) => {
-                            self.forget_all_but(&seen).await;
-                            self.synced.store(true, std::sync::atomic::Ordering::Release);
-                        }
-                        Some(Err(error)) => {
-                            tracing::warn!(%error, "subscription watch failed; watching again");
-                            break;
-                        }
-                        None => break,
-                    },
-                    () = self.shutdown.cancelled() => break 'watching,
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(rewatch_delay(1)) => {}
-                () = self.shutdown.cancelled() => break,
-            }
-        }
+            })
+            .await;
         self.stop_all().await;
     }
 
     async fn apply(&self, subscription: &Subscription) {
-        let namespace = subscription.metadata.namespace.clone().unwrap_or_default();
-        let name = subscription.metadata.name.clone().unwrap_or_default();
-        let key = (namespace.clone(), name.clone());
+        let key = key_of(subscription);
+        let (namespace, name) = key.clone();
         let (target, plan) = match plan_for(subscription, &self.sinks, self.ack_wait) {
             Ok(planned) => planned,
             Err(problems) => {
@@ -282,23 +261,18 @@ impl Manager {
         }
     }
 
-    /// After a (re)watch: stop workers and delete consumers of Subscriptions that are gone.
-    async fn forget_all_but(&self, seen: &HashSet<Key>) {
-        let stale: Vec<Key> = self
-            .workers
+    /// Deletes consumers of Subscriptions that are gone (deleted while no dispatcher ran).
+    async fn delete_orphan_consumers(&self) {
+        let wanted: HashSet<String> = self
+            .known
             .lock()
-            .await
-            .keys()
-            .filter(|key| !seen.contains(*key))
-            .cloned()
-            .collect();
-        for (namespace, name) in stale {
-            self.remove(&namespace, &name).await;
-        }
-        let wanted: HashSet<String> = seen
-            .iter()
-            .map(|(namespace, name)| consumer_name(namespace, name))
-            .collect();
+            .map(|known| {
+                known
+                    .iter()
+                    .map(|(namespace, name)| consumer_name(namespace, name))
+                    .collect()
+            })
+            .unwrap_or_default();
         let Ok(stream) = self.shared.js.get_stream(EVENTS_STREAM).await else {
             return;
         };
@@ -412,4 +386,15 @@ impl Manager {
         });
         Ok(events)
     }
+}
+
+fn key_of(subscription: &Subscription) -> Key {
+    (
+        subscription
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        subscription.metadata.name.clone().unwrap_or_default(),
+    )
 }

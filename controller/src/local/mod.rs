@@ -18,9 +18,8 @@ use std::{
 use eddy_api::{
     resources::{Condition, Function, FunctionStatus, set_condition, validate_function},
     shutdown::CancellationToken,
-    store::{Change, Store, rewatch_delay},
+    store::{Change, Store},
 };
-use futures::StreamExt as _;
 use tokio::sync::Notify;
 
 use self::{
@@ -141,60 +140,21 @@ impl LocalBackend {
 
     /// Follows the stored Functions until shutdown; then stops every instance.
     pub async fn run(self: Arc<Self>) {
-        let mut failures = 0;
-        'watching: loop {
-            let watch = match self.store.watch::<Function>().await {
-                Ok(watch) => watch,
-                Err(error) => {
-                    failures += 1;
-                    tracing::warn!(%error, "cannot watch functions; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(rewatch_delay(failures)) => continue,
-                        () = self.shutdown.cancelled() => break,
+        let store = self.store.clone();
+        store
+            .follow::<Function, _, _>(&self.shutdown, |change| {
+                match change {
+                    Change::Applied(function) => self.apply(function),
+                    Change::Deleted { namespace, name } => {
+                        // Stopping instances takes a moment; do not hold up other changes.
+                        let backend = self.clone();
+                        tokio::spawn(async move { backend.remove(&namespace, &name).await });
                     }
+                    Change::Synced => {}
                 }
-            };
-            failures = 0;
-            let mut watch = std::pin::pin!(watch);
-            let mut seen = std::collections::HashSet::new();
-            loop {
-                tokio::select! {
-                    change = watch.next() => match change {
-                        Some(Ok(Change::Applied(function))) => {
-                            let key = key_of(&function);
-                            seen.insert(key);
-                            self.apply(function);
-                        }
-                        Some(Ok(Change::Deleted { namespace, name })) => {
-                            seen.remove(&(namespace.clone(), name.clone()));
-                            // Stopping instances takes a moment; do not hold up other changes.
-                            let backend = self.clone();
-                            tokio::spawn(async move { backend.remove(&namespace, &name).await });
-                        }
-                        Some(Ok(Change::Synced)) => {
-                            let gone: Vec<Key> = self
-                                .tracked
-                                .lock()
-                                .map(|t| t.keys().filter(|k| !seen.contains(*k)).cloned().collect())
-                                .unwrap_or_default();
-                            for (namespace, name) in gone {
-                                self.remove(&namespace, &name).await;
-                            }
-                        }
-                        Some(Err(error)) => {
-                            tracing::warn!(%error, "function watch failed; watching again");
-                            break;
-                        }
-                        None => break,
-                    },
-                    () = self.shutdown.cancelled() => break 'watching,
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(rewatch_delay(1)) => {}
-                () = self.shutdown.cancelled() => break,
-            }
-        }
+                std::future::ready(())
+            })
+            .await;
         self.stop_everything().await;
     }
 
