@@ -272,7 +272,7 @@ impl Platform {
 }
 
 /// The nats-server to start: the flag, then PATH, then the project's tool dir.
-fn find_nats_server(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub fn find_nats_server(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(path) = flag {
         return Ok(path);
     }
@@ -288,13 +288,15 @@ fn find_nats_server(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// A nats-server child process with JetStream, stopped gracefully.
-struct NatsChild {
+pub struct NatsChild {
     child: Child,
-    url: String,
+    /// Its client URL.
+    pub url: String,
 }
 
 impl NatsChild {
-    async fn start(binary: &Path, data_dir: &Path) -> anyhow::Result<Self> {
+    /// Starts nats-server with JetStream, its store under `data_dir`.
+    pub async fn start(binary: &Path, data_dir: &Path) -> anyhow::Result<Self> {
         let run_dir = data_dir.join("run");
         // A stale ports file from an earlier crash would point at a dead port.
         let _ = std::fs::remove_dir_all(&run_dir);
@@ -339,7 +341,8 @@ impl NatsChild {
         }
     }
 
-    async fn stop(&mut self) {
+    /// Stops it gracefully.
+    pub async fn stop(&mut self) {
         process::terminate(&mut self.child, Duration::from_secs(10)).await;
     }
 }

@@ -33,6 +33,34 @@ pub struct Counts {
     pub in_flight: i64,
 }
 
+/// The series of one subscription, looked up once so the delivery path does not allocate a
+/// label and hash it for every event.
+#[derive(Clone)]
+pub struct SubscriptionMetrics {
+    delivered: Counter,
+    duration: Histogram,
+    in_flight: Gauge,
+    pending: Gauge,
+}
+
+impl SubscriptionMetrics {
+    /// A delivery succeeded after `seconds`.
+    pub fn delivered(&self, seconds: f64) {
+        self.delivered.inc();
+        self.duration.observe(seconds);
+    }
+
+    /// Changes the in-flight gauge by `delta`.
+    pub fn add_in_flight(&self, delta: i64) {
+        self.in_flight.inc_by(delta);
+    }
+
+    /// Sets the pending gauge.
+    pub fn set_pending(&self, pending: i64) {
+        self.pending.set(pending);
+    }
+}
+
 /// The dispatcher metrics.
 pub struct Metrics {
     registry: Registry,
@@ -108,6 +136,17 @@ impl Metrics {
     fn label(subscription: &str) -> SubscriptionLabel {
         SubscriptionLabel {
             subscription: subscription.to_owned(),
+        }
+    }
+
+    /// The hot-path series of one subscription.
+    pub fn subscription(&self, subscription: &str) -> SubscriptionMetrics {
+        let label = Self::label(subscription);
+        SubscriptionMetrics {
+            delivered: self.delivered.get_or_create(&label).clone(),
+            duration: self.duration.get_or_create(&label).clone(),
+            in_flight: self.in_flight.get_or_create(&label).clone(),
+            pending: self.pending.get_or_create(&label).clone(),
         }
     }
 

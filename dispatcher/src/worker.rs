@@ -23,7 +23,7 @@ use tokio::{sync::Semaphore, task::JoinSet};
 use crate::{
     consumer::{self, ConsumerPlan},
     delivery::{self, Verdict},
-    metrics::Metrics,
+    metrics::{Metrics, SubscriptionMetrics},
     sinks::Sinks,
 };
 
@@ -156,6 +156,7 @@ pub async fn consume(
         }
     };
     let permits = Arc::new(Semaphore::new(max_in_flight));
+    let series = Arc::new(shared.metrics.subscription(&target.label));
     let mut running = JoinSet::new();
     let mut tick = tokio::time::interval(if until_caught_up {
         Duration::from_millis(200)
@@ -169,9 +170,9 @@ pub async fn consume(
             message = messages.next() => match message {
                 Some(Ok(message)) => {
                     let Ok(permit) = permits.clone().acquire_owned().await else { break Ended::Cancelled };
-                    let (shared, target) = (shared.clone(), target.clone());
+                    let (shared, target, series) = (shared.clone(), target.clone(), series.clone());
                     running.spawn(async move {
-                        handle(&shared, &target, message).await;
+                        handle(&shared, &target, &series, message).await;
                         drop(permit);
                     });
                 }
@@ -189,11 +190,13 @@ pub async fn consume(
                 }
                 None => break Ended::Broken,
             },
+            // Reap finished deliveries as they end; a finished task kept in the set holds its
+            // memory until joined.
+            Some(_) = running.join_next(), if !running.is_empty() => {}
             _ = tick.tick() => {
-                while running.try_join_next().is_some() {}
                 if let Ok(info) = consumer.info().await {
                     let pending = i64::try_from(info.num_pending + info.num_ack_pending as u64).unwrap_or(i64::MAX);
-                    shared.metrics.set_pending(&target.label, pending);
+                    series.set_pending(pending);
                     if until_caught_up && info.num_pending == 0 && info.num_ack_pending == 0 && running.is_empty() {
                         break Ended::CaughtUp;
                     }
@@ -207,7 +210,12 @@ pub async fn consume(
 }
 
 /// Delivers one event and settles it with JetStream.
-async fn handle(shared: &Shared, target: &Target, message: jetstream::Message) {
+async fn handle(
+    shared: &Shared,
+    target: &Target,
+    series: &SubscriptionMetrics,
+    message: jetstream::Message,
+) {
     let (attempt, stream_sequence) = match message.info() {
         Ok(info) => (
             u32::try_from(info.delivered).unwrap_or(u32::MAX),
@@ -216,7 +224,7 @@ async fn handle(shared: &Shared, target: &Target, message: jetstream::Message) {
         Err(_) => (1, 0),
     };
     let started = Instant::now();
-    shared.metrics.add_in_flight(&target.label, 1);
+    series.add_in_flight(1);
     let verdict = if attempt > target.policy.max_attempts {
         // The last delivery after a crash during the final attempt: hand it to dead letters.
         Verdict::Dead {
@@ -240,7 +248,7 @@ async fn handle(shared: &Shared, target: &Target, message: jetstream::Message) {
                 // The event will come again: at-least-once, never lost.
                 tracing::warn!(subscription = %target.label, %error, "ack failed; the event will be redelivered");
             }
-            shared.metrics.delivered(&target.label, seconds);
+            series.delivered(seconds);
             tracing::debug!(subscription = %target.label, status, attempt, "delivered");
         }
         Verdict::Retry { reason, status } if attempt < target.policy.max_attempts => {
@@ -268,7 +276,7 @@ async fn handle(shared: &Shared, target: &Target, message: jetstream::Message) {
             .await;
         }
     }
-    shared.metrics.add_in_flight(&target.label, -1);
+    series.add_in_flight(-1);
 }
 
 /// POSTs an event to the sink; with `progress`, sends in-progress acks for it while it runs.

@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 
 use crate::up::{self, Platform};
 
+mod load;
+
 /// Flags of `eddy bench`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -21,9 +23,55 @@ pub struct Args {
     pub scenario: Scenario,
 }
 
+/// Flags of the throughput scenarios.
+#[derive(Debug, clap::Args)]
+pub struct LoadFlags {
+    /// Concurrent connections (HTTP) or workers (raw NATS).
+    #[arg(long, default_value_t = 32)]
+    pub connections: usize,
+    /// How long each measurement runs.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Bytes of data per event.
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The nats-server binary (default: PATH, then .tools/venv/bin).
+    #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
+    pub nats_server: Option<PathBuf>,
+}
+
+impl LoadFlags {
+    fn load_args(&self) -> load::LoadArgs {
+        load::LoadArgs {
+            connections: self.connections,
+            duration: self.duration,
+            size: self.size,
+            nats_server: self.nats_server.clone(),
+        }
+    }
+}
+
 /// Benchmark scenarios.
 #[derive(Debug, clap::Subcommand)]
 pub enum Scenario {
+    /// HTTP publish through the event-bus against async-nats publishing the same events.
+    Ingest(LoadFlags),
+    /// The same with batches of 100 events.
+    IngestBatch(LoadFlags),
+    /// Stored events delivered to a no-op sink, against the limits of its parts.
+    Dispatch {
+        #[command(flatten)]
+        flags: LoadFlags,
+        /// Events to store and deliver.
+        #[arg(long, default_value_t = 20_000)]
+        events: u64,
+        /// The Subscription's maxInFlightMessages (and the raw runs' concurrency).
+        #[arg(long = "in-flight", default_value_t = 64)]
+        in_flight: usize,
+    },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
         /// Runs per runtime and measure.
@@ -54,7 +102,81 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             out,
             nats_server,
         } => coldstart(runs, &runtimes, out, nats_server).await,
+        Scenario::Ingest(flags) => ingest(&flags, 1).await,
+        Scenario::IngestBatch(flags) => ingest(&flags, 100).await,
+        Scenario::Dispatch {
+            flags,
+            events,
+            in_flight,
+        } => dispatch(&flags, events, in_flight).await,
     }
+}
+
+fn print_rates(title: &str, rates: &[&load::Rate]) {
+    println!("{title}");
+    println!(
+        "{:<34} {:>12} {:>10} {:>10} {:>10}",
+        "", "events/s", "p50 ms", "p99 ms", "count"
+    );
+    for rate in rates {
+        println!(
+            "{:<34} {:>12.0} {:>10.2} {:>10.2} {:>10}",
+            rate.name, rate.per_second, rate.latency.p50_ms, rate.latency.p99_ms, rate.count
+        );
+    }
+}
+
+fn write_json(out: Option<&PathBuf>, value: &Value) -> anyhow::Result<()> {
+    if let Some(out) = out {
+        std::fs::write(out, serde_json::to_string_pretty(value)?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+        println!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+async fn ingest(flags: &LoadFlags, batch: usize) -> anyhow::Result<()> {
+    let (bus, raw, rss) = load::ingest(&flags.load_args(), batch).await?;
+    let ratio = bus.per_second / raw.per_second.max(1e-9);
+    let batched = if batch > 1 {
+        format!(", batches of {batch} (latency per batch)")
+    } else {
+        String::new()
+    };
+    print_rates(
+        &format!(
+            "ingest: {} B events, {} connections, {:?} each{batched}",
+            flags.size, flags.connections, flags.duration
+        ),
+        &[&bus, &raw],
+    );
+    println!("ratio event-bus / raw: {ratio:.2}   event-bus peak RSS: {rss:.1} MiB");
+    write_json(
+        flags.out.as_ref(),
+        &json!({"scenario": if batch > 1 { "ingest-batch" } else { "ingest" }, "size": flags.size,
+            "connections": flags.connections, "batch": batch, "eventBus": bus, "raw": raw,
+            "ratio": ratio, "eventBusPeakRssMiB": rss}),
+    )
+}
+
+async fn dispatch(flags: &LoadFlags, events: u64, in_flight: usize) -> anyhow::Result<()> {
+    let (dispatcher, ack_only, http_only, rss) =
+        load::dispatch(&flags.load_args(), events, in_flight).await?;
+    let limit = ack_only.per_second.min(http_only.per_second);
+    let ratio = dispatcher.per_second / limit.max(1e-9);
+    print_rates(
+        &format!(
+            "dispatch: {events} stored events of {} B, maxInFlightMessages {in_flight}",
+            flags.size
+        ),
+        &[&dispatcher, &ack_only, &http_only],
+    );
+    println!("ratio dispatcher / min(raw limits): {ratio:.2}   dispatcher peak RSS: {rss:.1} MiB");
+    write_json(
+        flags.out.as_ref(),
+        &json!({"scenario": "dispatch", "events": events, "inFlight": in_flight, "dispatcher": dispatcher,
+            "ackOnly": ack_only, "httpOnly": http_only, "ratio": ratio, "dispatcherPeakRssMiB": rss}),
+    )
 }
 
 fn local(port: u16) -> std::net::SocketAddr {
@@ -66,6 +188,8 @@ fn local(port: u16) -> std::net::SocketAddr {
 pub struct Summary {
     /// Median.
     pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
     /// Fastest.
     pub min_ms: f64,
     /// Slowest.
@@ -83,6 +207,7 @@ pub fn summarize(samples: &[Duration]) -> Summary {
     };
     Summary {
         p50_ms: at(0.5),
+        p99_ms: at(0.99),
         min_ms: ms.first().copied().unwrap_or(0.0),
         max_ms: ms.last().copied().unwrap_or(0.0),
     }

@@ -1,0 +1,504 @@
+//! Throughput scenarios measured against the limits of eddy's own parts in the same run:
+//! `ingest` (HTTP publish vs. async-nats publishing the same messages) and `dispatch` (delivery to
+//! a no-op sink vs. a consumer that only acks, and vs. a plain HTTP client posting to the sink).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use async_nats::jetstream::{self, consumer::pull};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use serde::Serialize;
+use tokio::io::AsyncBufReadExt as _;
+
+use super::{Summary, summarize};
+use crate::up::NatsChild;
+
+/// One measured run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rate {
+    /// What was measured.
+    pub name: String,
+    /// Operations finished.
+    pub count: u64,
+    /// Operations per second.
+    pub per_second: f64,
+    /// Latency of one operation (zero where not measured per operation).
+    pub latency: Summary,
+}
+
+impl Rate {
+    fn from(name: &str, count: u64, elapsed: Duration, mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        Self {
+            name: name.to_owned(),
+            count,
+            per_second: count as f64 / elapsed.as_secs_f64().max(1e-9),
+            latency: summarize(&samples),
+        }
+    }
+}
+
+/// A child `eddy <component>` process, for its own RSS.
+pub struct Component {
+    child: tokio::process::Child,
+    /// Its URL, from its ready line.
+    pub url: String,
+}
+
+impl Component {
+    /// Starts `eddy <args>` and waits for the line `<ready_prefix><url>`.
+    pub async fn start(args: &[&str], ready_prefix: &str) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find the eddy binary")?;
+        let mut command = tokio::process::Command::new(exe);
+        command
+            .args(args)
+            .env("EDDY_LOG", "warn")
+            .stdout(Stdio::piped());
+        eddy_api::process::supervise(&mut command);
+        let mut child = command.spawn()?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let url = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(url) = line.strip_prefix(ready_prefix) {
+                    return Ok(url.to_owned());
+                }
+            }
+            bail!("{args:?} exited before it was ready")
+        })
+        .await
+        .context("component start timed out")??;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // Listening is not ready: wait for its dependencies (NATS, the stream).
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if matches!(http.get(format!("{url}/readyz")).send().await, Ok(r) if r.status().is_success())
+            {
+                return Ok(Self { child, url });
+            }
+            if Instant::now() > deadline {
+                bail!("{args:?} did not become ready");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Peak resident memory (VmHWM), MiB.
+    pub fn peak_rss_mib(&self) -> f64 {
+        let Some(pid) = self.child.id() else {
+            return 0.0;
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| {
+                value
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map_or(0.0, |kib| kib / 1024.0)
+    }
+
+    /// Stops it.
+    pub async fn stop(mut self) {
+        eddy_api::process::terminate(&mut self.child, Duration::from_secs(10)).await;
+    }
+}
+
+/// Runs `workers` closed loops of `operation` for `duration`; returns the rate and latencies.
+async fn closed_loop<F, Fut>(
+    name: &str,
+    workers: usize,
+    duration: Duration,
+    operation: F,
+) -> anyhow::Result<Rate>
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<u64>> + Send,
+{
+    let operation = Arc::new(operation);
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (operation, next, stop) = (operation.clone(), next.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut done = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let sequence = next.fetch_add(1, Ordering::Relaxed);
+                let begun = Instant::now();
+                done += operation(sequence).await?;
+                samples.push(begun.elapsed());
+            }
+            Ok::<_, anyhow::Error>((done, samples))
+        }));
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut count = 0;
+    let mut samples = Vec::new();
+    for task in tasks {
+        let (done, mut mine) = task.await??;
+        count += done;
+        samples.append(&mut mine);
+    }
+    Ok(Rate::from(name, count, started.elapsed(), samples))
+}
+
+fn payload(size: usize) -> Bytes {
+    let mut body = String::with_capacity(size);
+    body.push_str("{\"data\":\"");
+    while body.len() + 2 < size {
+        body.push('x');
+    }
+    body.push_str("\"}");
+    Bytes::from(body)
+}
+
+/// Settings shared by the load scenarios.
+pub struct LoadArgs {
+    /// Concurrent connections / workers.
+    pub connections: usize,
+    /// How long each measurement runs.
+    pub duration: Duration,
+    /// Data size of each event.
+    pub size: usize,
+    /// nats-server binary.
+    pub nats_server: Option<PathBuf>,
+}
+
+async fn start_nats(args: &LoadArgs, dir: &Path) -> anyhow::Result<NatsChild> {
+    let binary = crate::up::find_nats_server(args.nats_server.clone())?;
+    NatsChild::start(&binary, dir).await
+}
+
+/// `ingest` / `ingest-batch`: the event-bus against raw JetStream publishing.
+pub async fn ingest(args: &LoadArgs, batch: usize) -> anyhow::Result<(Rate, Rate, f64)> {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("logs"))?;
+    let mut nats = start_nats(args, dir.path()).await?;
+    let result = ingest_against(args, batch, &nats.url).await;
+    nats.stop().await;
+    result
+}
+
+async fn ingest_against(
+    args: &LoadArgs,
+    batch: usize,
+    nats_url: &str,
+) -> anyhow::Result<(Rate, Rate, f64)> {
+    let bus = Component::start(
+        &[
+            "event-bus",
+            "--addr",
+            "127.0.0.1:0",
+            "--nats-url",
+            nats_url,
+            "--stream-max-bytes",
+            "8GiB",
+        ],
+        "event-bus ready on ",
+    )
+    .await?;
+    let data = payload(args.size);
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.connections)
+        .build()?;
+    let url = format!("{}/publish", bus.url);
+    // Warm up connections and the stream.
+    let _ = closed_loop("warm-up", args.connections, Duration::from_millis(500), {
+        let (http, url, data) = (http.clone(), url.clone(), data.clone());
+        move |sequence| {
+            publish_http(
+                http.clone(),
+                url.clone(),
+                data.clone(),
+                sequence + 1_000_000_000,
+                1,
+            )
+        }
+    })
+    .await?;
+    let name = if batch > 1 {
+        format!("event-bus (batches of {batch})")
+    } else {
+        "event-bus".to_owned()
+    };
+    let through_bus = closed_loop(&name, args.connections, args.duration, {
+        let (http, url, data) = (http.clone(), url.clone(), data.clone());
+        move |sequence| publish_http(http.clone(), url.clone(), data.clone(), sequence, batch)
+    })
+    .await?;
+    let rss = bus.peak_rss_mib();
+    bus.stop().await;
+
+    let client = async_nats::connect(nats_url).await?;
+    let js = jetstream::new(client);
+    let raw = closed_loop("raw async-nats", args.connections, args.duration, {
+        let (js, data) = (js.clone(), data.clone());
+        move |sequence| publish_raw(js.clone(), data.clone(), sequence, batch)
+    })
+    .await?;
+    Ok((through_bus, raw, rss))
+}
+
+async fn publish_http(
+    http: reqwest::Client,
+    url: String,
+    data: Bytes,
+    sequence: u64,
+    batch: usize,
+) -> anyhow::Result<u64> {
+    let response = if batch <= 1 {
+        http.post(&url)
+            .header("ce-specversion", "1.0")
+            .header("ce-id", format!("bench-{sequence}"))
+            .header("ce-source", "bench")
+            .header("ce-type", "bench.tick.v1")
+            .header("content-type", "application/json")
+            .body(data)
+            .send()
+            .await?
+    } else {
+        let text = std::str::from_utf8(&data)?;
+        let events: Vec<String> = (0..batch)
+            .map(|i| {
+                format!(
+                    r#"{{"specversion":"1.0","id":"bench-{sequence}-{i}","source":"bench","type":"bench.tick.v1","data":{text}}}"#
+                )
+            })
+            .collect();
+        http.post(&url)
+            .header("content-type", "application/cloudevents-batch+json")
+            .body(format!("[{}]", events.join(",")))
+            .send()
+            .await?
+    };
+    if response.status().as_u16() != 204 {
+        bail!("the event-bus answered {}", response.status());
+    }
+    Ok(batch.max(1) as u64)
+}
+
+async fn publish_raw(
+    js: jetstream::Context,
+    data: Bytes,
+    sequence: u64,
+    batch: usize,
+) -> anyhow::Result<u64> {
+    let mut pending = Vec::with_capacity(batch.max(1));
+    for i in 0..batch.max(1) {
+        let id = format!("raw-{sequence}-{i}");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("ce-specversion", "1.0");
+        headers.insert("ce-id", id.as_str());
+        headers.insert("ce-source", "bench");
+        headers.insert("ce-type", "bench.tick.v1");
+        headers.insert("content-type", "application/json");
+        let message = jetstream::message::PublishMessage::build()
+            .headers(headers)
+            .payload(data.clone())
+            .message_id(eddy_api::nats::message_id("bench", &id));
+        pending.push(
+            js.send_publish("eddy.events.bench.bench.tick.v1", message)
+                .await?,
+        );
+    }
+    for ack in pending {
+        ack.await?;
+    }
+    Ok(batch.max(1) as u64)
+}
+
+/// `dispatch`: stored events delivered to a no-op sink, against a consumer that only acks and
+/// a plain HTTP client posting to the same sink.
+pub async fn dispatch(
+    args: &LoadArgs,
+    events: u64,
+    in_flight: usize,
+) -> anyhow::Result<(Rate, Rate, Rate, f64)> {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("logs"))?;
+    let mut nats = start_nats(args, dir.path()).await?;
+    let result = dispatch_against(args, events, in_flight, &nats.url).await;
+    nats.stop().await;
+    result
+}
+
+async fn noop_sink() -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::NO_CONTENT });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(url)
+}
+
+async fn dispatch_against(
+    args: &LoadArgs,
+    events: u64,
+    in_flight: usize,
+    nats_url: &str,
+) -> anyhow::Result<(Rate, Rate, Rate, f64)> {
+    let sink = noop_sink().await?;
+    let client = async_nats::connect(nats_url).await?;
+    let js = jetstream::new(client);
+    eddy_api::nats::ensure_stream(
+        &js,
+        eddy_api::nats::events_stream_config(&eddy_api::nats::StreamArgs {
+            max_bytes: bytesize::ByteSize::gib(8),
+            ..Default::default()
+        }),
+    )
+    .await?;
+    let store = eddy_api::store::Store::open(&js, 1).await?;
+    let subscription: eddy_api::resources::Subscription = serde_json::from_value(
+        serde_json::json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+            "metadata": {"name": "bench", "namespace": "default"},
+            "spec": {"sink": sink, "types": ["bench.tick.v1"], "config": {"maxInFlightMessages": in_flight}},
+        }),
+    )?;
+    store.apply(subscription).await?;
+    let dispatcher_args = [
+        "dispatcher",
+        "--addr",
+        "127.0.0.1:0",
+        "--nats-url",
+        nats_url,
+        "--allowed-sinks",
+        "http://127.0.0.1:",
+    ];
+    // The first dispatcher creates the consumer (delivering only new events), then stops.
+    let first = Component::start(&dispatcher_args, "dispatcher ready on ").await?;
+    let stream = js.get_stream(eddy_api::nats::EVENTS_STREAM).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream.consumer_info("sub_default_bench").await.is_err() {
+        if Instant::now() > deadline {
+            bail!("the dispatcher did not create the consumer");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.stop().await;
+
+    // Store the events, then time a fresh dispatcher draining them.
+    let data = payload(args.size);
+    store_events(&js, &data, events, args.connections).await?;
+    let started = Instant::now();
+    let second = Component::start(&dispatcher_args, "dispatcher ready on ").await?;
+    loop {
+        let info = stream.consumer_info("sub_default_bench").await?;
+        if info.num_pending == 0 && info.num_ack_pending == 0 {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("delivery did not finish within 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let through_dispatcher = Rate::from("dispatcher", events, started.elapsed(), Vec::new());
+    let rss = second.peak_rss_mib();
+    second.stop().await;
+
+    // Raw limit 1: a consumer that acks without delivering, same in-flight bound.
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("bench_ack_only".to_owned()),
+            filter_subject: "eddy.events.>".to_owned(),
+            max_ack_pending: i64::try_from(in_flight).unwrap_or(i64::MAX),
+            ..Default::default()
+        })
+        .await?;
+    let started = Instant::now();
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(in_flight)
+        .messages()
+        .await?;
+    let mut acked = 0;
+    while acked < events {
+        let Some(message) = messages.next().await else {
+            bail!("the ack-only consumer stopped")
+        };
+        message
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .ack()
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        acked += 1;
+    }
+    let ack_only = Rate::from(
+        "JetStream consumer, ack only",
+        events,
+        started.elapsed(),
+        Vec::new(),
+    );
+
+    // Raw limit 2: plain HTTP POSTs to the same sink, same concurrency.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(in_flight)
+        .build()?;
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..in_flight {
+        let (http, sink, data, next) = (http.clone(), sink.clone(), data.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < events {
+                http.post(&sink)
+                    .header("ce-type", "bench.tick.v1")
+                    .body(data.clone())
+                    .send()
+                    .await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let http_only = Rate::from("plain HTTP client", events, started.elapsed(), Vec::new());
+    Ok((through_dispatcher, ack_only, http_only, rss))
+}
+
+async fn store_events(
+    js: &jetstream::Context,
+    data: &Bytes,
+    events: u64,
+    workers: usize,
+) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..workers.max(1) {
+        let (js, data, next) = (js.clone(), data.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let sequence = next.fetch_add(100, Ordering::Relaxed);
+                if sequence >= events {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let count = (events - sequence).min(100) as usize;
+                publish_raw(js.clone(), data.clone(), sequence, count).await?;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
