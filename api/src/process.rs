@@ -37,6 +37,7 @@ pub fn signal_group(child: &Child, signal: Signal) {
 }
 
 /// SIGTERM to the group, then SIGKILL after `grace` if it is still there; reaps the child.
+/// Only for children started with [`supervise`] (group leaders): signals go to the group.
 pub async fn terminate(child: &mut Child, grace: Duration) {
     if matches!(child.try_wait(), Ok(Some(_))) {
         return;
