@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::up::{self, Platform};
 
+mod e2e;
 mod load;
 
 /// Flags of `eddy bench`.
@@ -61,6 +62,8 @@ pub enum Scenario {
     Ingest(LoadFlags),
     /// The same with batches of 100 events.
     IngestBatch(LoadFlags),
+    /// Publish → nodejs20 no-op function: maximum sustained rate, latency at fixed rates.
+    E2e(LoadFlags),
     /// Stored events delivered to a no-op sink, against the limits of its parts.
     Dispatch {
         #[command(flatten)]
@@ -109,7 +112,55 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             events,
             in_flight,
         } => dispatch(&flags, events, in_flight).await,
+        Scenario::E2e(flags) => end_to_end(&flags).await,
     }
+}
+
+async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
+    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
+    let args = up::Args {
+        data_dir: data_dir.path().to_path_buf(),
+        nats_url: None,
+        nats_server: flags.nats_server.clone(),
+        bus_addr: local(0),
+        gateway_addr: local(0),
+        api_addr: local(0),
+        dispatcher_addr: local(0),
+        max_event_size: bytesize::ByteSize::mib(1),
+        bus_tokens: Vec::new(),
+        scale_to_zero_after: Duration::from_secs(3600),
+        apply: Vec::new(),
+        allowed_sinks: Vec::new(),
+    };
+    let platform = Platform::start(&args, false).await?;
+    let result = e2e::run(
+        &platform,
+        data_dir.path(),
+        flags.duration,
+        flags.connections,
+    )
+    .await;
+    platform.stop(false).await;
+    let (max_rate, latencies) = result?;
+    println!(
+        "e2e: publish -> nodejs20 no-op function ({} connections for the maximum, {:?} per run)",
+        flags.connections, flags.duration
+    );
+    println!("maximum sustained rate: {max_rate:.0} events/s");
+    println!(
+        "{:>10} {:>8} {:>10} {:>10} {:>10}",
+        "rate/s", "count", "p50 ms", "p99 ms", "p999 ms"
+    );
+    for latency in &latencies {
+        println!(
+            "{:>10} {:>8} {:>10.2} {:>10.2} {:>10.2}",
+            latency.rate, latency.count, latency.p50_ms, latency.p99_ms, latency.p999_ms
+        );
+    }
+    write_json(
+        flags.out.as_ref(),
+        &json!({"scenario": "e2e", "maxRate": max_rate, "latencies": latencies}),
+    )
 }
 
 fn print_rates(title: &str, rates: &[&load::Rate]) {
