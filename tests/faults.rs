@@ -1,0 +1,361 @@
+//! The fault suite: a steady, numbered stream of events while the event-bus, the dispatcher and
+//! nats-server are SIGKILLed and restarted and a function instance is killed mid-request. Every
+//! event the bus acknowledged must reach the function; the table printed per fault says
+//! published, acked, delivered and duplicates.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use eddy_api::shutdown::CancellationToken;
+use eddy_testing::{NatsServer, eventually};
+use serde_json::json;
+
+/// A component run as `eddy <args>`, restartable on the same address.
+struct Child {
+    args: Vec<String>,
+    child: Option<tokio::process::Child>,
+}
+
+impl Child {
+    async fn start(args: Vec<String>, ready: &str) -> Self {
+        let mut this = Self { args, child: None };
+        this.spawn(ready).await;
+        this
+    }
+
+    async fn spawn(&mut self, ready: &str) {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args(&self.args)
+            .env("EDDY_LOG", "error")
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.starts_with(ready) {
+                    return;
+                }
+            }
+            panic!("{:?} exited before it was ready", self.args);
+        })
+        .await
+        .unwrap();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.child = Some(child);
+    }
+
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.start_kill().unwrap();
+            child.wait().await.unwrap();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+const RECORDER: &str = r#"
+const fs = require("fs");
+module.exports = { main: async (event) => {
+  // Record before answering: an event counts as delivered once it is on disk.
+  fs.appendFileSync(process.env.RECORD_FILE, event["ce-id"] + "\n");
+  await new Promise((resolve) => setTimeout(resolve, 20));
+  return "";
+} };
+"#;
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    published: u64,
+    acked: u64,
+    refused: u64,
+}
+
+#[tokio::test]
+async fn no_acknowledged_event_is_lost_through_crashes() {
+    let mut nats = NatsServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let record_file: PathBuf = dir.path().join("delivered.txt");
+    std::fs::write(&record_file, "").unwrap();
+
+    let bus_port = free_port();
+    let bus_url = format!("http://127.0.0.1:{bus_port}");
+    let mut bus = Child::start(
+        [
+            "event-bus",
+            "--addr",
+            &format!("127.0.0.1:{bus_port}"),
+            "--nats-url",
+            &nats.url(),
+        ]
+        .map(String::from)
+        .to_vec(),
+        "event-bus ready",
+    )
+    .await;
+
+    // Controller (API, gateway, function instances) in this process.
+    let shutdown = CancellationToken::new();
+    let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_url = format!("http://{}", api.local_addr().unwrap());
+    let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway_url = format!("http://{}", gateway.local_addr().unwrap());
+    let mut controller_args = eddy_controller::Args::new(api.local_addr().unwrap(), nats.url());
+    controller_args.bus_url = bus_url.clone();
+    controller_args.data_dir = dir.path().join("data");
+    let controller =
+        eddy_controller::Controller::new(controller_args, gateway_url, shutdown.child_token())
+            .await
+            .unwrap();
+    let backend = controller.backend();
+    tokio::spawn(controller.serve(api, gateway));
+
+    let dispatcher_args: Vec<String> = [
+        "dispatcher",
+        "--addr",
+        "127.0.0.1:0",
+        "--nats-url",
+        &nats.url(),
+        "--bus-url",
+        &bus_url,
+        "--ack-wait",
+        "2s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut dispatcher = Child::start(dispatcher_args, "dispatcher ready").await;
+
+    let http = reqwest::Client::new();
+    let put = |kind: &str, name: &str, body: serde_json::Value| {
+        let request = http
+            .put(format!(
+                "{api_url}/apis/eddy.dev/v1alpha1/namespaces/default/{kind}/{name}"
+            ))
+            .json(&body);
+        async move { assert!(request.send().await.unwrap().status().is_success()) }
+    };
+    put(
+        "functions",
+        "recorder",
+        json!({"apiVersion": "eddy.dev/v1alpha1", "kind": "Function", "metadata": {"name": "recorder"},
+            "spec": {"runtime": "nodejs20", "replicas": 2, "source": {"inline": {"source": RECORDER}},
+                "env": [{"name": "RECORD_FILE", "value": record_file.to_str().unwrap()}]}}),
+    )
+    .await;
+    put(
+        "subscriptions",
+        "faults",
+        json!({"apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription", "metadata": {"name": "faults"},
+            "spec": {"sink": "http://recorder.default.svc.cluster.local", "types": ["fault.tick.v1"],
+                "delivery": {"maxAttempts": 100, "initialDelay": "100ms", "maxDelay": "1s", "timeout": "5s"}}}),
+    )
+    .await;
+    eventually(
+        "the subscription and function to be ready",
+        Duration::from_secs(60),
+        || async {
+            let sub: serde_json::Value = http
+                .get(format!(
+                    "{api_url}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/faults"
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            sub["status"]["ready"] == json!(true) && backend.pids("default", "recorder").len() == 2
+        },
+    )
+    .await
+    .unwrap();
+
+    // A steady publisher: one event every 10 ms, each retried until the bus acknowledges it.
+    let phase = Arc::new(Mutex::new("steady"));
+    let counts: Arc<Mutex<HashMap<&'static str, Counts>>> = Arc::default();
+    let phase_of: Arc<Mutex<HashMap<String, &'static str>>> = Arc::default();
+    let stop = CancellationToken::new();
+    let publisher = {
+        let (phase, counts, phase_of, stop, bus_url) = (
+            phase.clone(),
+            counts.clone(),
+            phase_of.clone(),
+            stop.clone(),
+            bus_url.clone(),
+        );
+        tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap();
+            let mut pace = tokio::time::interval(Duration::from_millis(10));
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                pace.tick().await;
+                let id = format!("f-{n}");
+                n += 1;
+                let current = *phase.lock().unwrap();
+                phase_of.lock().unwrap().insert(id.clone(), current);
+                counts.lock().unwrap().entry(current).or_default().published += 1;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let sent = http
+                        .post(format!("{bus_url}/publish"))
+                        .header("ce-specversion", "1.0")
+                        .header("ce-id", &id)
+                        .header("ce-source", "faults")
+                        .header("ce-type", "fault.tick.v1")
+                        .body("{}")
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(response) if response.status().as_u16() == 204 => {
+                            counts.lock().unwrap().entry(current).or_default().acked += 1;
+                            break;
+                        }
+                        _ => {
+                            counts.lock().unwrap().entry(current).or_default().refused += 1;
+                            assert!(Instant::now() < deadline, "{id} was never acknowledged");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }
+        })
+    };
+
+    let settle = Duration::from_millis(1500);
+    tokio::time::sleep(settle).await;
+    *phase.lock().unwrap() = "event-bus SIGKILL";
+    bus.kill().await;
+    bus.spawn("event-bus ready").await;
+    tokio::time::sleep(settle).await;
+
+    *phase.lock().unwrap() = "dispatcher SIGKILL";
+    dispatcher.kill().await;
+    dispatcher.spawn("dispatcher ready").await;
+    tokio::time::sleep(settle).await;
+
+    *phase.lock().unwrap() = "nats-server SIGKILL";
+    nats.kill();
+    nats.restart().unwrap();
+    let readyz = format!("{bus_url}/readyz");
+    eventually(
+        "the event-bus to be ready after the NATS restart",
+        Duration::from_secs(30),
+        || async { matches!(http.get(&readyz).send().await, Ok(r) if r.status() == 200) },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(settle).await;
+
+    *phase.lock().unwrap() = "instance killed mid-request";
+    for pid in backend.pids("default", "recorder") {
+        std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap();
+    }
+    tokio::time::sleep(settle).await;
+    stop.cancel();
+    publisher.await.unwrap();
+
+    // Every acknowledged event reaches the function.
+    let acked: Vec<String> = phase_of.lock().unwrap().keys().cloned().collect();
+    let delivered = || {
+        let text = std::fs::read_to_string(&record_file).unwrap();
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        for line in text.lines() {
+            *seen.entry(line.to_owned()).or_default() += 1;
+        }
+        seen
+    };
+    let waited = eventually(
+        "every acknowledged event to be delivered",
+        Duration::from_secs(90),
+        || async {
+            let seen = delivered();
+            acked.iter().all(|id| seen.contains_key(id))
+        },
+    )
+    .await;
+    let seen = delivered();
+    let missing: Vec<&String> = acked.iter().filter(|id| !seen.contains_key(*id)).collect();
+
+    println!(
+        "{:<30} {:>10} {:>8} {:>8} {:>10} {:>11}",
+        "fault", "published", "acked", "503/err", "delivered", "duplicates"
+    );
+    let phase_of = phase_of.lock().unwrap().clone();
+    for name in [
+        "steady",
+        "event-bus SIGKILL",
+        "dispatcher SIGKILL",
+        "nats-server SIGKILL",
+        "instance killed mid-request",
+    ] {
+        let count = counts
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or_default();
+        let ids: Vec<&String> = phase_of
+            .iter()
+            .filter(|(_, p)| **p == name)
+            .map(|(id, _)| id)
+            .collect();
+        let delivered = ids.iter().filter(|id| seen.contains_key(**id)).count();
+        let duplicates: u64 = ids
+            .iter()
+            .map(|id| seen.get(*id).copied().unwrap_or(0).saturating_sub(1))
+            .sum();
+        println!(
+            "{name:<30} {:>10} {:>8} {:>8} {delivered:>10} {duplicates:>11}",
+            count.published, count.acked, count.refused
+        );
+    }
+    for name in [
+        "steady",
+        "event-bus SIGKILL",
+        "dispatcher SIGKILL",
+        "nats-server SIGKILL",
+        "instance killed mid-request",
+    ] {
+        let acked = counts
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or_default()
+            .acked;
+        assert!(
+            acked > 0,
+            "no event was acknowledged during {name}: the fault ran without traffic"
+        );
+    }
+    assert!(
+        waited.is_ok() && missing.is_empty(),
+        "acknowledged events lost: {} ({:?}...)",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    shutdown.cancel();
+}
