@@ -283,6 +283,14 @@ pub fn read_ports_file(dir: &std::path::Path) -> Option<String> {
     Some(url.replace("0.0.0.0", "127.0.0.1"))
 }
 
+/// RFC 3339 (milliseconds, `Z`) of a JetStream timestamp given as Unix seconds and nanoseconds,
+/// as the dashboard and dead-letter listings show when an event was stored.
+pub fn stored_time(unix_seconds: i64, nanoseconds: u32) -> String {
+    chrono::DateTime::from_timestamp(unix_seconds, nanoseconds)
+        .map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 #[cfg(test)]

@@ -74,6 +74,17 @@ pub trait StoredResource:
     fn set_status(&mut self, status: Option<Self::Status>);
     /// Whether two resources have the same spec.
     fn same_spec(&self, other: &Self) -> bool;
+
+    /// `(namespace, name)`; a missing namespace is `default`, as the API stores it.
+    fn key(&self) -> (String, String) {
+        let meta = self.meta();
+        (
+            meta.namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_owned()),
+            meta.name.clone().unwrap_or_default(),
+        )
+    }
 }
 
 impl StoredResource for Function {
@@ -545,13 +556,7 @@ impl Store {
                 };
                 match change {
                     Some(Ok(Change::Applied(resource))) => {
-                        let meta = resource.meta();
-                        let key = (
-                            meta.namespace
-                                .clone()
-                                .unwrap_or_else(|| "default".to_owned()),
-                            meta.name.clone().unwrap_or_default(),
-                        );
+                        let key = resource.key();
                         seen.insert(key.clone());
                         known.insert(key);
                         on_change(Change::Applied(resource)).await;

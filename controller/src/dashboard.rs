@@ -113,12 +113,7 @@ fn summary(message: &jetstream::Message) -> Value {
     if time.is_empty() {
         // No `time` attribute: show when JetStream stored it.
         if let Some(published) = info.map(|info| info.published) {
-            time = chrono::DateTime::from_timestamp(
-                published.unix_timestamp(),
-                published.nanosecond(),
-            )
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .unwrap_or_default();
+            time = eddy_api::nats::stored_time(published.unix_timestamp(), published.nanosecond());
         }
     }
     json!({

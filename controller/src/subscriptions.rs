@@ -18,7 +18,7 @@ use eddy_api::{
         parse_function_sink, set_condition, validate_subscription,
     },
     shutdown::CancellationToken,
-    store::{Change, Store},
+    store::{Change, Store, StoredResource as _},
 };
 
 /// Why a Subscription is or is not ready (the `Ready` condition's reason).
@@ -133,13 +133,6 @@ pub async fn run(
     let _ = ticker.await;
 }
 
-fn key_of(subscription: &Subscription) -> (String, String) {
-    (
-        subscription.metadata.namespace.clone().unwrap_or_default(),
-        subscription.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
 async fn reconcile(
     store: &Store,
     js: &jetstream::Context,
@@ -147,7 +140,7 @@ async fn reconcile(
     subscription: &Subscription,
     tracked: &Statuses,
 ) {
-    let key = key_of(subscription);
+    let key = subscription.key();
     let (namespace, name) = (&key.0, &key.1);
     let (readiness, message) = observe(store, js, sinks, subscription, namespace, name).await;
     let remembered = tracked

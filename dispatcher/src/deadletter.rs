@@ -147,12 +147,10 @@ pub async fn list(
     Ok(letters
         .into_iter()
         .map(|(sequence, message)| {
-            let time = chrono::DateTime::from_timestamp(
+            let time = eddy_api::nats::stored_time(
                 message.time.unix_timestamp(),
                 message.time.nanosecond(),
-            )
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-            .unwrap_or_default();
+            );
             summarize(sequence, &message.headers, time)
         })
         .collect())
@@ -192,7 +190,7 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
         .await
         {
             Verdict::Delivered { .. } => {
-                shared.metrics.delivered(&target.label, 0.0);
+                shared.metrics.subscription(&target.label).delivered(0.0);
                 if let Err(error) = stream.delete_message(sequence).await {
                     tracing::warn!(%error, sequence, "delivered a dead letter but cannot remove it");
                 }

@@ -13,7 +13,7 @@ use eddy_api::{
     nats::EVENTS_STREAM,
     resources::{SinkPolicy, Subscription, consumer_name, validate_subscription},
     shutdown::CancellationToken,
-    store::{Change, Store},
+    store::{Change, Store, StoredResource as _},
 };
 use futures::StreamExt as _;
 use tokio::task::JoinHandle;
@@ -157,7 +157,7 @@ impl Manager {
                     match change {
                         Change::Applied(subscription) => {
                             if let Ok(mut known) = manager.known.lock() {
-                                known.insert(key_of(&subscription));
+                                known.insert(subscription.key());
                             }
                             manager.apply(&subscription).await;
                         }
@@ -181,7 +181,7 @@ impl Manager {
     }
 
     async fn apply(&self, subscription: &Subscription) {
-        let key = key_of(subscription);
+        let key = subscription.key();
         let (namespace, name) = key.clone();
         let (target, plan) = match plan_for(subscription, &self.sinks, self.ack_wait) {
             Ok(planned) => planned,
@@ -386,15 +386,4 @@ impl Manager {
         });
         Ok(events)
     }
-}
-
-fn key_of(subscription: &Subscription) -> Key {
-    (
-        subscription
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned()),
-        subscription.metadata.name.clone().unwrap_or_default(),
-    )
 }

@@ -150,13 +150,6 @@ impl Metrics {
         }
     }
 
-    /// A delivery succeeded after `seconds`.
-    pub fn delivered(&self, subscription: &str, seconds: f64) {
-        let label = Self::label(subscription);
-        self.delivered.get_or_create(&label).inc();
-        self.duration.get_or_create(&label).observe(seconds);
-    }
-
     /// A delivery failed and will be retried.
     pub fn retried(&self, subscription: &str, reason: &'static str, seconds: f64) {
         let label = Self::label(subscription);
@@ -191,20 +184,6 @@ impl Metrics {
                 reason,
             })
             .inc();
-    }
-
-    /// Sets the pending gauge.
-    pub fn set_pending(&self, subscription: &str, pending: i64) {
-        self.pending
-            .get_or_create(&Self::label(subscription))
-            .set(pending);
-    }
-
-    /// Changes the in-flight gauge by `delta`.
-    pub fn add_in_flight(&self, subscription: &str, delta: i64) {
-        self.in_flight
-            .get_or_create(&Self::label(subscription))
-            .inc_by(delta);
     }
 
     /// Current counters of one subscription.

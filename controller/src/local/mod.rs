@@ -18,7 +18,7 @@ use std::{
 use eddy_api::{
     resources::{Condition, Function, FunctionStatus, set_condition, validate_function},
     shutdown::CancellationToken,
-    store::{Change, Store},
+    store::{Change, Store, StoredResource as _},
 };
 use tokio::sync::Notify;
 
@@ -217,7 +217,7 @@ impl LocalBackend {
     }
 
     fn apply(self: &Arc<Self>, function: Function) {
-        let (namespace, name) = key_of(&function);
+        let (namespace, name) = function.key();
         let tracked = self.tracked(&namespace, &name);
         let generation = function.metadata.generation.unwrap_or(1);
         let observed = tracked
@@ -250,7 +250,7 @@ impl LocalBackend {
         tracked: Arc<Tracked>,
         cancel: CancellationToken,
     ) {
-        let (namespace, name) = key_of(&function);
+        let (namespace, name) = function.key();
         let generation = function.metadata.generation.unwrap_or(1);
         let url = format!("{}/{namespace}/{name}", self.gateway_url);
         let errors = validate_function(&function);
@@ -433,17 +433,6 @@ impl LocalBackend {
             })
             .unwrap_or_default()
     }
-}
-
-fn key_of(function: &Function) -> Key {
-    (
-        function
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned()),
-        function.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 #[cfg(test)]
