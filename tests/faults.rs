@@ -81,6 +81,9 @@ module.exports = { main: async (event) => {
 } };
 "#;
 
+/// Events acknowledged in each phase before the next fault: traffic has resumed.
+const FLOWING: u64 = 100;
+
 #[derive(Default, Clone, Copy)]
 struct Counts {
     published: u64,
@@ -241,30 +244,43 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
         })
     };
 
-    let settle = Duration::from_millis(1500);
-    tokio::time::sleep(settle).await;
+    // Each phase lasts until events published in it are acknowledged again after the fault
+    // (a polled condition, not a fixed sleep: a publish caught in the crash can hang for the
+    // bus's publish timeout before it is refused and retried).
+    let traffic_flows = |name: &'static str| {
+        let counts = counts.clone();
+        async move {
+            eventually(
+                &format!("{FLOWING} events acknowledged during {name}"),
+                Duration::from_secs(60),
+                || async {
+                    counts
+                        .lock()
+                        .unwrap()
+                        .get(name)
+                        .is_some_and(|c| c.acked >= FLOWING)
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    traffic_flows("steady").await;
+
     *phase.lock().unwrap() = "event-bus SIGKILL";
     bus.kill().await;
     bus.spawn("event-bus ready").await;
-    tokio::time::sleep(settle).await;
+    traffic_flows("event-bus SIGKILL").await;
 
     *phase.lock().unwrap() = "dispatcher SIGKILL";
     dispatcher.kill().await;
     dispatcher.spawn("dispatcher ready").await;
-    tokio::time::sleep(settle).await;
+    traffic_flows("dispatcher SIGKILL").await;
 
     *phase.lock().unwrap() = "nats-server SIGKILL";
     nats.kill();
     nats.restart().unwrap();
-    let readyz = format!("{bus_url}/readyz");
-    eventually(
-        "the event-bus to be ready after the NATS restart",
-        Duration::from_secs(30),
-        || async { matches!(http.get(&readyz).send().await, Ok(r) if r.status() == 200) },
-    )
-    .await
-    .unwrap();
-    tokio::time::sleep(settle).await;
+    traffic_flows("nats-server SIGKILL").await;
 
     *phase.lock().unwrap() = "instance killed mid-request";
     for pid in backend.pids("default", "recorder") {
@@ -273,7 +289,7 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
             .status()
             .unwrap();
     }
-    tokio::time::sleep(settle).await;
+    traffic_flows("instance killed mid-request").await;
     stop.cancel();
     publisher.await.unwrap();
 
@@ -330,25 +346,6 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
         println!(
             "{name:<30} {:>10} {:>8} {:>8} {delivered:>10} {duplicates:>11}",
             count.published, count.acked, count.refused
-        );
-    }
-    for name in [
-        "steady",
-        "event-bus SIGKILL",
-        "dispatcher SIGKILL",
-        "nats-server SIGKILL",
-        "instance killed mid-request",
-    ] {
-        let acked = counts
-            .lock()
-            .unwrap()
-            .get(name)
-            .copied()
-            .unwrap_or_default()
-            .acked;
-        assert!(
-            acked > 0,
-            "no event was acknowledged during {name}: the fault ran without traffic"
         );
     }
     assert!(
