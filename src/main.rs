@@ -26,6 +26,19 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+enum ControllerCommand {
+    /// Print the Kubernetes objects the controller would create for the Functions in a
+    /// manifest (a dry run; nothing is sent anywhere).
+    Render {
+        /// A YAML/JSON file (several documents allowed) or a directory of them.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        #[command(flatten)]
+        kubernetes: eddy_controller::KubernetesArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum Command {
     /// Run everything on this machine: nats-server, event-bus (and, as they land, the rest).
     Up(up::Args),
@@ -34,7 +47,15 @@ enum Command {
     /// Run the dispatcher: delivers subscribed events to their sinks.
     Dispatcher(eddy_dispatcher::Args),
     /// Run the controller: the resource API and the reconcilers.
-    Controller(eddy_controller::Args),
+    #[command(args_conflicts_with_subcommands = true)]
+    Controller {
+        #[command(subcommand)]
+        command: Option<ControllerCommand>,
+        #[command(flatten)]
+        args: Box<eddy_controller::Args>,
+    },
+    /// Print the CustomResourceDefinitions of Function and Subscription (YAML).
+    Crds,
     /// Publish one event to the event-bus (binary mode).
     Publish(cli::publish::Args),
     /// Create or update the resources in a manifest file or directory.
@@ -185,10 +206,18 @@ async fn main() -> anyhow::Result<()> {
             let shutdown = eddy_api::shutdown::on_signal();
             eddy_dispatcher::run(args, shutdown).await?;
         }
-        Command::Controller(args) => {
+        Command::Controller {
+            command: None,
+            args,
+        } => {
             let shutdown = eddy_api::shutdown::on_signal();
-            eddy_controller::run(args, shutdown).await?;
+            eddy_controller::run(*args, shutdown).await?;
         }
+        Command::Controller {
+            command: Some(ControllerCommand::Render { file, kubernetes }),
+            ..
+        } => print!("{}", cli::resources::render(&file, &kubernetes)?),
+        Command::Crds => print!("{}", eddy_controller::kubernetes::crds_yaml()?),
         Command::Up(args) => up::run(args).await?,
         Command::Publish(args) => cli::publish::run(args).await?,
         Command::Apply { file, api } => cli::resources::apply(&api, &file).await?,

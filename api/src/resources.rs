@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -99,12 +99,15 @@ impl Runtime {
 }
 
 /// A Function: user code run on demand behind an HTTP address.
-#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "eddy.dev",
     version = "v1alpha1",
     kind = "Function",
     namespaced,
+    validation = Rule::new(r"self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63")
+        .message("metadata.name must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter, at most 63 characters")
+        .field_path(".metadata.name"),
     status = "FunctionStatus",
     shortname = "fn",
     printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime"}"#,
@@ -116,12 +119,16 @@ pub struct FunctionSpec {
     /// `nodejs20` or `python311`.
     pub runtime: Runtime,
     /// Where the code comes from (exactly one kind).
+    #[x_kube(validation = Rule::new("has(self.inline)").message("exactly one source kind is required: inline"))]
     pub source: FunctionSource,
     /// Environment variables given to every instance.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    #[x_kube(validation = Rule::new("self.all(e, self.exists_one(f, f.name == e.name))").message("env names must be unique"))]
     pub env: Vec<EnvVar>,
     /// A fixed number of instances (ignored when `scaleConfig` is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 100").message("must be between 0 and 100"))]
     pub replicas: Option<i32>,
     /// Autoscaling bounds; `minReplicas: 0` scales to zero when idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,11 +138,12 @@ pub struct FunctionSpec {
     pub resource_configuration: Option<ResourceConfiguration>,
     /// Longest a handler may run before it is answered 504 (default 180).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("must be between 1 and 3600"))]
     pub timeout_seconds: Option<i32>,
 }
 
 /// Source of a Function's code.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FunctionSource {
     /// Code given inline.
@@ -144,21 +152,27 @@ pub struct FunctionSource {
 }
 
 /// Inline code and dependencies.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InlineSource {
     /// `handler.js` or `handler.py`.
+    #[schemars(length(max = 262144))]
+    #[x_kube(validation = Rule::new(r"self.matches('\\S')").message("must not be empty"))]
     pub source: String,
     /// `package.json` or `requirements.txt` text.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 65536))]
     pub dependencies: String,
 }
 
 /// One environment variable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvVar {
     /// Name (a C identifier; names the platform sets are reserved).
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
+    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_PORT', 'FUNC_TIMEOUT', 'PUBLISHER_PROXY_ADDRESS'])").message("is set by the platform"))]
     pub name: String,
     /// Value.
     #[serde(default)]
@@ -166,17 +180,20 @@ pub struct EnvVar {
 }
 
 /// Autoscaling bounds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.maxReplicas >= self.minReplicas").message("maxReplicas must not be below minReplicas").field_path(".maxReplicas"))]
 pub struct ScaleConfig {
     /// Fewest instances; 0 scales to zero.
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 100").message("must be between 0 and 100"))]
     pub min_replicas: i32,
     /// Most instances.
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("must be between 1 and 100"))]
     pub max_replicas: i32,
 }
 
 /// Resources of the function container.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResourceConfiguration {
     /// The function's own container.
@@ -185,11 +202,13 @@ pub struct ResourceConfiguration {
 }
 
 /// A preset or explicit resources, never both.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!(has(self.profile) && has(self.resources))").message("set profile or resources, not both"))]
 pub struct ResourceRequest {
     /// `XS`, `S`, `M`, `L` or `XL`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['XS', 'S', 'M', 'L', 'XL']").message("must be one of XS, S, M, L, XL"))]
     pub profile: Option<String>,
     /// Explicit requests and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -275,7 +294,7 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
             "spec.source",
             "exactly one source kind is required: inline",
         )),
-        Some(inline) if inline.source.trim().is_empty() => {
+        Some(inline) if inline.source.bytes().all(|b| b.is_ascii_whitespace()) => {
             errors.push(FieldError::new(
                 "spec.source.inline.source",
                 "must not be empty",
@@ -429,25 +448,38 @@ pub enum TypeMatching {
 }
 
 /// A Subscription: events of some types, pushed to a sink.
-#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "eddy.dev",
     version = "v1alpha1",
     kind = "Subscription",
     namespaced,
+    validation = Rule::new(r"self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63")
+        .message("metadata.name must be a DNS-1123 label: lower-case letters, digits and '-', at most 63 characters")
+        .field_path(".metadata.name"),
     status = "SubscriptionStatus",
     shortname = "sub",
     printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
     printcolumn = r#"{"name":"Sink","type":"string","jsonPath":".spec.sink"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new(r"(has(self.typeMatching) && self.typeMatching == 'exact') || self.types.all(t, !t.matches('(^|[.])[*>][.]') && !t.matches('^[*>]$'))")
+    .message("wildcards `*` and `>` may only end a prefix, as in `order.*` or `order.>`").field_path(".types"))]
 pub struct SubscriptionSpec {
     /// Where events go: `http://<function>.<namespace>.svc.cluster.local`.
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("isURL(self) && (self.startsWith('http://') || self.startsWith('https://'))").message("must be an http(s) URL"))]
     pub sink: String,
     /// Only events with this CloudEvents source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new("size(self) > 0").message("must not be empty when given"))]
     pub source: Option<String>,
     /// Event types (or prefixes, with standard matching).
+    #[schemars(length(max = 64), inner(length(max = 512)))]
+    #[x_kube(validation = Rule::new("size(self) > 0").message("at least one type is required"))]
+    #[x_kube(validation = Rule::new(r"self.all(t, t.matches('^[^.]+([.][^.]+)*$'))").message("types must not be empty or have empty segments (`a..b`, `.a`, `a.`)"))]
+    #[x_kube(validation = Rule::new("self.all(t, self.exists_one(u, u == t))").message("types must be given once each"))]
     pub types: Vec<String>,
     /// `standard` (prefixes allowed) or `exact`.
     #[serde(default)]
@@ -461,22 +493,38 @@ pub struct SubscriptionSpec {
 }
 
 /// Flow control of a Subscription.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscriptionConfig {
     /// Most events in flight to the sink at once (Kyma writes it as a string; both are taken).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("string(self).matches('^[0-9]{1,5}$') && int(string(self)) >= 1 && int(string(self)) <= 10000").message("must be a whole number between 1 and 10000"))]
     pub max_in_flight_messages: Option<IntOrString>,
 }
 
 /// An integer that may be written as a string, as Kyma's `config` map does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum IntOrString {
     /// `10`
     Int(i64),
     /// `"10"`
     String(String),
+}
+
+/// The structural schema Kubernetes wants for a field that is an integer or a string.
+impl JsonSchema for IntOrString {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IntOrString".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "x-kubernetes-int-or-string": true })
+    }
 }
 
 /// Backoff shapes.
@@ -493,23 +541,37 @@ pub enum Backoff {
 }
 
 /// Delivery settings of a Subscription.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+// The cross-field rules skip malformed durations: the field's own rule reports those, and
+// `duration()` on them would be an evaluation error rather than a clear message.
+#[x_kube(validation = Rule::new("!has(self.maxDelay) || !self.maxDelay.matches('^([0-9]+(ns|us|ms|s|m|h))+$') || (has(self.initialDelay) && !self.initialDelay.matches('^([0-9]+(ns|us|ms|s|m|h))+$')) || duration(self.maxDelay) >= (has(self.initialDelay) ? duration(self.initialDelay) : duration('1s'))")
+    .message("maxDelay must not be below initialDelay").field_path(".maxDelay"))]
+#[x_kube(validation = Rule::new("has(self.maxDelay) || !has(self.initialDelay) || !self.initialDelay.matches('^([0-9]+(ns|us|ms|s|m|h))+$') || duration(self.initialDelay) <= duration('60s')")
+    .message("maxDelay (default 60s) must not be below initialDelay").field_path(".initialDelay"))]
 pub struct DeliverySpec {
     /// Deliveries before the event goes to dead letters (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("must be between 1 and 100"))]
     pub max_attempts: Option<i64>,
     /// Backoff shape (default exponential).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Backoff>,
     /// First retry delay (default 1s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new(GO_DURATION_RULE).message(GO_DURATION_MESSAGE))]
     pub initial_delay: Option<String>,
     /// Longest retry delay (default 60s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new(GO_DURATION_RULE).message(GO_DURATION_MESSAGE))]
     pub max_delay: Option<String>,
-    /// Per-delivery timeout (default 30s).
+    /// Per-delivery timeout (default 30s, at most 1h).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new(GO_DURATION_RULE).message(GO_DURATION_MESSAGE))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(ns|us|ms|s|m|h))+$') || duration(self) <= duration('1h')").message("must be at most 1h"))]
     pub timeout: Option<String>,
 }
 
@@ -539,6 +601,44 @@ pub struct SubscriptionStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// CEL rule for duration fields: Go duration syntax (which both CEL's `duration()` and
+/// [`parse_go_duration`] read), greater than zero.
+const GO_DURATION_RULE: &str =
+    "self.matches('^([0-9]+(ns|us|ms|s|m|h))+$') && duration(self) > duration('0s')";
+const GO_DURATION_MESSAGE: &str =
+    "must be a duration greater than zero, like 500ms, 1s, 2m or 1h30m";
+
+/// Parses a Go-style duration made of whole numbers and units (`500ms`, `1m30s`, `2h`), the
+/// subset that Kubernetes CEL's `duration()` reads too, so the CRD and the local API agree.
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let value: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit = match &rest[..unit_len] {
+            "ns" => Duration::from_nanos(1),
+            "us" => Duration::from_micros(1),
+            "ms" => Duration::from_millis(1),
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total = total.checked_add(unit.checked_mul(u32::try_from(value).ok()?)?)?;
+    }
+    Some(total)
 }
 
 /// Default `maxInFlightMessages`.
@@ -630,17 +730,10 @@ fn parse_duration_field(
     errors: &mut Vec<FieldError>,
 ) -> Duration {
     let Some(text) = value else { return default };
-    match humantime::parse_duration(text) {
-        Ok(duration) if !duration.is_zero() => duration,
-        Ok(_) => {
-            errors.push(FieldError::new(field, "must be greater than zero"));
-            default
-        }
-        Err(error) => {
-            errors.push(FieldError::new(
-                field,
-                format!("not a duration like 500ms, 1s or 2m: {error}"),
-            ));
+    match parse_go_duration(text) {
+        Some(duration) if !duration.is_zero() => duration,
+        _ => {
+            errors.push(FieldError::new(field, GO_DURATION_MESSAGE));
             default
         }
     }
@@ -659,7 +752,13 @@ impl SubscriptionSpec {
             Some(value) => {
                 let parsed = match value {
                     IntOrString::Int(n) => Some(*n),
-                    IntOrString::String(text) => text.trim().parse().ok(),
+                    IntOrString::String(text)
+                        if (1..=5).contains(&text.len())
+                            && text.bytes().all(|b| b.is_ascii_digit()) =>
+                    {
+                        text.parse().ok()
+                    }
+                    IntOrString::String(_) => None,
                 };
                 match parsed
                     .and_then(|n| u32::try_from(n).ok())

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod dashboard;
+pub mod kubernetes;
 pub mod local;
 pub mod runtimes;
 pub mod subscriptions;
@@ -40,6 +41,24 @@ pub enum Error {
     /// A server failed.
     #[error("HTTP server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An object lacks what the API server always sets.
+    #[error("the object has no {0}")]
+    Incomplete(&'static str),
+    /// A Kubernetes object could not be rendered.
+    #[error("cannot render the {kind}: {source}")]
+    Render {
+        /// Which object.
+        kind: &'static str,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// YAML could not be written.
+    #[error("cannot write YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
 }
 
 /// Result with this crate's [`Error`].
@@ -50,6 +69,67 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Backend {
     /// Functions run as supervised processes on this machine; resources in NATS KV.
     Local,
+    /// Functions run as Deployments built by Kaniko Jobs; resources are CRDs.
+    Kubernetes,
+}
+
+/// Flags of the Kubernetes backend (also read by `eddy controller render`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubernetesArgs {
+    /// Registry (and path) function images are pushed to and pulled from.
+    #[arg(long = "registry", env = "EDDY_REGISTRY", default_value = "localhost:5000")]
+    pub registry: String,
+    /// The image that builds function images.
+    #[arg(
+        long = "builder-image",
+        env = "EDDY_BUILDER_IMAGE",
+        default_value = "gcr.io/kaniko-project/executor:v1.23.2"
+    )]
+    pub builder_image: String,
+    /// A `kubernetes.io/dockerconfigjson` Secret, in each function namespace, for pushing
+    /// and pulling function images.
+    #[arg(long = "registry-secret", env = "EDDY_REGISTRY_SECRET")]
+    pub registry_secret: Option<String>,
+    /// Push to the registry over plain HTTP.
+    #[arg(long = "insecure-registry", env = "EDDY_INSECURE_REGISTRY")]
+    pub insecure_registry: bool,
+    /// The event-bus publish URL functions get as PUBLISHER_PROXY_ADDRESS.
+    #[arg(
+        long = "publisher-url",
+        env = "EDDY_PUBLISHER_URL",
+        default_value = "http://eddy-event-bus.eddy-system.svc.cluster.local/publish"
+    )]
+    pub publisher_url: String,
+    /// Longest an image build may run.
+    #[arg(long = "image-build-timeout", env = "EDDY_IMAGE_BUILD_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub image_build_timeout: Duration,
+}
+
+impl Default for KubernetesArgs {
+    fn default() -> Self {
+        Self {
+            registry: "localhost:5000".to_owned(),
+            builder_image: "gcr.io/kaniko-project/executor:v1.23.2".to_owned(),
+            registry_secret: None,
+            insecure_registry: false,
+            publisher_url: "http://eddy-event-bus.eddy-system.svc.cluster.local/publish".to_owned(),
+            image_build_timeout: Duration::from_secs(900),
+        }
+    }
+}
+
+impl KubernetesArgs {
+    /// The renderer's settings.
+    pub fn render_config(&self) -> kubernetes::RenderConfig {
+        kubernetes::RenderConfig {
+            registry: self.registry.clone(),
+            builder_image: self.builder_image.clone(),
+            registry_secret: self.registry_secret.clone(),
+            insecure_registry: self.insecure_registry,
+            publisher_url: self.publisher_url.clone(),
+            build_timeout_seconds: i64::try_from(self.image_build_timeout.as_secs()).unwrap_or(i64::MAX),
+        }
+    }
 }
 
 /// Flags of `eddy controller`.
@@ -145,6 +225,9 @@ pub struct Args {
     /// Longest wait for in-flight requests on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// Settings of the Kubernetes backend.
+    #[command(flatten)]
+    pub kubernetes: KubernetesArgs,
 }
 
 impl Args {
@@ -171,6 +254,7 @@ impl Args {
             data_dir: PathBuf::from(".eddy"),
             allowed_sinks: Vec::new(),
             drain_timeout: Duration::from_secs(10),
+            kubernetes: KubernetesArgs::default(),
         }
     }
 }
@@ -190,7 +274,7 @@ impl Controller {
     /// callers reach the gateway (it goes into Function status).
     pub async fn new(args: Args, gateway_url: String, shutdown: CancellationToken) -> Result<Self> {
         let Args {
-            backend: Backend::Local,
+            backend: _,
             api_addr: _,
             gateway_addr: _,
             gateway_url: configured_gateway_url,
@@ -210,6 +294,7 @@ impl Controller {
             data_dir,
             allowed_sinks,
             drain_timeout,
+            kubernetes: _,
         } = args;
         let gateway_url = configured_gateway_url.unwrap_or(gateway_url);
         let client = nats
@@ -341,6 +426,9 @@ async fn open_store(
 
 /// Runs the controller until `shutdown`.
 pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
+    if args.backend == Backend::Kubernetes {
+        return kubernetes::serve(args, shutdown).await;
+    }
     let api_addr = args.api_addr;
     let api = TcpListener::bind(api_addr)
         .await

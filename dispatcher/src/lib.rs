@@ -58,6 +58,18 @@ pub enum Error {
     /// The admin server failed.
     #[error("HTTP server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// The Kubernetes API could not be reached.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Where Subscriptions are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SubscriptionsFrom {
+    /// The resource store in NATS KV (local mode).
+    Kv,
+    /// Subscription objects in the Kubernetes cluster (sinks are then used as written).
+    Kubernetes,
 }
 
 impl Error {
@@ -111,6 +123,14 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub allowed_sinks: Vec<String>,
+    /// Where Subscriptions are read from.
+    #[arg(
+        long = "subscriptions-from",
+        env = "EDDY_SUBSCRIPTIONS_FROM",
+        value_enum,
+        default_value = "kv"
+    )]
+    pub subscriptions_from: SubscriptionsFrom,
     /// How function sinks are resolved: through Function status (local) or as written (direct).
     #[arg(
         long = "sink-resolution",
@@ -145,6 +165,7 @@ impl Args {
             bus_url: bus_url.into(),
             bus_token: None,
             allowed_sinks: Vec::new(),
+            subscriptions_from: SubscriptionsFrom::Kv,
             sink_resolution: sinks::Resolution::Local,
             ack_wait: Duration::from_secs(30),
             max_reply_size: bytesize::ByteSize::mib(1),
@@ -164,6 +185,20 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// Connects, makes sure the dead-letter stream exists, and starts following Subscriptions.
     pub async fn new(args: Args, shutdown: CancellationToken) -> Result<Self> {
+        let kube = match args.subscriptions_from {
+            SubscriptionsFrom::Kv => None,
+            SubscriptionsFrom::Kubernetes => Some(kube::Client::try_default().await?),
+        };
+        Self::with_kubernetes(args, kube, shutdown).await
+    }
+
+    /// Like [`Dispatcher::new`], reading Subscriptions through `kube` when it is given
+    /// (`--subscriptions-from kubernetes`).
+    pub async fn with_kubernetes(
+        args: Args,
+        kube: Option<kube::Client>,
+        shutdown: CancellationToken,
+    ) -> Result<Self> {
         let Args {
             addr: _,
             nats,
@@ -171,6 +206,7 @@ impl Dispatcher {
             bus_url,
             bus_token,
             allowed_sinks,
+            subscriptions_from: _,
             sink_resolution,
             ack_wait,
             max_reply_size,
@@ -183,14 +219,25 @@ impl Dispatcher {
             )
             .await?;
         let js = async_nats::jetstream::new(client.clone());
-        let store = open_with_retry(&js, &stream, &shutdown).await?;
         let policy = SinkPolicy {
             allowed_prefixes: allowed_sinks,
         };
-        let sinks = sinks::Sinks::new(sink_resolution, policy.clone());
-        if sink_resolution == sinks::Resolution::Local {
-            tokio::spawn(sinks.clone().watch(store.clone(), shutdown.child_token()));
-        }
+        let (source, sinks) = match kube {
+            Some(kube) => {
+                ensure_with_retry(&js, &stream, &shutdown).await?;
+                // Cluster DNS resolves function Services.
+                let sinks = sinks::Sinks::new(sinks::Resolution::Direct, policy.clone());
+                (manager::SubscriptionSource::Kubernetes(kube), sinks)
+            }
+            None => {
+                let store = open_with_retry(&js, &stream, &shutdown).await?;
+                let sinks = sinks::Sinks::new(sink_resolution, policy.clone());
+                if sink_resolution == sinks::Resolution::Local {
+                    tokio::spawn(sinks.clone().watch(store.clone(), shutdown.child_token()));
+                }
+                (manager::SubscriptionSource::Store(store), sinks)
+            }
+        };
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(60))
@@ -213,7 +260,7 @@ impl Dispatcher {
             drain_timeout,
             shutdown.child_token(),
         ));
-        let manager_task = tokio::spawn(manager.clone().run(store));
+        let manager_task = tokio::spawn(manager.clone().run(source));
         let router = admin::router(Arc::new(admin::AdminState {
             shared,
             manager,
@@ -244,6 +291,26 @@ impl Dispatcher {
             tracing::warn!("dispatcher workers did not drain in time");
         }
         served
+    }
+}
+
+/// Creates the dead-letter stream, waiting for NATS with backoff.
+async fn ensure_with_retry(
+    js: &async_nats::jetstream::Context,
+    stream: &StreamArgs,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let mut attempt = 0;
+    loop {
+        match ensure_stream(js, dead_letter_stream_config(stream)).await {
+            Ok(_) => return Ok(()),
+            Err(error) if attempt < 60 && !shutdown.is_cancelled() => {
+                attempt += 1;
+                tracing::warn!(%error, attempt, "NATS not ready for the dispatcher yet");
+                tokio::time::sleep(eddy_api::store::rewatch_delay(attempt)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
 }
 

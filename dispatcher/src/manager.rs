@@ -26,6 +26,14 @@ use crate::{
 
 type Key = (String, String);
 
+/// Where the dispatcher learns about Subscriptions.
+pub enum SubscriptionSource {
+    /// The resource store in NATS KV (local mode).
+    Store(Store),
+    /// Subscription objects in a Kubernetes cluster.
+    Kubernetes(kube::Client),
+}
+
 struct Running {
     target: Arc<Target>,
     plan: ConsumerPlan,
@@ -148,36 +156,89 @@ impl Manager {
             .cloned()
     }
 
-    /// Follows the stored Subscriptions until shutdown, then stops every worker.
-    pub async fn run(self: Arc<Self>, store: Store) {
-        store
-            .follow::<Subscription, _, _>(&self.shutdown, |change| {
-                let manager = self.clone();
-                async move {
-                    match change {
-                        Change::Applied(subscription) => {
-                            if let Ok(mut known) = manager.known.lock() {
-                                known.insert(subscription.key());
-                            }
-                            manager.apply(&subscription).await;
-                        }
-                        Change::Deleted { namespace, name } => {
-                            if let Ok(mut known) = manager.known.lock() {
-                                known.remove(&(namespace.clone(), name.clone()));
-                            }
-                            manager.remove(&namespace, &name).await;
-                        }
-                        Change::Synced => {
-                            manager.delete_orphan_consumers().await;
-                            manager
-                                .synced
-                                .store(true, std::sync::atomic::Ordering::Release);
-                        }
-                    }
-                }
-            })
-            .await;
+    /// Follows the Subscriptions until shutdown, then stops every worker.
+    pub async fn run(self: Arc<Self>, source: SubscriptionSource) {
+        match source {
+            SubscriptionSource::Store(store) => {
+                store
+                    .follow::<Subscription, _, _>(&self.shutdown, |change| {
+                        let manager = self.clone();
+                        async move { manager.handle(change).await }
+                    })
+                    .await;
+            }
+            SubscriptionSource::Kubernetes(client) => self.follow_kubernetes(client).await,
+        }
         self.stop_all().await;
+    }
+
+    async fn handle(&self, change: Change<Subscription>) {
+        match change {
+            Change::Applied(subscription) => {
+                if let Ok(mut known) = self.known.lock() {
+                    known.insert(subscription.key());
+                }
+                self.apply(&subscription).await;
+            }
+            Change::Deleted { namespace, name } => {
+                if let Ok(mut known) = self.known.lock() {
+                    known.remove(&(namespace.clone(), name.clone()));
+                }
+                self.remove(&namespace, &name).await;
+            }
+            Change::Synced => {
+                self.delete_orphan_consumers().await;
+                self.synced
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+    }
+
+    /// Follows Subscription objects through the Kubernetes API: the same changes as from the
+    /// store, so delivery is the same code in both modes.
+    async fn follow_kubernetes(&self, client: kube::Client) {
+        use kube::runtime::{WatchStreamExt as _, watcher};
+        let api: kube::Api<Subscription> = kube::Api::all(client);
+        let events = watcher(api, watcher::Config::default()).default_backoff();
+        let mut events = std::pin::pin!(events);
+        // Subscriptions seen in the current (re)list; the ones known before and not seen
+        // again were deleted while the watch was down.
+        let mut listed: HashSet<Key> = HashSet::new();
+        loop {
+            let event = tokio::select! {
+                event = events.next() => event,
+                () = self.shutdown.cancelled() => return,
+            };
+            match event {
+                None => return,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "watching Subscriptions failed; retrying with backoff");
+                }
+                Some(Ok(watcher::Event::Init)) => listed.clear(),
+                Some(Ok(watcher::Event::InitApply(subscription))) => {
+                    listed.insert(subscription.key());
+                    self.handle(Change::Applied(subscription)).await;
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    let gone: Vec<Key> = self
+                        .known
+                        .lock()
+                        .map(|known| known.difference(&listed).cloned().collect())
+                        .unwrap_or_default();
+                    for (namespace, name) in gone {
+                        self.handle(Change::Deleted { namespace, name }).await;
+                    }
+                    self.handle(Change::Synced).await;
+                }
+                Some(Ok(watcher::Event::Apply(subscription))) => {
+                    self.handle(Change::Applied(subscription)).await;
+                }
+                Some(Ok(watcher::Event::Delete(subscription))) => {
+                    let (namespace, name) = subscription.key();
+                    self.handle(Change::Deleted { namespace, name }).await;
+                }
+            }
+        }
     }
 
     async fn apply(&self, subscription: &Subscription) {

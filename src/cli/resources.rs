@@ -377,3 +377,34 @@ pub async fn delete(
     }
     Ok(())
 }
+
+/// The Kubernetes objects the controller would create for each Function in `path`, as YAML.
+/// Functions are validated first, as the API server would; other kinds are skipped.
+pub fn render(path: &Path, kubernetes: &eddy_controller::KubernetesArgs) -> anyhow::Result<String> {
+    let config = kubernetes.render_config();
+    let mut out = String::new();
+    let mut functions = 0;
+    for manifest in read_manifests(path)? {
+        if manifest.get("kind").and_then(Value::as_str) != Some("Function") {
+            continue;
+        }
+        let function: eddy_api::resources::Function = serde_json::from_value(manifest)
+            .map_err(|error| anyhow::anyhow!("{}: not a valid Function: {error}", path.display()))?;
+        let function = eddy_controller::kubernetes::render::as_if_stored(function);
+        let errors = eddy_api::resources::validate_function(&function);
+        if !errors.is_empty() {
+            let problems: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect();
+            anyhow::bail!(
+                "Function {} is invalid: {}",
+                function.metadata.name.as_deref().unwrap_or_default(),
+                problems.join("; ")
+            );
+        }
+        out.push_str(&eddy_controller::kubernetes::render(&function, &config)?.to_yaml()?);
+        functions += 1;
+    }
+    if functions == 0 {
+        anyhow::bail!("{} holds no Function", path.display());
+    }
+    Ok(out)
+}

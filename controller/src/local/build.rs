@@ -9,7 +9,7 @@ use std::{
 };
 
 use eddy_api::{process, resources::Runtime};
-use sha2::{Digest, Sha256};
+pub use crate::runtimes::build_hash;
 
 use crate::runtimes;
 
@@ -50,21 +50,6 @@ pub struct BuildFailure {
     pub reason: &'static str,
     /// What happened, with the tail of the build log.
     pub message: String,
-}
-
-/// The build key: equal inputs give equal keys.
-pub fn build_hash(runtime: Runtime, source: &str, dependencies: &str) -> String {
-    let files = runtimes::files(runtime);
-    let mut hasher = Sha256::new();
-    for part in [runtime.as_str(), files.server, source, dependencies] {
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part.as_bytes());
-    }
-    let digest = hasher.finalize();
-    digest[..10]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
 }
 
 /// The last `lines` lines of `text`.

@@ -1,0 +1,526 @@
+//! The Kubernetes backend: Functions become a ConfigMap, a build Job, a Deployment, a Service
+//! and an HPA (the flow Kyma Serverless users know); Subscriptions are validated and get their
+//! status. Objects are written with server-side apply under one field manager and owned by
+//! their Function, so deleting the Function removes them.
+//!
+//! The decisions (what to render, where a build stands, whether a Deployment runs, which
+//! errors are permanent) are pure functions; [`reconcile_function`] and
+//! [`reconcile_subscription`] only read and write through the API.
+
+pub mod render;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use eddy_api::{
+    resources::{
+        Function, SinkPolicy, Subscription, SubscriptionStatus,
+        parse_function_sink, set_condition, validate_function, validate_subscription,
+    },
+    shutdown::CancellationToken,
+};
+use futures::StreamExt as _;
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    autoscaling::v2::HorizontalPodAutoscaler,
+    batch::v1::Job,
+    core::v1::{ConfigMap, Pod, Service},
+};
+use kube::{
+    Api, Client, CustomResourceExt as _, Resource, ResourceExt as _,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy},
+    runtime::{Controller, controller::Action, watcher},
+};
+use serde_json::json;
+
+pub use render::{RenderConfig, Rendered, Scaling, render};
+
+use crate::{
+    Error, Result,
+    local::{condition, now},
+    subscriptions::{Readiness, desired_status},
+};
+
+/// What the reconcilers share.
+pub struct Context {
+    /// The API server.
+    pub client: Client,
+    /// How objects are rendered.
+    pub config: RenderConfig,
+    /// Sinks allowed besides function Services.
+    pub sinks: SinkPolicy,
+    /// Consecutive failures per object, for the retry backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// A context for the reconcilers.
+    pub fn new(client: Client, config: RenderConfig, sinks: SinkPolicy) -> Self {
+        Self {
+            client,
+            config,
+            sinks,
+            failures: Mutex::default(),
+        }
+    }
+
+    fn record_success(&self, key: &str) {
+        if let Ok(mut failures) = self.failures.lock() {
+            failures.remove(key);
+        }
+    }
+
+    fn record_failure(&self, key: &str) -> u32 {
+        self.failures
+            .lock()
+            .map(|mut failures| {
+                let count = failures.entry(key.to_owned()).or_insert(0);
+                *count = count.saturating_add(1);
+                *count
+            })
+            .unwrap_or(1)
+    }
+}
+
+/// How often a settled object is looked at again anyway (drift from manual edits).
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// Delay before retrying after the `failures`-th consecutive transient error: 1 s doubling to
+/// 5 min. Pure.
+pub fn retry_delay(failures: u32) -> Duration {
+    let exponent = failures.saturating_sub(1).min(9);
+    Duration::from_secs(1 << exponent).min(RESYNC)
+}
+
+/// Whether an error will not go away by retrying the same request: the API server refused
+/// what we sent (invalid, forbidden, a bad request). Such errors go into status; everything
+/// else (connection problems, conflicts, throttling, server errors) is retried. Pure.
+pub fn is_permanent(error: &Error) -> bool {
+    match error {
+        Error::Kube(kube::Error::Api(status)) => {
+            matches!(status.code, 400 | 403 | 405 | 413 | 415 | 422)
+        }
+        Error::Render { .. } | Error::Incomplete(_) => true,
+        _ => false,
+    }
+}
+
+/// Where a build stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildState {
+    /// Not finished.
+    Running,
+    /// The image is pushed.
+    Succeeded,
+    /// The build failed; why, as the Job says.
+    Failed(String),
+}
+
+/// Reads a build Job's state. Pure.
+pub fn build_state(job: &Job) -> BuildState {
+    let status = job.status.as_ref();
+    let conditions = status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let holds = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "True")
+    };
+    if holds("Complete").is_some() || status.and_then(|s| s.succeeded).unwrap_or(0) > 0 {
+        return BuildState::Succeeded;
+    }
+    if let Some(failed) = holds("Failed").or_else(|| holds("FailureTarget")) {
+        let reason = failed.reason.as_deref().unwrap_or("Failed");
+        let message = failed.message.as_deref().unwrap_or("the build Job failed");
+        return BuildState::Failed(format!("{reason}: {message}"));
+    }
+    if status.and_then(|s| s.failed).unwrap_or(0) > 0 {
+        // backoffLimit is 0: one failed pod is a failed build.
+        return BuildState::Failed("the build pod failed".to_owned());
+    }
+    BuildState::Running
+}
+
+/// The tail of the build log, from the build pod's termination message. Pure.
+pub fn build_log_tail(pods: &[Pod]) -> Option<String> {
+    pods.iter()
+        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter_map(|status| status.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .map(|message| crate::local::build::tail(message.trim(), 20))
+        .find(|message| !message.is_empty())
+}
+
+/// The Running condition (status, reason, message) and available replicas of a Function's
+/// Deployment. Pure.
+pub fn running_condition(
+    deployment: &Deployment,
+    scaling: Scaling,
+) -> (Option<bool>, &'static str, String, i32) {
+    let status = deployment.status.clone().unwrap_or_default();
+    let available = status.available_replicas.unwrap_or(0);
+    let desired = match scaling {
+        Scaling::Fixed(replicas) => replicas,
+        Scaling::Autoscaled { min, .. } => status.replicas.unwrap_or(min).max(min),
+    };
+    let conditions = status.conditions.unwrap_or_default();
+    if let Some(stuck) = conditions.iter().find(|c| {
+        c.type_.as_deref() == Some("Progressing")
+            && c.status.as_deref() == Some("False")
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    }) {
+        let message = stuck.message.clone().unwrap_or_default();
+        return (Some(false), "DeploymentFailed", message, available);
+    }
+    let observed = status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
+    let updated = status.updated_replicas.unwrap_or(0);
+    if desired == 0 && observed && status.replicas.unwrap_or(0) == 0 {
+        return (Some(true), "ScaledToZero", "0 replicas requested".to_owned(), 0);
+    }
+    let available_condition = conditions
+        .iter()
+        .any(|c| c.type_.as_deref() == Some("Available") && c.status.as_deref() == Some("True"));
+    if observed && available_condition && updated >= desired && available >= desired {
+        return (
+            Some(true),
+            "DeploymentReady",
+            format!("{available} of {desired} replicas available"),
+            available,
+        );
+    }
+    if available_condition {
+        return (
+            None,
+            "DeploymentUpdating",
+            format!("rolling out: {updated} of {desired} replicas updated"),
+            available,
+        );
+    }
+    (
+        None,
+        "DeploymentPending",
+        "waiting for the Deployment to become available".to_owned(),
+        available,
+    )
+}
+
+fn key_of<K: Resource>(object: &K) -> String
+where
+    K::DynamicType: Default,
+{
+    format!(
+        "{}/{}/{}",
+        K::kind(&Default::default()),
+        object.meta().namespace.as_deref().unwrap_or_default(),
+        object.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(render::FIELD_MANAGER).force()
+}
+
+/// Server-side applies `object` (named by its metadata) and returns what the API server has.
+async fn apply<K>(client: &Client, object: &K) -> Result<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let namespace = object.meta().namespace.as_deref().ok_or(Error::Incomplete("namespace"))?;
+    let name = object.meta().name.as_deref().ok_or(Error::Incomplete("name"))?;
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    Ok(api.patch(name, &apply_params(), &Patch::Apply(object)).await?)
+}
+
+/// Deletes the objects of `function` whose build hash is not `hash`: superseded build Jobs
+/// (with their pods) and ConfigMaps.
+async fn delete_superseded(client: &Client, namespace: &str, function: &str, hash: &str) -> Result<()> {
+    let selector = format!(
+        "{}={function},{}!={hash}",
+        render::FUNCTION_LABEL,
+        render::BUILD_HASH_LABEL
+    );
+    let params = ListParams::default().labels(&selector);
+    let background = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    for job in jobs.list_metadata(&params).await? {
+        tracing::info!(%namespace, %function, job = %job.name_any(), "deleting a superseded build");
+        ignore_not_found(jobs.delete(&job.name_any(), &background).await.map(drop))?;
+    }
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    for config_map in config_maps.list_metadata(&params).await? {
+        ignore_not_found(config_maps.delete(&config_map.name_any(), &background).await.map(drop))?;
+    }
+    Ok(())
+}
+
+fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Writes `status` when it differs from what the object has.
+async fn write_status<K>(client: &Client, object: &K, previous: Option<&serde_json::Value>, status: serde_json::Value) -> Result<()>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    if previous == Some(&status) {
+        return Ok(());
+    }
+    let namespace = object.meta().namespace.as_deref().ok_or(Error::Incomplete("namespace"))?;
+    let name = object.meta().name.as_deref().ok_or(Error::Incomplete("name"))?;
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let body = json!({
+        "apiVersion": K::api_version(&Default::default()),
+        "kind": K::kind(&Default::default()),
+        "status": status,
+    });
+    api.patch_status(name, &apply_params(), &Patch::Apply(&body)).await?;
+    Ok(())
+}
+
+/// Brings a Function's objects in line with its spec and reports in its status.
+pub async fn reconcile_function(function: Arc<Function>, context: Arc<Context>) -> Result<Action> {
+    let key = key_of(function.as_ref());
+    match reconcile_function_once(&function, &context).await {
+        Ok(action) => {
+            context.record_success(&key);
+            Ok(action)
+        }
+        Err(error) if is_permanent(&error) => {
+            tracing::warn!(function = %key, %error, "cannot reconcile the function; reported in status");
+            let mut status = function.status.clone().unwrap_or_default();
+            set_condition(
+                &mut status.conditions,
+                condition("Running", Some(false), "ApplyFailed", error.to_string()),
+            );
+            let previous = function.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
+            let value = serde_json::to_value(&status).map_err(|source| Error::Render { kind: "status", source })?;
+            write_status(&context.client, function.as_ref(), previous.as_ref(), value).await?;
+            Ok(Action::requeue(RESYNC))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+async fn reconcile_function_once(function: &Function, context: &Context) -> Result<Action> {
+    let client = &context.client;
+    let namespace = function.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = function.name_any();
+    let previous = function.status.clone();
+    let mut status = previous.clone().unwrap_or_default();
+    status.observed_generation = function.metadata.generation;
+    let errors = validate_function(function);
+    let action = if !errors.is_empty() {
+        // The CRD's rules refuse these; an object stored before a rule existed ends here.
+        let message = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        set_condition(&mut status.conditions, condition("ConfigurationReady", Some(false), "ValidationFailed", message));
+        Action::await_change()
+    } else {
+        let rendered = render(function, &context.config)?;
+        set_condition(
+            &mut status.conditions,
+            condition("ConfigurationReady", Some(true), "ConfigurationValid", format!("build {}", rendered.hash)),
+        );
+        status.url = Some(render::function_url(&namespace, &name));
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
+        let job_name = rendered.job.metadata.name.clone().unwrap_or_default();
+        let state = jobs.get_opt(&job_name).await?.as_ref().map(build_state);
+        match state {
+            None | Some(BuildState::Running) => {
+                if state.is_none() {
+                    tracing::info!(%namespace, function = %name, image = %rendered.image, "building");
+                    apply(client, &rendered.config_map).await?;
+                    apply(client, &rendered.job).await?;
+                }
+                set_condition(
+                    &mut status.conditions,
+                    condition("BuildReady", None, "BuildRunning", format!("building {}", rendered.image)),
+                );
+                if !status.conditions.iter().any(|c| c.type_ == "Running") {
+                    set_condition(&mut status.conditions, condition("Running", None, "Building", "waiting for the first build"));
+                }
+                Action::requeue(RESYNC)
+            }
+            Some(BuildState::Failed(reason)) => {
+                let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+                let selector = format!("batch.kubernetes.io/job-name={job_name}");
+                let log = build_log_tail(&pods.list(&ListParams::default().labels(&selector)).await?.items);
+                let message = match log {
+                    Some(log) => format!("{reason}\n{log}"),
+                    None => reason,
+                };
+                tracing::warn!(%namespace, function = %name, %message, "build failed");
+                set_condition(&mut status.conditions, condition("BuildReady", Some(false), "BuildFailed", message));
+                if !status.conditions.iter().any(|c| c.type_ == "Running") {
+                    set_condition(&mut status.conditions, condition("Running", Some(false), "BuildFailed", "no image to run"));
+                }
+                // Same inputs, same failure: wait for the code to change.
+                Action::await_change()
+            }
+            Some(BuildState::Succeeded) => {
+                set_condition(
+                    &mut status.conditions,
+                    condition("BuildReady", Some(true), "BuildSucceeded", format!("image {}", rendered.image)),
+                );
+                let deployment = apply(client, &rendered.deployment).await?;
+                apply(client, &rendered.service).await?;
+                match &rendered.autoscaler {
+                    Some(autoscaler) => {
+                        apply(client, autoscaler).await?;
+                    }
+                    None => {
+                        let autoscalers: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &namespace);
+                        ignore_not_found(autoscalers.delete(&name, &DeleteParams::default()).await.map(drop))?;
+                    }
+                }
+                delete_superseded(client, &namespace, &name, &rendered.hash).await?;
+                let (ok, reason, message, replicas) = running_condition(&deployment, render::scaling(function));
+                set_condition(&mut status.conditions, condition("Running", ok, reason, message));
+                status.replicas = replicas;
+                Action::requeue(RESYNC)
+            }
+        }
+    };
+    let previous = previous.map(|s| serde_json::to_value(s)).transpose().map_err(|source| Error::Render { kind: "status", source })?;
+    let value = serde_json::to_value(&status).map_err(|source| Error::Render { kind: "status", source })?;
+    write_status(client, function, previous.as_ref(), value).await?;
+    Ok(action)
+}
+
+/// Validates a Subscription (its sink must be a Service in its namespace, or an allowed URL)
+/// and reports the subjects its types resolve to.
+pub async fn reconcile_subscription(subscription: Arc<Subscription>, context: Arc<Context>) -> Result<Action> {
+    let key = key_of(subscription.as_ref());
+    let namespace = subscription.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let errors = validate_subscription(&subscription, &context.sinks);
+    let (readiness, message, action) = if !errors.is_empty() {
+        let message = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        (Readiness::Invalid, message, Action::await_change())
+    } else if let Some(sink) = parse_function_sink(&subscription.spec.sink) {
+        let services: Api<Service> = Api::namespaced(context.client.clone(), &namespace);
+        if services.get_opt(&sink.function).await?.is_some() {
+            (Readiness::Ready, format!("delivering to Service {}", sink.function), Action::requeue(RESYNC))
+        } else {
+            (
+                Readiness::SinkNotFound,
+                format!("no Service {} in namespace {namespace}", sink.function),
+                Action::requeue(Duration::from_secs(15)),
+            )
+        }
+    } else {
+        (Readiness::Ready, "delivering to an allowed URL".to_owned(), Action::requeue(RESYNC))
+    };
+    let status: SubscriptionStatus = desired_status(&subscription, subscription.status.as_ref(), readiness, message, &now());
+    let previous = subscription
+        .status
+        .as_ref()
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|source| Error::Render { kind: "status", source })?;
+    let value = serde_json::to_value(&status).map_err(|source| Error::Render { kind: "status", source })?;
+    write_status(&context.client, subscription.as_ref(), previous.as_ref(), value).await?;
+    context.record_success(&key);
+    Ok(action)
+}
+
+/// Retries a failed reconcile with a per-object exponential backoff.
+pub fn error_policy<K: Resource>(object: Arc<K>, error: &Error, context: Arc<Context>) -> Action
+where
+    K::DynamicType: Default,
+{
+    let key = key_of(object.as_ref());
+    let failures = context.record_failure(&key);
+    let delay = retry_delay(failures);
+    tracing::warn!(object = %key, %error, failures, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Both CRDs as one multi-document YAML text (what `eddy crds` prints and the chart carries).
+pub fn crds_yaml() -> Result<String> {
+    let mut out = String::from(
+        "# Generated by `eddy crds` from the Rust types in api/src/resources.rs; do not edit.\n",
+    );
+    for crd in [Function::crd(), Subscription::crd()] {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd)?);
+    }
+    Ok(out)
+}
+
+/// The Kubernetes backend as a service: probes on the API address, the reconcilers against
+/// the cluster the controller runs in (or the current kubeconfig context).
+pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()> {
+    let client = Client::try_default().await?;
+    let sinks = SinkPolicy {
+        allowed_prefixes: args.allowed_sinks.clone(),
+    };
+    let context = Arc::new(Context::new(client.clone(), args.kubernetes.render_config(), sinks));
+    let listener = tokio::net::TcpListener::bind(args.api_addr)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: args.api_addr,
+            source,
+        })?;
+    let probes = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(|| async { "ok" }));
+    let server = axum::serve(listener, probes).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    eddy_api::output::say(format!("controller (kubernetes backend) ready on http://{}", args.api_addr));
+    let (served, ()) = tokio::join!(server.into_future(), run(client, context, shutdown));
+    served.map_err(Error::Serve)
+}
+
+/// Runs the Function and Subscription controllers until `shutdown`.
+pub async fn run(client: Client, context: Arc<Context>, shutdown: CancellationToken) {
+    let functions: Api<Function> = Api::all(client.clone());
+    let subscriptions: Api<Subscription> = Api::all(client.clone());
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=eddy");
+    let function_controller = Controller::new(functions, watcher::Config::default())
+        .owns(Api::<Job>::all(client.clone()), owned.clone())
+        .owns(Api::<Deployment>::all(client.clone()), owned)
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(reconcile_function, error_policy, context.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "function reconcile");
+            }
+        });
+    let subscription_controller = Controller::new(subscriptions, watcher::Config::default())
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile_subscription, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "subscription reconcile");
+            }
+        });
+    tokio::join!(function_controller, subscription_controller);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,887 @@
+//! The Kubernetes backend against a mock API server that asserts each request (method, path
+//! and query, body) and answers it, in the order the reconciler must send them; plus the
+//! pure decisions and the rendered objects.
+
+use std::{sync::Arc, time::Duration};
+
+use eddy_api::resources::{Function, SinkPolicy, Subscription};
+use http::{Method, Request, Response};
+use kube::{Client, client::Body, runtime::controller::Action};
+use serde_json::{Value, json};
+use tower_test::mock;
+
+use super::*;
+
+const APPLY: &str = "?&force=true&fieldManager=eddy-controller";
+
+type Respond = Box<dyn FnOnce(Value) -> (u16, Value) + Send>;
+
+/// One request the API server expects, and how it answers.
+struct Exchange {
+    method: Method,
+    uri: String,
+    respond: Respond,
+}
+
+fn expect(method: Method, uri: impl Into<String>, respond: impl FnOnce(Value) -> (u16, Value) + Send + 'static) -> Exchange {
+    Exchange {
+        method,
+        uri: uri.into(),
+        respond: Box::new(respond),
+    }
+}
+
+/// Answers a server-side apply with what was applied (plus `extra`, merged at the top level),
+/// after checking the body equals `expected`.
+fn applied(expected: Value, extra: Value) -> impl FnOnce(Value) -> (u16, Value) + Send + 'static {
+    move |body| {
+        assert_eq!(body, expected, "the applied object");
+        let mut answer = body;
+        if let (Some(answer), Some(extra)) = (answer.as_object_mut(), extra.as_object()) {
+            for (key, value) in extra {
+                answer.insert(key.clone(), value.clone());
+            }
+        }
+        (200, answer)
+    }
+}
+
+fn not_found(_: Value) -> (u16, Value) {
+    (
+        404,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// A mock API server that expects exactly `exchanges`, in order, and nothing after them.
+fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<Value>>) {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let task = tokio::spawn(async move {
+        let mut bodies = Vec::new();
+        for (index, exchange) in exchanges.into_iter().enumerate() {
+            let (request, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+                .await
+                .unwrap_or_else(|_| panic!("request #{index} ({} {}) was never sent", exchange.method, exchange.uri))
+                .unwrap_or_else(|| panic!("the client went away before request #{index} ({} {})", exchange.method, exchange.uri));
+            assert_eq!(
+                (request.method(), request.uri().to_string()),
+                (&exchange.method, exchange.uri.clone()),
+                "request #{index}"
+            );
+            if request.method() == Method::PATCH {
+                let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
+                assert_eq!(
+                    content_type.as_ref().and_then(|v| v.to_str().ok()),
+                    Some("application/apply-patch+yaml"),
+                    "every write is a server-side apply"
+                );
+            }
+            let bytes = request.into_body().collect_bytes().await.expect("request body");
+            let body: Value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).expect("a JSON body")
+            };
+            bodies.push(body.clone());
+            let (status, answer) = (exchange.respond)(body);
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&answer).expect("JSON")))
+                    .expect("response"),
+            );
+        }
+        let extra = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("the client is dropped after the reconcile");
+        if let Some((request, _)) = extra {
+            panic!("unexpected request {} {}", request.method(), request.uri());
+        }
+        bodies
+    });
+    (Client::new(service, "default"), task)
+}
+
+fn config() -> RenderConfig {
+    RenderConfig {
+        registry: "registry.example.com/eddy".to_owned(),
+        builder_image: "gcr.io/kaniko-project/executor:v1.23.2".to_owned(),
+        registry_secret: None,
+        insecure_registry: false,
+        publisher_url: "http://eddy-event-bus.eddy-system.svc.cluster.local/publish".to_owned(),
+        build_timeout_seconds: 600,
+    }
+}
+
+fn function(spec: Value) -> Function {
+    let mut object = json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+        "metadata": {"name": "reserve-stock", "namespace": "shop", "uid": "8d3f6f7e-1", "generation": 1},
+        "spec": {
+            "runtime": "nodejs20",
+            "source": {"inline": {"source": "module.exports = { main: () => 'ok' }"}},
+            "env": [{"name": "LOG_LEVEL", "value": "debug"}],
+            "scaleConfig": {"minReplicas": 1, "maxReplicas": 3},
+        },
+    });
+    if let (Some(target), Some(patch)) = (object["spec"].as_object_mut(), spec.as_object()) {
+        for (key, value) in patch {
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    serde_json::from_value(object).expect("a Function")
+}
+
+fn with_status(mut function: Function, status: &Value) -> Function {
+    function.status = Some(serde_json::from_value(status.clone()).expect("a status"));
+    function
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).expect("JSON")
+}
+
+fn condition_of<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+fn assert_condition(status: &Value, type_: &str, expected: &str, reason: &str) {
+    let condition = condition_of(status, type_);
+    assert_eq!((condition["status"].as_str(), condition["reason"].as_str()), (Some(expected), Some(reason)), "{type_}: {condition}");
+}
+
+fn base(kind: &str) -> &'static str {
+    match kind {
+        "jobs" => "/apis/batch/v1/namespaces/shop/jobs",
+        "configmaps" => "/api/v1/namespaces/shop/configmaps",
+        "deployments" => "/apis/apps/v1/namespaces/shop/deployments",
+        "services" => "/api/v1/namespaces/shop/services",
+        "hpas" => "/apis/autoscaling/v2/namespaces/shop/horizontalpodautoscalers",
+        "pods" => "/api/v1/namespaces/shop/pods",
+        "functions" => "/apis/eddy.dev/v1alpha1/namespaces/shop/functions",
+        "subscriptions" => "/apis/eddy.dev/v1alpha1/namespaces/shop/subscriptions",
+        other => panic!("no base for {other}"),
+    }
+}
+
+fn status_answer(object: Value) -> impl FnOnce(Value) -> (u16, Value) + Send + 'static {
+    move |body| {
+        let mut answer = object;
+        answer["status"] = body["status"].clone();
+        (200, answer)
+    }
+}
+
+fn job_with_status(rendered: &Rendered, status: Value) -> Value {
+    let mut job = to_json(&rendered.job);
+    job["status"] = status;
+    job
+}
+
+fn metadata_list(kind: &str, names: &[&str]) -> Value {
+    json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+        "metadata": {},
+        "items": names.iter().map(|name| json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": "shop"},
+        })).collect::<Vec<_>>(),
+        "kind_of_items": kind,
+    })
+}
+
+fn deployment_ready(generation: i64, replicas: i32) -> Value {
+    json!({
+        "metadata": {"generation": generation},
+        "status": {
+            "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
+            "readyReplicas": replicas, "availableReplicas": replicas,
+            "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}],
+        },
+    })
+}
+
+async fn run_function(function: Function, exchanges: Vec<Exchange>) -> (Result<Action>, Vec<Value>) {
+    let (client, server) = api_server(exchanges);
+    let context = Arc::new(Context::new(client, config(), SinkPolicy::default()));
+    let result = reconcile_function(Arc::new(function), context.clone()).await;
+    drop(context);
+    let bodies = server.await.expect("the API server saw what it expected");
+    (result, bodies)
+}
+
+/// Merges `extra` into a copy of the object the API server holds after an apply.
+fn merged(mut object: Value, extra: Value) -> Value {
+    if let (Some(object), Some(extra)) = (object.as_object_mut(), extra.as_object()) {
+        for (key, value) in extra {
+            match (object.get_mut(key), value) {
+                (Some(Value::Object(inner)), Value::Object(more)) => {
+                    for (k, v) in more {
+                        inner.insert(k.clone(), v.clone());
+                    }
+                }
+                _ => {
+                    object.insert(key.clone(), value.clone());
+                }
+            }
+        }
+    }
+    object
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Function lifecycle
+
+#[tokio::test]
+async fn first_reconcile_creates_the_config_map_and_the_build_job() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let function_json = to_json(&function);
+    let (result, bodies) = run_function(
+        function,
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), not_found),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock-{}{APPLY}", base("configmaps"), rendered.hash),
+                applied(to_json(&rendered.config_map), json!({})),
+            ),
+            expect(Method::PATCH, format!("{}/{job_name}{APPLY}", base("jobs")), applied(to_json(&rendered.job), json!({}))),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(function_json)),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    let status = &bodies[3]["status"];
+    assert_eq!(bodies[3]["apiVersion"], "eddy.dev/v1alpha1");
+    assert_eq!(bodies[3]["kind"], "Function");
+    assert_condition(status, "ConfigurationReady", "True", "ConfigurationValid");
+    assert_condition(status, "BuildReady", "Unknown", "BuildRunning");
+    assert_condition(status, "Running", "Unknown", "Building");
+    assert_eq!(status["url"], "http://reserve-stock.shop.svc.cluster.local");
+    assert_eq!(status["observedGeneration"], 1);
+    // The ConfigMap is the whole build context.
+    let data = &bodies[1]["data"];
+    assert!(data["Dockerfile"].as_str().is_some_and(|d| d.contains("FROM node:20")));
+    assert!(data["server.js"].is_string());
+    assert_eq!(data["handler.js"], "module.exports = { main: () => 'ok' }");
+    assert!(data.get("package.json").is_none(), "no dependencies, no package.json");
+}
+
+#[tokio::test]
+async fn a_running_build_is_left_alone() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let job = job_with_status(&rendered, json!({"active": 1}));
+    let (result, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    assert_condition(&bodies[1]["status"], "BuildReady", "Unknown", "BuildRunning");
+}
+
+#[tokio::test]
+async fn job_success_applies_the_deployment_service_and_autoscaler_and_cleans_up() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let job = job_with_status(
+        &rendered,
+        json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}),
+    );
+    let superseded = format!(
+        "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
+        rendered.hash
+    );
+    let deployment = to_json(&rendered.deployment);
+    let (result, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock{APPLY}", base("deployments")),
+                applied(deployment.clone(), merged(deployment_ready(1, 1), json!({"metadata": deployment["metadata"].clone()}))),
+            ),
+            expect(Method::PATCH, format!("{}/reserve-stock{APPLY}", base("services")), applied(to_json(&rendered.service), json!({}))),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock{APPLY}", base("hpas")),
+                applied(to_json(&rendered.autoscaler.clone().expect("autoscaled")), json!({})),
+            ),
+            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| (200, metadata_list("Job", &["reserve-stock-build-0123456789abcdef0123"]))),
+            expect(
+                Method::DELETE,
+                format!("{}/reserve-stock-build-0123456789abcdef0123?", base("jobs")),
+                |body| {
+                    assert_eq!(body["propagationPolicy"], "Background", "the build pod goes with its Job");
+                    (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
+                },
+            ),
+            expect(Method::GET, format!("{}{superseded}", base("configmaps")), |_| (200, metadata_list("ConfigMap", &["reserve-stock-0123456789abcdef0123"]))),
+            expect(
+                Method::DELETE,
+                format!("{}/reserve-stock-0123456789abcdef0123?", base("configmaps")),
+                |_| (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
+            ),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    let status = &bodies[8]["status"];
+    assert_condition(status, "BuildReady", "True", "BuildSucceeded");
+    assert_condition(status, "Running", "True", "DeploymentReady");
+    assert_eq!(status["replicas"], 1);
+    // The HPA owns the replica count of an autoscaled Function.
+    assert!(bodies[1]["spec"].get("replicas").is_none());
+    assert_eq!(bodies[3]["spec"]["minReplicas"], 1);
+    assert_eq!(bodies[3]["spec"]["maxReplicas"], 3);
+    assert_eq!(bodies[1]["spec"]["template"]["spec"]["containers"][0]["image"], json!(rendered.image));
+}
+
+#[tokio::test]
+async fn job_failure_puts_the_build_log_into_build_ready() {
+    let function = function(json!({"source": {"inline": {"source": "x", "dependencies": "{\"dependencies\": {\"left-pad-nope\": \"1\"}}"}}}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let job = job_with_status(
+        &rendered,
+        json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}),
+    );
+    let pods = json!({
+        "apiVersion": "v1", "kind": "PodList", "metadata": {},
+        "items": [{
+            "metadata": {"name": format!("{job_name}-x7k2p"), "namespace": "shop"},
+            "status": {"containerStatuses": [{
+                "name": "build", "image": "kaniko", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "message": "npm ERR! 404 Not Found - GET https://registry.npmjs.org/left-pad-nope\nerror building image: exit status 1\n"}},
+            }]},
+        }],
+    });
+    let (result, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
+            expect(
+                Method::GET,
+                format!("{}?&labelSelector=batch.kubernetes.io%2Fjob-name%3D{job_name}", base("pods")),
+                move |_| (200, pods),
+            ),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::await_change(), "the same inputs fail the same way");
+    let status = &bodies[2]["status"];
+    assert_condition(status, "BuildReady", "False", "BuildFailed");
+    let message = condition_of(status, "BuildReady")["message"].as_str().unwrap_or_default();
+    assert!(message.contains("BackoffLimitExceeded"), "{message}");
+    assert!(message.contains("npm ERR! 404 Not Found"), "{message}");
+    assert_condition(status, "Running", "False", "BuildFailed");
+}
+
+#[tokio::test]
+async fn a_source_change_starts_a_new_build_with_a_new_tag_and_keeps_the_old_one_running() {
+    let old = function(json!({}));
+    let old_rendered = render(&old, &config()).expect("renders");
+    let running = json!({
+        "conditions": [
+            {"type": "ConfigurationReady", "status": "True", "reason": "ConfigurationValid", "message": "", "lastTransitionTime": "2026-11-22T10:00:00Z"},
+            {"type": "BuildReady", "status": "True", "reason": "BuildSucceeded", "message": "", "lastTransitionTime": "2026-11-22T10:00:00Z"},
+            {"type": "Running", "status": "True", "reason": "DeploymentReady", "message": "1 of 1 replicas available", "lastTransitionTime": "2026-11-22T10:00:00Z"},
+        ],
+        "replicas": 1, "url": "http://reserve-stock.shop.svc.cluster.local", "observedGeneration": 1,
+    });
+    let mut changed = with_status(
+        function(json!({"source": {"inline": {"source": "module.exports = { main: () => 'v2' }"}}})),
+        &running,
+    );
+    changed.metadata.generation = Some(2);
+    let rendered = render(&changed, &config()).expect("renders");
+    assert_ne!(rendered.hash, old_rendered.hash);
+    assert_ne!(rendered.image, old_rendered.image);
+    assert!(rendered.image.ends_with(&format!(":{}", rendered.hash)));
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let (result, bodies) = run_function(
+        changed.clone(),
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), not_found),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock-{}{APPLY}", base("configmaps"), rendered.hash),
+                applied(to_json(&rendered.config_map), json!({})),
+            ),
+            expect(Method::PATCH, format!("{}/{job_name}{APPLY}", base("jobs")), applied(to_json(&rendered.job), json!({}))),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&changed))),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    let args = bodies[2]["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    assert!(
+        args.as_array().is_some_and(|a| a.contains(&json!(format!("--destination={}", rendered.image)))),
+        "{args}"
+    );
+    let status = &bodies[3]["status"];
+    assert_condition(status, "BuildReady", "Unknown", "BuildRunning");
+    // The old image keeps serving until the new one is built.
+    assert_condition(status, "Running", "True", "DeploymentReady");
+    assert_eq!(status["observedGeneration"], 2);
+}
+
+#[tokio::test]
+async fn a_scale_change_builds_nothing_and_drops_the_autoscaler() {
+    let function = function(json!({"scaleConfig": null, "replicas": 2}));
+    let rendered = render(&function, &config()).expect("renders");
+    assert!(rendered.autoscaler.is_none());
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let job = job_with_status(&rendered, json!({"succeeded": 1}));
+    let superseded = format!(
+        "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
+        rendered.hash
+    );
+    let deployment = to_json(&rendered.deployment);
+    let (result, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock{APPLY}", base("deployments")),
+                applied(deployment.clone(), merged(deployment_ready(2, 2), json!({"metadata": deployment["metadata"].clone()}))),
+            ),
+            expect(Method::PATCH, format!("{}/reserve-stock{APPLY}", base("services")), applied(to_json(&rendered.service), json!({}))),
+            expect(Method::DELETE, format!("{}/reserve-stock?", base("hpas")), not_found),
+            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| (200, metadata_list("Job", &[]))),
+            expect(Method::GET, format!("{}{superseded}", base("configmaps")), |_| (200, metadata_list("ConfigMap", &[]))),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    assert_eq!(bodies[1]["spec"]["replicas"], 2);
+    assert_eq!(bodies[6]["status"]["replicas"], 2);
+}
+
+#[tokio::test]
+async fn an_unchanged_status_is_not_written_again() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let first_job = job_with_status(&rendered, json!({"active": 1}));
+    let (_, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, first_job)),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+        ],
+    )
+    .await;
+    let settled = with_status(function, &bodies[1]["status"]);
+    let job = job_with_status(&rendered, json!({"active": 1}));
+    let (result, _) = run_function(
+        settled,
+        vec![expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job))],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+}
+
+#[tokio::test]
+async fn a_refused_apply_goes_to_status_and_a_transient_error_is_retried() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let forbidden = |_| {
+        (
+            403,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                   "message": "configmaps is forbidden: exceeded quota"}),
+        )
+    };
+    let (result, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(Method::GET, format!("{}/{job_name}", base("jobs")), not_found),
+            expect(Method::PATCH, format!("{}/reserve-stock-{}{APPLY}", base("configmaps"), rendered.hash), forbidden),
+            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reported"), Action::requeue(RESYNC));
+    let running = condition_of(&bodies[2]["status"], "Running");
+    assert_eq!(running["reason"], "ApplyFailed");
+    assert!(running["message"].as_str().is_some_and(|m| m.contains("exceeded quota")), "{running}");
+
+    let (result, _) = run_function(
+        function,
+        vec![expect(Method::GET, format!("{}/{job_name}", base("jobs")), |_| {
+            (503, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ServiceUnavailable", "code": 503, "message": "etcd leader changed"}))
+        })],
+    )
+    .await;
+    let error = result.expect_err("a transient error is returned for a retry");
+    assert!(!is_permanent(&error));
+}
+
+/// Kubernetes' garbage collector deletes what a Function owns when the Function goes: every
+/// object carries a controller owner reference to it, and the reconciler adds no finalizer that
+/// could hold the delete up.
+#[test]
+fn deleting_a_function_leaves_nothing_behind() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let mut metas = vec![
+        rendered.config_map.metadata.clone(),
+        rendered.job.metadata.clone(),
+        rendered.deployment.metadata.clone(),
+        rendered.service.metadata.clone(),
+    ];
+    metas.extend(rendered.autoscaler.iter().map(|a| a.metadata.clone()));
+    assert_eq!(metas.len(), 5);
+    for meta in metas {
+        let owners = meta.owner_references.unwrap_or_default();
+        assert_eq!(owners.len(), 1, "{:?}", meta.name);
+        let owner = &owners[0];
+        assert_eq!(
+            (owner.api_version.as_str(), owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("eddy.dev/v1alpha1", "Function", "reserve-stock", "8d3f6f7e-1")
+        );
+        assert_eq!(owner.controller, Some(true));
+        assert_eq!(owner.block_owner_deletion, Some(true));
+        assert!(meta.finalizers.is_none());
+        assert_eq!(meta.namespace.as_deref(), Some("shop"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subscriptions
+
+fn subscription(sink: &str) -> Subscription {
+    serde_json::from_value(json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+        "metadata": {"name": "on-order", "namespace": "shop", "uid": "5", "generation": 3},
+        "spec": {"sink": sink, "source": "shop", "types": ["order.created.v1"]},
+    }))
+    .expect("a Subscription")
+}
+
+async fn run_subscription(subscription: Subscription, exchanges: Vec<Exchange>) -> (Result<Action>, Vec<Value>) {
+    let (client, server) = api_server(exchanges);
+    let context = Arc::new(Context::new(client, config(), SinkPolicy::default()));
+    let result = reconcile_subscription(Arc::new(subscription), context.clone()).await;
+    drop(context);
+    (result, server.await.expect("the API server saw what it expected"))
+}
+
+#[tokio::test]
+async fn a_subscription_to_an_existing_service_is_ready_with_its_subjects() {
+    let subscription = subscription("http://reserve-stock.shop.svc.cluster.local");
+    let object = to_json(&subscription);
+    let (result, bodies) = run_subscription(
+        subscription,
+        vec![
+            expect(Method::GET, format!("{}/reserve-stock", base("services")), |_| {
+                (200, json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reserve-stock", "namespace": "shop"}}))
+            }),
+            expect(Method::PATCH, format!("{}/on-order/status{APPLY}", base("subscriptions")), status_answer(object)),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    let status = &bodies[1]["status"];
+    assert_eq!(status["ready"], true);
+    assert_eq!(status["types"], json!([{"type": "order.created.v1", "subject": "eddy.events.shop.order.created.v1"}]));
+    assert_eq!(status["observedGeneration"], 3);
+}
+
+#[tokio::test]
+async fn a_subscription_to_a_missing_service_is_not_ready_and_looked_at_again() {
+    let subscription = subscription("http://reserve-stock.shop.svc.cluster.local");
+    let object = to_json(&subscription);
+    let (result, bodies) = run_subscription(
+        subscription,
+        vec![
+            expect(Method::GET, format!("{}/reserve-stock", base("services")), not_found),
+            expect(Method::PATCH, format!("{}/on-order/status{APPLY}", base("subscriptions")), status_answer(object)),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(Duration::from_secs(15)));
+    let status = &bodies[1]["status"];
+    assert_eq!(status["ready"], false);
+    assert_condition(status, "Ready", "False", "SinkNotFound");
+}
+
+#[tokio::test]
+async fn a_sink_outside_the_namespace_or_the_policy_is_refused_in_status() {
+    for sink in ["http://reserve-stock.other.svc.cluster.local", "http://169.254.169.254/latest/meta-data"] {
+        let subscription = subscription(sink);
+        let object = to_json(&subscription);
+        let (result, bodies) = run_subscription(
+            subscription,
+            vec![expect(Method::PATCH, format!("{}/on-order/status{APPLY}", base("subscriptions")), status_answer(object))],
+        )
+        .await;
+        assert_eq!(result.expect("reconciled"), Action::await_change());
+        assert_condition(&bodies[0]["status"], "Ready", "False", "Invalid");
+        let message = condition_of(&bodies[0]["status"], "Ready")["message"].as_str().unwrap_or_default().to_owned();
+        assert!(message.contains("spec.sink"), "{message}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendered objects
+
+#[test]
+fn function_pods_are_hardened() {
+    let rendered = render(&function(json!({})), &config()).expect("renders");
+    let pod = rendered.deployment.spec.template.spec.clone().expect("a pod spec");
+    let pod_security = pod.security_context.clone().expect("pod security context");
+    assert_eq!(pod_security.run_as_non_root, Some(true));
+    assert_eq!(pod_security.run_as_user, Some(1000));
+    assert_eq!(pod_security.seccomp_profile.map(|s| s.type_), Some("RuntimeDefault".to_owned()));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let container = &pod.containers[0];
+    let security = container.security_context.clone().expect("container security context");
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(security.privileged, Some(false));
+    assert_eq!(security.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_owned()]));
+    assert_eq!(security.seccomp_profile.map(|s| s.type_), Some("RuntimeDefault".to_owned()));
+    // A writable /tmp on the read-only root.
+    let mounts = container.volume_mounts.clone().unwrap_or_default();
+    let tmp = mounts.iter().find(|m| m.mount_path == "/tmp").expect("/tmp is mounted");
+    let volumes = pod.volumes.clone().unwrap_or_default();
+    let volume = volumes.iter().find(|v| v.name == tmp.name).expect("the /tmp volume");
+    assert!(volume.empty_dir.is_some());
+    assert_eq!(tmp.read_only, None);
+}
+
+#[test]
+fn function_objects_are_labelled_for_the_mesh_and_for_cleanup() {
+    let rendered = render(&function(json!({})), &config()).expect("renders");
+    let template = rendered.deployment.spec.template.clone();
+    let pod_labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+    assert_eq!(pod_labels.get("sidecar.istio.io/inject").map(String::as_str), Some("true"));
+    assert_eq!(pod_labels.get("eddy.dev/function").map(String::as_str), Some("reserve-stock"));
+    assert_eq!(pod_labels.get("eddy.dev/build-hash"), Some(&rendered.hash));
+    let selector = rendered.deployment.spec.selector.match_labels.clone().unwrap_or_default();
+    assert_eq!(selector.len(), 1, "the selector survives rebuilds: {selector:?}");
+    let build_pod = rendered.job.spec.as_ref().and_then(|s| s.template.metadata.clone()).expect("build pod metadata");
+    assert_eq!(
+        build_pod.annotations.unwrap_or_default().get("sidecar.istio.io/inject").map(String::as_str),
+        Some("false"),
+        "a sidecar would keep the build pod running"
+    );
+    for labels in [
+        rendered.job.metadata.labels.clone(),
+        rendered.config_map.metadata.labels.clone(),
+    ] {
+        let labels = labels.unwrap_or_default();
+        assert_eq!(labels.get("eddy.dev/build-hash"), Some(&rendered.hash));
+        assert_eq!(labels.get("app.kubernetes.io/managed-by").map(String::as_str), Some("eddy"));
+    }
+    let service = rendered.service.spec.clone().expect("a service spec");
+    let port = &service.ports.unwrap_or_default()[0];
+    assert_eq!((port.port, port.target_port.clone()), (80, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8080))));
+    assert_eq!(port.name.as_deref(), Some("http"));
+}
+
+#[test]
+fn resources_come_from_the_profile_or_are_given_explicitly() {
+    let resources_of = |spec: Value| {
+        let rendered = render(&function(spec), &config()).expect("renders");
+        let pod = rendered.deployment.spec.template.spec.expect("a pod spec");
+        let resources = pod.containers[0].resources.clone().expect("resources");
+        let get = |map: Option<std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>, key: &str| {
+            map.and_then(|m| m.get(key).map(|q| q.0.clone())).unwrap_or_default()
+        };
+        (
+            get(resources.requests.clone(), "cpu"),
+            get(resources.requests, "memory"),
+            get(resources.limits.clone(), "cpu"),
+            get(resources.limits, "memory"),
+        )
+    };
+    assert_eq!(resources_of(json!({})), ("100m".into(), "128Mi".into(), "200m".into(), "256Mi".into()), "default profile S");
+    assert_eq!(
+        resources_of(json!({"resourceConfiguration": {"function": {"profile": "L"}}})),
+        ("400m".into(), "512Mi".into(), "800m".into(), "1024Mi".into())
+    );
+    assert_eq!(
+        resources_of(json!({"resourceConfiguration": {"function": {"resources": {"requests": {"cpu": "150m", "memory": "100Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}}})),
+        ("150m".into(), "100Mi".into(), "1".into(), "1Gi".into())
+    );
+}
+
+#[test]
+fn function_env_is_the_platform_s_then_the_user_s() {
+    let rendered = render(&function(json!({"timeoutSeconds": 42})), &config()).expect("renders");
+    let pod = rendered.deployment.spec.template.spec.expect("a pod spec");
+    let env: Vec<(String, String)> = pod.containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("FUNC_NAME", "reserve-stock"),
+        ("FUNC_NAMESPACE", "shop"),
+        ("FUNC_RUNTIME", "nodejs20"),
+        ("FUNC_PORT", "8080"),
+        ("FUNC_TIMEOUT", "42"),
+        ("PUBLISHER_PROXY_ADDRESS", "http://eddy-event-bus.eddy-system.svc.cluster.local/publish"),
+        ("LOG_LEVEL", "debug"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(env, expected);
+    assert!(pod.containers[0].env_from.is_none(), "nothing but its own env");
+}
+
+#[test]
+fn scaling_maps_onto_replicas_or_an_autoscaler() {
+    let scaled = |spec: Value| render::scaling(&function(spec));
+    assert_eq!(scaled(json!({})), Scaling::Autoscaled { min: 1, max: 3 });
+    assert_eq!(scaled(json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 4}})), Scaling::Autoscaled { min: 1, max: 4 });
+    assert_eq!(scaled(json!({"scaleConfig": {"minReplicas": 2, "maxReplicas": 2}})), Scaling::Fixed(2));
+    assert_eq!(scaled(json!({"scaleConfig": null, "replicas": 0})), Scaling::Fixed(0));
+    assert_eq!(scaled(json!({"scaleConfig": null})), Scaling::Fixed(1));
+}
+
+#[test]
+fn builds_use_the_configured_builder_registry_and_secret() {
+    let mut config = config();
+    config.registry_secret = Some("registry-push".to_owned());
+    config.insecure_registry = true;
+    let long_name = format!("f{}", "x".repeat(62));
+    let rendered = render(&function(json!({})), &config).expect("renders");
+    assert_eq!(rendered.image, format!("registry.example.com/eddy/shop-reserve-stock:{}", rendered.hash));
+    let job = rendered.job.spec.clone().expect("a job spec");
+    assert_eq!(job.backoff_limit, Some(0));
+    assert_eq!(job.active_deadline_seconds, Some(600));
+    let pod = job.template.spec.expect("a pod spec");
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    let builder = &pod.containers[0];
+    assert_eq!(builder.image.as_deref(), Some("gcr.io/kaniko-project/executor:v1.23.2"));
+    let args = builder.args.clone().unwrap_or_default();
+    assert!(args.contains(&"--insecure".to_owned()));
+    assert!(args.contains(&"--context=dir:///workspace".to_owned()));
+    assert_eq!(builder.termination_message_policy.as_deref(), Some("FallbackToLogsOnError"));
+    let mounts = builder.volume_mounts.clone().unwrap_or_default();
+    assert!(mounts.iter().any(|m| m.mount_path == "/kaniko/.docker"));
+    let deployment_pod = rendered.deployment.spec.template.spec.expect("a pod spec");
+    assert_eq!(
+        deployment_pod.image_pull_secrets.unwrap_or_default().first().map(|s| s.name.clone()),
+        Some("registry-push".to_owned())
+    );
+    // Names stay valid for any Function name.
+    assert!(render::job_name(&long_name, &rendered.hash).len() <= 63);
+    assert!(!render::job_name("a-", &rendered.hash).contains("--"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure decisions
+
+#[test]
+fn build_state_follows_the_job() {
+    let job = |status: Value| -> Job {
+        serde_json::from_value(json!({"metadata": {"name": "b"}, "status": status})).expect("a Job")
+    };
+    assert_eq!(build_state(&job(json!({}))), BuildState::Running);
+    assert_eq!(build_state(&job(json!({"active": 1}))), BuildState::Running);
+    assert_eq!(build_state(&job(json!({"succeeded": 1}))), BuildState::Succeeded);
+    assert_eq!(
+        build_state(&job(json!({"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}]}))),
+        BuildState::Failed("DeadlineExceeded: Job was active longer than specified deadline".to_owned())
+    );
+    assert!(matches!(build_state(&job(json!({"failed": 1}))), BuildState::Failed(_)));
+    assert_eq!(
+        build_state(&job(json!({"conditions": [{"type": "Failed", "status": "False"}]}))),
+        BuildState::Running
+    );
+}
+
+#[test]
+fn running_follows_the_deployment() {
+    let deployment = |value: Value| -> Deployment { serde_json::from_value(value).expect("a Deployment") };
+    let ready = deployment(deployment_ready(3, 2));
+    assert_eq!(running_condition(&ready, Scaling::Fixed(2)).1, "DeploymentReady");
+    assert_eq!(running_condition(&ready, Scaling::Fixed(2)).3, 2);
+    let mut rolling = deployment_ready(3, 2);
+    rolling["status"]["updatedReplicas"] = json!(1);
+    assert_eq!(running_condition(&deployment(rolling), Scaling::Fixed(2)).1, "DeploymentUpdating");
+    let mut unobserved = deployment_ready(3, 2);
+    unobserved["status"]["observedGeneration"] = json!(2);
+    assert_eq!(running_condition(&deployment(unobserved), Scaling::Fixed(2)).0, None);
+    let pending = deployment(json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 1}}));
+    assert_eq!(running_condition(&pending, Scaling::Fixed(1)).1, "DeploymentPending");
+    let stuck = deployment(json!({"metadata": {"generation": 1}, "status": {"conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"x\" has timed out progressing."}
+    ]}}));
+    let (ok, reason, message, _) = running_condition(&stuck, Scaling::Fixed(1));
+    assert_eq!((ok, reason), (Some(false), "DeploymentFailed"));
+    assert!(message.contains("timed out"));
+    let zero = deployment(json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1}}));
+    assert_eq!(running_condition(&zero, Scaling::Fixed(0)).1, "ScaledToZero");
+}
+
+#[test]
+fn retries_back_off_and_refusals_are_permanent() {
+    assert_eq!(retry_delay(1), Duration::from_secs(1));
+    assert_eq!(retry_delay(2), Duration::from_secs(2));
+    assert_eq!(retry_delay(5), Duration::from_secs(16));
+    assert_eq!(retry_delay(50), RESYNC);
+    let api = |code: u16| {
+        Error::Kube(kube::Error::Api(
+            kube::core::Status::failure("x", "y").with_code(code).boxed(),
+        ))
+    };
+    for code in [400, 403, 422] {
+        assert!(is_permanent(&api(code)), "{code}");
+    }
+    for code in [404, 409, 429, 500, 503] {
+        assert!(!is_permanent(&api(code)), "{code}");
+    }
+}
+
+#[test]
+fn build_log_tail_reads_the_termination_message() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "status": {"containerStatuses": [{"name": "build", "image": "k", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "message": (1..=30).map(|n| format!("line {n}")).collect::<Vec<_>>().join("\n")}}}]},
+    }))
+    .expect("a Pod");
+    let tail = build_log_tail(&[pod]).expect("a message");
+    assert!(tail.starts_with("line 11") && tail.ends_with("line 30"), "{tail}");
+    assert_eq!(build_log_tail(&[]), None);
+}
+
+#[test]
+fn the_crds_print_as_yaml_with_their_rules() {
+    let yaml = crds_yaml().expect("YAML");
+    assert!(yaml.contains("name: functions.eddy.dev"));
+    assert!(yaml.contains("name: subscriptions.eddy.dev"));
+    assert!(yaml.contains("x-kubernetes-validations"));
+    assert!(yaml.contains("x-kubernetes-int-or-string: true"));
+}
