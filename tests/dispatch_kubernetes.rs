@@ -46,7 +46,10 @@ fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>) {
         let mut pending = Vec::new();
         while let Some((request, send)) = handle.next_request().await {
             let uri = request.uri().to_string();
-            assert!(uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?"), "{uri}");
+            assert!(
+                uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?"),
+                "{uri}"
+            );
             if !uri.contains("watch=true") {
                 let list = json!({
                     "apiVersion": "eddy.dev/v1alpha1", "kind": "SubscriptionList",
@@ -93,19 +96,29 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
     args.subscriptions_from = eddy_dispatcher::SubscriptionsFrom::Kubernetes;
     let shutdown = eddy_api::shutdown::CancellationToken::new();
-    let dispatcher = eddy_dispatcher::Dispatcher::with_kubernetes(args, Some(client), shutdown.clone())
-        .await
-        .unwrap();
+    let dispatcher =
+        eddy_dispatcher::Dispatcher::with_kubernetes(args, Some(client), shutdown.clone())
+            .await
+            .unwrap();
     tokio::spawn(dispatcher.serve(listener));
 
     // The listed Subscription gets its consumer, and its events are delivered once each.
-    eventually("the consumer of the listed subscription", Duration::from_secs(20), || async {
-        platform.consumer_info("on-order").await.is_some()
-    })
+    eventually(
+        "the consumer of the listed subscription",
+        Duration::from_secs(20),
+        || async { platform.consumer_info("on-order").await.is_some() },
+    )
     .await
     .unwrap();
     for i in 0..20 {
-        platform.publish("shop", "order.created.v1", &format!("c-{i}"), json!({"n": i})).await;
+        platform
+            .publish(
+                "shop",
+                "order.created.v1",
+                &format!("c-{i}"),
+                json!({"n": i}),
+            )
+            .await;
     }
     sink.wait_for(20).await;
     platform.wait_settled("on-order").await;
@@ -117,19 +130,31 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
 
     // A change to the object updates the consumer's filter in place.
     watch
-        .send(json!({"type": "MODIFIED", "object": subscription(&sink.url, &["order.paid.v1"], "2")}))
+        .send(
+            json!({"type": "MODIFIED", "object": subscription(&sink.url, &["order.paid.v1"], "2")}),
+        )
         .await
         .unwrap();
-    eventually("the consumer filter to follow the object", Duration::from_secs(20), || async {
-        platform
-            .consumer_info("on-order")
-            .await
-            .is_some_and(|info| info.config.filter_subjects == vec!["eddy.events.shop.order.paid.v1".to_owned()])
-    })
+    eventually(
+        "the consumer filter to follow the object",
+        Duration::from_secs(20),
+        || async {
+            platform
+                .consumer_info("on-order")
+                .await
+                .is_some_and(|info| {
+                    info.config.filter_subjects == vec!["eddy.events.shop.order.paid.v1".to_owned()]
+                })
+        },
+    )
     .await
     .unwrap();
-    platform.publish("shop", "order.paid.v1", "p-1", json!({})).await;
-    platform.publish("shop", "order.created.v1", "c-after", json!({})).await;
+    platform
+        .publish("shop", "order.paid.v1", "p-1", json!({}))
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "c-after", json!({}))
+        .await;
     sink.wait_for(21).await;
     platform.wait_settled("on-order").await;
     let last: Vec<String> = sink.ids().into_iter().skip(20).collect();
@@ -137,12 +162,16 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
 
     // Deleting the object removes its consumer.
     watch
-        .send(json!({"type": "DELETED", "object": subscription(&sink.url, &["order.paid.v1"], "3")}))
+        .send(
+            json!({"type": "DELETED", "object": subscription(&sink.url, &["order.paid.v1"], "3")}),
+        )
         .await
         .unwrap();
-    eventually("the consumer to go with its subscription", Duration::from_secs(20), || async {
-        platform.consumer_info("on-order").await.is_none()
-    })
+    eventually(
+        "the consumer to go with its subscription",
+        Duration::from_secs(20),
+        || async { platform.consumer_info("on-order").await.is_none() },
+    )
     .await
     .unwrap();
     shutdown.cancel();

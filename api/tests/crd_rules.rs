@@ -7,6 +7,8 @@
 //! controller checks it and reports it in the Subscription's status) and the schema's own
 //! `type`/`enum`/`maxLength` checks, which the API server applies before any rule runs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use eddy_api::resources::{
     Function, SinkPolicy, Subscription, validate_function, validate_subscription,
 };

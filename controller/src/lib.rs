@@ -77,7 +77,11 @@ pub enum Backend {
 #[derive(Debug, Clone, clap::Args)]
 pub struct KubernetesArgs {
     /// Registry (and path) function images are pushed to and pulled from.
-    #[arg(long = "registry", env = "EDDY_REGISTRY", default_value = "localhost:5000")]
+    #[arg(
+        long = "registry",
+        env = "EDDY_REGISTRY",
+        default_value = "localhost:5000"
+    )]
     pub registry: String,
     /// The image that builds function images.
     #[arg(
@@ -127,7 +131,8 @@ impl KubernetesArgs {
             registry_secret: self.registry_secret.clone(),
             insecure_registry: self.insecure_registry,
             publisher_url: self.publisher_url.clone(),
-            build_timeout_seconds: i64::try_from(self.image_build_timeout.as_secs()).unwrap_or(i64::MAX),
+            build_timeout_seconds: i64::try_from(self.image_build_timeout.as_secs())
+                .unwrap_or(i64::MAX),
         }
     }
 }

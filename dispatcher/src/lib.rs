@@ -235,7 +235,7 @@ impl Dispatcher {
                 if sink_resolution == sinks::Resolution::Local {
                     tokio::spawn(sinks.clone().watch(store.clone(), shutdown.child_token()));
                 }
-                (manager::SubscriptionSource::Store(store), sinks)
+                (manager::SubscriptionSource::Store(Box::new(store)), sinks)
             }
         };
         let http = reqwest::Client::builder()

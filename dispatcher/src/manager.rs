@@ -29,7 +29,7 @@ type Key = (String, String);
 /// Where the dispatcher learns about Subscriptions.
 pub enum SubscriptionSource {
     /// The resource store in NATS KV (local mode).
-    Store(Store),
+    Store(Box<Store>),
     /// Subscription objects in a Kubernetes cluster.
     Kubernetes(kube::Client),
 }

@@ -388,12 +388,17 @@ pub fn render(path: &Path, kubernetes: &eddy_controller::KubernetesArgs) -> anyh
         if manifest.get("kind").and_then(Value::as_str) != Some("Function") {
             continue;
         }
-        let function: eddy_api::resources::Function = serde_json::from_value(manifest)
-            .map_err(|error| anyhow::anyhow!("{}: not a valid Function: {error}", path.display()))?;
+        let function: eddy_api::resources::Function =
+            serde_json::from_value(manifest).map_err(|error| {
+                anyhow::anyhow!("{}: not a valid Function: {error}", path.display())
+            })?;
         let function = eddy_controller::kubernetes::render::as_if_stored(function);
         let errors = eddy_api::resources::validate_function(&function);
         if !errors.is_empty() {
-            let problems: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect();
+            let problems: Vec<String> = errors
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.message))
+                .collect();
             anyhow::bail!(
                 "Function {} is invalid: {}",
                 function.metadata.name.as_deref().unwrap_or_default(),

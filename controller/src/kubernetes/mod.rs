@@ -17,8 +17,8 @@ use std::{
 
 use eddy_api::{
     resources::{
-        Function, SinkPolicy, Subscription, SubscriptionStatus,
-        parse_function_sink, set_condition, validate_function, validate_subscription,
+        Function, SinkPolicy, Subscription, SubscriptionStatus, parse_function_sink, set_condition,
+        validate_function, validate_subscription,
     },
     shutdown::CancellationToken,
 };
@@ -176,10 +176,16 @@ pub fn running_condition(
         let message = stuck.message.clone().unwrap_or_default();
         return (Some(false), "DeploymentFailed", message, available);
     }
-    let observed = status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
+    let observed =
+        status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
     let updated = status.updated_replicas.unwrap_or(0);
     if desired == 0 && observed && status.replicas.unwrap_or(0) == 0 {
-        return (Some(true), "ScaledToZero", "0 replicas requested".to_owned(), 0);
+        return (
+            Some(true),
+            "ScaledToZero",
+            "0 replicas requested".to_owned(),
+            0,
+        );
     }
     let available_condition = conditions
         .iter()
@@ -234,15 +240,30 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let namespace = object.meta().namespace.as_deref().ok_or(Error::Incomplete("namespace"))?;
-    let name = object.meta().name.as_deref().ok_or(Error::Incomplete("name"))?;
+    let namespace = object
+        .meta()
+        .namespace
+        .as_deref()
+        .ok_or(Error::Incomplete("namespace"))?;
+    let name = object
+        .meta()
+        .name
+        .as_deref()
+        .ok_or(Error::Incomplete("name"))?;
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    Ok(api.patch(name, &apply_params(), &Patch::Apply(object)).await?)
+    Ok(api
+        .patch(name, &apply_params(), &Patch::Apply(object))
+        .await?)
 }
 
 /// Deletes the objects of `function` whose build hash is not `hash`: superseded build Jobs
 /// (with their pods) and ConfigMaps.
-async fn delete_superseded(client: &Client, namespace: &str, function: &str, hash: &str) -> Result<()> {
+async fn delete_superseded(
+    client: &Client,
+    namespace: &str,
+    function: &str,
+    hash: &str,
+) -> Result<()> {
     let selector = format!(
         "{}={function},{}!={hash}",
         render::FUNCTION_LABEL,
@@ -260,7 +281,12 @@ async fn delete_superseded(client: &Client, namespace: &str, function: &str, has
     }
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     for config_map in config_maps.list_metadata(&params).await? {
-        ignore_not_found(config_maps.delete(&config_map.name_any(), &background).await.map(drop))?;
+        ignore_not_found(
+            config_maps
+                .delete(&config_map.name_any(), &background)
+                .await
+                .map(drop),
+        )?;
     }
     Ok(())
 }
@@ -273,7 +299,12 @@ fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
 }
 
 /// Writes `status` when it differs from what the object has.
-async fn write_status<K>(client: &Client, object: &K, previous: Option<&serde_json::Value>, status: serde_json::Value) -> Result<()>
+async fn write_status<K>(
+    client: &Client,
+    object: &K,
+    previous: Option<&serde_json::Value>,
+    status: serde_json::Value,
+) -> Result<()>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -284,15 +315,24 @@ where
     if previous == Some(&status) {
         return Ok(());
     }
-    let namespace = object.meta().namespace.as_deref().ok_or(Error::Incomplete("namespace"))?;
-    let name = object.meta().name.as_deref().ok_or(Error::Incomplete("name"))?;
+    let namespace = object
+        .meta()
+        .namespace
+        .as_deref()
+        .ok_or(Error::Incomplete("namespace"))?;
+    let name = object
+        .meta()
+        .name
+        .as_deref()
+        .ok_or(Error::Incomplete("name"))?;
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     let body = json!({
         "apiVersion": K::api_version(&Default::default()),
         "kind": K::kind(&Default::default()),
         "status": status,
     });
-    api.patch_status(name, &apply_params(), &Patch::Apply(&body)).await?;
+    api.patch_status(name, &apply_params(), &Patch::Apply(&body))
+        .await?;
     Ok(())
 }
 
@@ -311,8 +351,14 @@ pub async fn reconcile_function(function: Arc<Function>, context: Arc<Context>) 
                 &mut status.conditions,
                 condition("Running", Some(false), "ApplyFailed", error.to_string()),
             );
-            let previous = function.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
-            let value = serde_json::to_value(&status).map_err(|source| Error::Render { kind: "status", source })?;
+            let previous = function
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let value = serde_json::to_value(&status).map_err(|source| Error::Render {
+                kind: "status",
+                source,
+            })?;
             write_status(&context.client, function.as_ref(), previous.as_ref(), value).await?;
             Ok(Action::requeue(RESYNC))
         }
@@ -335,13 +381,26 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
             .map(|e| format!("{}: {}", e.field, e.message))
             .collect::<Vec<_>>()
             .join("; ");
-        set_condition(&mut status.conditions, condition("ConfigurationReady", Some(false), "ValidationFailed", message));
+        set_condition(
+            &mut status.conditions,
+            condition(
+                "ConfigurationReady",
+                Some(false),
+                "ValidationFailed",
+                message,
+            ),
+        );
         Action::await_change()
     } else {
         let rendered = render(function, &context.config)?;
         set_condition(
             &mut status.conditions,
-            condition("ConfigurationReady", Some(true), "ConfigurationValid", format!("build {}", rendered.hash)),
+            condition(
+                "ConfigurationReady",
+                Some(true),
+                "ConfigurationValid",
+                format!("build {}", rendered.hash),
+            ),
         );
         status.url = Some(render::function_url(&namespace, &name));
         let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
@@ -356,25 +415,44 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                 }
                 set_condition(
                     &mut status.conditions,
-                    condition("BuildReady", None, "BuildRunning", format!("building {}", rendered.image)),
+                    condition(
+                        "BuildReady",
+                        None,
+                        "BuildRunning",
+                        format!("building {}", rendered.image),
+                    ),
                 );
                 if !status.conditions.iter().any(|c| c.type_ == "Running") {
-                    set_condition(&mut status.conditions, condition("Running", None, "Building", "waiting for the first build"));
+                    set_condition(
+                        &mut status.conditions,
+                        condition("Running", None, "Building", "waiting for the first build"),
+                    );
                 }
                 Action::requeue(RESYNC)
             }
             Some(BuildState::Failed(reason)) => {
                 let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
                 let selector = format!("batch.kubernetes.io/job-name={job_name}");
-                let log = build_log_tail(&pods.list(&ListParams::default().labels(&selector)).await?.items);
+                let log = build_log_tail(
+                    &pods
+                        .list(&ListParams::default().labels(&selector))
+                        .await?
+                        .items,
+                );
                 let message = match log {
                     Some(log) => format!("{reason}\n{log}"),
                     None => reason,
                 };
                 tracing::warn!(%namespace, function = %name, %message, "build failed");
-                set_condition(&mut status.conditions, condition("BuildReady", Some(false), "BuildFailed", message));
+                set_condition(
+                    &mut status.conditions,
+                    condition("BuildReady", Some(false), "BuildFailed", message),
+                );
                 if !status.conditions.iter().any(|c| c.type_ == "Running") {
-                    set_condition(&mut status.conditions, condition("Running", Some(false), "BuildFailed", "no image to run"));
+                    set_condition(
+                        &mut status.conditions,
+                        condition("Running", Some(false), "BuildFailed", "no image to run"),
+                    );
                 }
                 // Same inputs, same failure: wait for the code to change.
                 Action::await_change()
@@ -382,7 +460,12 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
             Some(BuildState::Succeeded) => {
                 set_condition(
                     &mut status.conditions,
-                    condition("BuildReady", Some(true), "BuildSucceeded", format!("image {}", rendered.image)),
+                    condition(
+                        "BuildReady",
+                        Some(true),
+                        "BuildSucceeded",
+                        format!("image {}", rendered.image),
+                    ),
                 );
                 let deployment = apply(client, &rendered.deployment).await?;
                 apply(client, &rendered.service).await?;
@@ -391,29 +474,53 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                         apply(client, autoscaler).await?;
                     }
                     None => {
-                        let autoscalers: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &namespace);
-                        ignore_not_found(autoscalers.delete(&name, &DeleteParams::default()).await.map(drop))?;
+                        let autoscalers: Api<HorizontalPodAutoscaler> =
+                            Api::namespaced(client.clone(), &namespace);
+                        ignore_not_found(
+                            autoscalers
+                                .delete(&name, &DeleteParams::default())
+                                .await
+                                .map(drop),
+                        )?;
                     }
                 }
                 delete_superseded(client, &namespace, &name, &rendered.hash).await?;
-                let (ok, reason, message, replicas) = running_condition(&deployment, render::scaling(function));
-                set_condition(&mut status.conditions, condition("Running", ok, reason, message));
+                let (ok, reason, message, replicas) =
+                    running_condition(&deployment, render::scaling(function));
+                set_condition(
+                    &mut status.conditions,
+                    condition("Running", ok, reason, message),
+                );
                 status.replicas = replicas;
                 Action::requeue(RESYNC)
             }
         }
     };
-    let previous = previous.map(|s| serde_json::to_value(s)).transpose().map_err(|source| Error::Render { kind: "status", source })?;
-    let value = serde_json::to_value(&status).map_err(|source| Error::Render { kind: "status", source })?;
+    let previous = previous
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|source| Error::Render {
+            kind: "status",
+            source,
+        })?;
+    let value = serde_json::to_value(&status).map_err(|source| Error::Render {
+        kind: "status",
+        source,
+    })?;
     write_status(client, function, previous.as_ref(), value).await?;
     Ok(action)
 }
 
 /// Validates a Subscription (its sink must be a Service in its namespace, or an allowed URL)
 /// and reports the subjects its types resolve to.
-pub async fn reconcile_subscription(subscription: Arc<Subscription>, context: Arc<Context>) -> Result<Action> {
+pub async fn reconcile_subscription(
+    subscription: Arc<Subscription>,
+    context: Arc<Context>,
+) -> Result<Action> {
     let key = key_of(subscription.as_ref());
-    let namespace = subscription.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let namespace = subscription
+        .namespace()
+        .ok_or(Error::Incomplete("namespace"))?;
     let errors = validate_subscription(&subscription, &context.sinks);
     let (readiness, message, action) = if !errors.is_empty() {
         let message = errors
@@ -425,7 +532,11 @@ pub async fn reconcile_subscription(subscription: Arc<Subscription>, context: Ar
     } else if let Some(sink) = parse_function_sink(&subscription.spec.sink) {
         let services: Api<Service> = Api::namespaced(context.client.clone(), &namespace);
         if services.get_opt(&sink.function).await?.is_some() {
-            (Readiness::Ready, format!("delivering to Service {}", sink.function), Action::requeue(RESYNC))
+            (
+                Readiness::Ready,
+                format!("delivering to Service {}", sink.function),
+                Action::requeue(RESYNC),
+            )
         } else {
             (
                 Readiness::SinkNotFound,
@@ -434,17 +545,39 @@ pub async fn reconcile_subscription(subscription: Arc<Subscription>, context: Ar
             )
         }
     } else {
-        (Readiness::Ready, "delivering to an allowed URL".to_owned(), Action::requeue(RESYNC))
+        (
+            Readiness::Ready,
+            "delivering to an allowed URL".to_owned(),
+            Action::requeue(RESYNC),
+        )
     };
-    let status: SubscriptionStatus = desired_status(&subscription, subscription.status.as_ref(), readiness, message, &now());
+    let status: SubscriptionStatus = desired_status(
+        &subscription,
+        subscription.status.as_ref(),
+        readiness,
+        message,
+        &now(),
+    );
     let previous = subscription
         .status
         .as_ref()
         .map(serde_json::to_value)
         .transpose()
-        .map_err(|source| Error::Render { kind: "status", source })?;
-    let value = serde_json::to_value(&status).map_err(|source| Error::Render { kind: "status", source })?;
-    write_status(&context.client, subscription.as_ref(), previous.as_ref(), value).await?;
+        .map_err(|source| Error::Render {
+            kind: "status",
+            source,
+        })?;
+    let value = serde_json::to_value(&status).map_err(|source| Error::Render {
+        kind: "status",
+        source,
+    })?;
+    write_status(
+        &context.client,
+        subscription.as_ref(),
+        previous.as_ref(),
+        value,
+    )
+    .await?;
     context.record_success(&key);
     Ok(action)
 }
@@ -480,7 +613,11 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     let sinks = SinkPolicy {
         allowed_prefixes: args.allowed_sinks.clone(),
     };
-    let context = Arc::new(Context::new(client.clone(), args.kubernetes.render_config(), sinks));
+    let context = Arc::new(Context::new(
+        client.clone(),
+        args.kubernetes.render_config(),
+        sinks,
+    ));
     let listener = tokio::net::TcpListener::bind(args.api_addr)
         .await
         .map_err(|source| Error::Bind {
@@ -490,8 +627,12 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     let probes = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/readyz", axum::routing::get(|| async { "ok" }));
-    let server = axum::serve(listener, probes).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    eddy_api::output::say(format!("controller (kubernetes backend) ready on http://{}", args.api_addr));
+    let server =
+        axum::serve(listener, probes).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    eddy_api::output::say(format!(
+        "controller (kubernetes backend) ready on http://{}",
+        args.api_addr
+    ));
     let (served, ()) = tokio::join!(server.into_future(), run(client, context, shutdown));
     served.map_err(Error::Serve)
 }

@@ -79,7 +79,10 @@ pub fn job_name(function: &str, hash: &str) -> String {
 
 /// The image a build pushes: `<registry>/<namespace>-<function>:<hash>`.
 pub fn image(registry: &str, namespace: &str, function: &str, hash: &str) -> String {
-    format!("{}/{namespace}-{function}:{hash}", registry.trim_end_matches('/'))
+    format!(
+        "{}/{namespace}-{function}:{hash}",
+        registry.trim_end_matches('/')
+    )
 }
 
 /// The in-cluster URL of a function.
@@ -168,11 +171,23 @@ fn typed<T: serde::de::DeserializeOwned>(kind: &'static str, value: Value) -> Re
 
 /// Renders every object for `function`.
 pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Error> {
-    let name = function.metadata.name.as_deref().ok_or(Error::Incomplete("name"))?;
+    let name = function
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(Error::Incomplete("name"))?;
     let namespace = function.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let owner = serde_json::to_value(owner_reference(function)?)
-        .map_err(|source| Error::Render { kind: "owner reference", source })?;
-    let inline = function.spec.source.inline.as_ref().ok_or(Error::Incomplete("spec.source.inline"))?;
+    let owner =
+        serde_json::to_value(owner_reference(function)?).map_err(|source| Error::Render {
+            kind: "owner reference",
+            source,
+        })?;
+    let inline = function
+        .spec
+        .source
+        .inline
+        .as_ref()
+        .ok_or(Error::Incomplete("spec.source.inline"))?;
     let runtime = function.spec.runtime;
     let files = runtimes::files(runtime);
     let hash = runtimes::build_hash(runtime, &inline.source, &inline.dependencies);
@@ -221,10 +236,13 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         builder_args.push(json!("--insecure"));
         builder_args.push(json!("--skip-tls-verify"));
     }
-    let mut builder_mounts = vec![json!({"name": "context", "mountPath": "/workspace", "readOnly": true})];
-    let mut builder_volumes = vec![json!({"name": "context", "configMap": {"name": config_map_name}})];
+    let mut builder_mounts =
+        vec![json!({"name": "context", "mountPath": "/workspace", "readOnly": true})];
+    let mut builder_volumes =
+        vec![json!({"name": "context", "configMap": {"name": config_map_name}})];
     if let Some(secret) = &config.registry_secret {
-        builder_mounts.push(json!({"name": "registry", "mountPath": "/kaniko/.docker", "readOnly": true}));
+        builder_mounts
+            .push(json!({"name": "registry", "mountPath": "/kaniko/.docker", "readOnly": true}));
         builder_volumes.push(json!({
             "name": "registry",
             "secret": {"secretName": secret, "items": [{"key": ".dockerconfigjson", "path": "config.json"}]},
@@ -272,7 +290,10 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         }),
     )?;
 
-    let timeout = function.spec.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    let timeout = function
+        .spec
+        .timeout_seconds
+        .unwrap_or(DEFAULT_TIMEOUT_SECONDS);
     let mut env = vec![
         json!({"name": "FUNC_NAME", "value": name}),
         json!({"name": "FUNC_NAMESPACE", "value": namespace}),

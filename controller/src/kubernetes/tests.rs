@@ -23,7 +23,11 @@ struct Exchange {
     respond: Respond,
 }
 
-fn expect(method: Method, uri: impl Into<String>, respond: impl FnOnce(Value) -> (u16, Value) + Send + 'static) -> Exchange {
+fn expect(
+    method: Method,
+    uri: impl Into<String>,
+    respond: impl FnOnce(Value) -> (u16, Value) + Send + 'static,
+) -> Exchange {
     Exchange {
         method,
         uri: uri.into(),
@@ -59,10 +63,21 @@ fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<
     let task = tokio::spawn(async move {
         let mut bodies = Vec::new();
         for (index, exchange) in exchanges.into_iter().enumerate() {
-            let (request, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-                .await
-                .unwrap_or_else(|_| panic!("request #{index} ({} {}) was never sent", exchange.method, exchange.uri))
-                .unwrap_or_else(|| panic!("the client went away before request #{index} ({} {})", exchange.method, exchange.uri));
+            let (request, send) =
+                tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "request #{index} ({} {}) was never sent",
+                            exchange.method, exchange.uri
+                        )
+                    })
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "the client went away before request #{index} ({} {})",
+                            exchange.method, exchange.uri
+                        )
+                    });
             assert_eq!(
                 (request.method(), request.uri().to_string()),
                 (&exchange.method, exchange.uri.clone()),
@@ -76,7 +91,11 @@ fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<
                     "every write is a server-side apply"
                 );
             }
-            let bytes = request.into_body().collect_bytes().await.expect("request body");
+            let bytes = request
+                .into_body()
+                .collect_bytes()
+                .await
+                .expect("request body");
             let body: Value = if bytes.is_empty() {
                 Value::Null
             } else {
@@ -155,7 +174,11 @@ fn condition_of<'a>(status: &'a Value, type_: &str) -> &'a Value {
 
 fn assert_condition(status: &Value, type_: &str, expected: &str, reason: &str) {
     let condition = condition_of(status, type_);
-    assert_eq!((condition["status"].as_str(), condition["reason"].as_str()), (Some(expected), Some(reason)), "{type_}: {condition}");
+    assert_eq!(
+        (condition["status"].as_str(), condition["reason"].as_str()),
+        (Some(expected), Some(reason)),
+        "{type_}: {condition}"
+    );
 }
 
 fn base(kind: &str) -> &'static str {
@@ -209,7 +232,10 @@ fn deployment_ready(generation: i64, replicas: i32) -> Value {
     })
 }
 
-async fn run_function(function: Function, exchanges: Vec<Exchange>) -> (Result<Action>, Vec<Value>) {
+async fn run_function(
+    function: Function,
+    exchanges: Vec<Exchange>,
+) -> (Result<Action>, Vec<Value>) {
     let (client, server) = api_server(exchanges);
     let context = Arc::new(Context::new(client, config(), SinkPolicy::default()));
     let result = reconcile_function(Arc::new(function), context.clone()).await;
@@ -249,14 +275,30 @@ async fn first_reconcile_creates_the_config_map_and_the_build_job() {
     let (result, bodies) = run_function(
         function,
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), not_found),
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                not_found,
+            ),
             expect(
                 Method::PATCH,
-                format!("{}/reserve-stock-{}{APPLY}", base("configmaps"), rendered.hash),
+                format!(
+                    "{}/reserve-stock-{}{APPLY}",
+                    base("configmaps"),
+                    rendered.hash
+                ),
                 applied(to_json(&rendered.config_map), json!({})),
             ),
-            expect(Method::PATCH, format!("{}/{job_name}{APPLY}", base("jobs")), applied(to_json(&rendered.job), json!({}))),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(function_json)),
+            expect(
+                Method::PATCH,
+                format!("{}/{job_name}{APPLY}", base("jobs")),
+                applied(to_json(&rendered.job), json!({})),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(function_json),
+            ),
         ],
     )
     .await;
@@ -271,10 +313,17 @@ async fn first_reconcile_creates_the_config_map_and_the_build_job() {
     assert_eq!(status["observedGeneration"], 1);
     // The ConfigMap is the whole build context.
     let data = &bodies[1]["data"];
-    assert!(data["Dockerfile"].as_str().is_some_and(|d| d.contains("FROM node:20")));
+    assert!(
+        data["Dockerfile"]
+            .as_str()
+            .is_some_and(|d| d.contains("FROM node:20"))
+    );
     assert!(data["server.js"].is_string());
     assert_eq!(data["handler.js"], "module.exports = { main: () => 'ok' }");
-    assert!(data.get("package.json").is_none(), "no dependencies, no package.json");
+    assert!(
+        data.get("package.json").is_none(),
+        "no dependencies, no package.json"
+    );
 }
 
 #[tokio::test]
@@ -286,13 +335,26 @@ async fn a_running_build_is_left_alone() {
     let (result, bodies) = run_function(
         function.clone(),
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                move |_| (200, job),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
         ],
     )
     .await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
-    assert_condition(&bodies[1]["status"], "BuildReady", "Unknown", "BuildRunning");
+    assert_condition(
+        &bodies[1]["status"],
+        "BuildReady",
+        "Unknown",
+        "BuildRunning",
+    );
 }
 
 #[tokio::test]
@@ -312,34 +374,80 @@ async fn job_success_applies_the_deployment_service_and_autoscaler_and_cleans_up
     let (result, bodies) = run_function(
         function.clone(),
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                move |_| (200, job),
+            ),
             expect(
                 Method::PATCH,
                 format!("{}/reserve-stock{APPLY}", base("deployments")),
-                applied(deployment.clone(), merged(deployment_ready(1, 1), json!({"metadata": deployment["metadata"].clone()}))),
+                applied(
+                    deployment.clone(),
+                    merged(
+                        deployment_ready(1, 1),
+                        json!({"metadata": deployment["metadata"].clone()}),
+                    ),
+                ),
             ),
-            expect(Method::PATCH, format!("{}/reserve-stock{APPLY}", base("services")), applied(to_json(&rendered.service), json!({}))),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock{APPLY}", base("services")),
+                applied(to_json(&rendered.service), json!({})),
+            ),
             expect(
                 Method::PATCH,
                 format!("{}/reserve-stock{APPLY}", base("hpas")),
-                applied(to_json(&rendered.autoscaler.clone().expect("autoscaled")), json!({})),
+                applied(
+                    to_json(&rendered.autoscaler.clone().expect("autoscaled")),
+                    json!({}),
+                ),
             ),
-            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| (200, metadata_list("Job", &["reserve-stock-build-0123456789abcdef0123"]))),
+            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
+                (
+                    200,
+                    metadata_list("Job", &["reserve-stock-build-0123456789abcdef0123"]),
+                )
+            }),
             expect(
                 Method::DELETE,
                 format!("{}/reserve-stock-build-0123456789abcdef0123?", base("jobs")),
                 |body| {
-                    assert_eq!(body["propagationPolicy"], "Background", "the build pod goes with its Job");
-                    (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
+                    assert_eq!(
+                        body["propagationPolicy"], "Background",
+                        "the build pod goes with its Job"
+                    );
+                    (
+                        200,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    )
                 },
             ),
-            expect(Method::GET, format!("{}{superseded}", base("configmaps")), |_| (200, metadata_list("ConfigMap", &["reserve-stock-0123456789abcdef0123"]))),
+            expect(
+                Method::GET,
+                format!("{}{superseded}", base("configmaps")),
+                |_| {
+                    (
+                        200,
+                        metadata_list("ConfigMap", &["reserve-stock-0123456789abcdef0123"]),
+                    )
+                },
+            ),
             expect(
                 Method::DELETE,
                 format!("{}/reserve-stock-0123456789abcdef0123?", base("configmaps")),
-                |_| (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})),
+                |_| {
+                    (
+                        200,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    )
+                },
             ),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
         ],
     )
     .await;
@@ -352,12 +460,17 @@ async fn job_success_applies_the_deployment_service_and_autoscaler_and_cleans_up
     assert!(bodies[1]["spec"].get("replicas").is_none());
     assert_eq!(bodies[3]["spec"]["minReplicas"], 1);
     assert_eq!(bodies[3]["spec"]["maxReplicas"], 3);
-    assert_eq!(bodies[1]["spec"]["template"]["spec"]["containers"][0]["image"], json!(rendered.image));
+    assert_eq!(
+        bodies[1]["spec"]["template"]["spec"]["containers"][0]["image"],
+        json!(rendered.image)
+    );
 }
 
 #[tokio::test]
 async fn job_failure_puts_the_build_log_into_build_ready() {
-    let function = function(json!({"source": {"inline": {"source": "x", "dependencies": "{\"dependencies\": {\"left-pad-nope\": \"1\"}}"}}}));
+    let function = function(
+        json!({"source": {"inline": {"source": "x", "dependencies": "{\"dependencies\": {\"left-pad-nope\": \"1\"}}"}}}),
+    );
     let rendered = render(&function, &config()).expect("renders");
     let job_name = format!("reserve-stock-build-{}", rendered.hash);
     let job = job_with_status(
@@ -377,20 +490,37 @@ async fn job_failure_puts_the_build_log_into_build_ready() {
     let (result, bodies) = run_function(
         function.clone(),
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
             expect(
                 Method::GET,
-                format!("{}?&labelSelector=batch.kubernetes.io%2Fjob-name%3D{job_name}", base("pods")),
+                format!("{}/{job_name}", base("jobs")),
+                move |_| (200, job),
+            ),
+            expect(
+                Method::GET,
+                format!(
+                    "{}?&labelSelector=batch.kubernetes.io%2Fjob-name%3D{job_name}",
+                    base("pods")
+                ),
                 move |_| (200, pods),
             ),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
         ],
     )
     .await;
-    assert_eq!(result.expect("reconciled"), Action::await_change(), "the same inputs fail the same way");
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::await_change(),
+        "the same inputs fail the same way"
+    );
     let status = &bodies[2]["status"];
     assert_condition(status, "BuildReady", "False", "BuildFailed");
-    let message = condition_of(status, "BuildReady")["message"].as_str().unwrap_or_default();
+    let message = condition_of(status, "BuildReady")["message"]
+        .as_str()
+        .unwrap_or_default();
     assert!(message.contains("BackoffLimitExceeded"), "{message}");
     assert!(message.contains("npm ERR! 404 Not Found"), "{message}");
     assert_condition(status, "Running", "False", "BuildFailed");
@@ -409,7 +539,9 @@ async fn a_source_change_starts_a_new_build_with_a_new_tag_and_keeps_the_old_one
         "replicas": 1, "url": "http://reserve-stock.shop.svc.cluster.local", "observedGeneration": 1,
     });
     let mut changed = with_status(
-        function(json!({"source": {"inline": {"source": "module.exports = { main: () => 'v2' }"}}})),
+        function(
+            json!({"source": {"inline": {"source": "module.exports = { main: () => 'v2' }"}}}),
+        ),
         &running,
     );
     changed.metadata.generation = Some(2);
@@ -421,21 +553,38 @@ async fn a_source_change_starts_a_new_build_with_a_new_tag_and_keeps_the_old_one
     let (result, bodies) = run_function(
         changed.clone(),
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), not_found),
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                not_found,
+            ),
             expect(
                 Method::PATCH,
-                format!("{}/reserve-stock-{}{APPLY}", base("configmaps"), rendered.hash),
+                format!(
+                    "{}/reserve-stock-{}{APPLY}",
+                    base("configmaps"),
+                    rendered.hash
+                ),
                 applied(to_json(&rendered.config_map), json!({})),
             ),
-            expect(Method::PATCH, format!("{}/{job_name}{APPLY}", base("jobs")), applied(to_json(&rendered.job), json!({}))),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&changed))),
+            expect(
+                Method::PATCH,
+                format!("{}/{job_name}{APPLY}", base("jobs")),
+                applied(to_json(&rendered.job), json!({})),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&changed)),
+            ),
         ],
     )
     .await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
     let args = bodies[2]["spec"]["template"]["spec"]["containers"][0]["args"].clone();
     assert!(
-        args.as_array().is_some_and(|a| a.contains(&json!(format!("--destination={}", rendered.image)))),
+        args.as_array()
+            .is_some_and(|a| a.contains(&json!(format!("--destination={}", rendered.image)))),
         "{args}"
     );
     let status = &bodies[3]["status"];
@@ -460,17 +609,45 @@ async fn a_scale_change_builds_nothing_and_drops_the_autoscaler() {
     let (result, bodies) = run_function(
         function.clone(),
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job)),
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                move |_| (200, job),
+            ),
             expect(
                 Method::PATCH,
                 format!("{}/reserve-stock{APPLY}", base("deployments")),
-                applied(deployment.clone(), merged(deployment_ready(2, 2), json!({"metadata": deployment["metadata"].clone()}))),
+                applied(
+                    deployment.clone(),
+                    merged(
+                        deployment_ready(2, 2),
+                        json!({"metadata": deployment["metadata"].clone()}),
+                    ),
+                ),
             ),
-            expect(Method::PATCH, format!("{}/reserve-stock{APPLY}", base("services")), applied(to_json(&rendered.service), json!({}))),
-            expect(Method::DELETE, format!("{}/reserve-stock?", base("hpas")), not_found),
-            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| (200, metadata_list("Job", &[]))),
-            expect(Method::GET, format!("{}{superseded}", base("configmaps")), |_| (200, metadata_list("ConfigMap", &[]))),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock{APPLY}", base("services")),
+                applied(to_json(&rendered.service), json!({})),
+            ),
+            expect(
+                Method::DELETE,
+                format!("{}/reserve-stock?", base("hpas")),
+                not_found,
+            ),
+            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
+                (200, metadata_list("Job", &[]))
+            }),
+            expect(
+                Method::GET,
+                format!("{}{superseded}", base("configmaps")),
+                |_| (200, metadata_list("ConfigMap", &[])),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
         ],
     )
     .await;
@@ -488,8 +665,16 @@ async fn an_unchanged_status_is_not_written_again() {
     let (_, bodies) = run_function(
         function.clone(),
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, first_job)),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                move |_| (200, first_job),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
         ],
     )
     .await;
@@ -497,7 +682,11 @@ async fn an_unchanged_status_is_not_written_again() {
     let job = job_with_status(&rendered, json!({"active": 1}));
     let (result, _) = run_function(
         settled,
-        vec![expect(Method::GET, format!("{}/{job_name}", base("jobs")), move |_| (200, job))],
+        vec![expect(
+            Method::GET,
+            format!("{}/{job_name}", base("jobs")),
+            move |_| (200, job),
+        )],
     )
     .await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
@@ -518,16 +707,37 @@ async fn a_refused_apply_goes_to_status_and_a_transient_error_is_retried() {
     let (result, bodies) = run_function(
         function.clone(),
         vec![
-            expect(Method::GET, format!("{}/{job_name}", base("jobs")), not_found),
-            expect(Method::PATCH, format!("{}/reserve-stock-{}{APPLY}", base("configmaps"), rendered.hash), forbidden),
-            expect(Method::PATCH, format!("{}/reserve-stock/status{APPLY}", base("functions")), status_answer(to_json(&function))),
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                not_found,
+            ),
+            expect(
+                Method::PATCH,
+                format!(
+                    "{}/reserve-stock-{}{APPLY}",
+                    base("configmaps"),
+                    rendered.hash
+                ),
+                forbidden,
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
         ],
     )
     .await;
     assert_eq!(result.expect("reported"), Action::requeue(RESYNC));
     let running = condition_of(&bodies[2]["status"], "Running");
     assert_eq!(running["reason"], "ApplyFailed");
-    assert!(running["message"].as_str().is_some_and(|m| m.contains("exceeded quota")), "{running}");
+    assert!(
+        running["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("exceeded quota")),
+        "{running}"
+    );
 
     let (result, _) = run_function(
         function,
@@ -560,8 +770,18 @@ fn deleting_a_function_leaves_nothing_behind() {
         assert_eq!(owners.len(), 1, "{:?}", meta.name);
         let owner = &owners[0];
         assert_eq!(
-            (owner.api_version.as_str(), owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
-            ("eddy.dev/v1alpha1", "Function", "reserve-stock", "8d3f6f7e-1")
+            (
+                owner.api_version.as_str(),
+                owner.kind.as_str(),
+                owner.name.as_str(),
+                owner.uid.as_str()
+            ),
+            (
+                "eddy.dev/v1alpha1",
+                "Function",
+                "reserve-stock",
+                "8d3f6f7e-1"
+            )
         );
         assert_eq!(owner.controller, Some(true));
         assert_eq!(owner.block_owner_deletion, Some(true));
@@ -582,12 +802,18 @@ fn subscription(sink: &str) -> Subscription {
     .expect("a Subscription")
 }
 
-async fn run_subscription(subscription: Subscription, exchanges: Vec<Exchange>) -> (Result<Action>, Vec<Value>) {
+async fn run_subscription(
+    subscription: Subscription,
+    exchanges: Vec<Exchange>,
+) -> (Result<Action>, Vec<Value>) {
     let (client, server) = api_server(exchanges);
     let context = Arc::new(Context::new(client, config(), SinkPolicy::default()));
     let result = reconcile_subscription(Arc::new(subscription), context.clone()).await;
     drop(context);
-    (result, server.await.expect("the API server saw what it expected"))
+    (
+        result,
+        server.await.expect("the API server saw what it expected"),
+    )
 }
 
 #[tokio::test]
@@ -607,7 +833,10 @@ async fn a_subscription_to_an_existing_service_is_ready_with_its_subjects() {
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
     let status = &bodies[1]["status"];
     assert_eq!(status["ready"], true);
-    assert_eq!(status["types"], json!([{"type": "order.created.v1", "subject": "eddy.events.shop.order.created.v1"}]));
+    assert_eq!(
+        status["types"],
+        json!([{"type": "order.created.v1", "subject": "eddy.events.shop.order.created.v1"}])
+    );
     assert_eq!(status["observedGeneration"], 3);
 }
 
@@ -618,12 +847,23 @@ async fn a_subscription_to_a_missing_service_is_not_ready_and_looked_at_again() 
     let (result, bodies) = run_subscription(
         subscription,
         vec![
-            expect(Method::GET, format!("{}/reserve-stock", base("services")), not_found),
-            expect(Method::PATCH, format!("{}/on-order/status{APPLY}", base("subscriptions")), status_answer(object)),
+            expect(
+                Method::GET,
+                format!("{}/reserve-stock", base("services")),
+                not_found,
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/on-order/status{APPLY}", base("subscriptions")),
+                status_answer(object),
+            ),
         ],
     )
     .await;
-    assert_eq!(result.expect("reconciled"), Action::requeue(Duration::from_secs(15)));
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(Duration::from_secs(15))
+    );
     let status = &bodies[1]["status"];
     assert_eq!(status["ready"], false);
     assert_condition(status, "Ready", "False", "SinkNotFound");
@@ -631,17 +871,27 @@ async fn a_subscription_to_a_missing_service_is_not_ready_and_looked_at_again() 
 
 #[tokio::test]
 async fn a_sink_outside_the_namespace_or_the_policy_is_refused_in_status() {
-    for sink in ["http://reserve-stock.other.svc.cluster.local", "http://169.254.169.254/latest/meta-data"] {
+    for sink in [
+        "http://reserve-stock.other.svc.cluster.local",
+        "http://169.254.169.254/latest/meta-data",
+    ] {
         let subscription = subscription(sink);
         let object = to_json(&subscription);
         let (result, bodies) = run_subscription(
             subscription,
-            vec![expect(Method::PATCH, format!("{}/on-order/status{APPLY}", base("subscriptions")), status_answer(object))],
+            vec![expect(
+                Method::PATCH,
+                format!("{}/on-order/status{APPLY}", base("subscriptions")),
+                status_answer(object),
+            )],
         )
         .await;
         assert_eq!(result.expect("reconciled"), Action::await_change());
         assert_condition(&bodies[0]["status"], "Ready", "False", "Invalid");
-        let message = condition_of(&bodies[0]["status"], "Ready")["message"].as_str().unwrap_or_default().to_owned();
+        let message = condition_of(&bodies[0]["status"], "Ready")["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(message.contains("spec.sink"), "{message}");
     }
 }
@@ -652,24 +902,48 @@ async fn a_sink_outside_the_namespace_or_the_policy_is_refused_in_status() {
 #[test]
 fn function_pods_are_hardened() {
     let rendered = render(&function(json!({})), &config()).expect("renders");
-    let pod = rendered.deployment.spec.template.spec.clone().expect("a pod spec");
+    let pod = rendered
+        .deployment
+        .spec
+        .template
+        .spec
+        .clone()
+        .expect("a pod spec");
     let pod_security = pod.security_context.clone().expect("pod security context");
     assert_eq!(pod_security.run_as_non_root, Some(true));
     assert_eq!(pod_security.run_as_user, Some(1000));
-    assert_eq!(pod_security.seccomp_profile.map(|s| s.type_), Some("RuntimeDefault".to_owned()));
+    assert_eq!(
+        pod_security.seccomp_profile.map(|s| s.type_),
+        Some("RuntimeDefault".to_owned())
+    );
     assert_eq!(pod.automount_service_account_token, Some(false));
     let container = &pod.containers[0];
-    let security = container.security_context.clone().expect("container security context");
+    let security = container
+        .security_context
+        .clone()
+        .expect("container security context");
     assert_eq!(security.read_only_root_filesystem, Some(true));
     assert_eq!(security.allow_privilege_escalation, Some(false));
     assert_eq!(security.privileged, Some(false));
-    assert_eq!(security.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_owned()]));
-    assert_eq!(security.seccomp_profile.map(|s| s.type_), Some("RuntimeDefault".to_owned()));
+    assert_eq!(
+        security.capabilities.and_then(|c| c.drop),
+        Some(vec!["ALL".to_owned()])
+    );
+    assert_eq!(
+        security.seccomp_profile.map(|s| s.type_),
+        Some("RuntimeDefault".to_owned())
+    );
     // A writable /tmp on the read-only root.
     let mounts = container.volume_mounts.clone().unwrap_or_default();
-    let tmp = mounts.iter().find(|m| m.mount_path == "/tmp").expect("/tmp is mounted");
+    let tmp = mounts
+        .iter()
+        .find(|m| m.mount_path == "/tmp")
+        .expect("/tmp is mounted");
     let volumes = pod.volumes.clone().unwrap_or_default();
-    let volume = volumes.iter().find(|v| v.name == tmp.name).expect("the /tmp volume");
+    let volume = volumes
+        .iter()
+        .find(|v| v.name == tmp.name)
+        .expect("the /tmp volume");
     assert!(volume.empty_dir.is_some());
     assert_eq!(tmp.read_only, None);
 }
@@ -679,14 +953,41 @@ fn function_objects_are_labelled_for_the_mesh_and_for_cleanup() {
     let rendered = render(&function(json!({})), &config()).expect("renders");
     let template = rendered.deployment.spec.template.clone();
     let pod_labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
-    assert_eq!(pod_labels.get("sidecar.istio.io/inject").map(String::as_str), Some("true"));
-    assert_eq!(pod_labels.get("eddy.dev/function").map(String::as_str), Some("reserve-stock"));
-    assert_eq!(pod_labels.get("eddy.dev/build-hash"), Some(&rendered.hash));
-    let selector = rendered.deployment.spec.selector.match_labels.clone().unwrap_or_default();
-    assert_eq!(selector.len(), 1, "the selector survives rebuilds: {selector:?}");
-    let build_pod = rendered.job.spec.as_ref().and_then(|s| s.template.metadata.clone()).expect("build pod metadata");
     assert_eq!(
-        build_pod.annotations.unwrap_or_default().get("sidecar.istio.io/inject").map(String::as_str),
+        pod_labels
+            .get("sidecar.istio.io/inject")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        pod_labels.get("eddy.dev/function").map(String::as_str),
+        Some("reserve-stock")
+    );
+    assert_eq!(pod_labels.get("eddy.dev/build-hash"), Some(&rendered.hash));
+    let selector = rendered
+        .deployment
+        .spec
+        .selector
+        .match_labels
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        selector.len(),
+        1,
+        "the selector survives rebuilds: {selector:?}"
+    );
+    let build_pod = rendered
+        .job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.clone())
+        .expect("build pod metadata");
+    assert_eq!(
+        build_pod
+            .annotations
+            .unwrap_or_default()
+            .get("sidecar.istio.io/inject")
+            .map(String::as_str),
         Some("false"),
         "a sidecar would keep the build pod running"
     );
@@ -696,11 +997,22 @@ fn function_objects_are_labelled_for_the_mesh_and_for_cleanup() {
     ] {
         let labels = labels.unwrap_or_default();
         assert_eq!(labels.get("eddy.dev/build-hash"), Some(&rendered.hash));
-        assert_eq!(labels.get("app.kubernetes.io/managed-by").map(String::as_str), Some("eddy"));
+        assert_eq!(
+            labels
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str),
+            Some("eddy")
+        );
     }
     let service = rendered.service.spec.clone().expect("a service spec");
     let port = &service.ports.unwrap_or_default()[0];
-    assert_eq!((port.port, port.target_port.clone()), (80, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8080))));
+    assert_eq!(
+        (port.port, port.target_port.clone()),
+        (
+            80,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8080))
+        )
+    );
     assert_eq!(port.name.as_deref(), Some("http"));
 }
 
@@ -710,8 +1022,15 @@ fn resources_come_from_the_profile_or_are_given_explicitly() {
         let rendered = render(&function(spec), &config()).expect("renders");
         let pod = rendered.deployment.spec.template.spec.expect("a pod spec");
         let resources = pod.containers[0].resources.clone().expect("resources");
-        let get = |map: Option<std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>, key: &str| {
-            map.and_then(|m| m.get(key).map(|q| q.0.clone())).unwrap_or_default()
+        let get = |map: Option<
+            std::collections::BTreeMap<
+                String,
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+            >,
+        >,
+                   key: &str| {
+            map.and_then(|m| m.get(key).map(|q| q.0.clone()))
+                .unwrap_or_default()
         };
         (
             get(resources.requests.clone(), "cpu"),
@@ -720,13 +1039,24 @@ fn resources_come_from_the_profile_or_are_given_explicitly() {
             get(resources.limits, "memory"),
         )
     };
-    assert_eq!(resources_of(json!({})), ("100m".into(), "128Mi".into(), "200m".into(), "256Mi".into()), "default profile S");
     assert_eq!(
-        resources_of(json!({"resourceConfiguration": {"function": {"profile": "L"}}})),
-        ("400m".into(), "512Mi".into(), "800m".into(), "1024Mi".into())
+        resources_of(json!({})),
+        ("100m".into(), "128Mi".into(), "200m".into(), "256Mi".into()),
+        "default profile S"
     );
     assert_eq!(
-        resources_of(json!({"resourceConfiguration": {"function": {"resources": {"requests": {"cpu": "150m", "memory": "100Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}}})),
+        resources_of(json!({"resourceConfiguration": {"function": {"profile": "L"}}})),
+        (
+            "400m".into(),
+            "512Mi".into(),
+            "800m".into(),
+            "1024Mi".into()
+        )
+    );
+    assert_eq!(
+        resources_of(
+            json!({"resourceConfiguration": {"function": {"resources": {"requests": {"cpu": "150m", "memory": "100Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}}})
+        ),
         ("150m".into(), "100Mi".into(), "1".into(), "1Gi".into())
     );
 }
@@ -748,23 +1078,38 @@ fn function_env_is_the_platform_s_then_the_user_s() {
         ("FUNC_RUNTIME", "nodejs20"),
         ("FUNC_PORT", "8080"),
         ("FUNC_TIMEOUT", "42"),
-        ("PUBLISHER_PROXY_ADDRESS", "http://eddy-event-bus.eddy-system.svc.cluster.local/publish"),
+        (
+            "PUBLISHER_PROXY_ADDRESS",
+            "http://eddy-event-bus.eddy-system.svc.cluster.local/publish",
+        ),
         ("LOG_LEVEL", "debug"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
     assert_eq!(env, expected);
-    assert!(pod.containers[0].env_from.is_none(), "nothing but its own env");
+    assert!(
+        pod.containers[0].env_from.is_none(),
+        "nothing but its own env"
+    );
 }
 
 #[test]
 fn scaling_maps_onto_replicas_or_an_autoscaler() {
     let scaled = |spec: Value| render::scaling(&function(spec));
     assert_eq!(scaled(json!({})), Scaling::Autoscaled { min: 1, max: 3 });
-    assert_eq!(scaled(json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 4}})), Scaling::Autoscaled { min: 1, max: 4 });
-    assert_eq!(scaled(json!({"scaleConfig": {"minReplicas": 2, "maxReplicas": 2}})), Scaling::Fixed(2));
-    assert_eq!(scaled(json!({"scaleConfig": null, "replicas": 0})), Scaling::Fixed(0));
+    assert_eq!(
+        scaled(json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 4}})),
+        Scaling::Autoscaled { min: 1, max: 4 }
+    );
+    assert_eq!(
+        scaled(json!({"scaleConfig": {"minReplicas": 2, "maxReplicas": 2}})),
+        Scaling::Fixed(2)
+    );
+    assert_eq!(
+        scaled(json!({"scaleConfig": null, "replicas": 0})),
+        Scaling::Fixed(0)
+    );
     assert_eq!(scaled(json!({"scaleConfig": null})), Scaling::Fixed(1));
 }
 
@@ -775,23 +1120,39 @@ fn builds_use_the_configured_builder_registry_and_secret() {
     config.insecure_registry = true;
     let long_name = format!("f{}", "x".repeat(62));
     let rendered = render(&function(json!({})), &config).expect("renders");
-    assert_eq!(rendered.image, format!("registry.example.com/eddy/shop-reserve-stock:{}", rendered.hash));
+    assert_eq!(
+        rendered.image,
+        format!(
+            "registry.example.com/eddy/shop-reserve-stock:{}",
+            rendered.hash
+        )
+    );
     let job = rendered.job.spec.clone().expect("a job spec");
     assert_eq!(job.backoff_limit, Some(0));
     assert_eq!(job.active_deadline_seconds, Some(600));
     let pod = job.template.spec.expect("a pod spec");
     assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
     let builder = &pod.containers[0];
-    assert_eq!(builder.image.as_deref(), Some("gcr.io/kaniko-project/executor:v1.23.2"));
+    assert_eq!(
+        builder.image.as_deref(),
+        Some("gcr.io/kaniko-project/executor:v1.23.2")
+    );
     let args = builder.args.clone().unwrap_or_default();
     assert!(args.contains(&"--insecure".to_owned()));
     assert!(args.contains(&"--context=dir:///workspace".to_owned()));
-    assert_eq!(builder.termination_message_policy.as_deref(), Some("FallbackToLogsOnError"));
+    assert_eq!(
+        builder.termination_message_policy.as_deref(),
+        Some("FallbackToLogsOnError")
+    );
     let mounts = builder.volume_mounts.clone().unwrap_or_default();
     assert!(mounts.iter().any(|m| m.mount_path == "/kaniko/.docker"));
     let deployment_pod = rendered.deployment.spec.template.spec.expect("a pod spec");
     assert_eq!(
-        deployment_pod.image_pull_secrets.unwrap_or_default().first().map(|s| s.name.clone()),
+        deployment_pod
+            .image_pull_secrets
+            .unwrap_or_default()
+            .first()
+            .map(|s| s.name.clone()),
         Some("registry-push".to_owned())
     );
     // Names stay valid for any Function name.
@@ -809,40 +1170,73 @@ fn build_state_follows_the_job() {
     };
     assert_eq!(build_state(&job(json!({}))), BuildState::Running);
     assert_eq!(build_state(&job(json!({"active": 1}))), BuildState::Running);
-    assert_eq!(build_state(&job(json!({"succeeded": 1}))), BuildState::Succeeded);
     assert_eq!(
-        build_state(&job(json!({"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}]}))),
-        BuildState::Failed("DeadlineExceeded: Job was active longer than specified deadline".to_owned())
+        build_state(&job(json!({"succeeded": 1}))),
+        BuildState::Succeeded
     );
-    assert!(matches!(build_state(&job(json!({"failed": 1}))), BuildState::Failed(_)));
     assert_eq!(
-        build_state(&job(json!({"conditions": [{"type": "Failed", "status": "False"}]}))),
+        build_state(&job(
+            json!({"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}]})
+        )),
+        BuildState::Failed(
+            "DeadlineExceeded: Job was active longer than specified deadline".to_owned()
+        )
+    );
+    assert!(matches!(
+        build_state(&job(json!({"failed": 1}))),
+        BuildState::Failed(_)
+    ));
+    assert_eq!(
+        build_state(&job(
+            json!({"conditions": [{"type": "Failed", "status": "False"}]})
+        )),
         BuildState::Running
     );
 }
 
 #[test]
 fn running_follows_the_deployment() {
-    let deployment = |value: Value| -> Deployment { serde_json::from_value(value).expect("a Deployment") };
+    let deployment =
+        |value: Value| -> Deployment { serde_json::from_value(value).expect("a Deployment") };
     let ready = deployment(deployment_ready(3, 2));
-    assert_eq!(running_condition(&ready, Scaling::Fixed(2)).1, "DeploymentReady");
+    assert_eq!(
+        running_condition(&ready, Scaling::Fixed(2)).1,
+        "DeploymentReady"
+    );
     assert_eq!(running_condition(&ready, Scaling::Fixed(2)).3, 2);
     let mut rolling = deployment_ready(3, 2);
     rolling["status"]["updatedReplicas"] = json!(1);
-    assert_eq!(running_condition(&deployment(rolling), Scaling::Fixed(2)).1, "DeploymentUpdating");
+    assert_eq!(
+        running_condition(&deployment(rolling), Scaling::Fixed(2)).1,
+        "DeploymentUpdating"
+    );
     let mut unobserved = deployment_ready(3, 2);
     unobserved["status"]["observedGeneration"] = json!(2);
-    assert_eq!(running_condition(&deployment(unobserved), Scaling::Fixed(2)).0, None);
-    let pending = deployment(json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 1}}));
-    assert_eq!(running_condition(&pending, Scaling::Fixed(1)).1, "DeploymentPending");
-    let stuck = deployment(json!({"metadata": {"generation": 1}, "status": {"conditions": [
-        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"x\" has timed out progressing."}
-    ]}}));
+    assert_eq!(
+        running_condition(&deployment(unobserved), Scaling::Fixed(2)).0,
+        None
+    );
+    let pending = deployment(
+        json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 1}}),
+    );
+    assert_eq!(
+        running_condition(&pending, Scaling::Fixed(1)).1,
+        "DeploymentPending"
+    );
+    let stuck = deployment(
+        json!({"metadata": {"generation": 1}, "status": {"conditions": [
+            {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"x\" has timed out progressing."}
+        ]}}),
+    );
     let (ok, reason, message, _) = running_condition(&stuck, Scaling::Fixed(1));
     assert_eq!((ok, reason), (Some(false), "DeploymentFailed"));
     assert!(message.contains("timed out"));
-    let zero = deployment(json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1}}));
-    assert_eq!(running_condition(&zero, Scaling::Fixed(0)).1, "ScaledToZero");
+    let zero =
+        deployment(json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1}}));
+    assert_eq!(
+        running_condition(&zero, Scaling::Fixed(0)).1,
+        "ScaledToZero"
+    );
 }
 
 #[test]
@@ -853,7 +1247,9 @@ fn retries_back_off_and_refusals_are_permanent() {
     assert_eq!(retry_delay(50), RESYNC);
     let api = |code: u16| {
         Error::Kube(kube::Error::Api(
-            kube::core::Status::failure("x", "y").with_code(code).boxed(),
+            kube::core::Status::failure("x", "y")
+                .with_code(code)
+                .boxed(),
         ))
     };
     for code in [400, 403, 422] {
@@ -873,7 +1269,10 @@ fn build_log_tail_reads_the_termination_message() {
     }))
     .expect("a Pod");
     let tail = build_log_tail(&[pod]).expect("a message");
-    assert!(tail.starts_with("line 11") && tail.ends_with("line 30"), "{tail}");
+    assert!(
+        tail.starts_with("line 11") && tail.ends_with("line 30"),
+        "{tail}"
+    );
     assert_eq!(build_log_tail(&[]), None);
 }
 

@@ -8,8 +8,8 @@ use std::{
     time::Duration,
 };
 
-use eddy_api::{process, resources::Runtime};
 pub use crate::runtimes::build_hash;
+use eddy_api::{process, resources::Runtime};
 
 use crate::runtimes;
 

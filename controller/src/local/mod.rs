@@ -57,7 +57,12 @@ pub(crate) fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-pub(crate) fn condition(type_: &str, ok: Option<bool>, reason: &str, message: impl Into<String>) -> Condition {
+pub(crate) fn condition(
+    type_: &str,
+    ok: Option<bool>,
+    reason: &str,
+    message: impl Into<String>,
+) -> Condition {
     Condition {
         type_: type_.to_owned(),
         status: match ok {

@@ -1,0 +1,77 @@
+{{/* Name prefix of every object. */}}
+{{- define "eddy.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "eddy.labels" -}}
+app.kubernetes.io/part-of: eddy
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "eddy.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The NATS URL components connect to. */}}
+{{- define "eddy.natsUrl" -}}
+{{- if .Values.nats.enabled -}}
+nats://{{ .Release.Name }}-nats.{{ .Release.Namespace }}.svc.cluster.local:4222
+{{- else -}}
+{{- required "externalNats.url is required when nats.enabled is false" .Values.externalNats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* SPIFFE identity of a component's service account. */}}
+{{- define "eddy.principal" -}}
+cluster.local/ns/{{ .root.Release.Namespace }}/sa/{{ include "eddy.fullname" .root }}-{{ .component }}
+{{- end -}}
+
+{{/* Hardened security context of eddy's own containers. */}}
+{{- define "eddy.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+{{- define "eddy.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{/* NATS credentials, mounted when configured. */}}
+{{- define "eddy.natsCredsEnv" -}}
+{{- if .Values.externalNats.credsSecret }}
+- name: EDDY_NATS_CREDS
+  value: /etc/eddy/nats/creds
+{{- end }}
+{{- end -}}
+{{- define "eddy.natsCredsMount" -}}
+{{- if .Values.externalNats.credsSecret }}
+- name: nats-creds
+  mountPath: /etc/eddy/nats
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "eddy.natsCredsVolume" -}}
+{{- if .Values.externalNats.credsSecret }}
+- name: nats-creds
+  secret:
+    secretName: {{ .Values.externalNats.credsSecret }}
+{{- end }}
+{{- end -}}
+
+{{- define "eddy.extraEnv" -}}
+{{- range $name, $value := . }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end -}}
