@@ -129,3 +129,80 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
     assert!(!ok);
     assert!(err.contains("not found"), "{err}");
 }
+
+fn eddy_offline(args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `eddy controller render` is a dry run of the Kubernetes backend: the shop's Functions come
+/// out as the objects the controller would apply, and an invalid one is refused by field.
+#[test]
+fn controller_render_prints_the_kubernetes_objects_of_the_shop() {
+    let (ok, stdout, stderr) = eddy_offline(&[
+        "controller",
+        "render",
+        "-f",
+        "examples/shop",
+        "--registry",
+        "registry.example.com/shop",
+    ]);
+    assert!(ok, "{stderr}");
+    let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&stdout)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .collect();
+    let kinds: Vec<(&str, &str)> = documents
+        .iter()
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap(),
+                d["metadata"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for kind in ["ConfigMap", "Job", "Deployment", "Service"] {
+        assert!(kinds.iter().any(|(k, _)| *k == kind), "{kind} in {kinds:?}");
+    }
+    let images: Vec<&str> = documents
+        .iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .map(|d| {
+            d["spec"]["template"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert!(!images.is_empty());
+    assert!(
+        images
+            .iter()
+            .all(|i| i.starts_with("registry.example.com/shop/")),
+        "{images:?}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: eddy.dev/v1alpha1\nkind: Function\nmetadata: {name: Bad_Name}\nspec:\n  runtime: nodejs20\n  source: {inline: {source: x}}\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = eddy_offline(&["controller", "render", "-f", bad.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("metadata.name"), "{stderr}");
+
+    let (ok, stdout, _) = eddy_offline(&["crds"]);
+    assert!(ok);
+    assert!(
+        stdout.contains("name: functions.eddy.dev")
+            && stdout.contains("name: subscriptions.eddy.dev")
+    );
+}

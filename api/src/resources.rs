@@ -138,6 +138,7 @@ pub struct FunctionSpec {
     pub resource_configuration: Option<ResourceConfiguration>,
     /// Longest a handler may run before it is answered 504 (default 180).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 180))]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("must be between 1 and 3600"))]
     pub timeout_seconds: Option<i32>,
 }
@@ -486,9 +487,11 @@ pub struct SubscriptionSpec {
     pub type_matching: TypeMatching,
     /// Flow control.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = {}))]
     pub config: Option<SubscriptionConfig>,
     /// Retries, backoff and timeouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = {}))]
     pub delivery: Option<DeliverySpec>,
 }
 
@@ -498,6 +501,7 @@ pub struct SubscriptionSpec {
 pub struct SubscriptionConfig {
     /// Most events in flight to the sink at once (Kyma writes it as a string; both are taken).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 10))]
     #[x_kube(validation = Rule::new("string(self).matches('^[0-9]{1,5}$') && int(string(self)) >= 1 && int(string(self)) <= 10000").message("must be a whole number between 1 and 10000"))]
     pub max_in_flight_messages: Option<IntOrString>,
 }
@@ -552,24 +556,26 @@ pub enum Backoff {
 pub struct DeliverySpec {
     /// Deliveries before the event goes to dead letters (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 5))]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("must be between 1 and 100"))]
     pub max_attempts: Option<i64>,
     /// Backoff shape (default exponential).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = "exponential"))]
     pub backoff: Option<Backoff>,
     /// First retry delay (default 1s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), extend("default" = "1s"))]
     #[x_kube(validation = Rule::new(GO_DURATION_RULE).message(GO_DURATION_MESSAGE))]
     pub initial_delay: Option<String>,
     /// Longest retry delay (default 60s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), extend("default" = "60s"))]
     #[x_kube(validation = Rule::new(GO_DURATION_RULE).message(GO_DURATION_MESSAGE))]
     pub max_delay: Option<String>,
     /// Per-delivery timeout (default 30s, at most 1h).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), extend("default" = "30s"))]
     #[x_kube(validation = Rule::new(GO_DURATION_RULE).message(GO_DURATION_MESSAGE))]
     #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(ns|us|ms|s|m|h))+$') || duration(self) <= duration('1h')").message("must be at most 1h"))]
     pub timeout: Option<String>,

@@ -14,7 +14,7 @@ use eddy_api::resources::{
 };
 use kube::CustomResourceExt;
 use kube::core::cel::{
-    ErrorKind, ScopeContext, Validator, WarningKind, analyze_rule, compile_schema,
+    ErrorKind, ScopeContext, Validator, WarningKind, analyze_rule, apply_defaults, compile_schema,
 };
 use serde_json::{Value, json};
 
@@ -463,4 +463,55 @@ fn visit_rules(node: &Value, visit: &mut dyn FnMut(&Value, &str)) {
         Value::Array(items) => items.iter().for_each(|item| visit_rules(item, visit)),
         _ => {}
     }
+}
+
+/// Schema defaults as the API server applies them: a defaulted object gets its own fields'
+/// defaults too (kube's client-side pass does one level per call, so repeat to a fixpoint).
+fn defaulted(schema: &Value, object: &Value) -> Value {
+    let mut current = object.clone();
+    loop {
+        let next = apply_defaults(schema, &current);
+        if next == current {
+            return current;
+        }
+        current = next;
+    }
+}
+
+/// The defaults the API server writes into a stored object are the ones the code assumes when
+/// a field is left out, so a Subscription or Function behaves the same in both modes.
+#[test]
+fn schema_defaults_are_the_local_defaults() {
+    let bare_subscription = json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+        "metadata": {"name": "bare", "namespace": "shop"},
+        "spec": {"sink": "http://fn.shop.svc.cluster.local", "types": ["a.b"]},
+    });
+    let with_defaults = defaulted(&schema_of(&Subscription::crd()), &bare_subscription);
+    assert_eq!(
+        with_defaults["spec"]["delivery"]["maxAttempts"], 5,
+        "{with_defaults}"
+    );
+    let bare: Subscription = serde_json::from_value(bare_subscription).unwrap();
+    let stored: Subscription = serde_json::from_value(with_defaults).unwrap();
+    assert_eq!(
+        bare.spec.delivery_policy().unwrap(),
+        stored.spec.delivery_policy().unwrap()
+    );
+    assert_eq!(bare.spec.type_matching, stored.spec.type_matching);
+
+    let bare_function = json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+        "metadata": {"name": "bare", "namespace": "shop"},
+        "spec": {"runtime": "python311", "source": {"inline": {"source": "def main(e, c): pass"}}},
+    });
+    let with_defaults = defaulted(&schema_of(&Function::crd()), &bare_function);
+    assert_eq!(
+        with_defaults["spec"]["timeoutSeconds"], 180,
+        "{with_defaults}"
+    );
+    let bare: Function = serde_json::from_value(bare_function).unwrap();
+    let stored: Function = serde_json::from_value(with_defaults).unwrap();
+    assert_eq!(bare.spec.timeout(), stored.spec.timeout());
+    assert_eq!(bare.spec.replica_bounds(), stored.spec.replica_bounds());
 }
