@@ -73,8 +73,16 @@ impl NatsArgs {
                         source,
                     })?;
         }
+        // Every cluster member given: the client starts with whichever answers and fails over
+        // to the others (and to the members the servers announce).
+        let servers: Vec<&str> = self
+            .nats_url
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .collect();
         options
-            .connect(self.nats_url.as_str())
+            .connect(servers)
             .await
             .map_err(|source| Error::Connect {
                 url: self.nats_url.clone(),

@@ -161,6 +161,65 @@ impl Drop for NatsServer {
     }
 }
 
+/// A JetStream cluster of local `nats-server` processes joined by routes, each with its own
+/// store, killed on drop.
+pub struct NatsCluster {
+    /// The members, `node-0`, `node-1`, ...
+    pub nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts `size` servers named `node-<i>` in the cluster `eddy`.
+    pub fn start(size: usize) -> Result<Self> {
+        let route_ports = (0..size)
+            .map(|_| free_port())
+            .collect::<Result<Vec<u16>>>()?;
+        let routes = route_ports
+            .iter()
+            .map(|port| format!("nats://127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = route_ports
+            .iter()
+            .enumerate()
+            .map(|(index, port)| {
+                NatsServer::start_with_args(&[
+                    "--cluster_name",
+                    "eddy",
+                    "--server_name",
+                    &format!("node-{index}"),
+                    "--cluster",
+                    &format!("nats://127.0.0.1:{port}"),
+                    "--routes",
+                    &routes,
+                ])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { nodes })
+    }
+
+    /// Every member's client URL, comma-separated (what `--nats-url` takes).
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The member named `node-<index>`.
+    pub fn node_index(name: &str) -> Option<usize> {
+        name.strip_prefix("node-")?.parse().ok()
+    }
+}
+
+/// A port free right now (the OS picks it; a tiny race with other processes is accepted).
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 /// Reads the client port from the ports file nats-server writes once it listens.
 fn read_client_port(dir: &Path) -> Option<u16> {
     eddy_api::nats::read_ports_file(dir)?
