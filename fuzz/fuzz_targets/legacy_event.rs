@@ -1,0 +1,15 @@
+//! The legacy `/{application}/v1/events` format: parsing must never panic; an accepted event
+//! has the id it was given or the generated one.
+#![no_main]
+
+use eddy_event_bus::{event::Limits, legacy::from_legacy};
+use libfuzzer_sys::fuzz_target;
+
+const LIMITS: Limits = Limits {
+    max_event_size: 1 << 16,
+    max_batch_events: 100,
+};
+
+fuzz_target!(|body: &[u8]| {
+    let _ = from_legacy("shop", body, &LIMITS, || "generated-id".to_owned());
+});
