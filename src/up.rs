@@ -84,6 +84,9 @@ pub struct Args {
         value_delimiter = ','
     )]
     pub allowed_sinks: Vec<String>,
+    /// Bearer tokens for the controller API, the dashboard and the dispatcher's admin API.
+    #[command(flatten)]
+    pub api_auth: eddy_api::auth::ApiTokenArgs,
 }
 
 /// Runs everything until a shutdown signal.
@@ -123,6 +126,8 @@ pub struct Platform {
     pub gateway_url: String,
     /// The dispatcher's admin API.
     pub dispatcher_url: String,
+    /// A token the APIs accept, when they require one.
+    pub api_token: Option<String>,
     components: Vec<Component>,
     token: CancellationToken,
     nats: Option<NatsChild>,
@@ -157,6 +162,7 @@ impl Platform {
             api_url: String::new(),
             gateway_url: String::new(),
             dispatcher_url: String::new(),
+            api_token: args.api_auth.api_tokens.first().cloned(),
             components: Vec::new(),
             token: CancellationToken::new(),
             nats,
@@ -195,6 +201,7 @@ impl Platform {
         controller_args.bus_url = self.bus_url.clone();
         controller_args.scale_to_zero_after = args.scale_to_zero_after;
         controller_args.dispatcher_url = Some(format!("http://{dispatcher_local}"));
+        controller_args.api_auth = args.api_auth.clone();
         let controller = eddy_controller::Controller::new(
             controller_args,
             format!("http://{gateway_local}"),
@@ -219,6 +226,7 @@ impl Platform {
             eddy_dispatcher::Args::new(dispatcher_local, nats_url, self.bus_url.clone());
         dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
         dispatcher_args.bus_token = args.bus_tokens.first().cloned();
+        dispatcher_args.api_auth = args.api_auth.clone();
         let dispatcher =
             eddy_dispatcher::Dispatcher::new(dispatcher_args, self.token.child_token()).await?;
         self.components.push((
@@ -359,11 +367,12 @@ async fn deploy(
     let api = crate::cli::resources::ApiArgs {
         server: platform.api_url.clone(),
         namespace: "default".to_owned(),
+        token: platform.api_token.clone(),
     };
     for path in paths {
         crate::cli::resources::apply(&api, path).await?;
     }
-    let http = reqwest::Client::new();
+    let http = api.http()?;
     let started = std::time::Instant::now();
     let mut reported: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     loop {

@@ -4,6 +4,7 @@
 //! Services depend on this crate and never on each other, so a component can be rebuilt, scaled
 //! or replaced alone.
 
+pub mod auth;
 pub mod headers;
 pub mod nats;
 pub mod output;
@@ -58,6 +59,15 @@ pub enum Error {
     /// The logging flags are invalid.
     #[error("invalid log filter: {0}")]
     LogFilter(String),
+    /// A token file could not be read.
+    #[error("cannot read token file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Result with this crate's [`Error`].

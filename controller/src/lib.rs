@@ -230,6 +230,9 @@ pub struct Args {
     /// Longest wait for in-flight requests on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// Bearer tokens for the resource API and the dashboard.
+    #[command(flatten)]
+    pub api_auth: eddy_api::auth::ApiTokenArgs,
     /// Settings of the Kubernetes backend.
     #[command(flatten)]
     pub kubernetes: KubernetesArgs,
@@ -259,6 +262,7 @@ impl Args {
             data_dir: PathBuf::from(".eddy"),
             allowed_sinks: Vec::new(),
             drain_timeout: Duration::from_secs(10),
+            api_auth: eddy_api::auth::ApiTokenArgs::default(),
             kubernetes: KubernetesArgs::default(),
         }
     }
@@ -299,8 +303,10 @@ impl Controller {
             data_dir,
             allowed_sinks,
             drain_timeout,
+            api_auth,
             kubernetes: _,
         } = args;
+        let api_tokens = api_auth.load()?;
         let gateway_url = configured_gateway_url.unwrap_or(gateway_url);
         let client = nats
             .connect(
@@ -361,16 +367,19 @@ impl Controller {
             store: store.clone(),
             js: js.clone(),
             dispatcher_url: dispatcher_url.map(|url| url.trim_end_matches('/').to_owned()),
-            http: reqwest::Client::new(),
+            // The dispatcher of `eddy up` takes the same API tokens as the controller.
+            http: dispatcher_client(api_auth.api_tokens.first().map(String::as_str)),
         });
         let state = Arc::new(api::ApiState {
             store,
             sinks,
             logs_dir,
         });
-        let api = api::router(state)
-            .merge(dashboard::router(dashboard))
-            .route("/healthz", axum::routing::get(|| async { "ok" }));
+        let api = eddy_api::auth::protect(
+            api::router(state).merge(dashboard::router(dashboard)),
+            api_tokens,
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
         Ok(Self {
             api,
             gateway: local::gateway::router(gateway),
@@ -408,6 +417,20 @@ impl Controller {
         let _ = tokio::time::timeout(Duration::from_secs(20), self.backend_task).await;
         served
     }
+}
+
+/// The client the dashboard reads delivery counts with, sending `token` when given.
+fn dispatcher_client(token: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(value) =
+        token.and_then(|t| reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).ok())
+    {
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap_or_default()
 }
 
 /// Opens the store, waiting for NATS (with backoff) until shutdown.

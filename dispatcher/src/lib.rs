@@ -153,6 +153,9 @@ pub struct Args {
     /// Longest wait for in-flight deliveries on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// Bearer tokens for the admin API (dead letters, replay, metrics).
+    #[command(flatten)]
+    pub api_auth: eddy_api::auth::ApiTokenArgs,
 }
 
 impl Args {
@@ -170,6 +173,7 @@ impl Args {
             ack_wait: Duration::from_secs(30),
             max_reply_size: bytesize::ByteSize::mib(1),
             drain_timeout: Duration::from_secs(10),
+            api_auth: eddy_api::auth::ApiTokenArgs::default(),
         }
     }
 }
@@ -211,7 +215,9 @@ impl Dispatcher {
             ack_wait,
             max_reply_size,
             drain_timeout,
+            api_auth,
         } = args;
+        let api_tokens = api_auth.load()?;
         let client = nats
             .connect(
                 "eddy-dispatcher",
@@ -261,11 +267,14 @@ impl Dispatcher {
             shutdown.child_token(),
         ));
         let manager_task = tokio::spawn(manager.clone().run(source));
-        let router = admin::router(Arc::new(admin::AdminState {
-            shared,
-            manager,
-            client,
-        }));
+        let router = eddy_api::auth::protect(
+            admin::router(Arc::new(admin::AdminState {
+                shared,
+                manager,
+                client,
+            })),
+            api_tokens,
+        );
         Ok(Self {
             router,
             manager_task,

@@ -4,7 +4,6 @@
 //!
 //! Stateless: any number of replicas can run against one NATS. See DESIGN §3 and §4.
 
-pub mod auth;
 pub mod event;
 pub mod legacy;
 pub mod metrics;
@@ -39,15 +38,6 @@ pub enum Error {
     /// The HTTP server failed.
     #[error("HTTP server failed: {0}")]
     Serve(#[source] std::io::Error),
-    /// The token file could not be read.
-    #[error("cannot read token file {path}: {source}")]
-    TokenFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// Result with this crate's [`Error`].
@@ -145,7 +135,7 @@ impl EventBus {
             token_file,
             drain_timeout,
         } = args;
-        let tokens = auth::Tokens::load(&tokens, token_file.as_deref())?;
+        let tokens = eddy_api::auth::Tokens::load(&tokens, token_file.as_deref())?;
         if tokens.is_none() {
             tracing::warn!(
                 "no publisher tokens configured: anyone who reaches the event-bus can publish"

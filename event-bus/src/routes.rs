@@ -16,8 +16,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
+use eddy_api::auth::Tokens;
+
 use crate::{
-    auth::Tokens,
     event::{
         self, BatchError, ContentMode, EventError, Limits, OutgoingEvent, Refusal, TraceContext,
     },

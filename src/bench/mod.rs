@@ -131,6 +131,7 @@ async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
         scale_to_zero_after: Duration::from_secs(3600),
         apply: Vec::new(),
         allowed_sinks: Vec::new(),
+        api_auth: Default::default(),
     };
     let platform = Platform::start(&args, false).await?;
     let result = e2e::run(
@@ -340,6 +341,7 @@ async fn coldstart(
         scale_to_zero_after: Duration::from_millis(300),
         apply: Vec::new(),
         allowed_sinks: Vec::new(),
+        api_auth: Default::default(),
     };
     let platform = Platform::start(&args, false).await?;
     let result = measure_coldstart(&platform, runs, runtimes).await;

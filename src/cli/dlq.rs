@@ -16,6 +16,14 @@ pub struct DispatcherArgs {
         global = true
     )]
     pub dispatcher: String,
+    /// Bearer token for the dispatcher's admin API, when it requires one.
+    #[arg(
+        long = "token",
+        env = "EDDY_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    pub token: Option<String>,
 }
 
 fn base(args: &DispatcherArgs) -> &str {
@@ -48,7 +56,9 @@ pub async fn list(
     if let Some(subscription) = subscription {
         url.push_str(&format!("?subscription={namespace}/{subscription}"));
     }
-    let response = reqwest::get(&url)
+    let response = super::http_client(args.token.as_deref())?
+        .get(&url)
+        .send()
         .await
         .with_context(|| format!("cannot reach the dispatcher at {}", args.dispatcher))?;
     let body = check(response).await?;
@@ -110,7 +120,7 @@ pub async fn redrive(
         "{}/subscriptions/{namespace}/{subscription}/redrive",
         base(args)
     );
-    let response = reqwest::Client::new()
+    let response = super::http_client(args.token.as_deref())?
         .post(&url)
         .send()
         .await
@@ -143,7 +153,7 @@ pub async fn replay(
         "{}/subscriptions/{namespace}/{subscription}/replay",
         base(args)
     );
-    let response = reqwest::Client::new()
+    let response = super::http_client(args.token.as_deref())?
         .post(&url)
         .json(&request)
         .send()

@@ -19,7 +19,10 @@ fn function_url(api: &ApiArgs, name: &str) -> String {
 /// `eddy logs FN [-f]`: the instances' output.
 pub async fn logs(api: &ApiArgs, name: &str, follow: bool) -> anyhow::Result<()> {
     let url = format!("{}/log?follow={follow}", function_url(api, name));
-    let response = reqwest::get(&url)
+    let response = api
+        .http()?
+        .get(&url)
+        .send()
         .await
         .with_context(|| format!("cannot reach the eddy API at {}", api.server))?;
     if !response.status().is_success() {
@@ -70,7 +73,10 @@ pub async fn invoke(api: &ApiArgs, args: InvokeArgs) -> anyhow::Result<()> {
         content_type,
         headers,
     } = args;
-    let response = reqwest::get(function_url(api, &name))
+    let response = api
+        .http()?
+        .get(function_url(api, &name))
+        .send()
         .await
         .with_context(|| format!("cannot reach the eddy API at {}", api.server))?;
     if !response.status().is_success() {

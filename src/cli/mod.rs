@@ -4,3 +4,18 @@ pub mod dlq;
 pub mod functions;
 pub mod publish;
 pub mod resources;
+
+/// An HTTP client that sends `Authorization: Bearer <token>` with every request when a token is
+/// given.
+pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = token {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .build()?)
+}

@@ -25,6 +25,21 @@ pub struct ApiArgs {
         global = true
     )]
     pub namespace: String,
+    /// Bearer token for the controller API and the dispatcher's admin API, when they require one.
+    #[arg(
+        long = "token",
+        env = "EDDY_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    pub token: Option<String>,
+}
+
+impl ApiArgs {
+    /// An HTTP client that sends the token, if any, with every request.
+    pub fn http(&self) -> anyhow::Result<reqwest::Client> {
+        super::http_client(self.token.as_deref())
+    }
 }
 
 /// Output formats.
@@ -160,7 +175,7 @@ pub async fn apply(api: &ApiArgs, path: &Path) -> anyhow::Result<()> {
     if manifests.is_empty() {
         bail!("no manifests in {}", path.display());
     }
-    let http = reqwest::Client::new();
+    let http = api.http()?;
     let mut failed = 0;
     for manifest in manifests {
         let (kind, namespace, name) = identify(&manifest, &api.namespace)?;
@@ -220,7 +235,10 @@ pub async fn get(
     } else {
         resource_url(&api.server, &api.namespace, kind, name)
     };
-    let response = reqwest::get(&url)
+    let response = api
+        .http()?
+        .get(&url)
+        .send()
         .await
         .with_context(|| format!("cannot reach the eddy API at {}", api.server))?;
     if !response.status().is_success() {
@@ -360,7 +378,7 @@ pub async fn delete(
         }
         _ => bail!("say what to delete: `eddy delete functions NAME` or `eddy delete -f FILE`"),
     }
-    let http = reqwest::Client::new();
+    let http = api.http()?;
     for (kind, namespace, name) in targets {
         let url = resource_url(&api.server, &namespace, kind, Some(&name));
         let response = http

@@ -1,0 +1,183 @@
+//! Optional bearer-token authentication (publishers on the event-bus, clients of the controller
+//! API and the dispatcher's admin API).
+//!
+//! Tokens are kept only as SHA-256 digests and a presented token is hashed before the lookup, so
+//! neither memory dumps nor timing reveal a token.
+
+use std::{collections::HashSet, path::Path};
+
+use axum::response::IntoResponse as _;
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Result};
+
+/// The accepted tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    digests: HashSet<[u8; 32]>,
+}
+
+impl Tokens {
+    /// Tokens from a list and an optional file (one per line; blank lines and `#` comments
+    /// ignored). `None` when there are none: authentication is off.
+    pub fn load(listed: &[String], file: Option<&Path>) -> Result<Option<Self>> {
+        let mut tokens = Self::default();
+        for token in listed {
+            tokens.add(token);
+        }
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| Error::TokenFile {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            for line in text.lines() {
+                let line = line.trim();
+                if !line.is_empty() && !line.starts_with('#') {
+                    tokens.add(line);
+                }
+            }
+        }
+        Ok((!tokens.digests.is_empty()).then_some(tokens))
+    }
+
+    fn add(&mut self, token: &str) {
+        let token = token.trim();
+        if !token.is_empty() {
+            self.digests.insert(Sha256::digest(token.as_bytes()).into());
+        }
+    }
+
+    /// Whether `Authorization: Bearer <token>` carries an accepted token.
+    pub fn allows(&self, headers: &http::HeaderMap) -> bool {
+        bearer_token(headers).is_some_and(|token| self.allows_token(token))
+    }
+
+    /// Whether `token` is accepted.
+    pub fn allows_token(&self, token: &str) -> bool {
+        self.digests
+            .contains(&<[u8; 32]>::from(Sha256::digest(token.as_bytes())))
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+pub fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Flags that turn bearer-token authentication on for a service's API.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ApiTokenArgs {
+    /// Bearer tokens the API accepts (comma-separated); none: no authentication.
+    #[arg(
+        long = "api-tokens",
+        env = "EDDY_API_TOKENS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_tokens: Vec<String>,
+    /// A file of accepted API tokens, one per line.
+    #[arg(long = "api-token-file", env = "EDDY_API_TOKEN_FILE")]
+    pub api_token_file: Option<std::path::PathBuf>,
+}
+
+impl ApiTokenArgs {
+    /// The tokens, or `None` when authentication is off.
+    pub fn load(&self) -> Result<Option<Tokens>> {
+        Tokens::load(&self.api_tokens, self.api_token_file.as_deref())
+    }
+}
+
+/// Requires an accepted bearer token on every route of `router` but the probes (`/healthz`,
+/// `/readyz`); `None` leaves the router open. A GET may carry the token as `?token=` instead,
+/// so a browser can open the dashboard (`/?token=...`) and its live tail.
+pub fn protect<S: Clone + Send + Sync + 'static>(
+    router: axum::Router<S>,
+    tokens: Option<Tokens>,
+) -> axum::Router<S> {
+    match tokens {
+        Some(tokens) => router.layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::new(tokens),
+            require_token,
+        )),
+        None => router,
+    }
+}
+
+async fn require_token(
+    axum::extract::State(tokens): axum::extract::State<std::sync::Arc<Tokens>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = request.uri().path();
+    let open = path == "/healthz" || path == "/readyz";
+    if open || tokens.allows(request.headers()) || query_token_allowed(&tokens, &request) {
+        return next.run(request).await;
+    }
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 401,
+        "reason": "Unauthorized", "message": "a valid bearer token is required (Authorization: Bearer <token>)",
+    });
+    (
+        http::StatusCode::UNAUTHORIZED,
+        [(http::header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+fn query_token_allowed(tokens: &Tokens, request: &axum::extract::Request) -> bool {
+    if request.method() != http::Method::GET {
+        return false;
+    }
+    let Some(query) = request.uri().query() else {
+        return false;
+    };
+    url::form_urlencoded::parse(query.as_bytes())
+        .filter(|(key, _)| key == "token")
+        .any(|(_, token)| tokens.allows_token(&token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bearer(value: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::AUTHORIZATION, value.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn accepts_only_listed_tokens() {
+        let tokens = Tokens::load(&["s3cret".to_owned(), " ".to_owned()], None)
+            .unwrap()
+            .unwrap();
+        assert!(tokens.allows(&bearer("Bearer s3cret")));
+        assert!(tokens.allows(&bearer("bearer s3cret")));
+        assert!(!tokens.allows(&bearer("Bearer other")));
+        assert!(!tokens.allows(&bearer("Basic s3cret")));
+        assert!(!tokens.allows(&http::HeaderMap::new()));
+    }
+
+    #[test]
+    fn no_tokens_means_no_auth() {
+        assert!(Tokens::load(&[], None).unwrap().is_none());
+        assert!(Tokens::load(&[String::new()], None).unwrap().is_none());
+    }
+
+    #[test]
+    fn reads_token_files() {
+        let dir = std::env::temp_dir().join(format!("eddy-tokens-{}", std::process::id()));
+        std::fs::write(&dir, "# publishers\n\nfirst\n  second  \n").unwrap();
+        let tokens = Tokens::load(&[], Some(&dir)).unwrap().unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert!(tokens.allows(&bearer("Bearer first")));
+        assert!(tokens.allows(&bearer("Bearer second")));
+        assert!(!tokens.allows(&bearer("Bearer # publishers")));
+        assert!(Tokens::load(&[], Some(Path::new("/nonexistent/eddy"))).is_err());
+    }
+}

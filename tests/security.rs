@@ -1,0 +1,219 @@
+//! Who gets in: API tokens on the controller API, the dashboard and the dispatcher's admin API;
+//! paths and headers that try to reach another function or break the gateway.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use eddy_testing::NatsServer;
+use serde_json::json;
+use support::Platform;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const TOKEN: &str = "s3cret-token";
+
+async fn listener() -> (tokio::net::TcpListener, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    (listener, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_tokens_guard_the_controller_api_the_dashboard_and_the_dispatcher_admin() {
+    let nats = NatsServer::start().unwrap();
+    let shutdown = eddy_api::shutdown::CancellationToken::new();
+    let (api_listener, api) = listener().await;
+    let (gateway_listener, gateway) = listener().await;
+    let (dispatcher_listener, dispatcher) = listener().await;
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut args = eddy_controller::Args::new(api_listener.local_addr().unwrap(), nats.url());
+    args.data_dir = data_dir.path().to_path_buf();
+    args.api_auth.api_tokens = vec![TOKEN.to_owned()];
+    let controller = eddy_controller::Controller::new(args, gateway, shutdown.child_token())
+        .await
+        .unwrap();
+    tokio::spawn(controller.serve(api_listener, gateway_listener));
+    let mut args = eddy_dispatcher::Args::new(
+        dispatcher_listener.local_addr().unwrap(),
+        nats.url(),
+        "http://127.0.0.1:9",
+    );
+    args.api_auth.api_tokens = vec![TOKEN.to_owned()];
+    let admin = eddy_dispatcher::Dispatcher::new(args, shutdown.child_token())
+        .await
+        .unwrap();
+    tokio::spawn(admin.serve(dispatcher_listener));
+
+    let http = reqwest::Client::new();
+    let get = |url: String, token: Option<&str>| {
+        let mut request = http.get(url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap() }
+    };
+    let functions = format!("{api}/apis/eddy.dev/v1alpha1/namespaces/default/functions");
+
+    let refused = get(functions.clone(), None).await;
+    assert_eq!(refused.status(), 401);
+    assert_eq!(refused.headers()["www-authenticate"], "Bearer");
+    assert_eq!(get(functions.clone(), Some("wrong")).await.status(), 401);
+    assert_eq!(get(functions.clone(), Some(TOKEN)).await.status(), 200);
+    assert_eq!(
+        get(format!("{api}/healthz"), None).await.status(),
+        200,
+        "probes stay open"
+    );
+
+    // Writes need the header; a token in the query only opens GETs (the dashboard in a browser).
+    let function = json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+        "metadata": {"name": "f", "namespace": "default"},
+        "spec": {"runtime": "nodejs20", "source": {"inline": {"source": "x"}}},
+    });
+    let put = http
+        .put(format!("{functions}/f?token={TOKEN}"))
+        .json(&function)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 401);
+    assert_eq!(get(format!("{api}/"), None).await.status(), 401);
+    assert_eq!(
+        get(format!("{api}/?token={TOKEN}"), None).await.status(),
+        200
+    );
+    assert_eq!(
+        get(format!("{api}/dashboard/state?token={TOKEN}"), None)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        get(format!("{api}/dashboard/state?token=nope"), None)
+            .await
+            .status(),
+        401
+    );
+
+    assert_eq!(
+        get(format!("{dispatcher}/dead-letters"), None)
+            .await
+            .status(),
+        401
+    );
+    assert_eq!(
+        get(format!("{dispatcher}/dead-letters"), Some(TOKEN))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        get(format!("{dispatcher}/healthz"), None).await.status(),
+        200
+    );
+
+    // The CLI sends --token / EDDY_TOKEN.
+    let eddy = |token: Option<&str>| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
+        command.args(["get", "functions", "--server", &api]);
+        command.env_remove("EDDY_TOKEN");
+        if let Some(token) = token {
+            command.env("EDDY_TOKEN", token);
+        }
+        command.output()
+    };
+    let without = eddy(None).await.unwrap();
+    assert!(!without.status.success());
+    assert!(
+        String::from_utf8_lossy(&without.stderr).contains("a valid bearer token is required"),
+        "{without:?}"
+    );
+    let with = eddy(Some(TOKEN)).await.unwrap();
+    assert!(with.status.success(), "{with:?}");
+    shutdown.cancel();
+}
+
+/// Sends raw bytes (so nothing normalizes the path) and returns the status code and body.
+async fn raw(addr: &str, request: &[u8]) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    (status, text)
+}
+
+const ECHO: &str = r#"
+module.exports = {
+  main: (event, context) => ({ function: context["function-name"], path: event.extensions.request.url }),
+};
+"#;
+
+#[tokio::test]
+async fn gateway_paths_and_headers_cannot_reach_another_function_or_break_the_gateway() {
+    let platform = Platform::start().await;
+    let spec = json!({"runtime": "nodejs20", "source": {"inline": {"source": ECHO}}});
+    platform.deploy("front", spec.clone()).await;
+    platform.deploy("back", spec).await;
+    let gateway = platform.gateway.clone();
+    let get = |path: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n").into_bytes()
+    };
+
+    // Dot segments and encoded slashes after the function name stay inside that function.
+    for path in [
+        "/default/front/../back/x",
+        "/default/front/%2e%2e/back",
+        "/default/front/a%2Fb",
+    ] {
+        let (status, text) = raw(&gateway, &get(path)).await;
+        assert_eq!(status, 200, "{path}: {text}");
+        assert!(text.contains(r#""function":"front""#), "{path}: {text}");
+    }
+    // Names that are not DNS labels never select a function.
+    for path in [
+        "/default/..%2Fback/x",
+        "/default/front%2F..%2Fback",
+        "/%2e%2e/back/x",
+        "/default%2Fx/back",
+        "/default/BACK",
+    ] {
+        let (status, text) = raw(&gateway, &get(path)).await;
+        assert_eq!(status, 404, "{path}: {text}");
+        assert!(!text.contains(r#""function""#), "{path}: {text}");
+    }
+    // A header value with a bare CR or LF, an oversized header block: refused, nothing crashes.
+    let (status, _) = raw(
+        &gateway,
+        b"GET /default/front/ HTTP/1.1\r\nHost: g\r\nX-Test: a\rInjected: yes\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 400);
+    let huge = format!(
+        "GET /default/front/ HTTP/1.1\r\nHost: g\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let (status, _) = raw(&gateway, huge.as_bytes()).await;
+    assert!(status == 431 || status == 400, "{status}");
+    let many: String = (0..500).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let (status, _) = raw(
+        &gateway,
+        format!("GET /default/front/ HTTP/1.1\r\nHost: g\r\n{many}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(status == 431 || status == 400, "{status}");
+    // And the gateway still serves.
+    let (status, text) = raw(&gateway, &get("/default/back/ok")).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#""function":"back""#));
+}
