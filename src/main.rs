@@ -26,6 +26,16 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print the digest of a token, as `spec.access.tokenDigests` takes it (the token itself is
+    /// never stored).
+    Digest {
+        /// The token callers will send as `Authorization: Bearer <token>`.
+        token: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum ControllerCommand {
     /// Print the Kubernetes objects the controller would create for the Functions in a
     /// manifest (a dry run; nothing is sent anywhere).
@@ -56,6 +66,11 @@ enum Command {
     },
     /// Print the CustomResourceDefinitions of Function and Subscription (YAML).
     Crds,
+    /// Tokens for a Function's `access`.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
     /// Publish one event to the event-bus (binary mode).
     Publish(cli::publish::Args),
     /// Create or update the resources in a manifest file or directory.
@@ -218,6 +233,9 @@ async fn main() -> anyhow::Result<()> {
             ..
         } => print!("{}", cli::resources::render(&file, &kubernetes)?),
         Command::Crds => print!("{}", eddy_controller::kubernetes::crds_yaml()?),
+        Command::Token {
+            command: TokenCommand::Digest { token },
+        } => println!("{}", eddy_api::auth::Tokens::digest_text(&token)),
         Command::Up(args) => up::run(args).await?,
         Command::Publish(args) => cli::publish::run(args).await?,
         Command::Apply { file, api } => cli::resources::apply(&api, &file).await?,

@@ -202,6 +202,10 @@ impl Platform {
         controller_args.scale_to_zero_after = args.scale_to_zero_after;
         controller_args.dispatcher_url = Some(format!("http://{dispatcher_local}"));
         controller_args.api_auth = args.api_auth.clone();
+        // The dispatcher reaches functions with `access.mode: token` with a token of its own,
+        // new for each run.
+        let platform_token = uuid::Uuid::new_v4().simple().to_string();
+        controller_args.platform_token = Some(platform_token.clone());
         let controller = eddy_controller::Controller::new(
             controller_args,
             format!("http://{gateway_local}"),
@@ -227,6 +231,7 @@ impl Platform {
         dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
         dispatcher_args.bus_token = args.bus_tokens.first().cloned();
         dispatcher_args.api_auth = args.api_auth.clone();
+        dispatcher_args.platform_token = Some(platform_token);
         let dispatcher =
             eddy_dispatcher::Dispatcher::new(dispatcher_args, self.token.child_token()).await?;
         self.components.push((

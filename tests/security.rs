@@ -217,3 +217,76 @@ async fn gateway_paths_and_headers_cannot_reach_another_function_or_break_the_ga
     assert_eq!(status, 200, "{text}");
     assert!(text.contains(r#""function":"back""#));
 }
+
+const GUARDED: &str = r#"
+const seen = [];
+module.exports = {
+  main: (event) => {
+    if (event["ce-id"]) { seen.push(event["ce-id"]); return "ok"; }
+    return { seen };
+  },
+};
+"#;
+
+/// `access.mode: token`: callers need a listed token, the platform's dispatcher still
+/// delivers, and switching back to public needs no rebuild.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_protected_function_takes_only_its_tokens_and_the_dispatchers_events() {
+    let platform = Platform::start().await;
+    let digest = eddy_api::auth::Tokens::digest_text("caller-token");
+    let guarded = |access: serde_json::Value| json!({"runtime": "nodejs20", "source": {"inline": {"source": GUARDED}}, "access": access});
+    platform
+        .deploy(
+            "guarded",
+            guarded(json!({"mode": "token", "tokenDigests": [digest]})),
+        )
+        .await;
+
+    let refused = platform.invoke("guarded", "/").send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert_eq!(refused.headers()["www-authenticate"], "Bearer");
+    let wrong = platform
+        .invoke("guarded", "/")
+        .bearer_auth("other")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let allowed = platform
+        .invoke("guarded", "/")
+        .bearer_auth("caller-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(allowed.status(), 200);
+
+    // The dispatcher delivers to it with the platform's token.
+    platform
+        .subscribe(
+            "to-guarded",
+            json!({"sink": "http://guarded.default.svc.cluster.local", "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "o-1", json!({}))
+        .await;
+    platform.wait_settled("to-guarded").await;
+    let seen: serde_json::Value = platform
+        .invoke("guarded", "/")
+        .bearer_auth("caller-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seen["seen"], json!(["o-1"]), "{seen}");
+    assert!(platform.dead_letters("to-guarded").await.is_empty());
+
+    // Public again: the same build, no token needed.
+    platform
+        .deploy("guarded", guarded(json!({"mode": "public"})))
+        .await;
+    let open = platform.invoke("guarded", "/").send().await.unwrap();
+    assert_eq!(open.status(), 200);
+}

@@ -40,6 +40,24 @@ impl Tokens {
         Ok((!tokens.digests.is_empty()).then_some(tokens))
     }
 
+    /// Tokens given by their SHA-256 digests.
+    pub fn from_digests(digests: impl IntoIterator<Item = [u8; 32]>) -> Self {
+        Self {
+            digests: digests.into_iter().collect(),
+        }
+    }
+
+    /// The digest form a Function's `access.tokenDigests` takes: `sha256:<hex>`.
+    pub fn digest_text(token: &str) -> String {
+        Sha256::digest(token.trim().as_bytes()).iter().fold(
+            String::from("sha256:"),
+            |mut out, byte| {
+                out.push_str(&format!("{byte:02x}"));
+                out
+            },
+        )
+    }
+
     fn add(&mut self, token: &str) {
         let token = token.trim();
         if !token.is_empty() {

@@ -136,11 +136,71 @@ pub struct FunctionSpec {
     /// CPU and memory of each instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_configuration: Option<ResourceConfiguration>,
+    /// Who may invoke it through the gateway (default: anyone who reaches the gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<AccessSpec>,
     /// Longest a handler may run before it is answered 504 (default 180).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = 180))]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("must be between 1 and 3600"))]
     pub timeout_seconds: Option<i32>,
+}
+
+/// Who may invoke a Function through the gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.mode != 'token' || (has(self.tokenDigests) && size(self.tokenDigests) > 0)")
+    .message("mode token needs at least one entry in tokenDigests").field_path(".tokenDigests"))]
+pub struct AccessSpec {
+    /// `public` (default) or `token`.
+    #[serde(default)]
+    pub mode: AccessMode,
+    /// SHA-256 digests of the bearer tokens that may invoke it, as `sha256:<64 hex digits>`
+    /// (`eddy token digest TOKEN` prints one); the tokens themselves are never stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(d, d.matches('^sha256:[0-9a-f]{64}$'))").message("each must be sha256: followed by 64 lower-case hex digits"))]
+    pub token_digests: Vec<String>,
+}
+
+/// Access modes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum AccessMode {
+    /// Anyone who reaches the gateway.
+    #[default]
+    Public,
+    /// Only callers with a bearer token whose digest is listed (and the platform's dispatcher).
+    Token,
+}
+
+impl AccessSpec {
+    /// The accepted token digests, or `None` when the Function is public.
+    pub fn digests(&self) -> Option<Vec<[u8; 32]>> {
+        (self.mode == AccessMode::Token).then(|| {
+            self.token_digests
+                .iter()
+                .filter_map(|d| parse_digest(d))
+                .collect()
+        })
+    }
+}
+
+/// Parses `sha256:<64 lower-case hex digits>`.
+pub fn parse_digest(text: &str) -> Option<[u8; 32]> {
+    let hex = text.strip_prefix("sha256:")?;
+    if hex.len() != 64
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    for (index, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[index * 2..index * 2 + 2], 16).ok()?;
+    }
+    Some(digest)
 }
 
 /// Source of a Function's code.
@@ -369,6 +429,28 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
                 ))
             }
             _ => {}
+        }
+    }
+    if let Some(access) = &spec.access {
+        if access.token_digests.len() > 32 {
+            errors.push(FieldError::new(
+                "spec.access.tokenDigests",
+                "at most 32 digests",
+            ));
+        }
+        for (index, digest) in access.token_digests.iter().enumerate() {
+            if parse_digest(digest).is_none() {
+                errors.push(FieldError::new(
+                    format!("spec.access.tokenDigests[{index}]"),
+                    "each must be sha256: followed by 64 lower-case hex digits",
+                ));
+            }
+        }
+        if access.mode == AccessMode::Token && access.token_digests.is_empty() {
+            errors.push(FieldError::new(
+                "spec.access.tokenDigests",
+                "mode token needs at least one entry in tokenDigests",
+            ));
         }
     }
     if let Some(timeout) = spec.timeout_seconds {

@@ -230,6 +230,14 @@ pub struct Args {
     /// Longest wait for in-flight requests on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
+    /// sends it with deliveries (give both the same).
+    #[arg(
+        long = "platform-token",
+        env = "EDDY_PLATFORM_TOKEN",
+        hide_env_values = true
+    )]
+    pub platform_token: Option<String>,
     /// Bearer tokens for the resource API and the dashboard.
     #[command(flatten)]
     pub api_auth: eddy_api::auth::ApiTokenArgs,
@@ -262,6 +270,7 @@ impl Args {
             data_dir: PathBuf::from(".eddy"),
             allowed_sinks: Vec::new(),
             drain_timeout: Duration::from_secs(10),
+            platform_token: None,
             api_auth: eddy_api::auth::ApiTokenArgs::default(),
             kubernetes: KubernetesArgs::default(),
         }
@@ -303,6 +312,7 @@ impl Controller {
             data_dir,
             allowed_sinks,
             drain_timeout,
+            platform_token,
             api_auth,
             kubernetes: _,
         } = args;
@@ -357,12 +367,15 @@ impl Controller {
         ));
         let backend_task = tokio::spawn(backend.clone().run());
         let max_body = usize::try_from(max_request_size.as_u64()).unwrap_or(usize::MAX);
-        let gateway = Arc::new(local::gateway::Gateway::new(
-            pools,
-            activation_timeout,
-            Duration::from_secs(3600),
-            max_body,
-        ));
+        let gateway = Arc::new(
+            local::gateway::Gateway::new(
+                pools,
+                activation_timeout,
+                Duration::from_secs(3600),
+                max_body,
+            )
+            .with_bypass_token(platform_token.as_deref()),
+        );
         let dashboard = Arc::new(dashboard::DashboardState {
             store: store.clone(),
             js: js.clone(),

@@ -153,6 +153,14 @@ pub struct Args {
     /// Longest wait for in-flight deliveries on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// The token the local gateway accepts for every function (`eddy controller
+    /// --platform-token`), sent with deliveries to function sinks it resolves.
+    #[arg(
+        long = "platform-token",
+        env = "EDDY_PLATFORM_TOKEN",
+        hide_env_values = true
+    )]
+    pub platform_token: Option<String>,
     /// Bearer tokens for the admin API (dead letters, replay, metrics).
     #[command(flatten)]
     pub api_auth: eddy_api::auth::ApiTokenArgs,
@@ -173,6 +181,7 @@ impl Args {
             ack_wait: Duration::from_secs(30),
             max_reply_size: bytesize::ByteSize::mib(1),
             drain_timeout: Duration::from_secs(10),
+            platform_token: None,
             api_auth: eddy_api::auth::ApiTokenArgs::default(),
         }
     }
@@ -215,6 +224,7 @@ impl Dispatcher {
             ack_wait,
             max_reply_size,
             drain_timeout,
+            platform_token,
             api_auth,
         } = args;
         let api_tokens = api_auth.load()?;
@@ -237,7 +247,8 @@ impl Dispatcher {
             }
             None => {
                 let store = open_with_retry(&js, &stream, &shutdown).await?;
-                let sinks = sinks::Sinks::new(sink_resolution, policy.clone());
+                let sinks = sinks::Sinks::new(sink_resolution, policy.clone())
+                    .with_platform_token(platform_token.as_deref());
                 if sink_resolution == sinks::Resolution::Local {
                     tokio::spawn(sinks.clone().watch(store.clone(), shutdown.child_token()));
                 }

@@ -32,6 +32,7 @@ pub enum Resolution {
 pub struct Sinks {
     resolution: Resolution,
     policy: SinkPolicy,
+    platform_token: Option<http::HeaderValue>,
     functions: Arc<RwLock<HashMap<(String, String), String>>>,
 }
 
@@ -41,21 +42,44 @@ impl Sinks {
         Self {
             resolution,
             policy,
+            platform_token: None,
             functions: Arc::default(),
         }
     }
 
+    /// Sends `token` (as a bearer token) with deliveries to the functions resolved through
+    /// their status: the local gateway lets it reach functions with `access.mode: token`.
+    pub fn with_platform_token(mut self, token: Option<&str>) -> Self {
+        self.platform_token = token.and_then(|token| {
+            let mut value = http::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+            value.set_sensitive(true);
+            Some(value)
+        });
+        self
+    }
+
     /// The URL to POST to, or a bounded reason why there is none.
     pub fn resolve(&self, sink: &str) -> Result<String, &'static str> {
+        self.resolve_with_auth(sink).map(|(url, _)| url)
+    }
+
+    /// The URL to POST to and the `Authorization` to send with it, or why there is none.
+    pub fn resolve_with_auth(
+        &self,
+        sink: &str,
+    ) -> Result<(String, Option<&http::HeaderValue>), &'static str> {
         if let Some(function) = parse_function_sink(sink) {
             if self.resolution == Resolution::Direct {
-                return Ok(sink.to_owned());
+                return Ok((sink.to_owned(), None));
             }
             let functions = self.functions.read().map_err(|_| "sink_unresolved")?;
             let base = functions
                 .get(&(function.namespace, function.function))
                 .ok_or("sink_unresolved")?;
-            return Ok(join(base, &function.path_and_query));
+            return Ok((
+                join(base, &function.path_and_query),
+                self.platform_token.as_ref(),
+            ));
         }
         if self
             .policy
@@ -63,7 +87,7 @@ impl Sinks {
             .iter()
             .any(|prefix| sink.starts_with(prefix.as_str()))
         {
-            Ok(sink.to_owned())
+            Ok((sink.to_owned(), None))
         } else {
             Err("sink_not_allowed")
         }

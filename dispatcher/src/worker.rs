@@ -287,8 +287,8 @@ pub async fn deliver(
     payload: &Bytes,
     progress: Option<&jetstream::Message>,
 ) -> Verdict {
-    let url = match shared.sinks.resolve(&target.sink) {
-        Ok(url) => url,
+    let (url, authorization) = match shared.sinks.resolve_with_auth(&target.sink) {
+        Ok(resolved) => resolved,
         Err(reason @ "sink_not_allowed") => {
             return Verdict::Dead {
                 reason,
@@ -302,9 +302,12 @@ pub async fn deliver(
             };
         }
     };
-    let headers = stored_headers
+    let mut headers = stored_headers
         .map(delivery::http_headers)
         .unwrap_or_default();
+    if let Some(authorization) = authorization {
+        headers.insert(http::header::AUTHORIZATION, authorization.clone());
+    }
     let request = shared
         .http
         .post(url)

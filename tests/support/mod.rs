@@ -25,6 +25,9 @@ use eddy_api::shutdown::CancellationToken;
 use eddy_testing::{NatsServer, eventually};
 use serde_json::{Value, json};
 
+/// The token the test platform's dispatcher reaches token-protected functions with.
+pub const PLATFORM_TOKEN: &str = "platform-token-for-tests";
+
 /// Options of [`Platform::start`].
 pub struct Options {
     pub ack_wait: Duration,
@@ -96,6 +99,7 @@ impl Platform {
         controller_args.scale_to_zero_after = options.scale_to_zero_after;
         controller_args.scale_down_window = options.scale_down_window;
         controller_args.target_concurrency = options.target_concurrency;
+        controller_args.platform_token = Some(PLATFORM_TOKEN.to_owned());
         let controller = eddy_controller::Controller::new(
             controller_args,
             format!("http://{gateway_addr}"),
@@ -136,6 +140,7 @@ impl Platform {
         let mut args = eddy_dispatcher::Args::new(addr, self.nats.url(), self.bus.clone());
         args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
         args.ack_wait = ack_wait;
+        args.platform_token = Some(PLATFORM_TOKEN.to_owned());
         let token = self.shutdown.child_token();
         self.dispatchers.lock().unwrap().push(token.clone());
         let dispatcher = eddy_dispatcher::Dispatcher::new(args, token).await.unwrap();
@@ -311,6 +316,7 @@ impl Platform {
             ])
             .env("EDDY_ALLOWED_SINKS", "http://127.0.0.1:")
             .env("EDDY_ACK_WAIT", ack_wait)
+            .env("EDDY_PLATFORM_TOKEN", PLATFORM_TOKEN)
             .env("EDDY_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)

@@ -32,6 +32,8 @@ pub type Pools = Arc<RwLock<HashMap<(String, String), Arc<Pool>>>>;
 /// The gateway's state.
 pub struct Gateway {
     pools: Pools,
+    /// The platform's own token (the dispatcher's), accepted by every function.
+    bypass: Option<eddy_api::auth::Tokens>,
     client: Client<HttpConnector, Full<Bytes>>,
     activation_timeout: Duration,
     request_timeout: Duration,
@@ -54,11 +56,24 @@ impl Gateway {
             .build(connector);
         Self {
             pools,
+            bypass: None,
             client,
             activation_timeout,
             request_timeout,
             max_body,
         }
+    }
+}
+
+impl Gateway {
+    /// Accepts `token` for every function, whatever its access (the dispatcher delivers with it).
+    pub fn with_bypass_token(mut self, token: Option<&str>) -> Self {
+        self.bypass = token.and_then(|token| {
+            eddy_api::auth::Tokens::load(&[token.to_owned()], None)
+                .ok()
+                .flatten()
+        });
+        self
     }
 }
 
@@ -132,6 +147,21 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
             format!("function {namespace}/{function} not found"),
         );
     };
+    if let Some(tokens) = pool.access() {
+        let headers = request.headers();
+        let bypass = gateway.bypass.as_ref().is_some_and(|b| b.allows(headers));
+        if !bypass && !tokens.allows(headers) {
+            let mut refused = error(
+                StatusCode::UNAUTHORIZED,
+                format!("function {namespace}/{function} needs a bearer token"),
+            );
+            refused.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer"),
+            );
+            return refused;
+        }
+    }
     let mut path_and_query = rest;
     if let Some(query) = request.uri().query() {
         path_and_query.push('?');

@@ -278,6 +278,15 @@ impl LocalBackend {
             });
             return;
         }
+        // Access applies at once, also to the instances of the previous revision.
+        tracked.pool.set_access(
+            function
+                .spec
+                .access
+                .as_ref()
+                .and_then(|access| access.digests())
+                .map(eddy_api::auth::Tokens::from_digests),
+        );
         Self::update_status(&tracked, |status| {
             set_condition(
                 &mut status.conditions,

@@ -150,6 +150,8 @@ pub struct Pool {
     last_request: Mutex<Instant>,
     status: watch::Sender<PoolStatus>,
     unavailable: Mutex<Option<String>>,
+    /// Tokens one of which a caller must present; `None`: public.
+    access: std::sync::RwLock<Option<Arc<eddy_api::auth::Tokens>>>,
     shutdown: CancellationToken,
 }
 
@@ -245,6 +247,7 @@ impl Pool {
             last_request: Mutex::new(Instant::now()),
             status,
             unavailable: Mutex::new(None),
+            access: std::sync::RwLock::new(None),
             shutdown,
         });
         tokio::spawn(pool.clone().manage());
@@ -278,6 +281,18 @@ impl Pool {
             *last = Instant::now();
         }
         self.kick.notify_one();
+    }
+
+    /// Who may invoke the function: `None` for anyone, or the accepted tokens.
+    pub fn set_access(&self, tokens: Option<eddy_api::auth::Tokens>) {
+        if let Ok(mut access) = self.access.write() {
+            *access = tokens.map(Arc::new);
+        }
+    }
+
+    /// The accepted tokens, or `None` when the function is public.
+    pub fn access(&self) -> Option<Arc<eddy_api::auth::Tokens>> {
+        self.access.read().ok().and_then(|access| access.clone())
     }
 
     /// Says why nothing can run (a failed build with no earlier revision), so requests are
