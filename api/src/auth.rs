@@ -77,6 +77,14 @@ impl Tokens {
     }
 }
 
+/// The `Authorization: Bearer <token>` value to send `token` with (marked sensitive, so it is
+/// kept out of debug output); `None` when the token is not printable ASCII.
+pub fn bearer_header(token: &str) -> Option<http::HeaderValue> {
+    let mut value = http::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
 /// The token of an `Authorization: Bearer <token>` header.
 pub fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
     let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;

@@ -435,9 +435,7 @@ impl Controller {
 /// The client the dashboard reads delivery counts with, sending `token` when given.
 fn dispatcher_client(token: Option<&str>) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(value) =
-        token.and_then(|t| reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).ok())
-    {
+    if let Some(value) = token.and_then(eddy_api::auth::bearer_header) {
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
     reqwest::Client::builder()

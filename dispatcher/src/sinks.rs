@@ -50,11 +50,7 @@ impl Sinks {
     /// Sends `token` (as a bearer token) with deliveries to the functions resolved through
     /// their status: the local gateway lets it reach functions with `access.mode: token`.
     pub fn with_platform_token(mut self, token: Option<&str>) -> Self {
-        self.platform_token = token.and_then(|token| {
-            let mut value = http::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
-            value.set_sensitive(true);
-            Some(value)
-        });
+        self.platform_token = token.and_then(eddy_api::auth::bearer_header);
         self
     }
 

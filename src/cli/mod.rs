@@ -10,9 +10,8 @@ pub mod resources;
 pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(token) = token {
-        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
-        value.set_sensitive(true);
+        let value = eddy_api::auth::bearer_header(token)
+            .ok_or_else(|| anyhow::anyhow!("the token must be printable ASCII"))?;
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
     Ok(reqwest::Client::builder()

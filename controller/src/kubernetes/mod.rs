@@ -230,6 +230,21 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(render::FIELD_MANAGER).force()
 }
 
+/// The API of `object`'s kind in its namespace, and its name.
+fn api_for<'a, K>(client: &Client, object: &'a K) -> Result<(Api<K>, &'a str)>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    let meta = object.meta();
+    let namespace = meta
+        .namespace
+        .as_deref()
+        .ok_or(Error::Incomplete("namespace"))?;
+    let name = meta.name.as_deref().ok_or(Error::Incomplete("name"))?;
+    Ok((Api::namespaced(client.clone(), namespace), name))
+}
+
 /// Server-side applies `object` (named by its metadata) and returns what the API server has.
 async fn apply<K>(client: &Client, object: &K) -> Result<K>
 where
@@ -240,17 +255,7 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let namespace = object
-        .meta()
-        .namespace
-        .as_deref()
-        .ok_or(Error::Incomplete("namespace"))?;
-    let name = object
-        .meta()
-        .name
-        .as_deref()
-        .ok_or(Error::Incomplete("name"))?;
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let (api, name) = api_for(client, object)?;
     Ok(api
         .patch(name, &apply_params(), &Patch::Apply(object))
         .await?)
@@ -315,17 +320,7 @@ where
     if previous == Some(&status) {
         return Ok(());
     }
-    let namespace = object
-        .meta()
-        .namespace
-        .as_deref()
-        .ok_or(Error::Incomplete("namespace"))?;
-    let name = object
-        .meta()
-        .name
-        .as_deref()
-        .ok_or(Error::Incomplete("name"))?;
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let (api, name) = api_for(client, object)?;
     let body = json!({
         "apiVersion": K::api_version(&Default::default()),
         "kind": K::kind(&Default::default()),
