@@ -40,6 +40,15 @@ impl FieldError {
     }
 }
 
+/// Every problem as one line for logs and status messages: `field: message; field: message`.
+pub fn describe_errors(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("{}: {}", e.field, e.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// A status condition, as Kubernetes writes them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

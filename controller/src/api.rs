@@ -13,7 +13,9 @@ use axum::{
     routing::get,
 };
 use eddy_api::{
-    resources::{self, API_VERSION, FieldError, Function, SinkPolicy, Subscription},
+    resources::{
+        self, API_VERSION, FieldError, Function, SinkPolicy, Subscription, describe_errors,
+    },
     store::{Store, StoreError, StoredResource},
 };
 use serde::de::DeserializeOwned;
@@ -109,14 +111,14 @@ fn invalid<R: StoredResource>(name: &str, errors: &[FieldError]) -> Response {
         .iter()
         .map(|error| json!({"reason": "FieldValueInvalid", "field": error.field, "message": error.message}))
         .collect();
-    let summary: Vec<String> = errors
-        .iter()
-        .map(|e| format!("{}: {}", e.field, e.message))
-        .collect();
     status(
         StatusCode::UNPROCESSABLE_ENTITY,
         "Invalid",
-        &format!("{} \"{name}\" is invalid: {}", R::KIND, summary.join("; ")),
+        &format!(
+            "{} \"{name}\" is invalid: {}",
+            R::KIND,
+            describe_errors(errors)
+        ),
         Some(json!({"name": name, "group": resources::GROUP, "kind": R::KIND, "causes": causes})),
     )
 }

@@ -15,7 +15,7 @@ use eddy_api::{
     nats::EVENTS_STREAM,
     resources::{
         Condition, Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name,
-        parse_function_sink, set_condition, validate_subscription,
+        describe_errors, parse_function_sink, set_condition, validate_subscription,
     },
     shutdown::CancellationToken,
     store::{Change, Store, StoredResource as _},
@@ -195,11 +195,7 @@ async fn observe(
 ) -> (Readiness, String) {
     let errors = validate_subscription(subscription, sinks);
     if !errors.is_empty() {
-        let text: Vec<String> = errors
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.message))
-            .collect();
-        return (Readiness::Invalid, text.join("; "));
+        return (Readiness::Invalid, describe_errors(&errors));
     }
     let consumer = consumer_name(namespace, name);
     let consumer_exists = match js.get_stream(EVENTS_STREAM).await {

@@ -11,7 +11,7 @@ use std::{
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use eddy_api::{
     nats::EVENTS_STREAM,
-    resources::{SinkPolicy, Subscription, consumer_name, validate_subscription},
+    resources::{SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription},
     shutdown::CancellationToken,
     store::{Change, Store, StoredResource as _},
 };
@@ -72,11 +72,7 @@ pub fn plan_for(
 ) -> Result<(Target, ConsumerPlan), String> {
     let errors = validate_subscription(subscription, sinks);
     if !errors.is_empty() {
-        let text: Vec<String> = errors
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.message))
-            .collect();
-        return Err(text.join("; "));
+        return Err(describe_errors(&errors));
     }
     let namespace = subscription
         .metadata

@@ -413,14 +413,10 @@ pub fn render(path: &Path, kubernetes: &eddy_controller::KubernetesArgs) -> anyh
         let function = eddy_controller::kubernetes::render::as_if_stored(function);
         let errors = eddy_api::resources::validate_function(&function);
         if !errors.is_empty() {
-            let problems: Vec<String> = errors
-                .iter()
-                .map(|e| format!("{}: {}", e.field, e.message))
-                .collect();
             anyhow::bail!(
                 "Function {} is invalid: {}",
                 function.metadata.name.as_deref().unwrap_or_default(),
-                problems.join("; ")
+                eddy_api::resources::describe_errors(&errors)
             );
         }
         out.push_str(&eddy_controller::kubernetes::render(&function, &config)?.to_yaml()?);

@@ -17,8 +17,8 @@ use std::{
 
 use eddy_api::{
     resources::{
-        Function, SinkPolicy, Subscription, SubscriptionStatus, parse_function_sink, set_condition,
-        validate_function, validate_subscription,
+        Function, SinkPolicy, Subscription, SubscriptionStatus, describe_errors,
+        parse_function_sink, set_condition, validate_function, validate_subscription,
     },
     shutdown::CancellationToken,
 };
@@ -371,11 +371,7 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
     let errors = validate_function(function);
     let action = if !errors.is_empty() {
         // The CRD's rules refuse these; an object stored before a rule existed ends here.
-        let message = errors
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.message))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let message = describe_errors(&errors);
         set_condition(
             &mut status.conditions,
             condition(
@@ -518,11 +514,7 @@ pub async fn reconcile_subscription(
         .ok_or(Error::Incomplete("namespace"))?;
     let errors = validate_subscription(&subscription, &context.sinks);
     let (readiness, message, action) = if !errors.is_empty() {
-        let message = errors
-            .iter()
-            .map(|e| format!("{}: {}", e.field, e.message))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let message = describe_errors(&errors);
         (Readiness::Invalid, message, Action::await_change())
     } else if let Some(sink) = parse_function_sink(&subscription.spec.sink) {
         let services: Api<Service> = Api::namespaced(context.client.clone(), &namespace);

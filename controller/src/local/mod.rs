@@ -16,7 +16,9 @@ use std::{
 };
 
 use eddy_api::{
-    resources::{Condition, Function, FunctionStatus, set_condition, validate_function},
+    resources::{
+        Condition, Function, FunctionStatus, describe_errors, set_condition, validate_function,
+    },
     shutdown::CancellationToken,
     store::{Change, Store, StoredResource as _},
 };
@@ -260,10 +262,6 @@ impl LocalBackend {
         let url = format!("{}/{namespace}/{name}", self.gateway_url);
         let errors = validate_function(&function);
         if !errors.is_empty() {
-            let text: Vec<String> = errors
-                .iter()
-                .map(|e| format!("{}: {}", e.field, e.message))
-                .collect();
             Self::update_status(&tracked, |status| {
                 set_condition(
                     &mut status.conditions,
@@ -271,7 +269,7 @@ impl LocalBackend {
                         "ConfigurationReady",
                         Some(false),
                         "Invalid",
-                        text.join("; "),
+                        describe_errors(&errors),
                     ),
                 );
                 status.observed_generation = Some(generation);
