@@ -54,11 +54,6 @@ impl Sinks {
         self
     }
 
-    /// The URL to POST to, or a bounded reason why there is none.
-    pub fn resolve(&self, sink: &str) -> Result<String, &'static str> {
-        self.resolve_with_auth(sink).map(|(url, _)| url)
-    }
-
     /// The URL to POST to and the `Authorization` to send with it, or why there is none.
     pub fn resolve_with_auth(
         &self,
@@ -146,28 +141,58 @@ fn join(base: &str, path_and_query: &str) -> String {
 mod tests {
     use super::*;
 
+    impl Sinks {
+        fn url_of(&self, sink: &str) -> Result<String, &'static str> {
+            self.resolve_with_auth(sink).map(|(url, _)| url)
+        }
+    }
+
+    #[test]
+    fn the_platform_token_goes_only_to_functions_behind_the_gateway() {
+        let policy = SinkPolicy {
+            allowed_prefixes: vec!["http://127.0.0.1:9000/".into()],
+        };
+        let sinks = Sinks::new(Resolution::Local, policy).with_platform_token(Some("t0k"));
+        sinks.set_function_url(
+            "shop",
+            "stock",
+            Some("http://127.0.0.1:8080/shop/stock".into()),
+        );
+        let (_, to_function) = sinks
+            .resolve_with_auth("http://stock.shop.svc.cluster.local")
+            .unwrap();
+        assert_eq!(to_function.map(|v| v.as_bytes()), Some(&b"Bearer t0k"[..]));
+        let (_, elsewhere) = sinks
+            .resolve_with_auth("http://127.0.0.1:9000/hook")
+            .unwrap();
+        assert!(
+            elsewhere.is_none(),
+            "an allowed URL never sees the platform token"
+        );
+    }
+
     #[test]
     fn function_sinks_resolve_through_status() {
         let sinks = Sinks::new(Resolution::Local, SinkPolicy::default());
         let sink = "http://stock.shop.svc.cluster.local";
-        assert_eq!(sinks.resolve(sink), Err("sink_unresolved"));
+        assert_eq!(sinks.url_of(sink), Err("sink_unresolved"));
         sinks.set_function_url(
             "shop",
             "stock",
             Some("http://127.0.0.1:8080/shop/stock".into()),
         );
         assert_eq!(
-            sinks.resolve(sink).unwrap(),
+            sinks.url_of(sink).unwrap(),
             "http://127.0.0.1:8080/shop/stock"
         );
         assert_eq!(
             sinks
-                .resolve("http://stock.shop.svc.cluster.local/hook?x=1")
+                .url_of("http://stock.shop.svc.cluster.local/hook?x=1")
                 .unwrap(),
             "http://127.0.0.1:8080/shop/stock/hook?x=1"
         );
         sinks.set_function_url("shop", "stock", None);
-        assert_eq!(sinks.resolve(sink), Err("sink_unresolved"));
+        assert_eq!(sinks.url_of(sink), Err("sink_unresolved"));
     }
 
     #[test]
@@ -179,14 +204,12 @@ mod tests {
             },
         );
         assert_eq!(
-            sinks.resolve("http://127.0.0.1:9000/x").unwrap(),
+            sinks.url_of("http://127.0.0.1:9000/x").unwrap(),
             "http://127.0.0.1:9000/x"
         );
-        assert_eq!(sinks.resolve("http://10.0.0.1/x"), Err("sink_not_allowed"));
+        assert_eq!(sinks.url_of("http://10.0.0.1/x"), Err("sink_not_allowed"));
         assert_eq!(
-            sinks
-                .resolve("http://stock.shop.svc.cluster.local")
-                .unwrap(),
+            sinks.url_of("http://stock.shop.svc.cluster.local").unwrap(),
             "http://stock.shop.svc.cluster.local"
         );
     }

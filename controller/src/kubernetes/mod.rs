@@ -34,7 +34,6 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy},
     runtime::{Controller, controller::Action, watcher},
 };
-use serde_json::json;
 
 pub use render::{RenderConfig, Rendered, Scaling, render};
 
@@ -275,23 +274,32 @@ async fn delete_superseded(
         render::BUILD_HASH_LABEL
     );
     let params = ListParams::default().labels(&selector);
+    delete_listed(&Api::<Job>::namespaced(client.clone(), namespace), &params).await?;
+    delete_listed(
+        &Api::<ConfigMap>::namespaced(client.clone(), namespace),
+        &params,
+    )
+    .await
+}
+
+/// Deletes what `params` lists, with its dependents in the background; gone already is fine.
+async fn delete_listed<K>(api: &Api<K>, params: &ListParams) -> Result<()>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
     let background = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
         ..DeleteParams::default()
     };
-    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-    for job in jobs.list_metadata(&params).await? {
-        tracing::info!(%namespace, %function, job = %job.name_any(), "deleting a superseded build");
-        ignore_not_found(jobs.delete(&job.name_any(), &background).await.map(drop))?;
-    }
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    for config_map in config_maps.list_metadata(&params).await? {
-        ignore_not_found(
-            config_maps
-                .delete(&config_map.name_any(), &background)
-                .await
-                .map(drop),
-        )?;
+    for object in api.list_metadata(params).await? {
+        tracing::info!(
+            kind = %K::kind(&Default::default()),
+            namespace = object.metadata.namespace.as_deref().unwrap_or_default(),
+            name = %object.name_any(),
+            "deleting a superseded build object"
+        );
+        ignore_not_found(api.delete(&object.name_any(), &background).await.map(drop))?;
     }
     Ok(())
 }
@@ -303,12 +311,21 @@ fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
     }
 }
 
-/// Writes `status` when it differs from what the object has.
-async fn write_status<K>(
+/// The body of a server-side apply of an object's status.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusPatch<'a, S> {
+    api_version: String,
+    kind: String,
+    status: &'a S,
+}
+
+/// Writes `status` when it differs from what the object has (`previous`).
+async fn write_status<K, S>(
     client: &Client,
     object: &K,
-    previous: Option<&serde_json::Value>,
-    status: serde_json::Value,
+    previous: Option<&S>,
+    status: &S,
 ) -> Result<()>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -316,16 +333,17 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
     K::DynamicType: Default,
+    S: serde::Serialize + PartialEq + std::fmt::Debug,
 {
-    if previous == Some(&status) {
+    if previous == Some(status) {
         return Ok(());
     }
     let (api, name) = api_for(client, object)?;
-    let body = json!({
-        "apiVersion": K::api_version(&Default::default()),
-        "kind": K::kind(&Default::default()),
-        "status": status,
-    });
+    let body = StatusPatch {
+        api_version: K::api_version(&Default::default()).into_owned(),
+        kind: K::kind(&Default::default()).into_owned(),
+        status,
+    };
     api.patch_status(name, &apply_params(), &Patch::Apply(&body))
         .await?;
     Ok(())
@@ -346,15 +364,13 @@ pub async fn reconcile_function(function: Arc<Function>, context: Arc<Context>) 
                 &mut status.conditions,
                 condition("Running", Some(false), "ApplyFailed", error.to_string()),
             );
-            let previous = function
-                .status
-                .as_ref()
-                .and_then(|s| serde_json::to_value(s).ok());
-            let value = serde_json::to_value(&status).map_err(|source| Error::Render {
-                kind: "status",
-                source,
-            })?;
-            write_status(&context.client, function.as_ref(), previous.as_ref(), value).await?;
+            write_status(
+                &context.client,
+                function.as_ref(),
+                function.status.as_ref(),
+                &status,
+            )
+            .await?;
             Ok(Action::requeue(RESYNC))
         }
         Err(error) => Err(error),
@@ -487,18 +503,7 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
             }
         }
     };
-    let previous = previous
-        .map(serde_json::to_value)
-        .transpose()
-        .map_err(|source| Error::Render {
-            kind: "status",
-            source,
-        })?;
-    let value = serde_json::to_value(&status).map_err(|source| Error::Render {
-        kind: "status",
-        source,
-    })?;
-    write_status(client, function, previous.as_ref(), value).await?;
+    write_status(client, function, previous.as_ref(), &status).await?;
     Ok(action)
 }
 
@@ -545,24 +550,11 @@ pub async fn reconcile_subscription(
         message,
         &now(),
     );
-    let previous = subscription
-        .status
-        .as_ref()
-        .map(serde_json::to_value)
-        .transpose()
-        .map_err(|source| Error::Render {
-            kind: "status",
-            source,
-        })?;
-    let value = serde_json::to_value(&status).map_err(|source| Error::Render {
-        kind: "status",
-        source,
-    })?;
     write_status(
         &context.client,
         subscription.as_ref(),
-        previous.as_ref(),
-        value,
+        subscription.status.as_ref(),
+        &status,
     )
     .await?;
     context.record_success(&key);

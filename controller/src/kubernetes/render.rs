@@ -205,6 +205,14 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         labels
     };
 
+    // Every object: in the Function's namespace, labelled, owned by the Function.
+    let metadata = |object: &str, labels: &Value| {
+        json!({
+            "name": object, "namespace": namespace,
+            "labels": labels, "ownerReferences": [owner],
+        })
+    };
+
     let mut data = serde_json::Map::new();
     data.insert("Dockerfile".into(), json!(files.dockerfile));
     data.insert(files.server_file.into(), json!(files.server));
@@ -217,10 +225,7 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         "ConfigMap",
         json!({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {
-                "name": config_map_name, "namespace": namespace,
-                "labels": build_labels, "ownerReferences": [owner],
-            },
+            "metadata": metadata(&config_map_name, &build_labels),
             "data": data,
         }),
     )?;
@@ -252,10 +257,7 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         "Job",
         json!({
             "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {
-                "name": job_name(name, &hash), "namespace": namespace,
-                "labels": build_labels, "ownerReferences": [owner],
-            },
+            "metadata": metadata(&job_name(name, &hash), &build_labels),
             "spec": {
                 // A build of the same inputs fails the same way: one attempt, and the
                 // failure goes to status instead of a retry loop.
@@ -367,10 +369,7 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         "Deployment",
         json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {
-                "name": name, "namespace": namespace,
-                "labels": labels, "ownerReferences": [owner],
-            },
+            "metadata": metadata(name, &labels),
             "spec": deployment_spec,
         }),
     )?;
@@ -379,10 +378,7 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         "Service",
         json!({
             "apiVersion": "v1", "kind": "Service",
-            "metadata": {
-                "name": name, "namespace": namespace,
-                "labels": labels, "ownerReferences": [owner],
-            },
+            "metadata": metadata(name, &labels),
             "spec": {
                 "selector": {FUNCTION_LABEL: name},
                 "ports": [{"name": "http", "port": 80, "targetPort": FUNCTION_PORT, "protocol": "TCP", "appProtocol": "http"}],
@@ -396,10 +392,7 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
             "HorizontalPodAutoscaler",
             json!({
                 "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-                "metadata": {
-                    "name": name, "namespace": namespace,
-                    "labels": labels, "ownerReferences": [owner],
-                },
+                "metadata": metadata(name, &labels),
                 "spec": {
                     "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
                     "minReplicas": min,
