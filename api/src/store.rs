@@ -595,6 +595,34 @@ impl Store {
     }
 }
 
+/// Runs `attempt` until it succeeds, waiting [`rewatch_delay`] between tries: for start-up
+/// steps that need NATS, which may come up after the service. Gives up with the last error
+/// after `max_retries` failures or once `shutdown` fires; each failure is logged as `waiting`.
+pub async fn retry_at_start<T, E, F, Fut>(
+    waiting: &str,
+    max_retries: u32,
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut failures = 0;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error) if failures < max_retries && !shutdown.is_cancelled() => {
+                failures += 1;
+                tracing::warn!(%error, attempt = failures, "{waiting}");
+                tokio::time::sleep(rewatch_delay(failures)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// How long to wait before watching again after a watch broke.
 pub fn rewatch_delay(failures: u32) -> Duration {
     Duration::from_millis(200)

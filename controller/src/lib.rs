@@ -16,7 +16,7 @@ use eddy_api::{
     nats::NatsArgs,
     resources::SinkPolicy,
     shutdown::CancellationToken,
-    store::{Store, StoreError},
+    store::{Store, StoreError, retry_at_start},
 };
 use tokio::net::TcpListener;
 
@@ -449,18 +449,12 @@ async fn open_store(
     js: &async_nats::jetstream::Context,
     shutdown: &CancellationToken,
 ) -> Result<Store> {
-    let mut attempt = 0;
-    loop {
-        match Store::open(js, 1).await {
-            Ok(store) => return Ok(store),
-            Err(error) if attempt < 30 && !shutdown.is_cancelled() => {
-                attempt += 1;
-                tracing::warn!(%error, attempt, "resource store not available yet");
-                tokio::time::sleep(eddy_api::store::rewatch_delay(attempt)).await;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
+    Ok(
+        retry_at_start("resource store not available yet", 30, shutdown, || {
+            Store::open(js, 1)
+        })
+        .await?,
+    )
 }
 
 /// Runs the controller until `shutdown`.

@@ -20,7 +20,7 @@ use eddy_api::{
     nats::{NatsArgs, StreamArgs, dead_letter_stream_config, ensure_stream},
     resources::SinkPolicy,
     shutdown::CancellationToken,
-    store::Store,
+    store::{Store, retry_at_start},
 };
 use tokio::net::TcpListener;
 
@@ -320,18 +320,11 @@ async fn ensure_with_retry(
     stream: &StreamArgs,
     shutdown: &CancellationToken,
 ) -> Result<()> {
-    let mut attempt = 0;
-    loop {
-        match ensure_stream(js, dead_letter_stream_config(stream)).await {
-            Ok(_) => return Ok(()),
-            Err(error) if attempt < 60 && !shutdown.is_cancelled() => {
-                attempt += 1;
-                tracing::warn!(%error, attempt, "NATS not ready for the dispatcher yet");
-                tokio::time::sleep(eddy_api::store::rewatch_delay(attempt)).await;
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
+    retry_at_start(NATS_NOT_READY, 60, shutdown, || async {
+        ensure_stream(js, dead_letter_stream_config(stream)).await?;
+        Ok(())
+    })
+    .await
 }
 
 /// Creates the dead-letter stream and opens the store, waiting for NATS with backoff.
@@ -340,24 +333,14 @@ async fn open_with_retry(
     stream: &StreamArgs,
     shutdown: &CancellationToken,
 ) -> Result<Store> {
-    let mut attempt = 0;
-    loop {
-        let opened = async {
-            ensure_stream(js, dead_letter_stream_config(stream)).await?;
-            Ok::<_, Error>(Store::open(js, usize::from(stream.replicas)).await?)
-        }
-        .await;
-        match opened {
-            Ok(store) => return Ok(store),
-            Err(error) if attempt < 60 && !shutdown.is_cancelled() => {
-                attempt += 1;
-                tracing::warn!(%error, attempt, "NATS not ready for the dispatcher yet");
-                tokio::time::sleep(eddy_api::store::rewatch_delay(attempt)).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
+    retry_at_start(NATS_NOT_READY, 60, shutdown, || async {
+        ensure_stream(js, dead_letter_stream_config(stream)).await?;
+        Ok(Store::open(js, usize::from(stream.replicas)).await?)
+    })
+    .await
 }
+
+const NATS_NOT_READY: &str = "NATS not ready for the dispatcher yet";
 
 /// Runs the dispatcher until `shutdown`.
 pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
