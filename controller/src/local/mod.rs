@@ -184,7 +184,12 @@ impl LocalBackend {
         }
     }
 
-    fn tracked(self: &Arc<Self>, namespace: &str, name: &str) -> Arc<Tracked> {
+    fn tracked(
+        self: &Arc<Self>,
+        namespace: &str,
+        name: &str,
+        access: Option<eddy_api::auth::Tokens>,
+    ) -> Arc<Tracked> {
         let key = (namespace.to_owned(), name.to_owned());
         let Ok(mut all) = self.tracked.lock() else {
             // A poisoned lock means a panic elsewhere; start a fresh entry rather than crash.
@@ -194,6 +199,7 @@ impl LocalBackend {
             return existing.clone();
         }
         let tracked = self.new_tracked(namespace, name);
+        tracked.pool.set_access(access);
         all.insert(key.clone(), tracked.clone());
         if let Ok(mut pools) = self.pools.write() {
             pools.insert(key, tracked.pool.clone());
@@ -225,7 +231,16 @@ impl LocalBackend {
 
     fn apply(self: &Arc<Self>, function: Function) {
         let (namespace, name) = function.key();
-        let tracked = self.tracked(&namespace, &name);
+        // Access applies at once, also to the instances of the previous revision, and a new
+        // function's pool has it before the gateway can see the pool.
+        let access = function
+            .spec
+            .access
+            .as_ref()
+            .and_then(|access| access.digests())
+            .map(eddy_api::auth::Tokens::from_digests);
+        let tracked = self.tracked(&namespace, &name, access.clone());
+        tracked.pool.set_access(access);
         let generation = function.metadata.generation.unwrap_or(1);
         let observed = tracked
             .status
@@ -276,15 +291,6 @@ impl LocalBackend {
             });
             return;
         }
-        // Access applies at once, also to the instances of the previous revision.
-        tracked.pool.set_access(
-            function
-                .spec
-                .access
-                .as_ref()
-                .and_then(|access| access.digests())
-                .map(eddy_api::auth::Tokens::from_digests),
-        );
         Self::update_status(&tracked, |status| {
             set_condition(
                 &mut status.conditions,
