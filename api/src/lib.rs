@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod headers;
 pub mod nats;
+pub mod net;
 pub mod output;
 pub mod process;
 pub mod resources;

@@ -414,7 +414,7 @@ impl Controller {
         let shutdown = self.shutdown.clone();
         let api_server =
             axum::serve(api, self.api).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let gateway_server = axum::serve(gateway, self.gateway)
+        let gateway_server = axum::serve(eddy_api::net::no_delay(gateway), self.gateway)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         let servers =
             async { tokio::try_join!(api_server.into_future(), gateway_server.into_future()) };

@@ -180,15 +180,21 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
         .map_err(|e| Error::consumer(DEAD_LETTER_STREAM, "find stream", e))?;
     let mut outcome = Redriven::default();
     for (sequence, message) in letters {
-        match worker::deliver(
-            shared,
-            target,
-            Some(&message.headers),
-            &message.payload,
-            None,
-        )
-        .await
-        {
+        let verdict = match shared.sinks.resolve(&target.sink) {
+            Ok(sink) => {
+                worker::deliver(
+                    shared,
+                    target,
+                    &sink,
+                    Some(&message.headers),
+                    &message.payload,
+                    None,
+                )
+                .await
+            }
+            Err(reason) => worker::unresolved(reason),
+        };
+        match verdict {
             Verdict::Delivered { .. } => {
                 shared.metrics.subscription(&target.label).delivered(0.0);
                 if let Err(error) = stream.delete_message(sequence).await {

@@ -1,6 +1,8 @@
 //! One delivery: a stored event POSTed to a sink in binary content mode, and what the answer
 //! means. The classification is pure so every rule is tested without a server.
 
+use std::borrow::Cow;
+
 use async_nats::HeaderMap as NatsHeaders;
 use bytes::Bytes;
 use eddy_api::headers as names;
@@ -65,11 +67,10 @@ pub fn classify_status(status: u16) -> Verdict {
     }
 }
 
-/// Classifies a transport failure: all of them may pass.
-pub fn classify_error(error: &reqwest::Error) -> Verdict {
-    let reason = if error.is_timeout() {
-        "timeout"
-    } else if error.is_connect() {
+/// Classifies a transport failure: all of them may pass. (Timeouts are the caller's: it owns
+/// the deadline.)
+pub fn classify_error(error: &hyper_util::client::legacy::Error) -> Verdict {
+    let reason = if error.is_connect() {
         "connect_error"
     } else {
         "transport_error"
@@ -90,13 +91,13 @@ pub fn http_headers(stored: &NatsHeaders) -> http::HeaderMap {
             continue;
         };
         let value = value.as_str();
-        let encoded = if name.starts_with(names::CE_PREFIX) {
-            utf8_percent_encode(value, CE_VALUE).to_string()
+        let encoded: Cow<'_, str> = if name.starts_with(names::CE_PREFIX) {
+            utf8_percent_encode(value, CE_VALUE).into()
         } else if name == names::CONTENT_TYPE
             || name == names::TRACEPARENT
             || name == names::TRACESTATE
         {
-            value.to_owned()
+            Cow::Borrowed(value)
         } else {
             continue;
         };
@@ -119,18 +120,23 @@ pub struct Reply {
     pub body: Bytes,
 }
 
-/// Finds a reply event in an answer: binary mode (`ce-specversion` header) or structured mode
-/// (`application/cloudevents+json`). Anything else is a plain answer.
+/// Whether an answer may carry a reply event: binary mode (`ce-specversion` header) or
+/// structured mode (`application/cloudevents+json`). Anything else is a plain answer.
+pub fn may_carry_reply(answer_headers: &http::HeaderMap) -> bool {
+    answer_headers.contains_key("ce-specversion")
+        || answer_headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|content_type| {
+                content_type
+                    .get(..names::CLOUDEVENTS_JSON.len())
+                    .is_some_and(|start| start.eq_ignore_ascii_case(names::CLOUDEVENTS_JSON))
+            })
+}
+
+/// Finds a reply event in an answer (see [`may_carry_reply`]).
 pub fn reply_event(answer_headers: &http::HeaderMap, body: Bytes) -> Option<Reply> {
-    let content_type = answer_headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
-    let structured = content_type
-        .to_ascii_lowercase()
-        .starts_with(names::CLOUDEVENTS_JSON);
-    let binary = answer_headers.contains_key("ce-specversion");
-    if !structured && !binary {
+    if !may_carry_reply(answer_headers) {
         return None;
     }
     let mut headers = http::HeaderMap::new();

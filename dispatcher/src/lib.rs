@@ -262,6 +262,7 @@ impl Dispatcher {
             .map_err(Error::Http)?;
         let shared = Arc::new(worker::Shared {
             js,
+            deliveries: worker::sink_client(Duration::from_secs(60)),
             http,
             sinks,
             metrics: metrics::Metrics::new(),

@@ -8,7 +8,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, RwLock},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use eddy_api::{
@@ -34,6 +37,17 @@ pub struct Sinks {
     policy: SinkPolicy,
     platform_token: Option<http::HeaderValue>,
     functions: Arc<RwLock<HashMap<(String, String), String>>>,
+    /// Bumped on every change of `functions`, so a worker can keep what it resolved until then.
+    generation: Arc<AtomicU64>,
+}
+
+/// Where to POST a Subscription's events, and the `Authorization` to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Parsed once per resolution, not per delivery.
+    pub uri: http::Uri,
+    /// The platform token, for functions behind the local gateway.
+    pub authorization: Option<http::HeaderValue>,
 }
 
 impl Sinks {
@@ -44,6 +58,7 @@ impl Sinks {
             policy,
             platform_token: None,
             functions: Arc::default(),
+            generation: Arc::default(),
         }
     }
 
@@ -54,11 +69,27 @@ impl Sinks {
         self
     }
 
-    /// The URL to POST to and the `Authorization` to send with it, or why there is none.
-    pub fn resolve_with_auth(
+    /// Changes whenever a function's URL does: a [`Resolved`] obtained under one generation
+    /// stays right until the generation moves.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Where to POST events for `sink`, or why there is nowhere (a bounded reason label).
+    pub fn resolve(&self, sink: &str) -> Result<Resolved, &'static str> {
+        let (url, authorization) = self.resolve_text(sink)?;
+        let uri = http::Uri::try_from(url).map_err(|_| "sink_invalid")?;
+        if uri.scheme() != Some(&http::uri::Scheme::HTTP) || uri.host().is_none() {
+            // Sinks are plain HTTP: TLS to functions is the mesh's job on Kubernetes.
+            return Err("sink_invalid");
+        }
+        Ok(Resolved { uri, authorization })
+    }
+
+    fn resolve_text(
         &self,
         sink: &str,
-    ) -> Result<(String, Option<&http::HeaderValue>), &'static str> {
+    ) -> Result<(String, Option<http::HeaderValue>), &'static str> {
         if let Some(function) = parse_function_sink(sink) {
             if self.resolution == Resolution::Direct {
                 return Ok((sink.to_owned(), None));
@@ -69,7 +100,7 @@ impl Sinks {
                 .ok_or("sink_unresolved")?;
             return Ok((
                 join(base, &function.path_and_query),
-                self.platform_token.as_ref(),
+                self.platform_token.clone(),
             ));
         }
         if self
@@ -92,6 +123,8 @@ impl Sinks {
                 Some(url) => functions.insert(key, url),
                 None => functions.remove(&key),
             };
+            // Under the write lock, so a reader that sees the new generation sees the new URL.
+            self.generation.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -143,7 +176,7 @@ mod tests {
 
     impl Sinks {
         fn url_of(&self, sink: &str) -> Result<String, &'static str> {
-            self.resolve_with_auth(sink).map(|(url, _)| url)
+            self.resolve(sink).map(|resolved| resolved.uri.to_string())
         }
     }
 
@@ -158,13 +191,18 @@ mod tests {
             "stock",
             Some("http://127.0.0.1:8080/shop/stock".into()),
         );
-        let (_, to_function) = sinks
-            .resolve_with_auth("http://stock.shop.svc.cluster.local")
-            .unwrap();
-        assert_eq!(to_function.map(|v| v.as_bytes()), Some(&b"Bearer t0k"[..]));
-        let (_, elsewhere) = sinks
-            .resolve_with_auth("http://127.0.0.1:9000/hook")
-            .unwrap();
+        let to_function = sinks
+            .resolve("http://stock.shop.svc.cluster.local")
+            .unwrap()
+            .authorization;
+        assert_eq!(
+            to_function.as_ref().map(|v| v.as_bytes()),
+            Some(&b"Bearer t0k"[..])
+        );
+        let elsewhere = sinks
+            .resolve("http://127.0.0.1:9000/hook")
+            .unwrap()
+            .authorization;
         assert!(
             elsewhere.is_none(),
             "an allowed URL never sees the platform token"
@@ -176,11 +214,13 @@ mod tests {
         let sinks = Sinks::new(Resolution::Local, SinkPolicy::default());
         let sink = "http://stock.shop.svc.cluster.local";
         assert_eq!(sinks.url_of(sink), Err("sink_unresolved"));
+        let before = sinks.generation();
         sinks.set_function_url(
             "shop",
             "stock",
             Some("http://127.0.0.1:8080/shop/stock".into()),
         );
+        assert_ne!(sinks.generation(), before, "a new URL moves the generation");
         assert_eq!(
             sinks.url_of(sink).unwrap(),
             "http://127.0.0.1:8080/shop/stock"
@@ -210,7 +250,7 @@ mod tests {
         assert_eq!(sinks.url_of("http://10.0.0.1/x"), Err("sink_not_allowed"));
         assert_eq!(
             sinks.url_of("http://stock.shop.svc.cluster.local").unwrap(),
-            "http://stock.shop.svc.cluster.local"
+            "http://stock.shop.svc.cluster.local/"
         );
     }
 }

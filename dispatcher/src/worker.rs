@@ -15,23 +15,27 @@ use async_nats::{
     HeaderMap as NatsHeaders, HeaderName, HeaderValue,
     jetstream::{self, AckKind, consumer::PullConsumer},
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use eddy_api::{headers as names, resources::DeliveryPolicy, shutdown::CancellationToken, subject};
-use futures::StreamExt as _;
-use tokio::{sync::Semaphore, task::JoinSet};
+use futures::{StreamExt as _, stream::FuturesUnordered};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
 
 use crate::{
     consumer::{self, ConsumerPlan},
     delivery::{self, Verdict},
     metrics::{Metrics, SubscriptionMetrics},
-    sinks::Sinks,
+    sinks::{Resolved, Sinks},
 };
 
 /// What every delivery needs.
 pub struct Shared {
     /// JetStream (dead letters, consumers).
     pub js: jetstream::Context,
-    /// HTTP client for sinks and replies (no redirects: a sink cannot bounce us elsewhere).
+    /// HTTP client for sinks: hyper's pooled client, no redirects (a sink cannot bounce us
+    /// elsewhere), the request built from the pre-parsed sink URI.
+    pub deliveries: SinkClient,
+    /// HTTP client for replies to the event-bus (no redirects).
     pub http: reqwest::Client,
     /// Sink resolution.
     pub sinks: Sinks,
@@ -45,6 +49,18 @@ pub struct Shared {
     pub max_reply_size: usize,
     /// How often to send in-progress acks while a delivery runs.
     pub progress_every: Duration,
+}
+
+/// The client deliveries go through.
+pub type SinkClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A pooled HTTP/1 client for sinks.
+pub fn sink_client(pool_idle_timeout: Duration) -> SinkClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(pool_idle_timeout)
+        .build(connector)
 }
 
 /// One Subscription, as the worker sees it.
@@ -131,6 +147,10 @@ pub enum Ended {
 }
 
 /// Pulls and delivers until cancelled, broken, or (`until_caught_up`) nothing is left.
+///
+/// Deliveries run concurrently inside this task (at most `maxInFlightMessages`), not as a task
+/// each: no spawn, semaphore or cross-thread wake-up per event. The HTTP connections still run
+/// as tasks of their own, so the work spreads over the runtime's threads.
 pub async fn consume(
     shared: &Arc<Shared>,
     target: &Arc<Target>,
@@ -155,9 +175,9 @@ pub async fn consume(
             return Ended::Broken;
         }
     };
-    let permits = Arc::new(Semaphore::new(max_in_flight));
-    let series = Arc::new(shared.metrics.subscription(&target.label));
-    let mut running = JoinSet::new();
+    let series = shared.metrics.subscription(&target.label);
+    let mut sink = SinkCache::default();
+    let mut running = FuturesUnordered::new();
     let mut tick = tokio::time::interval(if until_caught_up {
         Duration::from_millis(200)
     } else {
@@ -167,14 +187,12 @@ pub async fn consume(
         tokio::select! {
             biased;
             () = cancel.cancelled() => break Ended::Cancelled,
-            message = messages.next() => match message {
+            // Settle finished deliveries first: each frees a slot for the next event.
+            Some(()) = running.next(), if !running.is_empty() => {}
+            message = messages.next(), if running.len() < max_in_flight => match message {
                 Some(Ok(message)) => {
-                    let Ok(permit) = permits.clone().acquire_owned().await else { break Ended::Cancelled };
-                    let (shared, target, series) = (shared.clone(), target.clone(), series.clone());
-                    running.spawn(async move {
-                        handle(&shared, &target, &series, message).await;
-                        drop(permit);
-                    });
+                    let resolved = sink.get(&shared.sinks, &target.sink);
+                    running.push(handle(shared, target, &series, resolved, message));
                 }
                 Some(Err(error)) => {
                     use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
@@ -190,9 +208,6 @@ pub async fn consume(
                 }
                 None => break Ended::Broken,
             },
-            // Reap finished deliveries as they end; a finished task kept in the set holds its
-            // memory until joined.
-            Some(_) = running.join_next(), if !running.is_empty() => {}
             _ = tick.tick() => {
                 if let Ok(info) = consumer.info().await {
                     let pending = i64::try_from(info.num_pending + info.num_ack_pending as u64).unwrap_or(i64::MAX);
@@ -205,8 +220,29 @@ pub async fn consume(
         }
     };
     // Let running deliveries finish and settle; the caller bounds the whole drain.
-    while running.join_next().await.is_some() {}
+    while running.next().await.is_some() {}
     ended
+}
+
+/// The sink as last resolved, kept until the sink table changes: resolving parses URLs, which
+/// is too much to do for every event.
+#[derive(Default)]
+struct SinkCache {
+    resolved: Option<(u64, Result<Arc<Resolved>, &'static str>)>,
+}
+
+impl SinkCache {
+    fn get(&mut self, sinks: &Sinks, sink: &str) -> Result<Arc<Resolved>, &'static str> {
+        let generation = sinks.generation();
+        match &self.resolved {
+            Some((seen, resolved)) if *seen == generation => resolved.clone(),
+            _ => {
+                let resolved = sinks.resolve(sink).map(Arc::new);
+                self.resolved = Some((generation, resolved.clone()));
+                resolved
+            }
+        }
+    }
 }
 
 /// Delivers one event and settles it with JetStream.
@@ -214,6 +250,7 @@ async fn handle(
     shared: &Shared,
     target: &Target,
     series: &SubscriptionMetrics,
+    sink: Result<Arc<Resolved>, &'static str>,
     message: jetstream::Message,
 ) {
     let (attempt, stream_sequence) = match message.info() {
@@ -232,14 +269,20 @@ async fn handle(
             status: None,
         }
     } else {
-        deliver(
-            shared,
-            target,
-            message.headers.as_ref(),
-            &message.payload,
-            Some(&message),
-        )
-        .await
+        match sink {
+            Ok(sink) => {
+                deliver(
+                    shared,
+                    target,
+                    &sink,
+                    message.headers.as_ref(),
+                    &message.payload,
+                    Some(&message),
+                )
+                .await
+            }
+            Err(reason) => unresolved(reason),
+        }
     };
     let seconds = started.elapsed().as_secs_f64();
     match verdict {
@@ -279,101 +322,124 @@ async fn handle(
     series.add_in_flight(-1);
 }
 
-/// POSTs an event to the sink; with `progress`, sends in-progress acks for it while it runs.
+/// What to do with an event whose sink cannot be resolved: a sink outside the allowed ones or
+/// not a URL never will be; a function without a URL yet may get one.
+pub fn unresolved(reason: &'static str) -> Verdict {
+    match reason {
+        "sink_not_allowed" | "sink_invalid" => Verdict::Dead {
+            reason,
+            status: None,
+        },
+        _ => Verdict::Retry {
+            reason,
+            status: None,
+        },
+    }
+}
+
+/// What a sink answered that matters after the exchange.
+struct Answer {
+    verdict: Verdict,
+    /// A reply event, when the sink's 2xx answer carried one.
+    reply: Option<delivery::Reply>,
+}
+
+/// POSTs an event to the sink within the Subscription's timeout; with `progress`, sends
+/// in-progress acks for it while it runs. One timer per delivery serves both.
 pub async fn deliver(
     shared: &Shared,
     target: &Target,
+    sink: &Resolved,
     stored_headers: Option<&NatsHeaders>,
     payload: &Bytes,
     progress: Option<&jetstream::Message>,
 ) -> Verdict {
-    let (url, authorization) = match shared.sinks.resolve_with_auth(&target.sink) {
-        Ok(resolved) => resolved,
-        Err(reason @ "sink_not_allowed") => {
-            return Verdict::Dead {
-                reason,
-                status: None,
-            };
-        }
-        Err(reason) => {
-            return Verdict::Retry {
-                reason,
-                status: None,
-            };
-        }
-    };
     let mut headers = stored_headers
         .map(delivery::http_headers)
         .unwrap_or_default();
-    if let Some(authorization) = authorization {
+    if let Some(authorization) = &sink.authorization {
         headers.insert(http::header::AUTHORIZATION, authorization.clone());
     }
-    let request = shared
-        .http
-        .post(url)
-        .headers(headers)
-        .body(payload.clone())
-        .timeout(target.policy.timeout)
-        .send();
-    let mut request = std::pin::pin!(request);
-    let mut ticker = tokio::time::interval(shared.progress_every);
-    ticker.tick().await;
-    let response = loop {
+    let mut request = http::Request::new(Full::new(payload.clone()));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = sink.uri.clone();
+    *request.headers_mut() = headers;
+    let exchange = exchange(shared, target, request);
+    let mut exchange = std::pin::pin!(exchange);
+    let now = tokio::time::Instant::now();
+    let deadline = now + target.policy.timeout;
+    let mut next_progress = now + shared.progress_every;
+    let timer = tokio::time::sleep_until(deadline.min(next_progress));
+    let mut timer = std::pin::pin!(timer);
+    let answer = loop {
         tokio::select! {
-            response = &mut request => break response,
-            _ = ticker.tick() => {
+            answer = &mut exchange => break answer,
+            () = &mut timer => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Verdict::Retry { reason: "timeout", status: None };
+                }
                 if let Some(message) = progress {
                     if let Err(error) = message.ack_with(AckKind::Progress).await {
                         tracing::debug!(subscription = %target.label, %error, "in-progress ack failed");
                     }
                 }
+                next_progress += shared.progress_every;
+                timer.as_mut().reset(deadline.min(next_progress));
             }
         }
     };
-    let response = match response {
+    match answer {
+        Answer {
+            verdict,
+            reply: Some(reply),
+        } => match publish_reply(shared, target, stored_headers, reply).await {
+            Ok(()) => verdict,
+            Err(reason) => Verdict::Retry {
+                reason,
+                status: None,
+            },
+        },
+        Answer { verdict, .. } => verdict,
+    }
+}
+
+/// Sends the request and reads a 2xx answer's body (a possible reply event).
+async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<Bytes>>) -> Answer {
+    let response = match shared.deliveries.request(request).await {
         Ok(response) => response,
-        Err(error) => return delivery::classify_error(&error),
+        Err(error) => {
+            tracing::debug!(subscription = %target.label, %error, "delivery failed in transport");
+            return Answer {
+                verdict: delivery::classify_error(&error),
+                reply: None,
+            };
+        }
     };
     let verdict = delivery::classify_status(response.status().as_u16());
     if !matches!(verdict, Verdict::Delivered { .. }) {
-        return verdict;
+        return Answer {
+            verdict,
+            reply: None,
+        };
     }
-    let answer_headers = response.headers().clone();
-    let body = match read_limited(response, shared.max_reply_size).await {
-        Some(body) => body,
-        None => {
+    // Only an answer that looks like an event needs its headers kept; any body is read so the
+    // connection goes back to the pool.
+    let (parts, body) = response.into_parts();
+    let reply_headers = delivery::may_carry_reply(&parts.headers).then_some(parts.headers);
+    let body = Limited::new(body, shared.max_reply_size)
+        .collect()
+        .await
+        .map(|collected| collected.to_bytes());
+    let reply = match (reply_headers, body) {
+        (Some(headers), Ok(body)) => delivery::reply_event(&headers, body),
+        (Some(_), Err(_)) => {
             shared.metrics.failure(&target.label, "reply_too_large");
-            tracing::warn!(subscription = %target.label, "the sink's answer is too large to be a reply; ignored");
-            return verdict;
+            tracing::warn!(subscription = %target.label, "the sink's answer is too large (or broken) to be a reply; ignored");
+            None
         }
+        (None, _) => None,
     };
-    if let Some(reply) = delivery::reply_event(&answer_headers, body) {
-        if let Err(reason) = publish_reply(shared, target, stored_headers, reply).await {
-            return Verdict::Retry {
-                reason,
-                status: None,
-            };
-        }
-    }
-    verdict
-}
-
-/// Reads a body up to `limit` bytes; `None` when larger (or broken).
-async fn read_limited(mut response: reqwest::Response, limit: usize) -> Option<Bytes> {
-    if response
-        .content_length()
-        .is_some_and(|length| length > limit as u64)
-    {
-        return None;
-    }
-    let mut body = BytesMut::new();
-    while let Some(chunk) = response.chunk().await.ok()? {
-        if body.len() + chunk.len() > limit {
-            return None;
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Some(body.freeze())
+    Answer { verdict, reply }
 }
 
 /// Publishes a sink's reply event to the event-bus. A refusal (4xx) is logged and counted: the

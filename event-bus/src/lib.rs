@@ -193,8 +193,8 @@ impl EventBus {
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
         let app = router(self.state);
         let shutdown = self.shutdown.clone();
-        let server =
-            axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let server = axum::serve(eddy_api::net::no_delay(listener), app)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         let deadline = async {
             shutdown.cancelled().await;
             tokio::time::sleep(self.drain_timeout).await;
