@@ -205,5 +205,18 @@ mod tests {
         let mut plain = http::HeaderMap::new();
         plain.insert("content-type", "application/json".parse().unwrap());
         assert!(reply_event(&plain, Bytes::from_static(b"{}")).is_none());
+        assert!(!may_carry_reply(&plain));
+        let mut upper = http::HeaderMap::new();
+        upper.insert(
+            "content-type",
+            "Application/CloudEvents+JSON; charset=utf-8"
+                .parse()
+                .unwrap(),
+        );
+        assert!(may_carry_reply(&upper), "media types are case-insensitive");
+        let mut short = http::HeaderMap::new();
+        short.insert("content-type", "text".parse().unwrap());
+        assert!(!may_carry_reply(&short));
+        assert!(!may_carry_reply(&http::HeaderMap::new()));
     }
 }

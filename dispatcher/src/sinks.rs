@@ -248,6 +248,17 @@ mod tests {
             "http://127.0.0.1:9000/x"
         );
         assert_eq!(sinks.url_of("http://10.0.0.1/x"), Err("sink_not_allowed"));
+        let anything = Sinks::new(
+            Resolution::Direct,
+            SinkPolicy {
+                allowed_prefixes: vec![String::new()],
+            },
+        );
+        assert_eq!(
+            anything.url_of("https://example.com/x"),
+            Err("sink_invalid")
+        );
+        assert_eq!(anything.url_of("not a url"), Err("sink_invalid"));
         assert_eq!(
             sinks.url_of("http://stock.shop.svc.cluster.local").unwrap(),
             "http://stock.shop.svc.cluster.local/"

@@ -570,7 +570,55 @@ pub fn dead_letter_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_api::resources::Backoff;
+    use eddy_api::resources::{Backoff, SinkPolicy};
+
+    #[test]
+    fn sinks_that_never_resolve_go_to_dead_letters_and_missing_ones_are_retried() {
+        for reason in ["sink_not_allowed", "sink_invalid"] {
+            assert_eq!(
+                unresolved(reason),
+                Verdict::Dead {
+                    reason,
+                    status: None
+                }
+            );
+        }
+        assert_eq!(
+            unresolved("sink_unresolved"),
+            Verdict::Retry {
+                reason: "sink_unresolved",
+                status: None
+            }
+        );
+    }
+
+    #[test]
+    fn the_sink_cache_follows_function_url_changes() {
+        let sinks = Sinks::new(crate::sinks::Resolution::Local, SinkPolicy::default());
+        let sink = "http://stock.shop.svc.cluster.local/hook";
+        let mut cache = SinkCache::default();
+        assert_eq!(cache.get(&sinks, sink).err(), Some("sink_unresolved"));
+        sinks.set_function_url(
+            "shop",
+            "stock",
+            Some("http://127.0.0.1:8080/shop/stock".into()),
+        );
+        let first = cache.get(&sinks, sink).unwrap();
+        assert_eq!(first.uri, "http://127.0.0.1:8080/shop/stock/hook");
+        let again = cache.get(&sinks, sink).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "unchanged: resolved once");
+        sinks.set_function_url(
+            "shop",
+            "stock",
+            Some("http://127.0.0.1:9090/shop/stock".into()),
+        );
+        assert_eq!(
+            cache.get(&sinks, sink).unwrap().uri,
+            "http://127.0.0.1:9090/shop/stock/hook"
+        );
+        sinks.set_function_url("shop", "stock", None);
+        assert_eq!(cache.get(&sinks, sink).err(), Some("sink_unresolved"));
+    }
 
     #[test]
     fn dead_letters_keep_the_event_and_say_why() {
