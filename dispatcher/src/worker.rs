@@ -154,7 +154,7 @@ pub enum Ended {
 pub async fn consume(
     shared: &Arc<Shared>,
     target: &Arc<Target>,
-    mut consumer: PullConsumer,
+    consumer: PullConsumer,
     until_caught_up: bool,
     cancel: &CancellationToken,
 ) -> Ended {
@@ -178,6 +178,7 @@ pub async fn consume(
     let series = shared.metrics.subscription(&target.label);
     let mut sink = SinkCache::default();
     let mut running = FuturesUnordered::new();
+    let mut asking: Option<futures::future::BoxFuture<'_, _>> = None;
     let mut tick = tokio::time::interval(if until_caught_up {
         Duration::from_millis(200)
     } else {
@@ -208,8 +209,12 @@ pub async fn consume(
                 }
                 None => break Ended::Broken,
             },
-            _ = tick.tick() => {
-                if let Ok(info) = consumer.info().await {
+            // Asked alongside the deliveries, not in their way: a slow answer (NATS electing a
+            // leader) must not hold up settling events or their in-progress acks.
+            _ = tick.tick(), if asking.is_none() => asking = Some(Box::pin(consumer.get_info())),
+            answer = async { match asking.as_mut() { Some(request) => request.await, None => std::future::pending().await } } => {
+                asking = None;
+                if let Ok(info) = answer {
                     let pending = i64::try_from(info.num_pending + info.num_ack_pending as u64).unwrap_or(i64::MAX);
                     series.set_pending(pending);
                     if until_caught_up && info.num_pending == 0 && info.num_ack_pending == 0 && running.is_empty() {
