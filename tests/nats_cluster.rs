@@ -156,16 +156,31 @@ async fn no_acked_event_is_lost_when_the_stream_leader_dies() {
     stop.cancel();
     publisher.await.unwrap();
 
-    // Read the whole stream back.
-    let stream = js.get_stream("EDDY_EVENTS").await.unwrap();
-    let consumer: jetstream::consumer::PullConsumer = stream
-        .create_consumer(pull::Config {
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let stored_count = stream.clone().info().await.unwrap().state.messages;
+    // Read the whole stream back. Right after the restart the cluster may still be settling
+    // (the restarted node catching up, a meta-leader change): a JetStream API request can time
+    // out then, so the read-back set-up is retried until it answers.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (consumer, stored_count) = loop {
+        let attempt = async {
+            let stream = js.get_stream("EDDY_EVENTS").await?;
+            let consumer: jetstream::consumer::PullConsumer = stream
+                .create_consumer(pull::Config {
+                    ack_policy: jetstream::consumer::AckPolicy::None,
+                    ..Default::default()
+                })
+                .await?;
+            let stored_count = stream.clone().info().await?.state.messages;
+            Ok::<_, async_nats::Error>((consumer, stored_count))
+        };
+        match attempt.await {
+            Ok(ready) => break ready,
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                println!("read-back set-up failed, retrying: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("cannot read the stream back: {error}"),
+        }
+    };
     let mut stored = BTreeSet::new();
     let mut messages = consumer.messages().await.unwrap();
     while (stored.len() as u64) < stored_count {
