@@ -192,7 +192,7 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
                 )
                 .await
             }
-            Err(reason) => worker::unresolved(reason),
+            Err(verdict) => verdict,
         };
         match verdict {
             Verdict::Delivered { .. } => {

@@ -21,6 +21,8 @@ use eddy_api::{
 };
 use futures::StreamExt as _;
 
+use crate::delivery::Verdict;
+
 /// How function sinks are resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Resolution {
@@ -75,29 +77,31 @@ impl Sinks {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Where to POST events for `sink`, or why there is nowhere (a bounded reason label).
-    pub fn resolve(&self, sink: &str) -> Result<Resolved, &'static str> {
+    /// Where to POST events for `sink`, or what to do with them when there is nowhere: a sink
+    /// outside the allowed ones or not a plain HTTP URL never will be (dead letters); a function
+    /// without a URL yet may get one (retry).
+    pub fn resolve(&self, sink: &str) -> Result<Resolved, Verdict> {
         let (url, authorization) = self.resolve_text(sink)?;
-        let uri = http::Uri::try_from(url).map_err(|_| "sink_invalid")?;
+        let uri = http::Uri::try_from(url).map_err(|_| never("sink_invalid"))?;
         if uri.scheme() != Some(&http::uri::Scheme::HTTP) || uri.host().is_none() {
             // Sinks are plain HTTP: TLS to functions is the mesh's job on Kubernetes.
-            return Err("sink_invalid");
+            return Err(never("sink_invalid"));
         }
         Ok(Resolved { uri, authorization })
     }
 
-    fn resolve_text(
-        &self,
-        sink: &str,
-    ) -> Result<(String, Option<http::HeaderValue>), &'static str> {
+    fn resolve_text(&self, sink: &str) -> Result<(String, Option<http::HeaderValue>), Verdict> {
         if let Some(function) = parse_function_sink(sink) {
             if self.resolution == Resolution::Direct {
                 return Ok((sink.to_owned(), None));
             }
-            let functions = self.functions.read().map_err(|_| "sink_unresolved")?;
+            let functions = self
+                .functions
+                .read()
+                .map_err(|_| not_yet("sink_unresolved"))?;
             let base = functions
                 .get(&(function.namespace, function.function))
-                .ok_or("sink_unresolved")?;
+                .ok_or(not_yet("sink_unresolved"))?;
             return Ok((
                 join(base, &function.path_and_query),
                 self.platform_token.clone(),
@@ -111,7 +115,7 @@ impl Sinks {
         {
             Ok((sink.to_owned(), None))
         } else {
-            Err("sink_not_allowed")
+            Err(never("sink_not_allowed"))
         }
     }
 
@@ -161,6 +165,20 @@ impl Sinks {
     }
 }
 
+fn never(reason: &'static str) -> Verdict {
+    Verdict::Dead {
+        reason,
+        status: None,
+    }
+}
+
+fn not_yet(reason: &'static str) -> Verdict {
+    Verdict::Retry {
+        reason,
+        status: None,
+    }
+}
+
 /// `base` + `path_and_query`, where the sink's path `/` means the function's root.
 fn join(base: &str, path_and_query: &str) -> String {
     if path_and_query == "/" || path_and_query.is_empty() {
@@ -175,7 +193,7 @@ mod tests {
     use super::*;
 
     impl Sinks {
-        fn url_of(&self, sink: &str) -> Result<String, &'static str> {
+        fn url_of(&self, sink: &str) -> Result<String, Verdict> {
             self.resolve(sink).map(|resolved| resolved.uri.to_string())
         }
     }
@@ -213,7 +231,7 @@ mod tests {
     fn function_sinks_resolve_through_status() {
         let sinks = Sinks::new(Resolution::Local, SinkPolicy::default());
         let sink = "http://stock.shop.svc.cluster.local";
-        assert_eq!(sinks.url_of(sink), Err("sink_unresolved"));
+        assert_eq!(sinks.url_of(sink), Err(not_yet("sink_unresolved")));
         let before = sinks.generation();
         sinks.set_function_url(
             "shop",
@@ -232,7 +250,7 @@ mod tests {
             "http://127.0.0.1:8080/shop/stock/hook?x=1"
         );
         sinks.set_function_url("shop", "stock", None);
-        assert_eq!(sinks.url_of(sink), Err("sink_unresolved"));
+        assert_eq!(sinks.url_of(sink), Err(not_yet("sink_unresolved")));
     }
 
     #[test]
@@ -247,7 +265,10 @@ mod tests {
             sinks.url_of("http://127.0.0.1:9000/x").unwrap(),
             "http://127.0.0.1:9000/x"
         );
-        assert_eq!(sinks.url_of("http://10.0.0.1/x"), Err("sink_not_allowed"));
+        assert_eq!(
+            sinks.url_of("http://10.0.0.1/x"),
+            Err(never("sink_not_allowed"))
+        );
         let anything = Sinks::new(
             Resolution::Direct,
             SinkPolicy {
@@ -256,9 +277,9 @@ mod tests {
         );
         assert_eq!(
             anything.url_of("https://example.com/x"),
-            Err("sink_invalid")
+            Err(never("sink_invalid"))
         );
-        assert_eq!(anything.url_of("not a url"), Err("sink_invalid"));
+        assert_eq!(anything.url_of("not a url"), Err(never("sink_invalid")));
         assert_eq!(
             sinks.url_of("http://stock.shop.svc.cluster.local").unwrap(),
             "http://stock.shop.svc.cluster.local/"

@@ -233,11 +233,11 @@ pub async fn consume(
 /// is too much to do for every event.
 #[derive(Default)]
 struct SinkCache {
-    resolved: Option<(u64, Result<Arc<Resolved>, &'static str>)>,
+    resolved: Option<(u64, Result<Arc<Resolved>, Verdict>)>,
 }
 
 impl SinkCache {
-    fn get(&mut self, sinks: &Sinks, sink: &str) -> Result<Arc<Resolved>, &'static str> {
+    fn get(&mut self, sinks: &Sinks, sink: &str) -> Result<Arc<Resolved>, Verdict> {
         let generation = sinks.generation();
         match &self.resolved {
             Some((seen, resolved)) if *seen == generation => resolved.clone(),
@@ -255,7 +255,7 @@ async fn handle(
     shared: &Shared,
     target: &Target,
     series: &SubscriptionMetrics,
-    sink: Result<Arc<Resolved>, &'static str>,
+    sink: Result<Arc<Resolved>, Verdict>,
     message: jetstream::Message,
 ) {
     let (attempt, stream_sequence) = match message.info() {
@@ -286,7 +286,7 @@ async fn handle(
                 )
                 .await
             }
-            Err(reason) => unresolved(reason),
+            Err(verdict) => verdict,
         }
     };
     let seconds = started.elapsed().as_secs_f64();
@@ -325,21 +325,6 @@ async fn handle(
         }
     }
     series.add_in_flight(-1);
-}
-
-/// What to do with an event whose sink cannot be resolved: a sink outside the allowed ones or
-/// not a URL never will be; a function without a URL yet may get one.
-pub fn unresolved(reason: &'static str) -> Verdict {
-    match reason {
-        "sink_not_allowed" | "sink_invalid" => Verdict::Dead {
-            reason,
-            status: None,
-        },
-        _ => Verdict::Retry {
-            reason,
-            status: None,
-        },
-    }
 }
 
 /// What a sink answered that matters after the exchange.
@@ -578,31 +563,17 @@ mod tests {
     use eddy_api::resources::{Backoff, SinkPolicy};
 
     #[test]
-    fn sinks_that_never_resolve_go_to_dead_letters_and_missing_ones_are_retried() {
-        for reason in ["sink_not_allowed", "sink_invalid"] {
-            assert_eq!(
-                unresolved(reason),
-                Verdict::Dead {
-                    reason,
-                    status: None
-                }
-            );
-        }
-        assert_eq!(
-            unresolved("sink_unresolved"),
-            Verdict::Retry {
-                reason: "sink_unresolved",
-                status: None
-            }
-        );
-    }
-
-    #[test]
     fn the_sink_cache_follows_function_url_changes() {
         let sinks = Sinks::new(crate::sinks::Resolution::Local, SinkPolicy::default());
         let sink = "http://stock.shop.svc.cluster.local/hook";
         let mut cache = SinkCache::default();
-        assert_eq!(cache.get(&sinks, sink).err(), Some("sink_unresolved"));
+        assert_eq!(
+            cache.get(&sinks, sink).err(),
+            Some(Verdict::Retry {
+                reason: "sink_unresolved",
+                status: None
+            })
+        );
         sinks.set_function_url(
             "shop",
             "stock",
@@ -622,7 +593,13 @@ mod tests {
             "http://127.0.0.1:9090/shop/stock/hook"
         );
         sinks.set_function_url("shop", "stock", None);
-        assert_eq!(cache.get(&sinks, sink).err(), Some("sink_unresolved"));
+        assert_eq!(
+            cache.get(&sinks, sink).err(),
+            Some(Verdict::Retry {
+                reason: "sink_unresolved",
+                status: None
+            })
+        );
     }
 
     #[test]
