@@ -47,6 +47,19 @@ pub enum Error {
         /// What NATS said.
         message: String,
     },
+    /// nats-server cannot reserve the stream's size limit in its JetStream file store (its
+    /// `max_file_store`, by default 75% of the disk space free when it started).
+    #[error(
+        "nats-server cannot reserve {max_bytes} for stream {stream} ({message}): its JetStream store limit (max_file_store, by default 75% of the disk space free when nats-server started) is below the size limits of its streams together; free disk space and restart nats-server, raise max_file_store, or lower --stream-max-bytes (EDDY_STREAM_MAX_BYTES)"
+    )]
+    StreamStorage {
+        /// The stream.
+        stream: String,
+        /// Its size limit.
+        max_bytes: bytesize::ByteSize,
+        /// What NATS said.
+        message: String,
+    },
     /// The existing stream differs from the wanted one in a setting NATS cannot change in place.
     #[error(
         "stream {stream} exists with a different {field}, which cannot be changed in place; delete the stream or keep its setting"

@@ -205,10 +205,27 @@ pub async fn ensure_stream(
     wanted: stream::Config,
 ) -> Result<stream::Info> {
     let name = wanted.name.clone();
+    let max_bytes = bytesize::ByteSize::b(u64::try_from(wanted.max_bytes).unwrap_or(0));
     let failed = |operation: &'static str, message: String| Error::JetStream {
         operation,
         stream: name.clone(),
         message,
+    };
+    // A store too small for the size limit is the one create/update failure an operator can
+    // fix without reading NATS docs; say how.
+    let write_failed = |operation: &'static str, error: jetstream::context::CreateStreamError| {
+        match error.kind() {
+            jetstream::context::CreateStreamErrorKind::JetStream(api)
+                if is_storage_shortage(api.error_code()) =>
+            {
+                Error::StreamStorage {
+                    stream: name.clone(),
+                    max_bytes,
+                    message: api.to_string(),
+                }
+            }
+            _ => failed(operation, error.to_string()),
+        }
     };
     match js.get_stream(&name).await {
         Ok(mut existing) => {
@@ -236,7 +253,7 @@ pub async fn ensure_stream(
                     };
                     js.update_stream(merged)
                         .await
-                        .map_err(|e| failed("update", e.to_string()))
+                        .map_err(|e| write_failed("update", e))
                 }
             }
         }
@@ -251,7 +268,7 @@ pub async fn ensure_stream(
             let mut created = js
                 .create_stream(wanted)
                 .await
-                .map_err(|e| failed("create", e.to_string()))?;
+                .map_err(|e| write_failed("create", e))?;
             Ok(created
                 .info()
                 .await
@@ -260,6 +277,12 @@ pub async fn ensure_stream(
         }
         Err(error) => Err(failed("lookup", error.to_string())),
     }
+}
+
+/// Whether a JetStream API error says the server cannot reserve the storage asked for.
+fn is_storage_shortage(code: jetstream::ErrorCode) -> bool {
+    code == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED
+        || code == jetstream::ErrorCode::INSUFFICIENT_RESOURCES
 }
 
 /// The `Nats-Msg-Id` of an event: a digest of (source, id), the pair CloudEvents defines as

@@ -815,3 +815,32 @@ async fn the_bus_starts_before_nats_and_becomes_ready_when_it_appears() {
     .unwrap();
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn events_stream_reports_a_store_too_small_for_it() {
+    let nats = NatsServer::start_with_config("jetstream { max_file_store: 512MB }").unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut settings = eddy_api::nats::StreamArgs::default();
+    let error = eddy_api::nats::ensure_stream(&js, eddy_api::nats::events_stream_config(&settings))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, eddy_api::Error::StreamStorage { ref stream, .. } if stream == "EDDY_EVENTS"),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    for hint in [
+        "1.0 GiB",
+        "max_file_store",
+        "--stream-max-bytes",
+        "EDDY_STREAM_MAX_BYTES",
+    ] {
+        assert!(message.contains(hint), "no {hint:?} in: {message}");
+    }
+    // The remedy the message names works.
+    settings.max_bytes = bytesize::ByteSize::mib(256);
+    eddy_api::nats::ensure_stream(&js, eddy_api::nats::events_stream_config(&settings))
+        .await
+        .unwrap();
+}

