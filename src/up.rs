@@ -92,7 +92,7 @@ pub struct Args {
 /// Runs everything until a shutdown signal.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = eddy_api::shutdown::on_signal();
-    let mut platform = Platform::start(&args, true).await?;
+    let mut platform = Platform::start(&args, true, &shutdown).await?;
     let applied = deploy(&platform, &args.apply, &shutdown).await;
     let result = match applied {
         Ok(()) => {
@@ -135,8 +135,12 @@ pub struct Platform {
 
 impl Platform {
     /// Starts nats-server (unless `--nats-url`) and every component; `report` prints a line
-    /// per component as it becomes ready.
-    pub async fn start(args: &Args, report: bool) -> anyhow::Result<Self> {
+    /// per component as it becomes ready. `shutdown` also ends a start-up still waiting on NATS.
+    pub async fn start(
+        args: &Args,
+        report: bool,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Self> {
         let say = |line: String| {
             if report {
                 eddy_api::output::say(&line);
@@ -164,7 +168,7 @@ impl Platform {
             dispatcher_url: String::new(),
             api_token: args.api_auth.api_tokens.first().cloned(),
             components: Vec::new(),
-            token: CancellationToken::new(),
+            token: shutdown.child_token(),
             nats,
         };
         if let Err(error) = platform.start_components(args, &nats_url, &say).await {
@@ -248,7 +252,10 @@ impl Platform {
         if self.components.is_empty() {
             return Ok(());
         }
+        // The components' token is a child of `shutdown`: once it fires they stop on purpose, so
+        // it is checked first.
         let failed = tokio::select! {
+            biased;
             () = shutdown.cancelled() => None,
             (joined, index, _) = futures::future::select_all(self.components.iter_mut().map(|(_, task)| task)) => Some((index, joined)),
         };

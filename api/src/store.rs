@@ -616,7 +616,11 @@ where
             Err(error) if failures < max_retries && !shutdown.is_cancelled() => {
                 failures += 1;
                 tracing::warn!(%error, attempt = failures, "{waiting}");
-                tokio::time::sleep(rewatch_delay(failures)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(rewatch_delay(failures)) => {}
+                    // One more attempt, which then returns its error: start-up ends at once.
+                    () = shutdown.cancelled() => {}
+                }
             }
             Err(error) => return Err(error),
         }
@@ -628,4 +632,31 @@ pub fn rewatch_delay(failures: u32) -> Duration {
     Duration::from_millis(200)
         .saturating_mul(2u32.saturating_pow(failures.min(5)))
         .min(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn start_up_retries_end_when_shutdown_fires_not_after_the_backoff() {
+        let shutdown = CancellationToken::new();
+        let trigger = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            trigger.cancel();
+        });
+        let started = tokio::time::Instant::now();
+        let mut attempts = 0;
+        let result: Result<(), &str> = retry_at_start("waiting", 60, &shutdown, || {
+            attempts += 1;
+            async { Err("NATS not there") }
+        })
+        .await;
+        assert_eq!(result, Err("NATS not there"));
+        assert_eq!(attempts, 2, "one try, then one more once shutdown fired");
+        // The clock is paused: elapsed time is exactly when the shutdown fired, well before the
+        // first backoff (400 ms) would have ended.
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+    }
 }

@@ -12,6 +12,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use crate::up::{self, Platform};
+use eddy_api::shutdown::CancellationToken;
 
 mod e2e;
 mod load;
@@ -133,7 +134,7 @@ async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
         allowed_sinks: Vec::new(),
         api_auth: Default::default(),
     };
-    let platform = Platform::start(&args, false).await?;
+    let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
     let result = e2e::run(
         &platform,
         data_dir.path(),
@@ -351,7 +352,7 @@ async fn coldstart(
         allowed_sinks: Vec::new(),
         api_auth: Default::default(),
     };
-    let platform = Platform::start(&args, false).await?;
+    let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
     let result = measure_coldstart(&platform, runs, runtimes).await;
     platform.stop(false).await;
     let figures = result?;
