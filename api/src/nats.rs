@@ -205,7 +205,7 @@ pub async fn ensure_stream(
     wanted: stream::Config,
 ) -> Result<stream::Info> {
     let name = wanted.name.clone();
-    let max_bytes = bytesize::ByteSize::b(u64::try_from(wanted.max_bytes).unwrap_or(0));
+    let max_bytes = wanted.max_bytes;
     let failed = |operation: &'static str, message: String| Error::JetStream {
         operation,
         stream: name.clone(),
@@ -216,11 +216,11 @@ pub async fn ensure_stream(
     let write_failed = |operation: &'static str, error: jetstream::context::CreateStreamError| {
         match error.kind() {
             jetstream::context::CreateStreamErrorKind::JetStream(api)
-                if is_storage_shortage(api.error_code()) =>
+                if api.error_code() == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED =>
             {
                 Error::StreamStorage {
                     stream: name.clone(),
-                    max_bytes,
+                    max_bytes: bytesize::ByteSize::b(u64::try_from(max_bytes).unwrap_or(0)),
                     message: api.to_string(),
                 }
             }
@@ -277,12 +277,6 @@ pub async fn ensure_stream(
         }
         Err(error) => Err(failed("lookup", error.to_string())),
     }
-}
-
-/// Whether a JetStream API error says the server cannot reserve the storage asked for.
-fn is_storage_shortage(code: jetstream::ErrorCode) -> bool {
-    code == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED
-        || code == jetstream::ErrorCode::INSUFFICIENT_RESOURCES
 }
 
 /// The `Nats-Msg-Id` of an event: a digest of (source, id), the pair CloudEvents defines as
