@@ -15,7 +15,9 @@ use bytes::Bytes;
 use chrono::SecondsFormat;
 use cloudevents::{AttributesReader, Data, Event, event::AttributeValue};
 use eddy_api::{headers as names, nats::message_id, subject};
-use serde_json::{Map, Value};
+use indexmap::IndexMap;
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde_json::{Map, Value, value::RawValue};
 
 /// One event, ready for JetStream.
 #[derive(Debug, Clone)]
@@ -87,11 +89,11 @@ impl EventError {
     }
 
     /// A batch with more events than allowed.
-    pub fn too_many_events(count: usize, limit: usize) -> Self {
+    pub fn too_many_events(limit: usize) -> Self {
         Self {
             refusal: Refusal::TooLarge,
             field: None,
-            message: format!("batch has {count} events, the limit is {limit}"),
+            message: format!("batch has more than {limit} events, the limit"),
         }
     }
 
@@ -299,21 +301,36 @@ fn subject_of(source: &str, ty: &str) -> Result<String, EventError> {
 fn finish(
     builder: HeaderBuilder,
     payload: Bytes,
-    event: &Event,
     limits: &Limits,
 ) -> Result<OutgoingEvent, EventError> {
     let size = builder.size + payload.len();
     if size > limits.max_event_size {
         return Err(EventError::too_large(size, limits.max_event_size));
     }
-    let source = event.source().as_str();
+    // Subject, message id and identity come from the values stored (percent-decoded in binary
+    // mode), so what is validated, routed and deduplicated is what subscribers receive.
+    let attribute = |name: &'static str| {
+        builder
+            .headers
+            .get(name)
+            .map(|value| value.as_str().to_owned())
+            .ok_or_else(|| {
+                EventError::invalid(
+                    &name[names::CE_PREFIX.len()..],
+                    "required attribute is missing",
+                )
+            })
+    };
+    let id = attribute("ce-id")?;
+    let source = attribute("ce-source")?;
+    let ty = attribute("ce-type")?;
     Ok(OutgoingEvent {
-        subject: subject_of(source, event.ty())?,
-        msg_id: message_id(source, event.id()),
+        subject: subject_of(&source, &ty)?,
+        msg_id: message_id(&source, &id),
         headers: builder.headers,
         payload,
-        id: event.id().to_owned(),
-        source: source.to_owned(),
+        id,
+        source,
     })
 }
 
@@ -343,9 +360,10 @@ pub fn from_binary(
         builder.insert(attribute, name.as_str(), &decoded)?;
     }
     for required in REQUIRED {
-        let value = headers
-            .get(format!("ce-{required}"))
-            .and_then(|v| v.to_str().ok());
+        let value = builder
+            .headers
+            .get(format!("{}{required}", names::CE_PREFIX).as_str())
+            .map(|value| value.as_str());
         check_required(required, value)?;
     }
     if let Some(content_type) = headers.get(http::header::CONTENT_TYPE) {
@@ -357,9 +375,8 @@ pub fn from_binary(
     builder.insert_trace(&TraceContext::from_http(headers));
 
     // The SDK checks types (time, dataschema). The body stays out of it: we store it untouched.
-    let event = cloudevents::binding::http::to_event(headers, Vec::new())
-        .map_err(|error| sdk_error(&error))?;
-    finish(builder, body, &event, limits)
+    cloudevents::binding::http::to_event(headers, Vec::new()).map_err(|error| sdk_error(&error))?;
+    finish(builder, body, limits)
 }
 
 /// A structured-mode event: one JSON object.
@@ -368,23 +385,67 @@ pub fn from_structured(
     trace: &TraceContext,
     limits: &Limits,
 ) -> Result<OutgoingEvent, EventError> {
-    let value: Value = serde_json::from_slice(body)
+    let raw: &RawValue = serde_json::from_slice(body)
         .map_err(|error| EventError::malformed(format!("body is not valid JSON: {error}")))?;
-    from_json(value, trace, limits)
+    from_raw(raw, trace, limits)
 }
 
-/// One event of structured or batch mode.
-pub fn from_json(
-    value: Value,
+/// Largest raw JSON text of one structured event: its data may be base64 (4/3 of the bytes) and
+/// its attributes sit beside it, so twice the stored size limit.
+fn max_structured_size(limits: &Limits) -> usize {
+    limits.max_event_size.saturating_mul(2)
+}
+
+/// The members of a JSON object, their values left as raw JSON text: reading costs what the text
+/// weighs whatever its shape (8M small numbers in `data` build no value at all).
+type RawMembers<'a> = IndexMap<String, &'a RawValue>;
+
+/// A JSON value read without building it, good enough to check an attribute's type: compound
+/// values (arrays, objects) become an empty object and are never parsed.
+pub(crate) fn shallow(raw: &RawValue) -> Result<Value, serde_json::Error> {
+    match raw.get().as_bytes().first() {
+        Some(b'[' | b'{') => Ok(Value::Object(Map::new())),
+        _ => serde_json::from_str(raw.get()),
+    }
+}
+
+/// One event of structured or batch mode, as raw JSON text. The size is checked on the text
+/// before anything is built; `data` is never parsed into values: JSON data is stored as sent.
+pub fn from_raw(
+    raw: &RawValue,
     trace: &TraceContext,
     limits: &Limits,
 ) -> Result<OutgoingEvent, EventError> {
-    let Value::Object(mut map) = value else {
+    let text = raw.get();
+    if text.len() > max_structured_size(limits) {
+        return Err(EventError::too_large(
+            text.len(),
+            max_structured_size(limits),
+        ));
+    }
+    if !text.starts_with('{') {
         return Err(EventError::malformed(
             "a structured event must be a JSON object",
         ));
-    };
+    }
+    let mut members: RawMembers<'_> = serde_json::from_str(text)
+        .map_err(|error| EventError::malformed(format!("invalid CloudEvent: {error}")))?;
+    let data = members.shift_remove("data");
+    let mut map = Map::with_capacity(members.len());
+    for (name, value) in members {
+        let value = shallow(value)
+            .map_err(|error| EventError::malformed(format!("invalid CloudEvent: {error}")))?;
+        map.insert(name, value);
+    }
+    let data = data.filter(|data| data.get() != "null");
+    if data.is_some() && map.get("data_base64").is_some_and(|v| !v.is_null()) {
+        return Err(EventError::invalid(
+            "data_base64",
+            "an event has `data` or `data_base64`, not both",
+        ));
+    }
     check_structured(&mut map)?;
+    // The SDK checks the attributes (and decodes `data_base64`); `data` stays out of it.
     let mut event: Event =
         serde_json::from_value(Value::Object(map)).map_err(|error| sdk_json_error(&error))?;
 
@@ -407,22 +468,40 @@ pub fn from_json(
     }
     builder.insert_trace(trace);
 
-    let is_json_by_default = event.datacontenttype().is_none();
-    let payload = match event.take_data().2 {
-        None => Bytes::new(),
-        Some(Data::Binary(bytes)) => Bytes::from(bytes),
-        Some(Data::String(text)) => Bytes::from(text),
-        Some(Data::Json(json)) => {
-            if is_json_by_default {
+    let content_type_given = event.datacontenttype().is_some();
+    let is_json = event.datacontenttype().is_none_or(is_json_content_type);
+    let payload = match (data, event.take_data().2) {
+        (Some(data), _) if is_json => {
+            if !content_type_given {
                 builder.insert("datacontenttype", names::CONTENT_TYPE, "application/json")?;
             }
-            Bytes::from(
-                serde_json::to_vec(&json)
-                    .map_err(|e| EventError::invalid("data", e.to_string()))?,
-            )
+            Bytes::copy_from_slice(data.get().as_bytes())
         }
+        (Some(data), _) => match serde_json::from_str::<String>(data.get()) {
+            Ok(text) => Bytes::from(text),
+            Err(_) => {
+                return Err(EventError::invalid(
+                    "data",
+                    "data of a non-JSON content type must be a string (or use data_base64)",
+                ));
+            }
+        },
+        (None, None) => Bytes::new(),
+        (None, Some(Data::Binary(bytes))) => Bytes::from(bytes),
+        (None, Some(Data::String(text))) => Bytes::from(text),
+        (None, Some(Data::Json(json))) => Bytes::from(
+            serde_json::to_vec(&json).map_err(|e| EventError::invalid("data", e.to_string()))?,
+        ),
     };
-    finish(builder, payload, &event, limits)
+    finish(builder, payload, limits)
+}
+
+/// The SDK's test for JSON data (`application/json`, `text/json`, `+json`), on the media type.
+fn is_json_content_type(content_type: &str) -> bool {
+    let media_type = content_type.split(';').next().unwrap_or_default().trim();
+    media_type.eq_ignore_ascii_case("application/json")
+        || media_type.eq_ignore_ascii_case("text/json")
+        || media_type.to_ascii_lowercase().ends_with("+json")
 }
 
 /// Checks names and value types of a structured event before the SDK sees it. JSON `null`
@@ -506,31 +585,53 @@ fn sdk_json_error(error: &serde_json::Error) -> EventError {
 }
 
 /// A batch: a JSON array of structured events. Either every event is valid and the list is
-/// returned, or the errors are returned per position and nothing is stored.
+/// returned, or the errors are returned per position and nothing is stored. The array is read
+/// one level deep and stops at the event count limit, so neither many tiny entries nor one
+/// deeply shaped event costs more than its bytes.
 pub fn from_batch(
     body: &[u8],
     trace: &TraceContext,
     limits: &Limits,
 ) -> Result<Vec<OutgoingEvent>, BatchError> {
-    let value: Value = serde_json::from_slice(body).map_err(|error| {
-        BatchError::Whole(EventError::malformed(format!(
-            "body is not valid JSON: {error}"
-        )))
-    })?;
-    let Value::Array(items) = value else {
+    let starts_as_array = body
+        .iter()
+        .find(|byte| !byte.is_ascii_whitespace())
+        .is_some_and(|byte| *byte == b'[');
+    if !starts_as_array {
+        // Still say "not JSON" when it is not.
+        if let Err(error) = serde_json::from_slice::<&RawValue>(body) {
+            return Err(BatchError::Whole(EventError::malformed(format!(
+                "body is not valid JSON: {error}"
+            ))));
+        }
         return Err(BatchError::Whole(EventError::malformed(
             "a batch must be a JSON array of events",
         )));
-    };
-    if items.len() > limits.max_batch_events {
-        return Err(BatchError::Whole(EventError::too_many_events(
-            items.len(),
-            limits.max_batch_events,
-        )));
     }
+    let too_many = std::cell::Cell::new(false);
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    let items = BoundedArray {
+        limit: limits.max_batch_events,
+        too_many: &too_many,
+    }
+    .deserialize(&mut reader)
+    .and_then(|items| reader.end().map(|()| items));
+    let items = match items {
+        Ok(items) => items,
+        Err(_) if too_many.get() => {
+            return Err(BatchError::Whole(EventError::too_many_events(
+                limits.max_batch_events,
+            )));
+        }
+        Err(error) => {
+            return Err(BatchError::Whole(EventError::malformed(format!(
+                "body is not valid JSON: {error}"
+            ))));
+        }
+    };
     let results: Vec<Result<OutgoingEvent, EventError>> = items
         .into_iter()
-        .map(|item| from_json(item, trace, limits))
+        .map(|item| from_raw(item, trace, limits))
         .collect();
     if results.iter().all(Result::is_ok) {
         Ok(results.into_iter().flatten().collect())
@@ -538,6 +639,43 @@ pub fn from_batch(
         Err(BatchError::PerEvent(
             results.into_iter().map(|result| result.err()).collect(),
         ))
+    }
+}
+
+/// Reads a JSON array into raw entries, failing (and saying so) past `limit` entries.
+struct BoundedArray<'c> {
+    limit: usize,
+    too_many: &'c std::cell::Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for BoundedArray<'_> {
+    type Value = Vec<&'de RawValue>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BoundedArray<'_> {
+    type Value = Vec<&'de RawValue>;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a JSON array of events")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.limit));
+        while let Some(item) = seq.next_element::<&'de RawValue>()? {
+            if items.len() == self.limit {
+                self.too_many.set(true);
+                return Err(serde::de::Error::custom("too many events"));
+            }
+            items.push(item);
+        }
+        Ok(items)
     }
 }
 
@@ -686,7 +824,7 @@ mod tests {
             source in any::<String>(),
         ) {
             let event = serde_json::json!({"specversion": "1.0", "id": "1", "source": source, "type": ty, key: value});
-            let _ = from_json(event, &TraceContext::default(), &LIMITS);
+            let _ = from_structured(event.to_string().as_bytes(), &TraceContext::default(), &LIMITS);
         }
 
         #[test]

@@ -10,10 +10,11 @@
 use async_nats::{HeaderMap as NatsHeaders, HeaderName, HeaderValue};
 use bytes::Bytes;
 use eddy_api::{headers as names, nats::message_id, subject};
+use indexmap::IndexMap;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, value::RawValue};
 
-use crate::event::{Limits, OutgoingEvent};
+use crate::event::{Limits, OutgoingEvent, shallow};
 
 /// One problem with a legacy event, in the shape Kyma's legacy API answered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -88,18 +89,30 @@ pub fn from_legacy(
     limits: &Limits,
     new_id: impl FnOnce() -> String,
 ) -> Result<OutgoingEvent, Vec<LegacyFieldError>> {
-    let value: Value = serde_json::from_slice(body).map_err(|error| {
+    let not_json = |error: serde_json::Error| {
         vec![LegacyFieldError::invalid(
             "body",
             format!("body is not valid JSON: {error}"),
         )]
-    })?;
-    let Value::Object(map) = value else {
+    };
+    let raw: &RawValue = serde_json::from_slice(body).map_err(not_json)?;
+    if !raw.get().starts_with('{') {
         return Err(vec![LegacyFieldError::invalid(
             "body",
             "body must be a JSON object",
         )]);
-    };
+    }
+    // One level deep: `data` stays raw JSON text (stored as sent), so parsing costs what the
+    // body weighs whatever its shape.
+    let mut members: IndexMap<String, &RawValue> =
+        serde_json::from_str(raw.get()).map_err(not_json)?;
+    let data = members
+        .shift_remove("data")
+        .filter(|data| data.get() != "null");
+    let mut map = Map::with_capacity(members.len());
+    for (name, value) in members {
+        map.insert(name, shallow(value).map_err(not_json)?);
+    }
     let mut errors = Vec::new();
     let event_type = text_field(&map, "event-type", &mut errors);
     let version = text_field(&map, "event-type-version", &mut errors);
@@ -124,13 +137,9 @@ pub fn from_legacy(
             ));
         }
     }
-    let data = match map.get("data") {
-        None | Some(Value::Null) => {
-            errors.push(LegacyFieldError::missing("data"));
-            None
-        }
-        Some(data) => Some(data),
-    };
+    if data.is_none() {
+        errors.push(LegacyFieldError::missing("data"));
+    }
     if application.is_empty() || application.chars().any(char::is_control) {
         errors.push(LegacyFieldError::invalid(
             "application",
@@ -147,10 +156,7 @@ pub fn from_legacy(
     let subject = subject::event_subject(application, &ty)
         .map_err(|error| vec![LegacyFieldError::invalid("event-type", error.to_string())])?;
     let id = id.map_or_else(new_id, str::to_owned);
-    let payload = Bytes::from(
-        serde_json::to_vec(data)
-            .map_err(|e| vec![LegacyFieldError::invalid("data", e.to_string())])?,
-    );
+    let payload = Bytes::copy_from_slice(data.get().as_bytes());
 
     let mut headers = NatsHeaders::new();
     let mut size = payload.len();

@@ -93,7 +93,34 @@ pub struct Args {
     /// Longest wait for in-flight requests on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// Longest a request may take, body included; past it the answer is 503 with `Retry-After`
+    /// (a publish cut short may have been stored: retry with the same id, it is stored once).
+    #[arg(long = "request-timeout", env = "EDDY_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Most publishes waiting for JetStream's ack on the NATS connection; further publishes wait.
+    #[arg(
+        long = "max-acks-in-flight",
+        env = "EDDY_MAX_ACKS_IN_FLIGHT",
+        default_value_t = DEFAULT_MAX_ACKS_IN_FLIGHT,
+        value_parser = clap::value_parser!(u32).range(16..)
+    )]
+    pub max_acks_in_flight: u32,
+    /// Batch requests (and other bodies over 1 MiB) read, parsed and published at once; more
+    /// wait their turn. Each batch keeps at most max-acks-in-flight / (2 × this) acks pending, so
+    /// batches together never take all of the connection's acks from single publishes.
+    #[arg(
+        long = "max-concurrent-batches",
+        env = "EDDY_MAX_CONCURRENT_BATCHES",
+        default_value_t = DEFAULT_MAX_CONCURRENT_BATCHES,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_concurrent_batches: u32,
 }
+
+/// Default of `--max-acks-in-flight` (async-nats' own default, made explicit).
+pub const DEFAULT_MAX_ACKS_IN_FLIGHT: u32 = 5_000;
+/// Default of `--max-concurrent-batches`.
+pub const DEFAULT_MAX_CONCURRENT_BATCHES: u32 = 8;
 
 impl Args {
     /// Defaults for everything but the NATS URL and the listen address (for tests and `eddy up`).
@@ -109,6 +136,9 @@ impl Args {
             tokens: Vec::new(),
             token_file: None,
             drain_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_acks_in_flight: DEFAULT_MAX_ACKS_IN_FLIGHT,
+            max_concurrent_batches: DEFAULT_MAX_CONCURRENT_BATCHES,
         }
     }
 }
@@ -134,6 +164,9 @@ impl EventBus {
             tokens,
             token_file,
             drain_timeout,
+            request_timeout,
+            max_acks_in_flight,
+            max_concurrent_batches,
         } = args;
         let tokens = eddy_api::auth::Tokens::load(&tokens, token_file.as_deref())?;
         if tokens.is_none() {
@@ -160,7 +193,10 @@ impl EventBus {
         let publisher = publisher::Publisher::start(
             client,
             events_stream_config(&stream),
-            publish_timeout,
+            publisher::AckLimits {
+                timeout: publish_timeout,
+                max_in_flight: max_acks_in_flight as usize,
+            },
             recheck_stream,
             shutdown.clone(),
         );
@@ -169,10 +205,14 @@ impl EventBus {
             max_batch_events,
         };
         let max_batch_bytes = usize::try_from(max_batch_size.as_u64()).unwrap_or(usize::MAX);
+        let batches =
+            routes::BatchLimits::new(max_acks_in_flight as usize, max_concurrent_batches as usize);
         let state = Arc::new(AppState {
             publisher,
             limits,
             max_batch_bytes,
+            batches,
+            request_timeout,
             tokens,
             metrics,
         });

@@ -41,6 +41,8 @@ pub enum Outcome {
     NatsUnavailable,
     /// Not stored: JetStream refused it, e.g. the store is full (503).
     StreamRefused,
+    /// The request ran past the server's deadline (503); it may have been stored.
+    TimedOut,
 }
 
 impl Mode {
@@ -68,6 +70,7 @@ impl Outcome {
             Self::Unauthorized => "unauthorized",
             Self::NatsUnavailable => "nats_unavailable",
             Self::StreamRefused => "stream_refused",
+            Self::TimedOut => "timed_out",
         }
     }
 }

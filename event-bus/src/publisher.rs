@@ -54,6 +54,15 @@ pub struct Stored {
     pub duplicate: bool,
 }
 
+/// How acks are awaited on the one NATS connection.
+#[derive(Debug, Clone, Copy)]
+pub struct AckLimits {
+    /// Longest wait for one ack.
+    pub timeout: Duration,
+    /// Most publishes awaiting their ack at once; a publish past it waits for a free slot.
+    pub max_in_flight: usize,
+}
+
 /// Publishes into `EDDY_EVENTS`; cheap to clone.
 #[derive(Clone)]
 pub struct Publisher {
@@ -74,12 +83,16 @@ impl Publisher {
     pub fn start(
         client: async_nats::Client,
         wanted: stream::Config,
-        publish_timeout: Duration,
+        acks: AckLimits,
         recheck_stream: Arc<Notify>,
         shutdown: CancellationToken,
     ) -> Self {
+        // Deliberate, not the library's default: a publish past the limit waits for a slot
+        // (backpressure) instead of failing; batches keep their own share well below it.
         let jetstream = jetstream::ContextBuilder::new()
-            .timeout(publish_timeout)
+            .timeout(acks.timeout)
+            .max_ack_inflight(acks.max_in_flight)
+            .backpressure_on_inflight(true)
             .build(client.clone());
         let inner = Arc::new(Inner {
             client,

@@ -1,7 +1,11 @@
 //! The HTTP surface of the event-bus (DESIGN §4). Built by [`router`] so tests drive it
 //! in-process; every refusal is a JSON body that names what is wrong and never leaks internals.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    collections::VecDeque,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use axum::{
     Json, Router,
@@ -15,6 +19,7 @@ use axum::{
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 use eddy_api::auth::Tokens;
 
@@ -38,6 +43,10 @@ pub struct AppState {
     pub limits: Limits,
     /// Largest batch body, in bytes.
     pub max_batch_bytes: usize,
+    /// How many batches run at once, and how many acks each keeps pending.
+    pub batches: BatchLimits,
+    /// Longest a request may take.
+    pub request_timeout: Duration,
     /// Accepted publisher tokens; `None` turns authentication off.
     pub tokens: Option<Tokens>,
     /// Metrics.
@@ -62,6 +71,36 @@ impl AppState {
     }
 }
 
+/// Bodies above this size take a batch slot before they are read.
+const LARGE_BODY: u64 = 1 << 20;
+
+/// Bounds on batch publishing. Large bodies are read and parsed a few at a time (memory is
+/// bounded by the slots, not by the number of connections), and each batch keeps a bounded
+/// window of acks pending: async-nats holds at most `max_acks_in_flight` unacknowledged
+/// publishes per connection, and a batch that sent more before reading an ack would wait on
+/// itself forever while every other publish waited behind it.
+pub struct BatchLimits {
+    slots: Semaphore,
+    window: usize,
+}
+
+impl BatchLimits {
+    /// `slots` batches at once, each with `max_acks_in_flight / (2 × slots)` acks pending (at
+    /// least one): half of the connection's acks always stay free for single publishes.
+    pub fn new(max_acks_in_flight: usize, slots: usize) -> Self {
+        let slots = slots.max(1);
+        Self {
+            slots: Semaphore::new(slots),
+            window: (max_acks_in_flight / (2 * slots)).max(1),
+        }
+    }
+
+    /// Acks one batch keeps pending.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+}
+
 type Shared = State<Arc<AppState>>;
 
 /// The event-bus router.
@@ -72,6 +111,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), deadline))
         .layer(middleware::from_fn_with_state(state.clone(), track_latency))
         .with_state(state)
 }
@@ -95,6 +135,26 @@ async fn track_latency(State(state): Shared, request: Request, next: Next) -> Re
         .metrics
         .observe_request(route, started.elapsed().as_secs_f64());
     response
+}
+
+/// Every request ends by the deadline, however slowly its body arrives or its acks come back.
+async fn deadline(State(state): Shared, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(state.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            state.metrics.events(Mode::Unknown, Outcome::TimedOut, 1);
+            tracing::warn!(timeout = ?state.request_timeout, "request ran past its deadline");
+            refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "request not finished within {:?}; some events may be stored: retry with the \
+                     same ids (a repeated source and id is stored once)",
+                    state.request_timeout
+                ),
+                None,
+            )
+        }
+    }
 }
 
 async fn readyz(State(state): Shared) -> Response {
@@ -221,6 +281,17 @@ async fn publish(State(state): Shared, request: Request) -> Response {
         ContentMode::Structured => Mode::Structured,
         ContentMode::Batch => Mode::Batch,
     };
+    let declared_size = http_body::Body::size_hint(&body)
+        .upper()
+        .unwrap_or(u64::MAX);
+    let _slot = if mode == ContentMode::Batch || declared_size > LARGE_BODY {
+        match state.batches.slots.acquire().await {
+            Ok(slot) => Some(slot),
+            Err(_) => return refused(&state, metric_mode, &EventError::malformed("shutting down")),
+        }
+    } else {
+        None
+    };
     let body = match read_body(body, body_limit).await {
         Ok(body) => body,
         Err(None) => {
@@ -299,38 +370,53 @@ async fn publish_batch(
         }
     };
 
-    // Send all in order (pipelined on one connection), then collect the acks in order.
+    // Sent in order, pipelined on one connection, with at most `window` acks pending: the
+    // oldest ack is awaited before one more event goes out.
+    let window = state.batches.window();
     let mut identities = Vec::with_capacity(events.len());
-    let mut pending = Vec::with_capacity(events.len());
+    let mut results: Vec<Result<Stored, PublishFailure>> = Vec::with_capacity(events.len());
+    let mut pending = VecDeque::with_capacity(window.min(events.len()));
+    let mut send_failure = None;
     for event in events {
         identities.push((event.id.clone(), event.source.clone()));
-        let sent = match pending.last() {
+        if let Some(failure) = send_failure {
             // Once a send failed, NATS is gone: do not push later events out of order.
-            Some(Err(failure)) => Err(*failure),
-            _ => state.publisher.send(event).await,
-        };
-        pending.push(sent);
+            results.push(Err(failure));
+            continue;
+        }
+        if pending.len() >= window {
+            if let Some(oldest) = pending.pop_front() {
+                results.push(state.publisher.ack(oldest).await);
+            }
+        }
+        match state.publisher.send(event).await {
+            Ok(ack) => pending.push_back(ack),
+            Err(failure) => {
+                for earlier in pending.drain(..) {
+                    results.push(state.publisher.ack(earlier).await);
+                }
+                results.push(Err(failure));
+                send_failure = Some(failure);
+            }
+        }
     }
-    let mut results = Vec::with_capacity(pending.len());
+    for remaining in pending {
+        results.push(state.publisher.ack(remaining).await);
+    }
     let mut first_failure = None;
     let mut stored_count = 0u64;
     let mut duplicates = 0u64;
-    for sent in pending {
-        let outcome = match sent {
-            Ok(ack) => state.publisher.ack(ack).await,
-            Err(failure) => Err(failure),
-        };
+    for outcome in &results {
         match outcome {
             Ok(stored) if stored.duplicate => duplicates += 1,
             Ok(_) => stored_count += 1,
             Err(failure) => {
                 state
                     .metrics
-                    .events(Mode::Batch, failure_status(failure).1, 1);
-                first_failure.get_or_insert(failure);
+                    .events(Mode::Batch, failure_status(*failure).1, 1);
+                first_failure.get_or_insert(*failure);
             }
         }
-        results.push(outcome);
     }
     state
         .metrics
