@@ -8,6 +8,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod cli;
+mod nats_auth;
 mod up;
 
 use std::path::PathBuf;
@@ -50,7 +51,8 @@ enum ControllerCommand {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run everything on this machine: nats-server, event-bus (and, as they land, the rest).
+    /// Run everything on this machine: nats-server, event-bus, controller (API, dashboard,
+    /// builds, gateway) and dispatcher.
     Up(up::Args),
     /// Run the event-bus: the HTTP publish endpoint in front of JetStream.
     EventBus(eddy_event_bus::Args),
@@ -212,6 +214,15 @@ async fn main() -> anyhow::Result<()> {
         log.log_level = "warn".to_owned();
     }
     log.init()?;
+    if matches!(
+        command,
+        Command::EventBus(_)
+            | Command::Dispatcher(_)
+            | Command::Controller { command: None, .. }
+            | Command::Up(_)
+    ) {
+        eddy_api::process::harden();
+    }
     match command {
         Command::EventBus(args) => {
             let shutdown = eddy_api::shutdown::on_signal();

@@ -25,6 +25,20 @@ pub struct Args {
     /// Use this NATS server instead of starting one.
     #[arg(long = "nats-url", env = "EDDY_NATS_URL")]
     pub nats_url: Option<String>,
+    /// With --nats-url: a credentials file (JWT + nkey) for every component.
+    #[arg(long = "nats-creds", env = "EDDY_NATS_CREDS", requires = "nats_url")]
+    pub nats_creds: Option<PathBuf>,
+    /// With --nats-url: a user for every component (password in EDDY_NATS_PASSWORD).
+    #[arg(long = "nats-user", env = "EDDY_NATS_USER", requires = "nats_url")]
+    pub nats_user: Option<String>,
+    /// With --nats-url: the password of --nats-user.
+    #[arg(
+        long = "nats-password",
+        env = "EDDY_NATS_PASSWORD",
+        hide_env_values = true,
+        requires = "nats_url"
+    )]
+    pub nats_password: Option<String>,
     /// The nats-server binary to start (default: from PATH, then .tools/venv/bin).
     #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
     pub nats_server: Option<PathBuf>,
@@ -71,22 +85,31 @@ pub struct Args {
         hide_env_values = true
     )]
     pub bus_tokens: Vec<String>,
+    /// File with one accepted publisher token per line (keeps tokens off the command line,
+    /// which any process on the machine can read).
+    #[arg(long = "bus-token-file", env = "EDDY_BUS_TOKEN_FILE")]
+    pub bus_token_file: Option<PathBuf>,
     /// Manifests (files or directories) to apply once the platform is up, e.g. `examples/shop`.
     #[arg(long = "apply", short = 'f', env = "EDDY_APPLY", value_delimiter = ',')]
     pub apply: Vec<PathBuf>,
     /// Idle time after which a Function with minReplicas 0 runs no instance.
     #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
     pub scale_to_zero_after: Duration,
-    /// URL prefixes Subscription sinks may use besides functions (comma-separated).
+    /// Sink URLs Subscriptions may use besides functions (comma-separated), compared as URLs:
+    /// `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
     #[arg(
         long = "allowed-sinks",
         env = "EDDY_ALLOWED_SINKS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = eddy_api::resources::parse_allowed_sink
     )]
     pub allowed_sinks: Vec<String>,
     /// Bearer tokens for the controller API, the dashboard and the dispatcher's admin API.
     #[command(flatten)]
     pub api_auth: eddy_api::auth::ApiTokenArgs,
+    /// Connection limits of every listener.
+    #[command(flatten)]
+    pub serve: eddy_api::net::ServeArgs,
 }
 
 /// Runs everything until a shutdown signal.
@@ -128,6 +151,10 @@ pub struct Platform {
     pub dispatcher_url: String,
     /// A token the APIs accept, when they require one.
     pub api_token: Option<String>,
+    /// NATS.
+    pub nats_url: String,
+    /// The users of the nats-server started here (none with `--nats-url`).
+    nats_users: Option<crate::nats_auth::NatsUsers>,
     components: Vec<Component>,
     token: CancellationToken,
     nats: Option<NatsChild>,
@@ -146,19 +173,21 @@ impl Platform {
                 eddy_api::output::say(&line);
             }
         };
+        create_private_dir(&args.data_dir)?;
         std::fs::create_dir_all(args.data_dir.join("logs"))
             .with_context(|| format!("cannot create the data dir {}", args.data_dir.display()))?;
-        let (nats, nats_url) = match args.nats_url.clone() {
-            Some(url) => (None, url),
+        let (nats, nats_url, nats_users) = match args.nats_url.clone() {
+            Some(url) => (None, url, None),
             None => {
                 let binary = find_nats_server(args.nats_server.clone())?;
-                let started = NatsChild::start(&binary, &args.data_dir).await?;
+                let users = crate::nats_auth::NatsUsers::load_or_create(&args.data_dir)?;
+                let started = NatsChild::start(&binary, &args.data_dir, Some(&users)).await?;
                 let url = started.url.clone();
                 say(format!(
                     "nats        ready  {url}  (store {})",
                     args.data_dir.join("nats").display()
                 ));
-                (Some(started), url)
+                (Some(started), url, Some(users))
             }
         };
         let mut platform = Self {
@@ -167,6 +196,8 @@ impl Platform {
             gateway_url: String::new(),
             dispatcher_url: String::new(),
             api_token: args.api_auth.api_tokens.first().cloned(),
+            nats_url: nats_url.clone(),
+            nats_users,
             components: Vec::new(),
             token: shutdown.child_token(),
             nats,
@@ -178,6 +209,33 @@ impl Platform {
         Ok(platform)
     }
 
+    /// How `component` connects: its own user on the nats-server started here, or the
+    /// `--nats-*` options given with `--nats-url`.
+    fn nats_args(
+        &self,
+        args: &Args,
+        component: crate::nats_auth::Component,
+    ) -> eddy_api::nats::NatsArgs {
+        match &self.nats_users {
+            Some(users) => users.args(component, &self.nats_url),
+            None => {
+                let mut nats = eddy_api::nats::NatsArgs::with_url(&self.nats_url);
+                nats.nats_creds = args.nats_creds.clone();
+                nats.nats_user = args.nats_user.clone();
+                nats.nats_password = args.nats_password.clone();
+                nats
+            }
+        }
+    }
+
+    /// A NATS client with every permission (the admin user here; the given options otherwise).
+    pub async fn nats_client(&self) -> anyhow::Result<async_nats::Client> {
+        match &self.nats_users {
+            Some(users) => users.connect_admin(&self.nats_url).await,
+            None => Ok(async_nats::connect(&self.nats_url).await?),
+        }
+    }
+
     async fn start_components(
         &mut self,
         args: &Args,
@@ -185,9 +243,25 @@ impl Platform {
         say: &impl Fn(String),
     ) -> anyhow::Result<()> {
         let (bus_listener, bus_local) = bind(args.bus_addr).await?;
+        use crate::nats_auth::Component as User;
         let mut bus_args = eddy_event_bus::Args::new(bus_local, nats_url);
+        bus_args.nats = self.nats_args(args, User::EventBus);
         bus_args.max_event_size = args.max_event_size;
         bus_args.tokens = args.bus_tokens.clone();
+        // With publisher tokens on, the dispatcher (replies) and the functions (emitCloudEvent)
+        // publish with tokens of their own, new for each run: the user's tokens stay theirs.
+        let publisher_tokens_on = !args.bus_tokens.is_empty() || args.bus_token_file.is_some();
+        let new_token = || uuid::Uuid::new_v4().simple().to_string();
+        let dispatcher_publish_token = publisher_tokens_on.then(new_token);
+        let function_publish_token = publisher_tokens_on.then(new_token);
+        bus_args.tokens.extend(
+            dispatcher_publish_token
+                .iter()
+                .chain(&function_publish_token)
+                .cloned(),
+        );
+        bus_args.token_file = args.bus_token_file.clone();
+        bus_args.serve = args.serve.clone();
         let bus = eddy_event_bus::EventBus::new(bus_args, self.token.child_token()).await?;
         self.components.push((
             "event-bus",
@@ -200,12 +274,15 @@ impl Platform {
         let (api_listener, api_local) = bind(args.api_addr).await?;
         let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
         let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
+        controller_args.nats = self.nats_args(args, User::Controller);
         controller_args.data_dir = args.data_dir.clone();
         controller_args.allowed_sinks = args.allowed_sinks.clone();
         controller_args.bus_url = self.bus_url.clone();
         controller_args.scale_to_zero_after = args.scale_to_zero_after;
         controller_args.dispatcher_url = Some(format!("http://{dispatcher_local}"));
         controller_args.api_auth = args.api_auth.clone();
+        controller_args.function_publisher_token = function_publish_token;
+        controller_args.serve = args.serve.clone();
         // The dispatcher reaches functions with `access.mode: token` with a token of its own,
         // new for each run.
         let platform_token = uuid::Uuid::new_v4().simple().to_string();
@@ -232,9 +309,11 @@ impl Platform {
 
         let mut dispatcher_args =
             eddy_dispatcher::Args::new(dispatcher_local, nats_url, self.bus_url.clone());
+        dispatcher_args.nats = self.nats_args(args, User::Dispatcher);
         dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
-        dispatcher_args.bus_token = args.bus_tokens.first().cloned();
+        dispatcher_args.bus_token = dispatcher_publish_token;
         dispatcher_args.api_auth = args.api_auth.clone();
+        dispatcher_args.serve = args.serve.clone();
         dispatcher_args.platform_token = Some(platform_token);
         let dispatcher =
             eddy_dispatcher::Dispatcher::new(dispatcher_args, self.token.child_token()).await?;
@@ -291,6 +370,20 @@ impl Platform {
     }
 }
 
+/// Creates the data dir readable by this user only (0700): it holds NATS credentials, the NATS
+/// store (function env), builds and logs. An existing one is tightened.
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot make the data dir {} private", dir.display()))?;
+    Ok(())
+}
+
 /// The nats-server to start: the flag, then PATH, then the project's tool dir.
 pub fn find_nats_server(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(path) = flag {
@@ -315,13 +408,23 @@ pub struct NatsChild {
 }
 
 impl NatsChild {
-    /// Starts nats-server with JetStream, its store under `data_dir`.
-    pub async fn start(binary: &Path, data_dir: &Path) -> anyhow::Result<Self> {
+    /// Starts nats-server with JetStream, its store under `data_dir`, accepting only `users`
+    /// (`None`: anyone, for benchmarks that measure raw NATS beside eddy).
+    pub async fn start(
+        binary: &Path,
+        data_dir: &Path,
+        users: Option<&crate::nats_auth::NatsUsers>,
+    ) -> anyhow::Result<Self> {
         let run_dir = data_dir.join("run");
         // A stale ports file from an earlier crash would point at a dead port.
         let _ = std::fs::remove_dir_all(&run_dir);
         std::fs::create_dir_all(&run_dir)?;
         let mut command = tokio::process::Command::new(binary);
+        if let Some(users) = users {
+            let config = run_dir.join("nats.conf");
+            crate::nats_auth::write_private(&config, users.server_config().as_bytes())?;
+            command.arg("-c").arg(&config);
+        }
         command
             .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-sd"])
             .arg(data_dir.join("nats"))

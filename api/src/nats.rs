@@ -30,6 +30,39 @@ pub struct NatsArgs {
     /// NATS credentials file (JWT + nkey), when the server requires one.
     #[arg(long = "nats-creds", env = "EDDY_NATS_CREDS")]
     pub nats_creds: Option<PathBuf>,
+    /// NATS user name (with --nats-password), when the server requires one.
+    #[arg(long = "nats-user", env = "EDDY_NATS_USER")]
+    pub nats_user: Option<String>,
+    /// NATS password of --nats-user (prefer the variable: a flag is visible to every process).
+    #[arg(
+        long = "nats-password",
+        env = "EDDY_NATS_PASSWORD",
+        hide_env_values = true
+    )]
+    pub nats_password: Option<String>,
+    /// CA certificate (PEM) to verify the NATS server's TLS certificate with; implies TLS.
+    #[arg(long = "nats-tls-ca", env = "EDDY_NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for NATS mutual TLS, with --nats-tls-key.
+    #[arg(
+        long = "nats-tls-cert",
+        env = "EDDY_NATS_TLS_CERT",
+        requires = "nats_tls_key"
+    )]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --nats-tls-cert.
+    #[arg(
+        long = "nats-tls-key",
+        env = "EDDY_NATS_TLS_KEY",
+        requires = "nats_tls_cert"
+    )]
+    pub nats_tls_key: Option<PathBuf>,
+    /// Require TLS to NATS even without a CA or client certificate (`tls://` URLs do too).
+    #[arg(long = "nats-tls", env = "EDDY_NATS_TLS")]
+    pub nats_tls: bool,
+    /// Prefix of this client's reply subjects, for servers that allow each user only its own.
+    #[arg(long = "nats-inbox-prefix", env = "EDDY_NATS_INBOX_PREFIX")]
+    pub inbox_prefix: Option<String>,
     /// Longest wait between two reconnection attempts.
     #[arg(long = "nats-max-reconnect-delay", env = "EDDY_NATS_MAX_RECONNECT_DELAY", default_value = "2s", value_parser = humantime::parse_duration)]
     pub max_reconnect_delay: Duration,
@@ -41,6 +74,13 @@ impl NatsArgs {
         Self {
             nats_url: url.into(),
             nats_creds: None,
+            nats_user: None,
+            nats_password: None,
+            nats_tls_ca: None,
+            nats_tls_cert: None,
+            nats_tls_key: None,
+            nats_tls: false,
+            inbox_prefix: None,
             max_reconnect_delay: Duration::from_secs(2),
         }
     }
@@ -72,6 +112,24 @@ impl NatsArgs {
                         path: path.clone(),
                         source,
                     })?;
+        }
+        if let Some(user) = &self.nats_user {
+            options = options
+                .user_and_password(user.clone(), self.nats_password.clone().unwrap_or_default());
+        }
+        if let Some(ca) = &self.nats_tls_ca {
+            options = options.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let (Some(cert), Some(key)) = (&self.nats_tls_cert, &self.nats_tls_key) {
+            options = options
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
+        if self.nats_tls {
+            options = options.require_tls(true);
+        }
+        if let Some(prefix) = &self.inbox_prefix {
+            options = options.custom_inbox_prefix(prefix);
         }
         // Every cluster member given: the client starts with whichever answers and fails over
         // to the others (and to the members the servers announce).

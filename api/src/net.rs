@@ -1,9 +1,36 @@
-//! Listening sockets for the HTTP servers on the event path.
+//! Listening sockets and the one HTTP server every eddy listener runs.
+//!
+//! [`serve`] is where the protections every listener needs live, so no listener forgets one:
+//! a header-read deadline that also closes idle keep-alive connections (slowloris, and 1,000
+//! idle sockets eating the fd limit), a cap on open connections, Nagle off, a bounded drain on
+//! shutdown, and on a loopback address the browser checks: a `Host` that is not loopback is
+//! refused (DNS rebinding), and so is a state-changing request from a foreign `Origin`.
 
-use std::net::SocketAddr;
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::serve::{Listener, ListenerExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use axum::{
+    Router,
+    body::Body,
+    extract::Request,
+    response::{IntoResponse, Response},
+};
+use http::{HeaderValue, Method, StatusCode, header};
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    server::graceful::GracefulShutdown,
+    service::TowerToHyperService,
+};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
 
 /// `listener` with Nagle's algorithm off on every accepted connection: a small answer (a 204, a
 /// proxied response) leaves at once instead of waiting on the peer's delayed ACK.
@@ -13,4 +40,263 @@ pub fn no_delay(listener: TcpListener) -> impl Listener<Io = TcpStream, Addr = S
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
     })
+}
+
+/// Default of `--header-read-timeout`.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
+
+/// Limits every listener of a process applies; flattened into each service's flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Longest wait for a request's headers, and for the next request on an idle keep-alive
+    /// connection; the connection is closed after it.
+    #[arg(long = "header-read-timeout", env = "EDDY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+    /// Most open connections per listener; further clients wait in the kernel's backlog.
+    #[arg(
+        long = "max-connections",
+        env = "EDDY_MAX_CONNECTIONS",
+        default_value_t = DEFAULT_MAX_CONNECTIONS
+    )]
+    pub max_connections: usize,
+}
+
+impl Default for ServeArgs {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// What a listener checks of browsers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Browsers {
+    /// On loopback: refuse foreign `Host` values, and state-changing requests from a foreign
+    /// `Origin` (the event-bus, the API, the dispatcher admin).
+    SameOrigin,
+    /// On loopback: refuse foreign `Host` values only (the gateway: functions answer CORS
+    /// requests from any origin themselves, as Kyma's do).
+    HostOnly,
+}
+
+/// Serves `router` on `listener` until `shutdown`, then lets in-flight requests finish for at
+/// most `drain`. Returns once every connection is closed or the drain ran out.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: &ServeArgs,
+    browsers: Browsers,
+    shutdown: CancellationToken,
+    drain: Duration,
+) -> std::io::Result<()> {
+    let local = listener.local_addr()?;
+    let router = if local.ip().is_loopback() {
+        router.layer(axum::middleware::from_fn(
+            move |request: Request, next: axum::middleware::Next| {
+                let verdict = check_browser(&request, local.port(), browsers);
+                async move {
+                    match verdict {
+                        Ok(()) => next.run(request).await,
+                        Err((status, message)) => refuse(status, message),
+                    }
+                }
+            },
+        ))
+    } else {
+        router
+    };
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    let mut warned_full = false;
+    loop {
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if !warned_full {
+                    tracing::warn!(limit = limits.max_connections, %local, "connection limit reached; new clients wait");
+                    warned_full = true;
+                }
+                tokio::select! {
+                    permit = connections.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => break,
+                    },
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        };
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors or a connection reset before accept: not fatal.
+                    tracing::warn!(%error, %local, "accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        () = shutdown.cancelled() => break,
+                    }
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        warned_full = false;
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
+        }
+        let service =
+            TowerToHyperService::new(router.clone().map_request(
+                |request: http::Request<hyper::body::Incoming>| request.map(Body::new),
+            ));
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(drain) => {
+            tracing::warn!(timeout = ?drain, %local, "drain timed out; dropping in-flight requests");
+        }
+    }
+    Ok(())
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// A host name that means this machine's loopback interface.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        // `[::1]` or `[::1]:8080`
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .get(name.len().saturating_sub(".localhost".len())..)
+            .is_some_and(|end| end.eq_ignore_ascii_case(".localhost"))
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The browser checks of a loopback listener. A request with no `Host` (HTTP/1.0) passes: DNS
+/// rebinding needs a browser, and browsers always send one.
+fn check_browser(
+    request: &Request,
+    port: u16,
+    browsers: Browsers,
+) -> Result<(), (StatusCode, &'static str)> {
+    let headers = request.headers();
+    if let Some(host) = headers.get(header::HOST) {
+        let host = host.to_str().unwrap_or_default();
+        if !is_loopback_host(host) {
+            return Err((
+                StatusCode::MISDIRECTED_REQUEST,
+                "this server listens on loopback and answers only loopback host names",
+            ));
+        }
+    }
+    let changes_state = !matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    if browsers == Browsers::SameOrigin && changes_state {
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            if !is_own_origin(origin, port) {
+                return Err((
+                    StatusCode::FORBIDDEN,
+                    "cross-origin requests may not change state here",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `Origin: http://127.0.0.1:<port>` (or localhost / [::1]) of this very listener.
+fn is_own_origin(origin: &HeaderValue, port: u16) -> bool {
+    let Ok(origin) = origin.to_str() else {
+        return false;
+    };
+    let Ok(url) = url::Url::parse(origin) else {
+        return false;
+    };
+    url.scheme() == "http"
+        && url.port_or_known_default() == Some(port)
+        && url.host_str().is_some_and(is_loopback_host)
+}
+
+/// Raises the soft limit on open files to the hard limit, so the connection caps (not the fd
+/// limit) decide when a listener stops accepting. Returns the limit in force.
+pub fn raise_fd_limit() -> Option<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard {
+        if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::debug!(%error, "cannot raise the open-file limit");
+            return Some(soft);
+        }
+    }
+    Some(hard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for host in [
+            "localhost",
+            "localhost:8080",
+            "LOCALHOST",
+            "app.localhost:1",
+            "127.0.0.1",
+            "127.0.0.1:8081",
+            "127.1.2.3:9",
+            "[::1]",
+            "[::1]:8080",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "10.0.0.1:80",
+            "[::2]:80",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn own_origins() {
+        let origin = |text: &str| HeaderValue::from_str(text).unwrap();
+        assert!(is_own_origin(&origin("http://127.0.0.1:8082"), 8082));
+        assert!(is_own_origin(&origin("http://localhost:8082"), 8082));
+        assert!(!is_own_origin(&origin("http://localhost:8080"), 8082));
+        assert!(!is_own_origin(&origin("http://evil.example:8082"), 8082));
+        assert!(!is_own_origin(&origin("null"), 8082));
+    }
 }

@@ -28,6 +28,35 @@ pub fn supervise(command: &mut Command) {
     }
 }
 
+/// The process group a [`supervise`]d child leads; read it before waiting for the child (a
+/// reaped child has no id), to clear out what it left behind afterwards.
+pub fn group_of(child: &Child) -> Option<Pid> {
+    child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .map(Pid::from_raw)
+}
+
+/// SIGKILL to every process left in `group`: what a build started in the background (an npm
+/// `postinstall` daemon) does not outlive the build.
+pub fn kill_group(group: Pid) {
+    // ESRCH (nothing left) is the usual answer.
+    let _ = killpg(group, Signal::SIGKILL);
+}
+
+/// Hardens a long-running eddy process: the soft open-file limit raised to the hard one (the
+/// listeners' connection caps, not the fd limit, decide when to stop accepting), and the process
+/// made non-dumpable, so a function or build running as the same user cannot read eddy's
+/// memory or environment (tokens) through `/proc/<pid>/environ` or `ptrace`.
+pub fn harden() {
+    let limit = crate::net::raise_fd_limit();
+    tracing::debug!(?limit, "open-file limit");
+    #[cfg(target_os = "linux")]
+    if let Err(error) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!(%error, "cannot make the process non-dumpable");
+    }
+}
+
 /// Sends `signal` to the child's whole process group.
 pub fn signal_group(child: &Child, signal: Signal) {
     if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {

@@ -242,7 +242,7 @@ pub struct EnvVar {
     /// Name (a C identifier; names the platform sets are reserved).
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
-    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_PORT', 'FUNC_TIMEOUT', 'PUBLISHER_PROXY_ADDRESS'])").message("is set by the platform"))]
+    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_PORT', 'FUNC_TIMEOUT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message("is set by the platform"))]
     pub name: String,
     /// Value.
     #[serde(default)]
@@ -326,13 +326,15 @@ pub const PROFILES: [(&str, &str, &str, &str, &str); 5] = [
 ];
 
 /// Environment variables the platform sets; users may not set them.
-pub const RESERVED_ENV: [&str; 6] = [
+pub const RESERVED_ENV: [&str; 8] = [
     "FUNC_NAME",
     "FUNC_NAMESPACE",
     "FUNC_RUNTIME",
     "FUNC_PORT",
     "FUNC_TIMEOUT",
     "PUBLISHER_PROXY_ADDRESS",
+    "EDDY_INSTANCE_SECRET",
+    "EDDY_PUBLISHER_TOKEN",
 ];
 
 /// Default handler timeout.
@@ -778,8 +780,140 @@ impl DeliveryPolicy {
 /// Where a sink may point.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SinkPolicy {
-    /// URL prefixes allowed besides function Services (e.g. `http://127.0.0.1:9000/`).
-    pub allowed_prefixes: Vec<String>,
+    /// Sink URLs allowed besides function Services, each compared as a URL (see
+    /// [`AllowedSink`]): `http://127.0.0.1:9000/hooks`, `http://127.0.0.1:*`, `https://`, `*`.
+    pub allowed: Vec<String>,
+}
+
+impl SinkPolicy {
+    /// The sink as a normalized URL (dot segments resolved) when an allowed entry covers it.
+    /// Userinfo is never allowed: `http://127.0.0.1:9@10.0.0.1/` names host 10.0.0.1.
+    pub fn allowed_url(&self, sink: &str) -> Option<url::Url> {
+        let url = url::Url::parse(sink).ok()?;
+        if !url.username().is_empty() || url.password().is_some() || url.cannot_be_a_base() {
+            return None;
+        }
+        self.allowed
+            .iter()
+            .filter_map(|entry| entry.parse::<AllowedSink>().ok())
+            .any(|allowed| allowed.covers(&url))
+            .then_some(url)
+    }
+}
+
+/// One entry of the sink policy. Scheme, host and port are compared as parsed from a URL, and
+/// the path at segment boundaries, never as text: `http://127.0.0.1:9` does not allow
+/// `http://127.0.0.1:90` nor `http://127.0.0.1:9@other/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllowedSink {
+    /// `*`: any http or https URL.
+    Any,
+    /// `scheme://[host[:port|:*]][/path]`.
+    Url {
+        /// `http` or `https`.
+        scheme: String,
+        /// `None`: any host.
+        host: Option<String>,
+        /// `None`: any port.
+        port: Option<u16>,
+        /// The path the sink's path starts with, ending in `/` or followed by one in the sink.
+        path: String,
+    },
+}
+
+impl std::str::FromStr for AllowedSink {
+    type Err = String;
+
+    fn from_str(entry: &str) -> Result<Self, Self::Err> {
+        let entry = entry.trim();
+        if entry == "*" {
+            return Ok(Self::Any);
+        }
+        let (scheme, rest) = entry.split_once("://").ok_or_else(|| {
+            format!("allowed sink `{entry}`: expected scheme://host[:port][/path] or *")
+        })?;
+        let scheme = scheme.to_ascii_lowercase();
+        if scheme != "http" && scheme != "https" {
+            return Err(format!(
+                "allowed sink `{entry}`: the scheme must be http or https"
+            ));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(slash) => (&rest[..slash], &rest[slash..]),
+            None => (rest, "/"),
+        };
+        if authority.contains('@') {
+            return Err(format!("allowed sink `{entry}`: userinfo is not allowed"));
+        }
+        if authority.is_empty() {
+            return Ok(Self::Url {
+                scheme,
+                host: None,
+                port: None,
+                path: "/".to_owned(),
+            });
+        }
+        let (authority, any_port) = match authority
+            .strip_suffix(":*")
+            .or_else(|| authority.strip_suffix(':'))
+        {
+            Some(host) => (host, true),
+            None => (authority, false),
+        };
+        let parsed = url::Url::parse(&format!("{scheme}://{authority}{path}"))
+            .map_err(|error| format!("allowed sink `{entry}`: {error}"))?;
+        let host = parsed
+            .host_str()
+            .ok_or_else(|| format!("allowed sink `{entry}`: no host"))?
+            .to_owned();
+        Ok(Self::Url {
+            scheme,
+            host: Some(host),
+            port: if any_port {
+                None
+            } else {
+                parsed.port_or_known_default()
+            },
+            path: parsed.path().to_owned(),
+        })
+    }
+}
+
+impl AllowedSink {
+    /// Whether `url` is inside this entry.
+    pub fn covers(&self, url: &url::Url) -> bool {
+        let (scheme, host, port, path) = match self {
+            Self::Any => return matches!(url.scheme(), "http" | "https"),
+            Self::Url {
+                scheme,
+                host,
+                port,
+                path,
+            } => (scheme, host, port, path),
+        };
+        if url.scheme() != scheme {
+            return false;
+        }
+        if host
+            .as_deref()
+            .is_some_and(|host| url.host_str() != Some(host))
+        {
+            return false;
+        }
+        if port.is_some_and(|port| url.port_or_known_default() != Some(port)) {
+            return false;
+        }
+        let sink_path = url.path();
+        sink_path.starts_with(path.as_str())
+            && (path.ends_with('/')
+                || sink_path.len() == path.len()
+                || sink_path[path.len()..].starts_with('/'))
+    }
+}
+
+/// Checks one `--allowed-sinks` entry (a clap value parser).
+pub fn parse_allowed_sink(entry: &str) -> Result<String, String> {
+    entry.parse::<AllowedSink>().map(|_| entry.to_owned())
 }
 
 /// A sink that names a Function's Service.
@@ -1030,15 +1164,7 @@ pub fn validate_subscription(subscription: &Subscription, sinks: &SinkPolicy) ->
             format!("must be a Service in the Subscription's namespace ({namespace})"),
         )),
         Some(_) => {}
-        None if sinks
-            .allowed_prefixes
-            .iter()
-            .any(|prefix| spec.sink.starts_with(prefix.as_str())) =>
-        {
-            if url::Url::parse(&spec.sink).is_err() {
-                errors.push(FieldError::new("spec.sink", "not a valid URL"));
-            }
-        }
+        None if sinks.allowed_url(&spec.sink).is_some() => {}
         None => errors.push(FieldError::new(
             "spec.sink",
             format!(
@@ -1142,9 +1268,55 @@ mod tests {
     }
 
     #[test]
+    fn allowed_sinks_are_compared_as_urls() {
+        let policy = |entries: &[&str]| SinkPolicy {
+            allowed: entries.iter().map(|e| (*e).to_owned()).collect(),
+        };
+        let hooks = policy(&["http://127.0.0.1:9000/hooks"]);
+        for (sink, ok) in [
+            ("http://127.0.0.1:9000/hooks", true),
+            ("http://127.0.0.1:9000/hooks/a?b=c", true),
+            ("http://127.0.0.1:9000/hooksmith", false),
+            ("http://127.0.0.1:9000/hooks/../admin", false),
+            ("http://127.0.0.1:90000/hooks", false),
+            ("http://127.0.0.1:900/hooks", false),
+            ("http://127.0.0.1:9000@127.0.0.1:8083/hooks", false),
+            ("http://u:p@127.0.0.1:9000/hooks", false),
+            ("https://127.0.0.1:9000/hooks", false),
+            ("http://127.0.0.2:9000/hooks", false),
+        ] {
+            assert_eq!(hooks.allowed_url(sink).is_some(), ok, "{sink}");
+        }
+        let any_port = policy(&["http://localhost:*"]);
+        assert!(any_port.allowed_url("http://LOCALHOST:1/x").is_some());
+        assert!(any_port.allowed_url("http://localhost.evil:1/x").is_none());
+        let default_port = policy(&["http://hooks.example"]);
+        assert!(
+            default_port
+                .allowed_url("http://hooks.example:80/a")
+                .is_some()
+        );
+        assert!(
+            default_port
+                .allowed_url("http://hooks.example:8080/a")
+                .is_none()
+        );
+        assert!(policy(&["*"]).allowed_url("https://anywhere/").is_some());
+        assert!(policy(&["*"]).allowed_url("ftp://anywhere/").is_none());
+        assert!(policy(&[""]).allowed_url("http://anywhere/").is_none());
+        let normalized = hooks
+            .allowed_url("http://127.0.0.1:9000/hooks/./a")
+            .unwrap();
+        assert_eq!(normalized.as_str(), "http://127.0.0.1:9000/hooks/a");
+        for bad in ["127.0.0.1:9000", "ftp://x/", "http://u@x/", ""] {
+            assert!(parse_allowed_sink(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn sinks_are_function_services_or_allowed() {
         let policy = SinkPolicy {
-            allowed_prefixes: vec!["http://127.0.0.1:".to_owned()],
+            allowed: vec!["http://127.0.0.1:".to_owned()],
         };
         for (sink, ok) in [
             ("http://stock.default.svc.cluster.local", true),
@@ -1154,6 +1326,8 @@ mod tests {
             ("http://169.254.169.254/latest/meta-data", false),
             ("https://stock.default.svc.cluster.local", false),
             ("http://stock.default.svc.cluster.local:8080", false),
+            ("http://127.0.0.1:9@169.254.169.254/", false),
+            ("http://127.0.0.1.evil.example:9000/", false),
         ] {
             let sub = sub_json(serde_json::json!({"sink": sink, "types": ["a"]}));
             assert_eq!(

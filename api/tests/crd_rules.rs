@@ -406,7 +406,7 @@ fn subscription_rules_match_local_validation() {
     // On Kubernetes any http(s) sink passes the schema; where it may point is the controller's
     // policy, so the local side is given an open policy here.
     let open = SinkPolicy {
-        allowed_prefixes: vec!["http://".into(), "https://".into()],
+        allowed: vec!["http://".into(), "https://".into()],
     };
     for (case, patch, valid) in subscription_cases() {
         let object = merged(&base_subscription(), &patch);

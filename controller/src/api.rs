@@ -128,6 +128,13 @@ async fn list_all<R: StoredResource>(state: Shared) -> Response {
 }
 
 async fn list<R: StoredResource>(state: Shared, Path(namespace): Path<String>) -> Response {
+    if !resources::is_dns1123_label(&namespace) {
+        // No resource can live there.
+        return Json(json!({
+            "apiVersion": API_VERSION, "kind": format!("{}List", R::KIND), "metadata": {}, "items": [],
+        }))
+        .into_response();
+    }
     list_in::<R>(&state, Some(&namespace)).await
 }
 
@@ -141,10 +148,23 @@ async fn list_in<R: StoredResource>(state: &ApiState, namespace: Option<&str>) -
     }
 }
 
+/// Largest resource the store takes (a NATS KV value is one message, 1 MiB by default, and the
+/// status is written beside the spec).
+pub const MAX_RESOURCE_BYTES: usize = 768 * 1024;
+
+/// Names that can be stored: a namespace and a name that are DNS-1123 labels. Anything else
+/// names no resource (404 on reads, 422 on writes) instead of reaching the store.
+fn storable(namespace: &str, name: &str) -> bool {
+    resources::is_dns1123_label(namespace) && resources::is_dns1123_label(name)
+}
+
 async fn read<R: StoredResource>(
     state: Shared,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
+    if !storable(&namespace, &name) {
+        return not_found::<R>(&name);
+    }
     match state.store.get::<R>(&namespace, &name).await {
         Ok(Some(resource)) => Json(resource).into_response(),
         Ok(None) => not_found::<R>(&name),
@@ -165,6 +185,9 @@ async fn remove<R: StoredResource>(
     state: Shared,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
+    if !storable(&namespace, &name) {
+        return not_found::<R>(&name);
+    }
     match state.store.delete::<R>(&namespace, &name).await {
         Ok(true) => Json(json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
@@ -246,6 +269,28 @@ async fn apply<R: StoredResource + Validate>(
             "UnsupportedMediaType",
             "send the resource as application/json",
             None,
+        );
+    }
+    if body.len() > MAX_RESOURCE_BYTES {
+        return status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            &format!(
+                "the resource is {} bytes, the limit is {MAX_RESOURCE_BYTES}",
+                body.len()
+            ),
+            None,
+        );
+    }
+    if !storable(&namespace, &name) {
+        return invalid::<R>(
+            &name,
+            &[FieldError {
+                field: "metadata.name".into(),
+                message: "namespace and name must be DNS labels: lower-case letters, digits and \
+                          '-', at most 63 characters"
+                    .into(),
+            }],
         );
     }
     let mut resource: R = match decode_resource(&body) {

@@ -9,8 +9,9 @@ use async_nats::jetstream::{
     consumer::{DeliverPolicy, pull::OrderedConfig},
 };
 use axum::{
-    Json, Router,
+    Router,
     extract::State,
+    http::{HeaderMap, HeaderValue, header},
     response::{
         Html, IntoResponse, Response,
         sse::{Event, KeepAlive, Sse},
@@ -42,16 +43,61 @@ pub struct DashboardState {
     pub http: reqwest::Client,
 }
 
+/// The page's Content-Security-Policy: its own inline script and style (by hash) and requests
+/// to itself, nothing else; never framed (clickjacking).
+fn content_security_policy() -> String {
+    use base64::Engine as _;
+    use sha2::{Digest as _, Sha256};
+    let hash_of = |open: &str, close: &str| {
+        let start = PAGE.find(open).map_or(0, |at| at + open.len());
+        let end = PAGE[start..].find(close).map_or(start, |at| start + at);
+        let digest = Sha256::digest(&PAGE.as_bytes()[start..end]);
+        format!(
+            "'sha256-{}'",
+            base64::engine::general_purpose::STANDARD.encode(digest)
+        )
+    };
+    format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self' data:; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        hash_of("<script>", "</script>"),
+        hash_of("<style>", "</style>"),
+    )
+}
+
+static PAGE_POLICY: std::sync::LazyLock<String> = std::sync::LazyLock::new(content_security_policy);
+
+async fn page() -> Response {
+    let mut response = Html(PAGE).into_response();
+    let headers = response.headers_mut();
+    if let Ok(policy) = HeaderValue::from_str(&PAGE_POLICY) {
+        headers.insert(header::CONTENT_SECURITY_POLICY, policy);
+    }
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}
+
 /// The dashboard routes.
 pub fn router(state: Arc<DashboardState>) -> Router {
     Router::new()
-        .route("/", get(|| async { Html(PAGE) }))
+        .route("/", get(page))
         .route("/dashboard/state", get(snapshot))
         .route("/dashboard/events", get(tail))
         .with_state(state)
 }
 
-async fn snapshot(State(state): State<Arc<DashboardState>>) -> Response {
+async fn snapshot(
+    State(state): State<Arc<DashboardState>>,
+    request_headers: HeaderMap,
+) -> Response {
     let functions = state.store.list::<Function>(None).await.unwrap_or_default();
     let subscriptions = state
         .store
@@ -90,12 +136,52 @@ async fn snapshot(State(state): State<Arc<DashboardState>>) -> Response {
             json!({"resource": sub, "counts": counts_of(namespace, name)})
         })
         .collect();
-    Json(json!({
+    // What the table shows, not the functions' source and env (secrets may be in env).
+    let functions: Vec<Value> = functions
+        .iter()
+        .map(|function| {
+            json!({
+                "metadata": {"namespace": function.metadata.namespace, "name": function.metadata.name},
+                "spec": {"runtime": function.spec.runtime},
+                "status": function.status,
+            })
+        })
+        .collect();
+    let body = json!({
         "functions": functions,
         "subscriptions": subscriptions,
         "dispatcher": counts.is_object(),
-    }))
-    .into_response()
+    })
+    .to_string();
+    // The page polls every 2 s: an unchanged state is answered 304 with no body (the browser
+    // revalidates by itself thanks to `no-cache`).
+    let tag = {
+        use sha2::{Digest as _, Sha256};
+        format!("\"{:x}\"", Sha256::digest(body.as_bytes()))
+    };
+    let matches = request_headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|given| given.split(',').any(|one| one.trim() == tag));
+    let mut response = if matches {
+        axum::http::StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response()
+    };
+    if let Ok(tag) = HeaderValue::from_str(&tag) {
+        response.headers_mut().insert(header::ETAG, tag);
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
 fn summary(message: &jetstream::Message) -> Value {

@@ -219,17 +219,22 @@ pub struct Args {
     /// Directory for builds and logs.
     #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
     pub data_dir: PathBuf,
-    /// URL prefixes Subscription sinks may use besides function Services (comma-separated).
+    /// Sink URLs Subscriptions may use besides function Services (comma-separated), compared as
+    /// URLs: `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
     /// Everything else is refused, so Subscriptions cannot be used to reach arbitrary hosts.
     #[arg(
         long = "allowed-sinks",
         env = "EDDY_ALLOWED_SINKS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = eddy_api::resources::parse_allowed_sink
     )]
     pub allowed_sinks: Vec<String>,
     /// Longest wait for in-flight requests on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// Connection limits of each listener (API, gateway).
+    #[command(flatten)]
+    pub serve: eddy_api::net::ServeArgs,
     /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
     /// sends it with deliveries (give both the same).
     #[arg(
@@ -238,6 +243,14 @@ pub struct Args {
         hide_env_values = true
     )]
     pub platform_token: Option<String>,
+    /// A publish-only token given to function instances (`EDDY_PUBLISHER_TOKEN`), which their
+    /// `emitCloudEvent` sends, for an event-bus that requires tokens.
+    #[arg(
+        long = "function-publisher-token",
+        env = "EDDY_FUNCTION_PUBLISHER_TOKEN",
+        hide_env_values = true
+    )]
+    pub function_publisher_token: Option<String>,
     /// Bearer tokens for the resource API and the dashboard.
     #[command(flatten)]
     pub api_auth: eddy_api::auth::ApiTokenArgs,
@@ -270,7 +283,9 @@ impl Args {
             data_dir: PathBuf::from(".eddy"),
             allowed_sinks: Vec::new(),
             drain_timeout: Duration::from_secs(10),
+            serve: eddy_api::net::ServeArgs::default(),
             platform_token: None,
+            function_publisher_token: None,
             api_auth: eddy_api::auth::ApiTokenArgs::default(),
             kubernetes: KubernetesArgs::default(),
         }
@@ -283,6 +298,7 @@ pub struct Controller {
     gateway: Router,
     backend: Arc<local::LocalBackend>,
     backend_task: tokio::task::JoinHandle<()>,
+    serve: eddy_api::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
 }
@@ -312,7 +328,9 @@ impl Controller {
             data_dir,
             allowed_sinks,
             drain_timeout,
+            serve,
             platform_token,
+            function_publisher_token,
             api_auth,
             kubernetes: _,
         } = args;
@@ -327,7 +345,7 @@ impl Controller {
         let js = async_nats::jetstream::new(client);
         let store = open_store(&js, &shutdown).await?;
         let sinks = SinkPolicy {
-            allowed_prefixes: allowed_sinks,
+            allowed: allowed_sinks,
         };
         tokio::spawn(subscriptions::run(
             store.clone(),
@@ -344,6 +362,7 @@ impl Controller {
             python: python.clone(),
             logs_dir: logs_dir.clone(),
             publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
+            publisher_token: function_publisher_token,
             target_concurrency,
             scale_to_zero_after,
             scale_down_window,
@@ -398,6 +417,7 @@ impl Controller {
             gateway: local::gateway::router(gateway),
             backend,
             backend_task,
+            serve,
             drain_timeout,
             shutdown,
         })
@@ -411,21 +431,26 @@ impl Controller {
     /// Serves the API and the gateway until shutdown, drains them for at most the drain
     /// timeout, then stops every function instance.
     pub async fn serve(self, api: TcpListener, gateway: TcpListener) -> Result<()> {
-        let shutdown = self.shutdown.clone();
-        let api_server =
-            axum::serve(api, self.api).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let gateway_server = axum::serve(eddy_api::net::no_delay(gateway), self.gateway)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let servers =
-            async { tokio::try_join!(api_server.into_future(), gateway_server.into_future()) };
-        let deadline = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(self.drain_timeout).await;
-        };
-        let served = tokio::select! {
-            served = servers => served.map(drop).map_err(Error::Serve),
-            () = deadline => Ok(()),
-        };
+        use eddy_api::net::{Browsers, serve};
+        let api_server = serve(
+            api,
+            self.api,
+            &self.serve,
+            Browsers::SameOrigin,
+            self.shutdown.clone(),
+            self.drain_timeout,
+        );
+        let gateway_server = serve(
+            gateway,
+            self.gateway,
+            &self.serve,
+            Browsers::HostOnly,
+            self.shutdown.clone(),
+            self.drain_timeout,
+        );
+        let served = tokio::try_join!(api_server, gateway_server)
+            .map(drop)
+            .map_err(Error::Serve);
         // The backend stops every instance once shutdown is signalled; wait for it.
         let _ = tokio::time::timeout(Duration::from_secs(20), self.backend_task).await;
         served

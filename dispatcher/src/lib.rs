@@ -116,11 +116,13 @@ pub struct Args {
     /// Bearer token for the event-bus, when it requires one.
     #[arg(long = "bus-token", env = "EDDY_BUS_TOKEN", hide_env_values = true)]
     pub bus_token: Option<String>,
-    /// URL prefixes sinks may use besides function Services (comma-separated).
+    /// Sink URLs allowed besides function Services (comma-separated), compared as URLs:
+    /// `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
     #[arg(
         long = "allowed-sinks",
         env = "EDDY_ALLOWED_SINKS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = eddy_api::resources::parse_allowed_sink
     )]
     pub allowed_sinks: Vec<String>,
     /// Where Subscriptions are read from.
@@ -153,6 +155,9 @@ pub struct Args {
     /// Longest wait for in-flight deliveries on shutdown.
     #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// Connection limits of the admin listener.
+    #[command(flatten)]
+    pub serve: eddy_api::net::ServeArgs,
     /// The token the local gateway accepts for every function (`eddy controller
     /// --platform-token`), sent with deliveries to function sinks it resolves.
     #[arg(
@@ -181,6 +186,7 @@ impl Args {
             ack_wait: Duration::from_secs(30),
             max_reply_size: bytesize::ByteSize::mib(1),
             drain_timeout: Duration::from_secs(10),
+            serve: eddy_api::net::ServeArgs::default(),
             platform_token: None,
             api_auth: eddy_api::auth::ApiTokenArgs::default(),
         }
@@ -191,6 +197,7 @@ impl Args {
 pub struct Dispatcher {
     router: axum::Router,
     manager_task: tokio::task::JoinHandle<()>,
+    serve: eddy_api::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
 }
@@ -224,6 +231,7 @@ impl Dispatcher {
             ack_wait,
             max_reply_size,
             drain_timeout,
+            serve,
             platform_token,
             api_auth,
         } = args;
@@ -236,7 +244,7 @@ impl Dispatcher {
             .await?;
         let js = async_nats::jetstream::new(client.clone());
         let policy = SinkPolicy {
-            allowed_prefixes: allowed_sinks,
+            allowed: allowed_sinks,
         };
         let (source, sinks) = match kube {
             Some(kube) => {
@@ -290,6 +298,7 @@ impl Dispatcher {
         Ok(Self {
             router,
             manager_task,
+            serve,
             drain_timeout,
             shutdown,
         })
@@ -297,10 +306,16 @@ impl Dispatcher {
 
     /// Serves the admin API until shutdown, then waits for the workers to drain.
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
-        let shutdown = self.shutdown.clone();
-        let server = axum::serve(listener, self.router)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let served = server.await.map_err(Error::Serve);
+        let served = eddy_api::net::serve(
+            listener,
+            self.router,
+            &self.serve,
+            eddy_api::net::Browsers::SameOrigin,
+            self.shutdown.clone(),
+            self.drain_timeout,
+        )
+        .await
+        .map_err(Error::Serve);
         // The manager stops every worker on shutdown, each bounded by the drain timeout.
         if tokio::time::timeout(
             self.drain_timeout + Duration::from_secs(1),

@@ -107,15 +107,11 @@ impl Sinks {
                 self.platform_token.clone(),
             ));
         }
-        if self
-            .policy
-            .allowed_prefixes
-            .iter()
-            .any(|prefix| sink.starts_with(prefix.as_str()))
-        {
-            Ok((sink.to_owned(), None))
-        } else {
-            Err(never("sink_not_allowed"))
+        // Sent to the normalized URL that was checked, not to the text as written.
+        match self.policy.allowed_url(sink) {
+            Some(url) => Ok((url.into(), None)),
+            None if url::Url::parse(sink).is_err() => Err(never("sink_invalid")),
+            None => Err(never("sink_not_allowed")),
         }
     }
 
@@ -201,7 +197,7 @@ mod tests {
     #[test]
     fn the_platform_token_goes_only_to_functions_behind_the_gateway() {
         let policy = SinkPolicy {
-            allowed_prefixes: vec!["http://127.0.0.1:9000/".into()],
+            allowed: vec!["http://127.0.0.1:9000/".into()],
         };
         let sinks = Sinks::new(Resolution::Local, policy).with_platform_token(Some("t0k"));
         sinks.set_function_url(
@@ -258,7 +254,7 @@ mod tests {
         let sinks = Sinks::new(
             Resolution::Direct,
             SinkPolicy {
-                allowed_prefixes: vec!["http://127.0.0.1:".into()],
+                allowed: vec!["http://127.0.0.1:".into()],
             },
         );
         assert_eq!(
@@ -272,12 +268,17 @@ mod tests {
         let anything = Sinks::new(
             Resolution::Direct,
             SinkPolicy {
-                allowed_prefixes: vec![String::new()],
+                allowed: vec!["*".to_owned()],
             },
         );
         assert_eq!(
             anything.url_of("https://example.com/x"),
             Err(never("sink_invalid"))
+        );
+        assert_eq!(
+            sinks.url_of("http://127.0.0.1:9@10.0.0.1:8083/dlq"),
+            Err(never("sink_not_allowed")),
+            "userinfo cannot smuggle another host past the policy"
         );
         assert_eq!(anything.url_of("not a url"), Err(never("sink_invalid")));
         assert_eq!(

@@ -115,6 +115,9 @@ pub struct Args {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub max_concurrent_batches: u32,
+    /// Connection limits of the listener.
+    #[command(flatten)]
+    pub serve: eddy_api::net::ServeArgs,
 }
 
 /// Default of `--max-acks-in-flight` (async-nats' own default, made explicit).
@@ -139,6 +142,7 @@ impl Args {
             request_timeout: Duration::from_secs(30),
             max_acks_in_flight: DEFAULT_MAX_ACKS_IN_FLIGHT,
             max_concurrent_batches: DEFAULT_MAX_CONCURRENT_BATCHES,
+            serve: eddy_api::net::ServeArgs::default(),
         }
     }
 }
@@ -146,6 +150,7 @@ impl Args {
 /// A configured event-bus, connected (or connecting) to NATS, not yet serving.
 pub struct EventBus {
     state: Arc<AppState>,
+    serve: eddy_api::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
 }
@@ -167,6 +172,7 @@ impl EventBus {
             request_timeout,
             max_acks_in_flight,
             max_concurrent_batches,
+            serve,
         } = args;
         let tokens = eddy_api::auth::Tokens::load(&tokens, token_file.as_deref())?;
         if tokens.is_none() {
@@ -218,6 +224,7 @@ impl EventBus {
         });
         Ok(Self {
             state,
+            serve,
             drain_timeout,
             shutdown,
         })
@@ -231,21 +238,16 @@ impl EventBus {
     /// Serves on `listener` until shutdown, then drains in-flight requests for at most the drain
     /// timeout.
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
-        let app = router(self.state);
-        let shutdown = self.shutdown.clone();
-        let server = axum::serve(eddy_api::net::no_delay(listener), app)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let deadline = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(self.drain_timeout).await;
-        };
-        tokio::select! {
-            served = server => served.map_err(Error::Serve),
-            () = deadline => {
-                tracing::warn!(timeout = ?self.drain_timeout, "drain timed out; dropping in-flight requests");
-                Ok(())
-            }
-        }
+        eddy_api::net::serve(
+            listener,
+            router(self.state),
+            &self.serve,
+            eddy_api::net::Browsers::SameOrigin,
+            self.shutdown,
+            self.drain_timeout,
+        )
+        .await
+        .map_err(Error::Serve)
     }
 }
 

@@ -462,6 +462,13 @@ async fn publish_batch(
     response
 }
 
+fn is_json_media_type(content_type: Option<&HeaderValue>) -> bool {
+    content_type
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media_type| media_type.trim().eq_ignore_ascii_case("application/json"))
+}
+
 fn legacy_error(
     status: StatusCode,
     message: &str,
@@ -471,6 +478,7 @@ fn legacy_error(
         StatusCode::BAD_REQUEST => "validation_violation",
         StatusCode::PAYLOAD_TOO_LARGE => "request_body_too_large",
         StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
         _ => "internal_server_error",
     };
     let body =
@@ -502,6 +510,15 @@ async fn publish_legacy(
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
+    }
+    // JSON only: a browser can send `text/plain` cross-origin without asking first.
+    if !is_json_media_type(parts.headers.get(header::CONTENT_TYPE)) {
+        state.metrics.events(Mode::Legacy, Outcome::Unsupported, 1);
+        return legacy_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "send the event as application/json",
+            &[],
+        );
     }
     let limits = state.limits();
     let body_limit = limits.max_event_size.saturating_mul(2);

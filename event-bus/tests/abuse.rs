@@ -161,6 +161,7 @@ async fn structured_and_legacy_data_is_stored_as_sent() {
     let legacy = r#"{"event-type":"order.created","event-type-version":"v1","event-time":"2024-01-01T00:00:00Z","data": [ 1,2 ]}"#;
     let response = bus
         .post("/shop/v1/events")
+        .header("content-type", "application/json")
         .body(legacy)
         .send()
         .await
@@ -199,7 +200,7 @@ async fn a_request_that_never_finishes_is_answered_at_the_deadline() {
     let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     stream
         .write_all(
-            b"POST /publish HTTP/1.1\r\nhost: x\r\nce-specversion: 1.0\r\nce-id: 1\r\n\
+            b"POST /publish HTTP/1.1\r\nhost: 127.0.0.1\r\nce-specversion: 1.0\r\nce-id: 1\r\n\
               ce-source: s\r\nce-type: t\r\ncontent-length: 100\r\n\r\nonly ten b",
         )
         .await

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use serde_json::json;
 
 use crate::up::Platform;
@@ -153,7 +153,7 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let client = async_nats::connect(format!("nats://{}", nats_address(data_dir)?)).await?;
+    let client = platform.nats_client().await?;
     let js = async_nats::jetstream::new(client);
     let log = data_dir.join("logs/functions/bench/noop.log");
     let publish_url = format!("{}/publish", platform.bus_url);
@@ -215,11 +215,4 @@ pub async fn run(
         });
     }
     Ok((max_rate, results))
-}
-
-/// The NATS address `eddy up` wrote into its ports file.
-fn nats_address(data_dir: &Path) -> anyhow::Result<String> {
-    let url = eddy_api::nats::read_ports_file(&data_dir.join("run"))
-        .context("no nats-server ports file")?;
-    Ok(url.trim_start_matches("nats://").to_owned())
 }

@@ -188,7 +188,7 @@ pub struct LoadArgs {
 
 async fn start_nats(args: &LoadArgs, dir: &Path) -> anyhow::Result<NatsChild> {
     let binary = crate::up::find_nats_server(args.nats_server.clone())?;
-    NatsChild::start(&binary, dir).await
+    NatsChild::start(&binary, dir, None).await
 }
 
 /// `ingest` / `ingest-batch`: the event-bus against raw JetStream publishing.

@@ -18,6 +18,21 @@ const timeoutSeconds = Number(process.env.FUNC_TIMEOUT || 180);
 const publisher = process.env.PUBLISHER_PROXY_ADDRESS || "";
 const functionDir = process.env.FUNC_DIR || process.cwd();
 const maxBodyBytes = Number(process.env.FUNC_MAX_BODY_BYTES || 16 * 1024 * 1024);
+// Locally the gateway sends this secret with every request, so the instance's loopback port
+// cannot be called around the gateway's access checks. Kept out of the handler's sight.
+const instanceSecret = process.env.EDDY_INSTANCE_SECRET || "";
+delete process.env.EDDY_INSTANCE_SECRET;
+const secretHeader = "x-eddy-instance-secret";
+// A publish-only token for emitCloudEvent when the event-bus requires one.
+const publisherToken = process.env.EDDY_PUBLISHER_TOKEN || "";
+
+function fromGateway(req) {
+  if (!instanceSecret) return true;
+  const given = Buffer.from(String(req.headers[secretHeader] || ""));
+  const wanted = Buffer.from(instanceSecret);
+  delete req.headers[secretHeader];
+  return given.length === wanted.length && crypto.timingSafeEqual(given, wanted);
+}
 
 const context = Object.freeze({
   "function-name": process.env.FUNC_NAME || "",
@@ -62,6 +77,7 @@ async function emitCloudEvent(type, source, data, attributes) {
     "ce-time": new Date().toISOString(),
     "content-type": "application/json",
   };
+  if (publisherToken) headers.authorization = `Bearer ${publisherToken}`;
   for (const [name, value] of Object.entries(attributes || {})) {
     if (name === "datacontenttype") headers["content-type"] = String(value);
     else headers["ce-" + name] = encodeURIComponent(String(value));
@@ -112,6 +128,9 @@ function readBody(req) {
 }
 
 async function serve(req, res) {
+  if (!fromGateway(req)) {
+    return send(res, 403, { "content-type": "application/json" }, JSON.stringify({ error: "call this function through the eddy gateway" }));
+  }
   if (req.url === "/healthz" && req.method === "GET") {
     return send(res, 200, { "content-type": "text/plain" }, "ok");
   }

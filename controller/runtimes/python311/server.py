@@ -11,6 +11,7 @@ needs no install. Requests are served concurrently, one thread each.
 
 import concurrent.futures
 import datetime
+import hmac
 import http.server
 import importlib.util
 import json
@@ -29,6 +30,12 @@ TIMEOUT = float(os.environ.get("FUNC_TIMEOUT", "180"))
 PUBLISHER = os.environ.get("PUBLISHER_PROXY_ADDRESS", "")
 FUNCTION_DIR = os.environ.get("FUNC_DIR", os.getcwd())
 MAX_BODY = int(os.environ.get("FUNC_MAX_BODY_BYTES", str(16 * 1024 * 1024)))
+# Locally the gateway sends this secret with every request, so the instance's loopback port
+# cannot be called around the gateway's access checks. Kept out of the handler's sight.
+INSTANCE_SECRET = os.environ.pop("EDDY_INSTANCE_SECRET", "")
+SECRET_HEADER = "x-eddy-instance-secret"
+# A publish-only token for emitCloudEvent when the event-bus requires one.
+PUBLISHER_TOKEN = os.environ.get("EDDY_PUBLISHER_TOKEN", "")
 
 CONTEXT = {
     "function-name": os.environ.get("FUNC_NAME", ""),
@@ -75,6 +82,8 @@ def emit_cloud_event(event_type, source, data, attributes=None):
         "ce-time": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
         "content-type": "application/json",
     }
+    if PUBLISHER_TOKEN:
+        headers["authorization"] = "Bearer " + PUBLISHER_TOKEN
     for name, value in (attributes or {}).items():
         if name == "datacontenttype":
             headers["content-type"] = str(value)
@@ -141,7 +150,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def from_gateway(self):
+        if not INSTANCE_SECRET:
+            return True
+        given = self.headers.get(SECRET_HEADER, "")
+        del self.headers[SECRET_HEADER]
+        return hmac.compare_digest(given.encode(), INSTANCE_SECRET.encode())
+
     def handle_any(self):
+        if not self.from_gateway():
+            return self.answer(403, b'{"error":"call this function through the eddy gateway"}', "application/json")
         parsed = urllib.parse.urlsplit(self.path)
         if parsed.path == "/healthz" and self.command == "GET":
             return self.answer(200, b"ok", "text/plain")
@@ -202,6 +220,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request, client_address):
+        # A client that went away (a probe that closed, a caller that gave up) is not an error
+        # worth a traceback in the function's log.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def main():

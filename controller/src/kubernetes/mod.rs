@@ -590,7 +590,7 @@ pub fn crds_yaml() -> Result<String> {
 pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()> {
     let client = Client::try_default().await?;
     let sinks = SinkPolicy {
-        allowed_prefixes: args.allowed_sinks.clone(),
+        allowed: args.allowed_sinks.clone(),
     };
     let context = Arc::new(Context::new(
         client.clone(),

@@ -69,12 +69,19 @@ pub async fn build(
     let dir = config
         .builds_dir
         .join(format!("{}-{hash}", runtime.as_str()));
-    if dir.join(DONE_MARKER).is_file() {
-        return Ok(Build {
-            dir,
-            hash,
-            fresh: false,
-        });
+    if let Ok(marker) = tokio::fs::read_to_string(dir.join(DONE_MARKER)).await {
+        // Reused only when its files are still the ones built: a build directory changed on
+        // disk (by a function, or anyone with access to the data dir) is built again.
+        let (built_hash, built_tree) = marker.split_once(' ').unwrap_or((marker.as_str(), ""));
+        let tree = tree_digest_of(&dir).await;
+        if built_hash == hash && tree.as_deref() == Some(built_tree) {
+            return Ok(Build {
+                dir,
+                hash,
+                fresh: false,
+            });
+        }
+        tracing::warn!(dir = %dir.display(), "build directory changed since it was built; building it again");
     }
     let io_failure = |error: std::io::Error| BuildFailure {
         reason: "BuildFailed",
@@ -99,7 +106,11 @@ pub async fn build(
             .map_err(io_failure)?;
         install(config, runtime, &dir).await?;
     }
-    tokio::fs::write(dir.join(DONE_MARKER), hash.as_bytes())
+    let tree = tree_digest_of(&dir).await.ok_or_else(|| BuildFailure {
+        reason: "BuildFailed",
+        message: format!("cannot read back the build directory {}", dir.display()),
+    })?;
+    tokio::fs::write(dir.join(DONE_MARKER), format!("{hash} {tree}"))
         .await
         .map_err(io_failure)?;
     Ok(Build {
@@ -150,9 +161,17 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
     })?;
     command
         .current_dir(dir)
+        .env_clear()
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);
+    // Installers run third-party code (npm lifecycle scripts, setup.py): they get what finding
+    // and fetching packages needs, never eddy's environment (tokens, credentials).
+    for (name, value) in std::env::vars_os() {
+        if build_env_passes(&name.to_string_lossy()) {
+            command.env(name, value);
+        }
+    }
     process::supervise(&mut command);
     let mut child = command.spawn().map_err(|error| BuildFailure {
         reason: "BuildToolMissing",
@@ -161,7 +180,12 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
             runtime.as_str()
         ),
     })?;
+    let group = process::group_of(&child);
     let outcome = tokio::time::timeout(config.timeout, child.wait()).await;
+    // Whatever the installer started and left running goes with it.
+    if let Some(group) = group {
+        process::kill_group(group);
+    }
     let read_log = || tail(&std::fs::read_to_string(&log_path).unwrap_or_default(), 20);
     match outcome {
         Ok(Ok(status)) if status.success() => Ok(()),
@@ -187,9 +211,126 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
     }
 }
 
+/// [`tree_digest`] off the async threads (dependency trees have thousands of files).
+async fn tree_digest_of(dir: &Path) -> Option<String> {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || tree_digest(&dir).ok())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// SHA-256 over every file under `dir` (relative path, executable bit, contents; symlinks by
+/// target) in a fixed order, leaving out the marker and the build log.
+pub fn tree_digest(dir: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(current) = pending.pop() {
+        for entry in std::fs::read_dir(&current)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else {
+                files.push(entry.path());
+            }
+        }
+    }
+    files.sort();
+    let mut digest = Sha256::new();
+    for path in files {
+        let relative = path.strip_prefix(dir).unwrap_or(&path);
+        if relative == Path::new(DONE_MARKER) || relative == Path::new("build.log") {
+            continue;
+        }
+        digest.update(relative.to_string_lossy().as_bytes());
+        digest.update([0]);
+        let metadata = std::fs::symlink_metadata(&path)?;
+        if metadata.file_type().is_symlink() {
+            digest.update(b"link:");
+            digest.update(std::fs::read_link(&path)?.to_string_lossy().as_bytes());
+        } else {
+            digest.update([u8::from(metadata.permissions().mode() & 0o111 != 0)]);
+            digest.update(std::fs::read(&path)?);
+        }
+        digest.update([0]);
+    }
+    Ok(format!("{:x}", digest.finalize()))
+}
+
+/// The environment variables a dependency install keeps: paths, locale, proxies and the package
+/// managers' own settings. Nothing else, `EDDY_*` least of all.
+fn build_env_passes(name: &str) -> bool {
+    const KEPT: [&str; 14] = [
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "TMPDIR",
+        "SYSTEMROOT",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+    ];
+    let upper = name.to_ascii_uppercase();
+    KEPT.contains(&upper.as_str())
+        || upper.starts_with("NPM_CONFIG_")
+        || upper.starts_with("PIP_")
+        || upper == "NODE_EXTRA_CA_CERTS"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_build_directory_has_another_digest() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("node_modules/a")).unwrap();
+        std::fs::write(dir.path().join("handler.js"), "x").unwrap();
+        std::fs::write(dir.path().join("node_modules/a/index.js"), "y").unwrap();
+        let before = tree_digest(dir.path()).unwrap();
+        std::fs::write(dir.path().join(DONE_MARKER), "marker").unwrap();
+        assert_eq!(
+            tree_digest(dir.path()).unwrap(),
+            before,
+            "the marker is left out"
+        );
+        std::fs::write(dir.path().join("node_modules/a/index.js"), "evil").unwrap();
+        assert_ne!(tree_digest(dir.path()).unwrap(), before);
+        std::fs::write(dir.path().join("node_modules/a/index.js"), "y").unwrap();
+        std::fs::write(dir.path().join("node_modules/a/extra.js"), "").unwrap();
+        assert_ne!(tree_digest(dir.path()).unwrap(), before);
+    }
+
+    #[test]
+    fn builds_keep_only_what_installers_need() {
+        for kept in [
+            "PATH",
+            "HOME",
+            "https_proxy",
+            "npm_config_registry",
+            "PIP_INDEX_URL",
+        ] {
+            assert!(build_env_passes(kept), "{kept}");
+        }
+        for dropped in [
+            "EDDY_API_TOKENS",
+            "EDDY_BUS_TOKENS",
+            "AWS_SECRET_ACCESS_KEY",
+            "GITHUB_TOKEN",
+            "NATS_CREDS",
+        ] {
+            assert!(!build_env_passes(dropped), "{dropped}");
+        }
+    }
 
     #[test]
     fn hashes_change_with_every_input() {

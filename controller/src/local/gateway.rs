@@ -24,7 +24,10 @@ use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use serde_json::json;
 
-use super::pool::{Lease, Pool};
+use super::pool::{INSTANCE_SECRET_HEADER, Lease, Pool};
+
+/// Longest a request body may take to arrive (a slow client holds no instance meanwhile).
+const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Pools by (namespace, name).
 pub type Pools = Arc<RwLock<HashMap<(String, String), Arc<Pool>>>>;
@@ -147,10 +150,15 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
             format!("function {namespace}/{function} not found"),
         );
     };
+    // The platform's token is the gateway's to check, never the function's to see: it would
+    // open every token-protected function.
+    let platform_call = gateway
+        .bypass
+        .as_ref()
+        .is_some_and(|b| b.allows(request.headers()));
     if let Some(tokens) = pool.access() {
         let headers = request.headers();
-        let bypass = gateway.bypass.as_ref().is_some_and(|b| b.allows(headers));
-        if !bypass && !tokens.allows(headers) {
+        if !platform_call && !tokens.allows(headers) {
             let mut refused = error(
                 StatusCode::UNAUTHORIZED,
                 format!("function {namespace}/{function} needs a bearer token"),
@@ -168,7 +176,19 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         path_and_query.push_str(query);
     }
     let (mut parts, body) = request.into_parts();
-    let body = match Limited::new(body, gateway.max_body).collect().await {
+    if platform_call {
+        parts.headers.remove(header::AUTHORIZATION);
+    }
+    // However slowly it arrives, the body is read within the gateway's request timeout.
+    let collected =
+        tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, gateway.max_body).collect()).await;
+    let Ok(collected) = collected else {
+        return error(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time",
+        );
+    };
+    let body = match collected {
         Ok(collected) => collected.to_bytes(),
         Err(problem) if problem.downcast_ref::<LengthLimitError>().is_some() => {
             return error(
@@ -195,6 +215,9 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         HeaderValue::from_static("http"),
     );
 
+    let answer_timeout = pool
+        .answer_timeout()
+        .map_or(gateway.request_timeout, |t| t.min(gateway.request_timeout));
     let deadline = Instant::now() + gateway.activation_timeout;
     let mut refused = 0;
     loop {
@@ -212,8 +235,12 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         *upstream.method_mut() = parts.method.clone();
         *upstream.uri_mut() = uri;
         *upstream.headers_mut() = parts.headers.clone();
-        match tokio::time::timeout(gateway.request_timeout, gateway.client.request(upstream)).await
-        {
+        if let Ok(secret) = HeaderValue::from_str(&lease.instance.secret) {
+            upstream
+                .headers_mut()
+                .insert(HeaderName::from_static(INSTANCE_SECRET_HEADER), secret);
+        }
+        match tokio::time::timeout(answer_timeout, gateway.client.request(upstream)).await {
             Ok(Ok(response)) => {
                 let (mut head, incoming) = response.into_parts();
                 forward_headers(&mut head.headers);
@@ -240,9 +267,13 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
                 );
             }
             Err(_) => {
+                pool.suspect(&lease.instance);
                 return error(
                     StatusCode::GATEWAY_TIMEOUT,
-                    "the function did not answer in time",
+                    format!(
+                        "the function did not answer within {}s",
+                        answer_timeout.as_secs()
+                    ),
                 );
             }
         }

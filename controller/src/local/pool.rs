@@ -28,6 +28,8 @@ pub struct PoolConfig {
     pub logs_dir: PathBuf,
     /// `…/publish` of the event-bus, given to functions as `PUBLISHER_PROXY_ADDRESS`.
     pub publisher_url: String,
+    /// Publish-only token for the functions' `emitCloudEvent` (`EDDY_PUBLISHER_TOKEN`).
+    pub publisher_token: Option<String>,
     /// In-flight requests per instance the autoscaler aims for.
     pub target_concurrency: usize,
     /// Idle time after which a Function with `minReplicas: 0` has no instance.
@@ -82,8 +84,16 @@ pub struct Instance {
     in_flight: AtomicUsize,
     state: AtomicU8,
     stop: CancellationToken,
+    /// Stop with SIGKILL at once (it stopped answering) instead of a graceful SIGTERM.
+    kill: std::sync::atomic::AtomicBool,
     pid: AtomicU64,
+    /// Sent by the gateway with every request (`x-eddy-instance-secret`): the runtime answers
+    /// nothing else, so its loopback port cannot be called around the gateway's access checks.
+    pub secret: String,
 }
+
+/// The header that carries [`Instance::secret`].
+pub const INSTANCE_SECRET_HEADER: &str = "x-eddy-instance-secret";
 
 impl Instance {
     /// Requests being served.
@@ -355,6 +365,36 @@ impl Pool {
         WaitGuard { pool: self.clone() }
     }
 
+    /// How long the gateway waits for an answer: the function's timeout plus a margin for the
+    /// runtime to answer its own timeout response.
+    pub fn answer_timeout(&self) -> Option<Duration> {
+        let inner = self.inner.lock().ok()?;
+        let seconds = inner.revision.as_ref()?.timeout_seconds;
+        Some(Duration::from_secs(seconds) + Duration::from_secs(2))
+    }
+
+    /// An instance did not answer within the function's timeout: if it does not answer a health
+    /// probe either (a busy loop blocks the runtime), it is killed and replaced.
+    pub fn suspect(self: &Arc<Self>, instance: &Arc<Instance>) {
+        let (pool, instance) = (self.clone(), instance.clone());
+        tokio::spawn(async move {
+            let address = format!("127.0.0.1:{}", instance.port);
+            // Three chances a second apart: a runtime busy with another request still answers.
+            for _ in 0..3 {
+                if probe(&address, &instance.secret).await {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            tracing::warn!(function = %format!("{}/{}", pool.namespace, pool.name), instance = instance.id, "instance stopped answering; replacing it");
+            instance.state.store(DRAINING, Ordering::Release);
+            instance.kill.store(true, Ordering::Release);
+            instance.stop.cancel();
+            pool.changed.notify_waiters();
+            pool.kick.notify_one();
+        });
+    }
+
     /// The last start failure, for gateway answers.
     pub fn last_error(&self) -> Option<String> {
         self.inner.lock().ok()?.last_error.clone()
@@ -476,7 +516,9 @@ impl Pool {
                             in_flight: AtomicUsize::new(0),
                             state: AtomicU8::new(STARTING),
                             stop: self.shutdown.child_token(),
+                            kill: std::sync::atomic::AtomicBool::new(false),
                             pid: AtomicU64::new(0),
+                            secret: uuid::Uuid::new_v4().simple().to_string(),
                         });
                         inner.instances.push(instance.clone());
                         tokio::spawn(self.clone().run_instance(instance, revision.clone()));
@@ -554,8 +596,14 @@ impl Pool {
                                 self.record_failure(format!("instance {} exited ({text})", instance.id));
                             }
                             () = instance.stop.cancelled() => {
-                                process::terminate(&mut child, self.config.drain_timeout.min(Duration::from_secs(10))).await;
-                                tracing::info!(instance = %label, "instance stopped");
+                                if instance.kill.load(Ordering::Acquire) {
+                                    process::kill(&mut child).await;
+                                    tracing::warn!(instance = %label, "instance killed: it stopped answering");
+                                    self.record_failure(format!("instance {} stopped answering and was replaced", instance.id));
+                                } else {
+                                    process::terminate(&mut child, self.config.drain_timeout.min(Duration::from_secs(10))).await;
+                                    tracing::info!(instance = %label, "instance stopped");
+                                }
                             }
                         }
                     }
@@ -621,9 +669,13 @@ impl Pool {
             .env("FUNC_PORT", instance.port.to_string())
             .env("FUNC_TIMEOUT", revision.timeout_seconds.to_string())
             .env("FUNC_DIR", &revision.dir)
+            .env("EDDY_INSTANCE_SECRET", &instance.secret)
             .env("PUBLISHER_PROXY_ADDRESS", &self.config.publisher_url)
             .env("PYTHONUNBUFFERED", "1")
             .env("PYTHONDONTWRITEBYTECODE", "1");
+        if let Some(token) = &self.config.publisher_token {
+            command.env("EDDY_PUBLISHER_TOKEN", token);
+        }
         for (name, value) in &revision.env {
             command.env(name, value);
         }
@@ -650,7 +702,7 @@ impl Pool {
                     self.name
                 ));
             }
-            if probe(&address).await {
+            if probe(&address, &instance.secret).await {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -675,8 +727,10 @@ impl Drop for WaitGuard {
     }
 }
 
-/// `GET /healthz` answered 200, over a raw connection (no client pool for a probe).
-async fn probe(address: &str) -> bool {
+/// `GET /healthz` answered 200, over a raw connection (no client pool for a probe). The whole
+/// answer is read before the connection closes, so the runtime never writes into a closed
+/// socket (Python printed a traceback for that on every probe).
+async fn probe(address: &str, secret: &str) -> bool {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let Ok(Ok(mut stream)) = tokio::time::timeout(
         Duration::from_millis(500),
@@ -686,15 +740,19 @@ async fn probe(address: &str) -> bool {
     else {
         return false;
     };
-    let request = format!("GET /healthz HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "GET /healthz HTTP/1.1\r\nHost: {address}\r\n{INSTANCE_SECRET_HEADER}: {secret}\r\nConnection: close\r\n\r\n"
+    );
     if stream.write_all(request.as_bytes()).await.is_err() {
         return false;
     }
-    let mut head = [0u8; 12];
-    matches!(
-        tokio::time::timeout(Duration::from_millis(500), stream.read_exact(&mut head)).await,
-        Ok(Ok(_)) if &head[9..12] == b"200"
+    let mut answer = Vec::with_capacity(256);
+    let read = tokio::time::timeout(
+        Duration::from_millis(500),
+        (&mut stream).take(64 * 1024).read_to_end(&mut answer),
     )
+    .await;
+    matches!(read, Ok(Ok(_))) && answer.get(9..12) == Some(b"200".as_slice())
 }
 
 fn free_port() -> std::io::Result<u16> {
