@@ -1,0 +1,703 @@
+//! What an attacker on the same machine, a web page in the user's browser or a function's own
+//! code could do to `eddy up`, each tried against the real processes: NATS without credentials,
+//! foreign `Host` and `Origin` headers, idle and slow connections, a function port called around
+//! the gateway, the platform token reaching function code, a function that never answers, build
+//! scripts reading eddy's secrets or leaving processes behind, a build directory changed on disk.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use eddy_testing::eventually;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+struct Up {
+    child: tokio::process::Child,
+    bus: String,
+    api: String,
+    gateway: String,
+    dispatcher: String,
+    nats: String,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `eddy up` on free ports with `extra` flags and `env`, once it says "ready".
+async fn eddy_up(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Up {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
+    command
+        .arg("up")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--bus-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
+        .args([
+            "--gateway-addr",
+            "127.0.0.1:0",
+            "--dispatcher-addr",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .env("EDDY_LOG", "warn")
+        .current_dir(repo())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut up = Up {
+        child,
+        bus: String::new(),
+        api: String::new(),
+        gateway: String::new(),
+        dispatcher: String::new(),
+        nats: String::new(),
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let url = line
+                .split_whitespace()
+                .nth(2)
+                .unwrap_or_default()
+                .to_owned();
+            match line.split_whitespace().next() {
+                Some("nats") => up.nats = url,
+                Some("event-bus") => up.bus = url.trim_end_matches("/publish").to_owned(),
+                Some("controller") => up.api = url,
+                Some("gateway") => up.gateway = url.split("/<").next().unwrap().to_owned(),
+                Some("dispatcher") => up.dispatcher = url,
+                Some("ready") => return,
+                _ => {}
+            }
+        }
+        panic!("eddy up exited before it was ready");
+    })
+    .await
+    .expect("eddy up did not get ready in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    up
+}
+
+impl Up {
+    fn functions(&self) -> String {
+        format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions",
+            self.api
+        )
+    }
+
+    async fn deploy(&self, name: &str, spec: Value) {
+        let http = reqwest::Client::new();
+        let response = http
+            .put(format!("{}/{name}", self.functions()))
+            .json(&json!({
+                "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+                "metadata": {"name": name, "namespace": "default"}, "spec": spec,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            response.status().is_success(),
+            "{:?}",
+            response.text().await
+        );
+        let url = format!("{}/{name}", self.functions());
+        eventually(
+            &format!("function {name} running"),
+            Duration::from_secs(120),
+            || async {
+                let Ok(response) = http.get(&url).send().await else {
+                    return false;
+                };
+                let function: Value = response.json().await.unwrap_or_default();
+                function["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|all| {
+                        all.iter()
+                            .any(|c| c["type"] == "Running" && c["status"] == "True")
+                    })
+            },
+        )
+        .await
+        .unwrap();
+    }
+
+    async fn stop(mut self) {
+        let pid = self.child.id().unwrap();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+async fn connect_as(url: &str, user: &str, password: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::with_user_and_password(user.to_owned(), password.to_owned())
+        .custom_inbox_prefix(format!("_INBOX_{user}"))
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+fn jetstream(client: async_nats::Client) -> async_nats::jetstream::Context {
+    async_nats::jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(2))
+        .build(client)
+}
+
+/// The nats-server `eddy up` starts takes only eddy's own users, each with the least it needs:
+/// nobody else reads the functions' env in the KV bucket or rewrites a function's access.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    assert_eq!(mode(data_dir.path()), 0o700, "the data dir is private");
+    let secrets = data_dir.path().join("secrets/nats-users.json");
+    assert_eq!(mode(&secrets), 0o600, "the NATS passwords are private");
+    let passwords: Value = serde_json::from_slice(&std::fs::read(&secrets).unwrap()).unwrap();
+    let password = |user: &str| passwords[user].as_str().unwrap().to_owned();
+
+    // No user, or a wrong password: no connection at all.
+    let anonymous = async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(2));
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), anonymous.connect(&up.nats))
+            .await
+            .map_or(true, |connected| connected.is_err()),
+        "an anonymous client must not connect"
+    );
+    let wrong = async_nats::ConnectOptions::with_user_and_password(
+        "eddy-controller".into(),
+        "guess".into(),
+    )
+    .connect(&up.nats)
+    .await;
+    assert!(wrong.is_err(), "a wrong password must not connect");
+
+    // The controller owns the bucket: it reads and writes it (so the denials below mean it).
+    let controller =
+        jetstream(connect_as(&up.nats, "eddy-controller", &password("eddy-controller")).await);
+    let bucket = controller.get_key_value("eddy_resources").await.unwrap();
+    bucket.put("probe", "1".into()).await.unwrap();
+    bucket.delete("probe").await.unwrap();
+
+    // The event-bus publishes events and sees nothing of the bucket.
+    let bus = jetstream(connect_as(&up.nats, "eddy-event-bus", &password("eddy-event-bus")).await);
+    bus.get_stream("EDDY_EVENTS")
+        .await
+        .expect("the event-bus keeps its stream");
+    assert!(
+        bus.get_key_value("eddy_resources").await.is_err(),
+        "the event-bus reads no resources"
+    );
+
+    // The dispatcher reads resources but never writes them, and publishes no events.
+    let dispatcher =
+        jetstream(connect_as(&up.nats, "eddy-dispatcher", &password("eddy-dispatcher")).await);
+    let readable = dispatcher.get_key_value("eddy_resources").await.unwrap();
+    readable.get("anything").await.unwrap();
+    assert!(
+        readable.put("evil", "1".into()).await.is_err(),
+        "the dispatcher writes no resources"
+    );
+    let stored = match dispatcher.publish("eddy.events.s.t", "x".into()).await {
+        Ok(ack) => ack.await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!stored, "the dispatcher publishes no events");
+    assert!(
+        bucket.get("evil").await.unwrap().is_none(),
+        "nothing the dispatcher tried was written"
+    );
+    up.stop().await;
+}
+
+/// Bound to loopback, the listeners answer only loopback host names (no DNS rebinding), refuse
+/// state changes from foreign origins, take only JSON on the legacy route, and the dashboard
+/// forbids framing and foreign scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_pages_cannot_use_the_loopback_listeners() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    let http = reqwest::Client::new();
+    let port = |url: &str| url.rsplit(':').next().unwrap().to_owned();
+
+    let rebound = http
+        .get(up.functions())
+        .header("host", format!("attacker.example:{}", port(&up.api)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
+    let own = http
+        .get(up.functions())
+        .header("host", format!("localhost:{}", port(&up.api)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 200);
+
+    let cross_origin = http
+        .post(format!(
+            "{}/subscriptions/default/any/redrive",
+            up.dispatcher
+        ))
+        .header("origin", "http://attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross_origin.status(), 403);
+    let cross_origin_publish = http
+        .post(format!("{}/publish", up.bus))
+        .header("origin", "https://attacker.example")
+        .header("ce-specversion", "1.0")
+        .header("ce-id", "1")
+        .header("ce-source", "s")
+        .header("ce-type", "t")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross_origin_publish.status(), 403);
+    let same_origin = http
+        .post(format!("{}/publish", up.bus))
+        .header("origin", up.bus.clone())
+        .header("ce-specversion", "1.0")
+        .header("ce-id", "1")
+        .header("ce-source", "s")
+        .header("ce-type", "t")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(same_origin.status(), 204);
+
+    let text_plain = http
+        .post(format!("{}/shop/v1/events", up.bus))
+        .header("content-type", "text/plain")
+        .body(r#"{"event-type":"a","event-type-version":"v1","event-time":"2024-01-01T00:00:00Z","data":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(text_plain.status(), 415);
+
+    let page = http.get(format!("{}/", up.api)).send().await.unwrap();
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+    assert_eq!(page.headers()["x-content-type-options"], "nosniff");
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+    assert!(policy.contains("script-src 'sha256-"), "{policy}");
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
+    up.stop().await;
+}
+
+/// Idle connections past the fd limit used to stop every listener, and half a header held a
+/// connection for good. Now idle and slow connections are closed after the header timeout and
+/// the connection cap makes new clients wait, so the listener keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_clients_do_not_stop_a_listener() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(
+        data_dir.path(),
+        &[],
+        &[
+            ("EDDY_HEADER_READ_TIMEOUT", "1s"),
+            ("EDDY_MAX_CONNECTIONS", "64"),
+        ],
+    )
+    .await;
+    let address = up.bus.trim_start_matches("http://").to_owned();
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        idle.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"POST /publish HTTP/1.1\r\nhost: 127.0.0.1\r\nce-")
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let response = reqwest::Client::new()
+        .get(format!("{}/healthz", up.bus))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("the listener answers past 300 idle connections");
+    assert_eq!(response.status(), 200);
+    eprintln!(
+        "answered after {:?} behind 300 idle connections",
+        started.elapsed()
+    );
+
+    // The half-sent header is cut off: the server closes the connection.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(20), slow.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "a connection stuck in its header is closed");
+    // And so are the idle ones.
+    let mut first = idle.remove(0);
+    let closed = tokio::time::timeout(Duration::from_secs(20), first.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "an idle connection is closed");
+    up.stop().await;
+}
+
+/// A function's own port answers only the gateway (a per-instance secret); the platform token
+/// the dispatcher delivers with never reaches function code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_are_reached_only_through_the_gateway_and_never_see_the_platform_token() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(
+        data_dir.path(),
+        &["--allowed-sinks", "http://127.0.0.1:*"],
+        &[],
+    )
+    .await;
+    let recorder = r#"
+const seen = [];
+module.exports = { main: (event) => {
+  const request = event.extensions.request;
+  if (request.method === "GET") return seen;
+  seen.push({ authorization: request.headers.authorization || null, secret: request.headers["x-eddy-instance-secret"] || null, env: Object.keys(process.env).filter((k) => k.startsWith("EDDY_")) });
+  return "ok";
+} };
+"#;
+    up.deploy(
+        "recorder",
+        json!({"runtime": "nodejs20", "source": {"inline": {"source": recorder}},
+               "access": {"mode": "token", "tokenDigests": [eddy_api::auth::Tokens::digest_text("caller-token")]}}),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    // The instance's port, from its log line.
+    let log = data_dir.path().join("logs/functions/default/recorder.log");
+    let port: u16 = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("eddy: recorder listening on "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let direct = http
+        .post(format!("http://127.0.0.1:{port}/"))
+        .body("around the gateway")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        direct.status(),
+        403,
+        "the instance port refuses callers without its secret"
+    );
+
+    // An event delivered by the dispatcher (with the platform token) and a caller's request.
+    let subscription = json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+        "metadata": {"name": "to-recorder", "namespace": "default"},
+        "spec": {"sink": "http://recorder.default.svc.cluster.local", "types": ["probe.v1"]},
+    });
+    let response = http
+        .put(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/to-recorder",
+            up.api
+        ))
+        .json(&subscription)
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success());
+    let sub_url = format!(
+        "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/to-recorder",
+        up.api
+    );
+    eventually("subscription ready", Duration::from_secs(60), || async {
+        let sub: Value = http
+            .get(&sub_url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        sub["status"]["ready"] == json!(true)
+    })
+    .await
+    .unwrap();
+    let published = http
+        .post(format!("{}/publish", up.bus))
+        .header("ce-specversion", "1.0")
+        .header("ce-id", "p-1")
+        .header("ce-source", "probe")
+        .header("ce-type", "probe.v1")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(published.status(), 204);
+    let invoked = http
+        .post(format!("{}/default/recorder", up.gateway))
+        .bearer_auth("caller-token")
+        .body("hi")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invoked.status(), 200);
+
+    eventually(
+        "both requests recorded",
+        Duration::from_secs(30),
+        || async {
+            let seen: Value = http
+                .get(format!("{}/default/recorder", up.gateway))
+                .bearer_auth("caller-token")
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap_or_default();
+            seen.as_array().is_some_and(|all| all.len() >= 2)
+        },
+    )
+    .await
+    .unwrap();
+    let seen: Value = http
+        .get(format!("{}/default/recorder", up.gateway))
+        .bearer_auth("caller-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let authorizations: Vec<&Value> = seen
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["authorization"])
+        .collect();
+    assert!(
+        authorizations.contains(&&json!(null)),
+        "the dispatcher's delivery arrives without the platform token: {seen}"
+    );
+    assert!(
+        authorizations.contains(&&json!("Bearer caller-token")),
+        "a caller's own token is passed on: {seen}"
+    );
+    for entry in seen.as_array().unwrap() {
+        assert_eq!(
+            entry["secret"],
+            json!(null),
+            "the instance secret is not shown to the handler"
+        );
+        assert_eq!(
+            entry["env"],
+            json!([]),
+            "no EDDY_ variable reaches the handler: {entry}"
+        );
+    }
+    up.stop().await;
+}
+
+/// A handler that busy-loops past its timeout is answered at the timeout (plus a margin) by the
+/// gateway, and the stuck instance is replaced: the next request is served by a new process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_function_is_answered_at_its_timeout_and_replaced() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    let spinner = r#"
+module.exports = { main: (event) => {
+  if (event.extensions.request.url.includes("spin")) { for (;;) {} }
+  return { pid: process.pid };
+} };
+"#;
+    up.deploy(
+        "spinner",
+        json!({"runtime": "nodejs20", "source": {"inline": {"source": spinner}}, "timeoutSeconds": 3}),
+    )
+    .await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let before: Value = http
+        .get(format!("{}/default/spinner", up.gateway))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let stuck = http
+        .get(format!("{}/default/spinner/spin", up.gateway))
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(stuck.status(), 504);
+    // 3 s timeout + 2 s margin; the old behaviour waited for the gateway's hour.
+    assert!(
+        waited < Duration::from_secs(20),
+        "answered after {waited:?}"
+    );
+    let replaced = eventually(
+        "a new instance answers",
+        Duration::from_secs(60),
+        || async {
+            let Ok(response) = http
+                .get(format!("{}/default/spinner", up.gateway))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+            else {
+                return false;
+            };
+            let now: Value = response.json().await.unwrap_or_default();
+            now["pid"].is_number() && now["pid"] != before["pid"]
+        },
+    )
+    .await;
+    replaced.unwrap();
+    up.stop().await;
+}
+
+/// Dependency installs run with a cleared environment (an npm lifecycle script sees no token),
+/// what they leave running is stopped with them, and a build directory changed on disk is built
+/// again instead of trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_changed() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(
+        data_dir.path(),
+        &["--api-tokens", "api-secret-token"],
+        &[("EDDY_BUS_TOKENS", "bus-secret-token")],
+    )
+    .await;
+    let package = r#"{"name": "probe", "version": "1.0.0", "scripts": {"postinstall": "node -e \"const fs=require('fs');fs.writeFileSync('install-env.json', JSON.stringify(process.env));const c=require('child_process').spawn('sleep',['300'],{stdio:'ignore'});fs.writeFileSync('leftover.pid', String(c.pid));c.unref()\""}}"#;
+    let source = r#"module.exports = { main: () => "original" };"#;
+    let http = reqwest::Client::new();
+    let response = http
+        .put(format!("{}/probe", up.functions()))
+        .bearer_auth("api-secret-token")
+        .json(&json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+            "metadata": {"name": "probe", "namespace": "default"},
+            "spec": {"runtime": "nodejs20", "source": {"inline": {"source": source, "dependencies": package}}},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "{:?}",
+        response.text().await
+    );
+    let builds = data_dir.path().join("builds");
+    eventually("the build to finish", Duration::from_secs(120), || async {
+        std::fs::read_dir(&builds)
+            .ok()
+            .and_then(|mut dirs| dirs.next())
+            .and_then(Result::ok)
+            .is_some_and(|dir| dir.path().join(".eddy-built").is_file())
+    })
+    .await
+    .unwrap();
+    let build_dir = std::fs::read_dir(&builds)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+
+    let env: Value =
+        serde_json::from_slice(&std::fs::read(build_dir.join("install-env.json")).unwrap())
+            .unwrap();
+    let leaked: Vec<&String> = env
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, value)| {
+            name.starts_with("EDDY_") || value.as_str().is_some_and(|v| v.contains("secret-token"))
+        })
+        .map(|(name, _)| name)
+        .collect();
+    assert!(leaked.is_empty(), "the install saw {leaked:?}");
+
+    let leftover: i32 = std::fs::read_to_string(build_dir.join("leftover.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eventually(
+        "the install's background process to be gone",
+        Duration::from_secs(30),
+        || async {
+            // Gone, or a zombie waiting for its reaper.
+            std::fs::read_to_string(format!("/proc/{leftover}/stat"))
+                .map_or(true, |stat| stat.split_whitespace().nth(2) == Some("Z"))
+        },
+    )
+    .await
+    .unwrap();
+
+    // Change the built handler on disk, restart: the build is redone, the change is gone.
+    let invoke = |gateway: String| {
+        let http = http.clone();
+        async move {
+            http.get(format!("{gateway}/default/probe"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    eventually("the function answers", Duration::from_secs(60), || {
+        let gateway = up.gateway.clone();
+        let invoke = &invoke;
+        async move { invoke(gateway).await == "original" }
+    })
+    .await
+    .unwrap();
+    std::fs::write(
+        build_dir.join("handler.js"),
+        r#"module.exports = { main: () => "tampered" };"#,
+    )
+    .unwrap();
+    up.stop().await;
+    let up = eddy_up(
+        data_dir.path(),
+        &["--api-tokens", "api-secret-token"],
+        &[("EDDY_BUS_TOKENS", "bus-secret-token")],
+    )
+    .await;
+    eventually(
+        "the rebuilt function answers",
+        Duration::from_secs(120),
+        || {
+            let gateway = up.gateway.clone();
+            let invoke = &invoke;
+            async move { invoke(gateway).await == "original" }
+        },
+    )
+    .await
+    .unwrap();
+    up.stop().await;
+}
