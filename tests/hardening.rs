@@ -701,3 +701,110 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
     .unwrap();
     up.stop().await;
 }
+
+/// A manifest of 200,000 nested `[` took the YAML parser minutes to refuse; it is refused at
+/// once, naming why, before anything is sent.
+#[tokio::test]
+async fn deeply_nested_manifests_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("deep.yaml");
+    std::fs::write(
+        &manifest,
+        format!("a: {}{}\n", "[".repeat(200_000), "]".repeat(200_000)),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["apply", "--server", "http://127.0.0.1:9", "-f"])
+        .arg(&manifest)
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("nested deeper than 64"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refused after {:?}",
+        started.elapsed()
+    );
+}
+
+/// Bad names and oversized resources get 404 / 413 / 422 (they used to reach the store and come
+/// back 503); the dashboard's state holds no source or env and answers 304 while nothing
+/// changed; a Python function's log holds no traceback for the health probes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_answers_bad_input_precisely_and_the_dashboard_sends_only_what_changed() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    let http = reqwest::Client::new();
+    let base = format!("{}/apis/eddy.dev/v1alpha1/namespaces", up.api);
+    for path in [
+        "default/functions/Not_A_Name",
+        "Bad%20NS/functions/f",
+        "default/functions/a..b",
+    ] {
+        let read = http.get(format!("{base}/{path}")).send().await.unwrap();
+        assert_eq!(read.status(), 404, "GET {path}");
+        let delete = http.delete(format!("{base}/{path}")).send().await.unwrap();
+        assert_eq!(delete.status(), 404, "DELETE {path}");
+    }
+    let put = http
+        .put(format!("{base}/default/functions/Not_A_Name"))
+        .json(&json!({"apiVersion": "eddy.dev/v1alpha1", "kind": "Function", "metadata": {"name": "Not_A_Name"},
+            "spec": {"runtime": "nodejs20", "source": {"inline": {"source": "x"}}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 422);
+    let huge = json!({"apiVersion": "eddy.dev/v1alpha1", "kind": "Function", "metadata": {"name": "huge"},
+        "spec": {"runtime": "nodejs20", "source": {"inline": {"source": "x".repeat(900 * 1024)}}}});
+    let put = http
+        .put(format!("{base}/default/functions/huge"))
+        .json(&huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 413);
+
+    let handler = "def main(event, context):\n    return 'ok'\n";
+    let env_secret = "very-secret-value";
+    up.deploy(
+        "pyfn",
+        json!({"runtime": "python311", "source": {"inline": {"source": handler}},
+               "env": [{"name": "API_KEY", "value": env_secret}]}),
+    )
+    .await;
+    let state = http
+        .get(format!("{}/dashboard/state", up.api))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(state.status(), 200);
+    let tag = state.headers()["etag"].to_str().unwrap().to_owned();
+    let body = state.text().await.unwrap();
+    assert!(body.contains("pyfn"), "{body}");
+    assert!(
+        !body.contains(env_secret) && !body.contains("def main"),
+        "{body}"
+    );
+    let unchanged = http
+        .get(format!("{}/dashboard/state", up.api))
+        .header("if-none-match", &tag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unchanged.status(), 304);
+    assert!(unchanged.text().await.unwrap().is_empty());
+
+    let answer = http
+        .get(format!("{}/default/pyfn", up.gateway))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.text().await.unwrap(), "ok");
+    let log =
+        std::fs::read_to_string(data_dir.path().join("logs/functions/default/pyfn.log")).unwrap();
+    assert!(!log.contains("Traceback"), "{log}");
+    up.stop().await;
+}

@@ -115,8 +115,18 @@ pub fn read_manifests(path: &Path) -> anyhow::Result<Vec<Value>> {
     }
     let mut manifests = Vec::new();
     for file in files {
+        let size = std::fs::metadata(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?
+            .len();
+        if size > MAX_MANIFEST_BYTES {
+            anyhow::bail!(
+                "{} is {size} bytes; manifests are at most {MAX_MANIFEST_BYTES}",
+                file.display()
+            );
+        }
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
+        check_nesting(&text).with_context(|| format!("{} is not a manifest", file.display()))?;
         for document in serde_yaml::Deserializer::from_str(&text) {
             let value: Value = serde::Deserialize::deserialize(document)
                 .with_context(|| format!("{} is not valid YAML", file.display()))?;
@@ -126,6 +136,45 @@ pub fn read_manifests(path: &Path) -> anyhow::Result<Vec<Value>> {
         }
     }
     Ok(manifests)
+}
+
+/// Largest manifest file read.
+const MAX_MANIFEST_BYTES: u64 = 8 * 1024 * 1024;
+/// Deepest nesting of flow collections (`[`, `{`) a manifest may have; real ones have under ten.
+const MAX_NESTING: usize = 64;
+
+/// Refuses deeply nested flow collections before the YAML parser sees them: it takes minutes
+/// to refuse 200,000 nested `[` (quadratic), this takes a moment. Quoted text and comments
+/// are skipped.
+fn check_nesting(text: &str) -> anyhow::Result<()> {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut comment = false;
+    let mut previous = '\n';
+    for c in text.chars() {
+        if comment {
+            comment = c != '\n';
+        } else if let Some(open) = quote {
+            if c == open && previous != '\\' {
+                quote = None;
+            }
+        } else {
+            match c {
+                '"' | '\'' => quote = Some(c),
+                '#' if previous.is_whitespace() => comment = true,
+                '[' | '{' => {
+                    depth += 1;
+                    if depth > MAX_NESTING {
+                        anyhow::bail!("collections are nested deeper than {MAX_NESTING} levels");
+                    }
+                }
+                ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        previous = c;
+    }
+    Ok(())
 }
 
 fn identify(manifest: &Value, default_namespace: &str) -> anyhow::Result<(Kind, String, String)> {
