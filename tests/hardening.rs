@@ -808,3 +808,79 @@ async fn api_answers_bad_input_precisely_and_the_dashboard_sends_only_what_chang
     assert!(!log.contains("Traceback"), "{log}");
     up.stop().await;
 }
+
+/// With publisher tokens on, a function's `emitCloudEvent` publishes with the publish-only token
+/// eddy gives it (and the dispatcher's replies with one of their own); a Subscription whose sink
+/// smuggles another host in userinfo is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_publish_with_their_own_token_and_sinks_are_compared_as_urls() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let token_file = data_dir.path().join("bus-tokens");
+    std::fs::write(&token_file, "publisher-secret\n").unwrap();
+    let up = eddy_up(
+        data_dir.path(),
+        &[
+            "--bus-token-file",
+            token_file.to_str().unwrap(),
+            "--allowed-sinks",
+            "http://127.0.0.1:9000/hooks",
+        ],
+        &[],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let unauthorized = http
+        .post(format!("{}/publish", up.bus))
+        .header("ce-specversion", "1.0")
+        .header("ce-id", "x")
+        .header("ce-source", "s")
+        .header("ce-type", "t")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthorized.status(), 401, "the token file is in force");
+
+    let emitter = r#"
+module.exports = { main: async (event) => {
+  const id = await event.emitCloudEvent("emitted.v1", "emitter", { ok: true });
+  return { id, sawToken: Object.keys(process.env).includes("EDDY_PUBLISHER_TOKEN") };
+} };
+"#;
+    up.deploy(
+        "emitter",
+        json!({"runtime": "nodejs20", "source": {"inline": {"source": emitter}}}),
+    )
+    .await;
+    let answer = http
+        .post(format!("{}/default/emitter", up.gateway))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+    let answer: Value = answer.json().await.unwrap();
+    assert!(answer["id"].is_string(), "{answer}");
+
+    let base = format!(
+        "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions",
+        up.api
+    );
+    for (sink, status) in [
+        ("http://127.0.0.1:9000@127.0.0.1:8083/subscriptions", 422),
+        ("http://127.0.0.1:9000/hooksmith", 422),
+        ("http://127.0.0.1:9000/hooks/../admin", 422),
+        ("http://127.0.0.1:9000/hooks/orders", 201),
+    ] {
+        let response = http
+            .put(format!("{base}/hook"))
+            .json(
+                &json!({"apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+                "metadata": {"name": "hook", "namespace": "default"},
+                "spec": {"sink": sink, "types": ["a.v1"]}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status, "{sink}");
+    }
+    up.stop().await;
+}

@@ -83,3 +83,21 @@ pub async fn kill(child: &mut Child) {
     signal_group(child, Signal::SIGKILL);
     let _ = child.wait().await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hardened_processes_are_not_dumpable_and_may_open_more_files() {
+        use nix::sys::resource::{Resource, getrlimit};
+        harden();
+        #[cfg(target_os = "linux")]
+        assert!(!nix::sys::prctl::get_dumpable().unwrap());
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        assert!(
+            soft == hard || hard == nix::sys::resource::RLIM_INFINITY,
+            "{soft} < {hard}"
+        );
+    }
+}
