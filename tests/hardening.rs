@@ -7,138 +7,16 @@
 
 use std::{
     os::unix::fs::PermissionsExt as _,
-    path::{Path, PathBuf},
-    process::Stdio,
+    path::Path,
     time::{Duration, Instant},
 };
 
+mod up;
+
 use eddy_testing::eventually;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
-
-struct Up {
-    child: tokio::process::Child,
-    bus: String,
-    api: String,
-    gateway: String,
-    dispatcher: String,
-    nats: String,
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `eddy up` on free ports with `extra` flags and `env`, once it says "ready".
-async fn eddy_up(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Up {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
-    command
-        .arg("up")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--bus-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
-        .args([
-            "--gateway-addr",
-            "127.0.0.1:0",
-            "--dispatcher-addr",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .env("EDDY_LOG", "warn")
-        .current_dir(repo())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true);
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let mut child = command.spawn().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut up = Up {
-        child,
-        bus: String::new(),
-        api: String::new(),
-        gateway: String::new(),
-        dispatcher: String::new(),
-        nats: String::new(),
-    };
-    tokio::time::timeout(Duration::from_secs(120), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let url = line
-                .split_whitespace()
-                .nth(2)
-                .unwrap_or_default()
-                .to_owned();
-            match line.split_whitespace().next() {
-                Some("nats") => up.nats = url,
-                Some("event-bus") => up.bus = url.trim_end_matches("/publish").to_owned(),
-                Some("controller") => up.api = url,
-                Some("gateway") => up.gateway = url.split("/<").next().unwrap().to_owned(),
-                Some("dispatcher") => up.dispatcher = url,
-                Some("ready") => return,
-                _ => {}
-            }
-        }
-        panic!("eddy up exited before it was ready");
-    })
-    .await
-    .expect("eddy up did not get ready in time");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    up
-}
-
-impl Up {
-    fn functions(&self) -> String {
-        format!(
-            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions",
-            self.api
-        )
-    }
-
-    async fn deploy(&self, name: &str, spec: Value) {
-        let http = reqwest::Client::new();
-        let response = http
-            .put(format!("{}/{name}", self.functions()))
-            .json(&json!({
-                "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
-                "metadata": {"name": name, "namespace": "default"}, "spec": spec,
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            response.status().is_success(),
-            "{:?}",
-            response.text().await
-        );
-        let url = format!("{}/{name}", self.functions());
-        eventually(
-            &format!("function {name} running"),
-            Duration::from_secs(120),
-            || async {
-                let Ok(response) = http.get(&url).send().await else {
-                    return false;
-                };
-                let function: Value = response.json().await.unwrap_or_default();
-                function["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|all| {
-                        all.iter()
-                            .any(|c| c["type"] == "Running" && c["status"] == "True")
-                    })
-            },
-        )
-        .await
-        .unwrap();
-    }
-
-    async fn stop(mut self) {
-        let pid = self.child.id().unwrap();
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
-    }
-}
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use up::Up;
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -163,7 +41,7 @@ fn jetstream(client: async_nats::Client) -> async_nats::jetstream::Context {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
     let data_dir = tempfile::tempdir().unwrap();
-    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    let up = Up::start(data_dir.path(), &[], &[]).await;
     assert_eq!(mode(data_dir.path()), 0o700, "the data dir is private");
     let secrets = data_dir.path().join("secrets/nats-users.json");
     assert_eq!(mode(&secrets), 0o600, "the NATS passwords are private");
@@ -230,7 +108,7 @@ async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_pages_cannot_use_the_loopback_listeners() {
     let data_dir = tempfile::tempdir().unwrap();
-    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    let up = Up::start(data_dir.path(), &[], &[]).await;
     let http = reqwest::Client::new();
     let port = |url: &str| url.rsplit(':').next().unwrap().to_owned();
 
@@ -312,7 +190,7 @@ async fn web_pages_cannot_use_the_loopback_listeners() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_clients_do_not_stop_a_listener() {
     let data_dir = tempfile::tempdir().unwrap();
-    let up = eddy_up(
+    let up = Up::start(
         data_dir.path(),
         &[],
         &[
@@ -360,7 +238,7 @@ async fn idle_and_slow_clients_do_not_stop_a_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_are_reached_only_through_the_gateway_and_never_see_the_platform_token() {
     let data_dir = tempfile::tempdir().unwrap();
-    let up = eddy_up(
+    let up = Up::start(
         data_dir.path(),
         &["--allowed-sinks", "http://127.0.0.1:*"],
         &[],
@@ -519,7 +397,7 @@ module.exports = { main: (event) => {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_function_is_answered_at_its_timeout_and_replaced() {
     let data_dir = tempfile::tempdir().unwrap();
-    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    let up = Up::start(data_dir.path(), &[], &[]).await;
     let spinner = r#"
 module.exports = { main: (event) => {
   if (event.extensions.request.url.includes("spin")) { for (;;) {} }
@@ -583,7 +461,7 @@ module.exports = { main: (event) => {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_changed() {
     let data_dir = tempfile::tempdir().unwrap();
-    let up = eddy_up(
+    let up = Up::start(
         data_dir.path(),
         &["--api-tokens", "api-secret-token"],
         &[("EDDY_BUS_TOKENS", "bus-secret-token")],
@@ -682,7 +560,7 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
     )
     .unwrap();
     up.stop().await;
-    let up = eddy_up(
+    let up = Up::start(
         data_dir.path(),
         &["--api-tokens", "api-secret-token"],
         &[("EDDY_BUS_TOKENS", "bus-secret-token")],
@@ -736,7 +614,7 @@ async fn deeply_nested_manifests_are_refused_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_answers_bad_input_precisely_and_the_dashboard_sends_only_what_changed() {
     let data_dir = tempfile::tempdir().unwrap();
-    let up = eddy_up(data_dir.path(), &[], &[]).await;
+    let up = Up::start(data_dir.path(), &[], &[]).await;
     let http = reqwest::Client::new();
     let base = format!("{}/apis/eddy.dev/v1alpha1/namespaces", up.api);
     for path in [
@@ -817,7 +695,7 @@ async fn functions_publish_with_their_own_token_and_sinks_are_compared_as_urls()
     let data_dir = tempfile::tempdir().unwrap();
     let token_file = data_dir.path().join("bus-tokens");
     std::fs::write(&token_file, "publisher-secret\n").unwrap();
-    let up = eddy_up(
+    let up = Up::start(
         data_dir.path(),
         &[
             "--bus-token-file",

@@ -3,134 +3,22 @@
 //! restart on the same data dir that brings back every resource and undelivered event.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
+
+mod up;
 
 use eddy_testing::eventually;
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt as _;
-
-struct Up {
-    child: tokio::process::Child,
-    bus: String,
-    api: String,
-    gateway: String,
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use up::Up;
 
 async fn eddy_up(data_dir: &Path, apply: bool) -> Up {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
-    command
-        .arg("up")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["--bus-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
-        .args([
-            "--gateway-addr",
-            "127.0.0.1:0",
-            "--dispatcher-addr",
-            "127.0.0.1:0",
-        ])
-        .env("EDDY_LOG", "warn")
-        .current_dir(repo())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true);
-    if apply {
-        command.arg("--apply").arg(repo().join("examples/shop"));
-    }
-    let mut child = command.spawn().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut bus, mut api, mut gateway) = (String::new(), String::new(), String::new());
-    tokio::time::timeout(Duration::from_secs(180), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let url = line
-                .split_whitespace()
-                .nth(2)
-                .unwrap_or_default()
-                .to_owned();
-            match line.split_whitespace().next() {
-                Some("event-bus") => bus = url.trim_end_matches("/publish").to_owned(),
-                Some("controller") => api = url,
-                Some("gateway") => gateway = url.split("/<").next().unwrap().to_owned(),
-                Some("ready") => return,
-                _ => {}
-            }
-        }
-        panic!("eddy up exited before it was ready");
-    })
-    .await
-    .expect("eddy up did not get ready in time");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Up {
-        child,
-        bus,
-        api,
-        gateway,
-    }
-}
-
-impl Up {
-    async fn publish(&self, ty: &str, id: &str, data: Value) {
-        let response = reqwest::Client::new()
-            .post(format!("{}/publish", self.bus))
-            .header("ce-specversion", "1.0")
-            .header("ce-id", id)
-            .header("ce-source", "shop")
-            .header("ce-type", ty)
-            .header("content-type", "application/json")
-            .body(data.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 204);
-    }
-
-    async fn get(&self, url: String) -> Value {
-        reqwest::get(url).await.unwrap().json().await.unwrap()
-    }
-
-    async fn apply(&self, manifest: Value) {
-        let kind = if manifest["kind"] == "Function" {
-            "functions"
-        } else {
-            "subscriptions"
-        };
-        let name = manifest["metadata"]["name"].as_str().unwrap().to_owned();
-        let response = reqwest::Client::new()
-            .put(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/default/{kind}/{name}",
-                self.api
-            ))
-            .json(&manifest)
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            response.status().is_success(),
-            "{}",
-            response.text().await.unwrap()
-        );
-    }
-
-    /// SIGINT, as Ctrl-C would; returns whether eddy exited cleanly.
-    async fn stop(mut self) -> bool {
-        let pid = self.child.id().unwrap().to_string();
-        std::process::Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        status.success()
-    }
+    let examples = up::repo().join("examples/shop");
+    let extra: Vec<&str> = if apply {
+        vec!["--apply", examples.to_str().unwrap()]
+    } else {
+        Vec::new()
+    };
+    Up::start(data_dir, &extra, &[]).await
 }
 
 /// Processes whose working directory or command line is inside `dir`.
@@ -163,7 +51,7 @@ fn processes_inside(dir: &Path) -> Vec<String> {
 /// What the dashboard shows in headless Chromium once `min_events` events are in its tail
 /// (tests/browser/dashboard.mjs, playwright-core driving Debian's Chromium).
 async fn render(url: &str, min_events: usize) -> Value {
-    let dir = repo().join("tests/browser");
+    let dir = up::repo().join("tests/browser");
     let screenshot =
         std::env::temp_dir().join(format!("eddy-dashboard-{}.png", std::process::id()));
     let output = tokio::process::Command::new("node")
@@ -311,7 +199,7 @@ async fn the_shop_runs_end_to_end_and_survives_a_restart() {
     up.publish("order.late.v1", "late-1", json!({"n": 1})).await;
     up.publish("order.late.v1", "late-2", json!({"n": 2})).await;
 
-    assert!(up.stop().await, "eddy up exits cleanly on SIGINT");
+    assert!(up.stop_with("INT").await, "eddy up exits cleanly on SIGINT");
     let left = processes_inside(data_dir.path());
     assert!(left.is_empty(), "processes left behind: {left:?}");
 
@@ -367,6 +255,6 @@ async fn the_shop_runs_end_to_end_and_survives_a_restart() {
     .await
     .unwrap();
 
-    assert!(up.stop().await);
+    assert!(up.stop_with("INT").await);
     assert!(processes_inside(data_dir.path()).is_empty());
 }

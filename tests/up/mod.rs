@@ -1,0 +1,186 @@
+//! `eddy up` as a user runs it: the real binary as a child process on free ports, its addresses
+//! read from what it prints, stopped with a signal.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use eddy_testing::eventually;
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt as _;
+
+/// A running `eddy up`.
+pub struct Up {
+    pub child: tokio::process::Child,
+    pub bus: String,
+    pub api: String,
+    pub gateway: String,
+    pub dispatcher: String,
+    pub nats: String,
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+impl Up {
+    /// `eddy up` on free ports with `extra` flags and `env`, once it says "ready".
+    pub async fn start(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
+        command
+            .arg("up")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--bus-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0"])
+            .args([
+                "--gateway-addr",
+                "127.0.0.1:0",
+                "--dispatcher-addr",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .env("EDDY_LOG", "warn")
+            .current_dir(repo())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut up = Self {
+            child,
+            bus: String::new(),
+            api: String::new(),
+            gateway: String::new(),
+            dispatcher: String::new(),
+            nats: String::new(),
+        };
+        tokio::time::timeout(Duration::from_secs(180), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                let url = line
+                    .split_whitespace()
+                    .nth(2)
+                    .unwrap_or_default()
+                    .to_owned();
+                match line.split_whitespace().next() {
+                    Some("nats") => up.nats = url,
+                    Some("event-bus") => up.bus = url.trim_end_matches("/publish").to_owned(),
+                    Some("controller") => up.api = url,
+                    Some("gateway") => up.gateway = url.split("/<").next().unwrap().to_owned(),
+                    Some("dispatcher") => up.dispatcher = url,
+                    Some("ready") => return,
+                    _ => {}
+                }
+            }
+            panic!("eddy up exited before it was ready");
+        })
+        .await
+        .expect("eddy up did not get ready in time");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        up
+    }
+
+    /// The Functions collection of the default namespace.
+    pub fn functions(&self) -> String {
+        format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions",
+            self.api
+        )
+    }
+
+    /// Publishes one binary-mode event from source `shop`; expects 204.
+    pub async fn publish(&self, ty: &str, id: &str, data: Value) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/publish", self.bus))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", "shop")
+            .header("ce-type", ty)
+            .header("content-type", "application/json")
+            .body(data.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+    }
+
+    pub async fn get(&self, url: String) -> Value {
+        reqwest::get(url).await.unwrap().json().await.unwrap()
+    }
+
+    /// PUTs a Function or Subscription manifest into the default namespace.
+    pub async fn apply(&self, manifest: Value) {
+        let kind = if manifest["kind"] == "Function" {
+            "functions"
+        } else {
+            "subscriptions"
+        };
+        let name = manifest["metadata"]["name"].as_str().unwrap().to_owned();
+        let response = reqwest::Client::new()
+            .put(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/{kind}/{name}",
+                self.api
+            ))
+            .json(&manifest)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            response.status().is_success(),
+            "{}",
+            response.text().await.unwrap()
+        );
+    }
+
+    /// Applies a Function and waits until it runs.
+    pub async fn deploy(&self, name: &str, spec: Value) {
+        self.apply(json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec,
+        }))
+        .await;
+        let http = reqwest::Client::new();
+        let url = format!("{}/{name}", self.functions());
+        eventually(
+            &format!("function {name} running"),
+            Duration::from_secs(120),
+            || async {
+                let Ok(response) = http.get(&url).send().await else {
+                    return false;
+                };
+                let function: Value = response.json().await.unwrap_or_default();
+                function["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|all| {
+                        all.iter()
+                            .any(|c| c["type"] == "Running" && c["status"] == "True")
+                    })
+            },
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Sends `signal` (as `kill -<signal>`); returns whether eddy exited cleanly.
+    pub async fn stop_with(mut self, signal: &str) -> bool {
+        let pid = self.child.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        status.success()
+    }
+
+    /// SIGTERM, waiting for the exit.
+    pub async fn stop(self) {
+        self.stop_with("TERM").await;
+    }
+}
