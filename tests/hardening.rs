@@ -137,13 +137,9 @@ async fn web_pages_cannot_use_the_loopback_listeners() {
         .await
         .unwrap();
     assert_eq!(cross_origin.status(), 403);
-    let cross_origin_publish = http
-        .post(format!("{}/publish", up.bus))
+    let cross_origin_publish = up
+        .binary("s", "1", "t")
         .header("origin", "https://attacker.example")
-        .header("ce-specversion", "1.0")
-        .header("ce-id", "1")
-        .header("ce-source", "s")
-        .header("ce-type", "t")
         .body("x")
         .send()
         .await
@@ -315,12 +311,8 @@ module.exports = { main: (event) => {
     })
     .await
     .unwrap();
-    let published = http
-        .post(format!("{}/publish", up.bus))
-        .header("ce-specversion", "1.0")
-        .header("ce-id", "p-1")
-        .header("ce-source", "probe")
-        .header("ce-type", "probe.v1")
+    let published = up
+        .binary("probe", "p-1", "probe.v1")
         .header("content-type", "application/json")
         .body("{}")
         .send()
@@ -707,15 +699,7 @@ async fn functions_publish_with_their_own_token_and_sinks_are_compared_as_urls()
     )
     .await;
     let http = reqwest::Client::new();
-    let unauthorized = http
-        .post(format!("{}/publish", up.bus))
-        .header("ce-specversion", "1.0")
-        .header("ce-id", "x")
-        .header("ce-source", "s")
-        .header("ce-type", "t")
-        .send()
-        .await
-        .unwrap();
+    let unauthorized = up.binary("s", "x", "t").send().await.unwrap();
     assert_eq!(unauthorized.status(), 401, "the token file is in force");
 
     let emitter = r#"

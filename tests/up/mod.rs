@@ -92,14 +92,20 @@ impl Up {
         )
     }
 
-    /// Publishes one binary-mode event from source `shop`; expects 204.
-    pub async fn publish(&self, ty: &str, id: &str, data: Value) {
-        let response = reqwest::Client::new()
+    /// A binary-mode publish with the required attributes, to send as it is or add to.
+    pub fn binary(&self, source: &str, id: &str, ty: &str) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
             .post(format!("{}/publish", self.bus))
             .header("ce-specversion", "1.0")
             .header("ce-id", id)
-            .header("ce-source", "shop")
+            .header("ce-source", source)
             .header("ce-type", ty)
+    }
+
+    /// Publishes one binary-mode event from source `shop`; expects 204.
+    pub async fn publish(&self, ty: &str, id: &str, data: Value) {
+        let response = self
+            .binary("shop", id, ty)
             .header("content-type", "application/json")
             .body(data.to_string())
             .send()
