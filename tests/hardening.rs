@@ -191,6 +191,7 @@ async fn idle_and_slow_clients_do_not_stop_a_listener() {
         &[],
         &[
             ("EDDY_HEADER_READ_TIMEOUT", "1s"),
+            ("EDDY_BODY_TIMEOUT", "1s"),
             ("EDDY_MAX_CONNECTIONS", "64"),
         ],
     )
@@ -226,6 +227,24 @@ async fn idle_and_slow_clients_do_not_stop_a_listener() {
     let mut first = idle.remove(0);
     let closed = tokio::time::timeout(Duration::from_secs(20), first.read_to_end(&mut rest)).await;
     assert!(closed.is_ok(), "an idle connection is closed");
+
+    // A body that stops halfway is cut off on the API too (which has no request deadline of
+    // its own): the request fails and the connection is let go.
+    let api = up.api.trim_start_matches("http://").to_owned();
+    let mut stalled = tokio::net::TcpStream::connect(&api).await.unwrap();
+    stalled
+        .write_all(
+            b"PUT /apis/eddy.dev/v1alpha1/namespaces/default/functions/f HTTP/1.1\r\n\
+              host: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"kind",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read =
+        tokio::time::timeout(Duration::from_secs(20), stalled.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "a stalled body is cut off");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(!answer.starts_with("HTTP/1.1 2"), "{answer}");
     up.stop().await;
 }
 

@@ -2,7 +2,8 @@
 //!
 //! [`serve`] is where the protections every listener needs live, so no listener forgets one:
 //! a header-read deadline that also closes idle keep-alive connections (slowloris, and 1,000
-//! idle sockets eating the fd limit), a cap on open connections, Nagle off, a bounded drain on
+//! idle sockets eating the fd limit), a deadline between the pieces of a request body, a cap on
+//! open connections, Nagle off, a bounded drain on
 //! shutdown, and on a loopback address the browser checks: a `Host` that is not loopback is
 //! refused (DNS rebinding), and so is a state-changing request from a foreign `Origin`.
 
@@ -31,6 +32,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
+use tower_http::timeout::TimeoutBody;
 
 /// `listener` with Nagle's algorithm off on every accepted connection: a small answer (a 204, a
 /// proxied response) leaves at once instead of waiting on the peer's delayed ACK.
@@ -44,6 +46,8 @@ pub fn no_delay(listener: TcpListener) -> impl Listener<Io = TcpStream, Addr = S
 
 /// Default of `--header-read-timeout`.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of `--body-timeout`.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default of `--max-connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 
@@ -54,6 +58,9 @@ pub struct ServeArgs {
     /// connection; the connection is closed after it.
     #[arg(long = "header-read-timeout", env = "EDDY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_read_timeout: Duration,
+    /// Longest wait for the next piece of a request body; a body that stalls longer fails.
+    #[arg(long = "body-timeout", env = "EDDY_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_timeout: Duration,
     /// Most open connections per listener; further clients wait in the kernel's backlog.
     #[arg(
         long = "max-connections",
@@ -67,6 +74,7 @@ impl Default for ServeArgs {
     fn default() -> Self {
         Self {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
@@ -151,10 +159,12 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
-        let service =
-            TowerToHyperService::new(router.clone().map_request(
-                |request: http::Request<hyper::body::Incoming>| request.map(Body::new),
-            ));
+        let body_timeout = limits.body_timeout;
+        let service = TowerToHyperService::new(router.clone().map_request(
+            move |request: http::Request<hyper::body::Incoming>| {
+                request.map(|body| Body::new(TimeoutBody::new(body_timeout, body)))
+            },
+        ));
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             if let Err(error) = connection.await {
