@@ -258,6 +258,13 @@ fn check_text(name: &str, value: &str) -> Result<(), EventError> {
 }
 
 const REQUIRED: [&str; 4] = ["specversion", "id", "source", "type"];
+/// [`REQUIRED`] as the headers they are stored under.
+const REQUIRED_HEADERS: [(&str, &str); 4] = [
+    ("specversion", "ce-specversion"),
+    ("id", "ce-id"),
+    ("source", "ce-source"),
+    ("type", "ce-type"),
+];
 
 fn check_required(name: &'static str, value: Option<&str>) -> Result<(), EventError> {
     match value {
@@ -359,11 +366,8 @@ pub fn from_binary(
         check_text(attribute, &decoded)?;
         builder.insert(attribute, name.as_str(), &decoded)?;
     }
-    for required in REQUIRED {
-        let value = builder
-            .headers
-            .get(format!("{}{required}", names::CE_PREFIX).as_str())
-            .map(|value| value.as_str());
+    for (required, header) in REQUIRED_HEADERS {
+        let value = builder.headers.get(header).map(|value| value.as_str());
         check_required(required, value)?;
     }
     if let Some(content_type) = headers.get(http::header::CONTENT_TYPE) {

@@ -111,7 +111,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .layer(middleware::from_fn_with_state(state.clone(), deadline))
         .layer(middleware::from_fn_with_state(state.clone(), track_latency))
         .with_state(state)
 }
@@ -137,24 +136,19 @@ async fn track_latency(State(state): Shared, request: Request, next: Next) -> Re
     response
 }
 
-/// Every request ends by the deadline, however slowly its body arrives or its acks come back.
-async fn deadline(State(state): Shared, request: Request, next: Next) -> Response {
-    match tokio::time::timeout(state.request_timeout, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => {
-            state.metrics.events(Mode::Unknown, Outcome::TimedOut, 1);
-            tracing::warn!(timeout = ?state.request_timeout, "request ran past its deadline");
-            refusal(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "request not finished within {:?}; some events may be stored: retry with the \
-                     same ids (a repeated source and id is stored once)",
-                    state.request_timeout
-                ),
-                None,
-            )
-        }
-    }
+/// A batch (or large body) past `--request-timeout`: 503, some of it may be stored.
+fn timed_out(state: &AppState) -> Response {
+    state.metrics.events(Mode::Batch, Outcome::TimedOut, 1);
+    tracing::warn!(timeout = ?state.request_timeout, "request ran past its deadline");
+    refusal(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "request not finished within {:?}; some events may be stored: retry with the same \
+             ids (a repeated source and id is stored once)",
+            state.request_timeout
+        ),
+        None,
+    )
 }
 
 async fn readyz(State(state): Shared) -> Response {
@@ -243,12 +237,27 @@ fn stored_outcome(stored: Stored) -> Outcome {
     }
 }
 
-/// Reads at most `limit` bytes of body; `Err(None)` when it is larger.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, Option<String>> {
+/// Why a body could not be read.
+enum BodyProblem {
+    /// Over the limit.
+    TooLarge,
+    /// Stopped arriving (`--body-timeout`).
+    Stalled,
+    /// Anything else, said in a sentence.
+    Unreadable(String),
+}
+
+/// Reads at most `limit` bytes of body.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyProblem> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(None),
-        Err(error) => Err(Some(format!("cannot read the request body: {error}"))),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(BodyProblem::TooLarge)
+        }
+        Err(error) if eddy_api::net::is_stalled(error.as_ref()) => Err(BodyProblem::Stalled),
+        Err(error) => Err(BodyProblem::Unreadable(format!(
+            "cannot read the request body: {error}"
+        ))),
     }
 }
 
@@ -284,25 +293,63 @@ async fn publish(State(state): Shared, request: Request) -> Response {
     let declared_size = http_body::Body::size_hint(&body)
         .upper()
         .unwrap_or(u64::MAX);
-    let _slot = if mode == ContentMode::Batch || declared_size > LARGE_BODY {
-        match state.batches.slots.acquire().await {
-            Ok(slot) => Some(slot),
-            Err(_) => return refused(&state, metric_mode, &EventError::malformed("shutting down")),
-        }
-    } else {
-        None
+    let request = Accepted {
+        headers: &parts.headers,
+        mode,
+        metric_mode,
+        body_limit,
+        limits,
     };
+    if mode != ContentMode::Batch && declared_size <= LARGE_BODY {
+        // Bounded without a timer of its own: the body by --body-timeout, the ack by
+        // --publish-timeout.
+        return accept(&state, request, body).await;
+    }
+    // Batches and large bodies: one of a few slots, and the request deadline over all of it.
+    let work = async {
+        let Ok(_slot) = state.batches.slots.acquire().await else {
+            return refused(&state, metric_mode, &EventError::malformed("shutting down"));
+        };
+        accept(&state, request, body).await
+    };
+    match tokio::time::timeout(state.request_timeout, work).await {
+        Ok(response) => response,
+        Err(_) => timed_out(&state),
+    }
+}
+
+/// What `publish` found out about a request before reading its body.
+struct Accepted<'a> {
+    headers: &'a HeaderMap,
+    mode: ContentMode,
+    metric_mode: Mode,
+    body_limit: usize,
+    limits: Limits,
+}
+
+/// Reads, parses and stores the body of a publish.
+async fn accept(state: &AppState, request: Accepted<'_>, body: Body) -> Response {
+    let Accepted {
+        headers,
+        mode,
+        metric_mode,
+        body_limit,
+        limits,
+    } = request;
     let body = match read_body(body, body_limit).await {
         Ok(body) => body,
-        Err(None) => {
+        Err(BodyProblem::TooLarge) => {
             let error = EventError {
                 refusal: Refusal::TooLarge,
                 field: None,
                 message: format!("request body is over the limit of {body_limit} bytes"),
             };
-            return refused(&state, metric_mode, &error);
+            return refused(state, metric_mode, &error);
         }
-        Err(Some(message)) => return refused(&state, metric_mode, &EventError::malformed(message)),
+        Err(BodyProblem::Stalled) => return stalled(state, metric_mode),
+        Err(BodyProblem::Unreadable(message)) => {
+            return refused(state, metric_mode, &EventError::malformed(message));
+        }
     };
     state.metrics.received("publish", body.len() as u64);
 
@@ -311,12 +358,26 @@ async fn publish(State(state): Shared, request: Request) -> Response {
         ContentMode::Structured => {
             event::from_structured(&body, &TraceContext::from_http(headers), &limits)
         }
-        ContentMode::Batch => return publish_batch(&state, headers, &body, &limits).await,
+        ContentMode::Batch => return publish_batch(state, headers, &body, &limits).await,
     };
     match parsed {
-        Ok(event) => publish_one(&state, metric_mode, event).await,
-        Err(error) => refused(&state, metric_mode, &error),
+        Ok(event) => publish_one(state, metric_mode, event).await,
+        Err(error) => refused(state, metric_mode, &error),
     }
+}
+
+/// A body that stopped arriving: 408, the connection is not reused.
+fn stalled(state: &AppState, mode: Mode) -> Response {
+    state.metrics.events(mode, Outcome::TimedOut, 1);
+    let mut response = refusal(
+        StatusCode::REQUEST_TIMEOUT,
+        "the request body stopped arriving; nothing was stored",
+        None,
+    );
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 fn refused(state: &AppState, mode: Mode, error: &EventError) -> Response {
@@ -524,12 +585,13 @@ async fn publish_legacy(
     let body_limit = limits.max_event_size.saturating_mul(2);
     let body = match read_body(body, body_limit).await {
         Ok(body) => body,
-        Err(None) => {
+        Err(BodyProblem::TooLarge) => {
             state.metrics.events(Mode::Legacy, Outcome::TooLarge, 1);
             let message = format!("request body is over the limit of {body_limit} bytes");
             return legacy_error(StatusCode::PAYLOAD_TOO_LARGE, &message, &[]);
         }
-        Err(Some(message)) => {
+        Err(BodyProblem::Stalled) => return stalled(&state, Mode::Legacy),
+        Err(BodyProblem::Unreadable(message)) => {
             state.metrics.events(Mode::Legacy, Outcome::Invalid, 1);
             return legacy_error(StatusCode::BAD_REQUEST, &message, &[]);
         }

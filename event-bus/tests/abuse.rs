@@ -187,18 +187,21 @@ async fn structured_and_legacy_data_is_stored_as_sent() {
     assert_eq!(body["field"], "tenant");
 }
 
-/// A request whose body never finishes is answered at the server's deadline (and the
-/// connection let go), instead of holding its connection and memory for as long as it likes.
+/// A body that stops arriving is cut off after `--body-timeout` (408), and a batch that keeps
+/// trickling in is cut off at `--request-timeout` (503): neither holds its connection, slot and
+/// memory for as long as the client likes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_that_never_finishes_is_answered_at_the_deadline() {
+async fn stalled_and_trickling_requests_are_cut_off() {
     let nats = NatsServer::start().unwrap();
     let bus = Bus::start_with(nats, |args| {
-        args.request_timeout = Duration::from_millis(500);
+        args.serve.body_timeout = Duration::from_millis(500);
+        args.request_timeout = Duration::from_secs(2);
     })
     .await;
     let address = bus.url.trim_start_matches("http://").to_owned();
-    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-    stream
+
+    let mut stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stalled
         .write_all(
             b"POST /publish HTTP/1.1\r\nhost: 127.0.0.1\r\nce-specversion: 1.0\r\nce-id: 1\r\n\
               ce-source: s\r\nce-type: t\r\ncontent-length: 100\r\n\r\nonly ten b",
@@ -206,11 +209,39 @@ async fn a_request_that_never_finishes_is_answered_at_the_deadline() {
         .await
         .unwrap();
     let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
+    tokio::time::timeout(Duration::from_secs(20), stalled.read_to_end(&mut answer))
         .await
-        .expect("the server answers and closes by its deadline");
-    read.unwrap();
+        .expect("a stalled body is answered and the connection closed")
+        .unwrap();
     let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    let mut trickle = tokio::net::TcpStream::connect(&address).await.unwrap();
+    trickle
+        .write_all(
+            b"POST /publish HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+              content-type: application/cloudevents-batch+json\r\ntransfer-encoding: chunked\r\n\r\n1\r\n[\r\n",
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = vec![0u8; 4096];
+    let read = loop {
+        // A byte of whitespace every 200 ms: never stalled, never finished.
+        tokio::select! {
+            read = trickle.read(&mut answer) => break read.unwrap(),
+            () = tokio::time::sleep(Duration::from_millis(200)) => {
+                if trickle.write_all(b"1\r\n \r\n").await.is_err() {
+                    break trickle.read(&mut answer).await.unwrap_or(0);
+                }
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "a trickling batch is cut off"
+        );
+    };
+    let answer = String::from_utf8_lossy(&answer[..read]);
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(
         answer.to_ascii_lowercase().contains("retry-after: 1"),

@@ -235,11 +235,10 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         *upstream.method_mut() = parts.method.clone();
         *upstream.uri_mut() = uri;
         *upstream.headers_mut() = parts.headers.clone();
-        if let Ok(secret) = HeaderValue::from_str(&lease.instance.secret) {
-            upstream
-                .headers_mut()
-                .insert(HeaderName::from_static(INSTANCE_SECRET_HEADER), secret);
-        }
+        upstream.headers_mut().insert(
+            HeaderName::from_static(INSTANCE_SECRET_HEADER),
+            lease.instance.secret_header.clone(),
+        );
         match tokio::time::timeout(answer_timeout, gateway.client.request(upstream)).await {
             Ok(Ok(response)) => {
                 let (mut head, incoming) = response.into_parts();

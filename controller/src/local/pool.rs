@@ -90,6 +90,8 @@ pub struct Instance {
     /// Sent by the gateway with every request (`x-eddy-instance-secret`): the runtime answers
     /// nothing else, so its loopback port cannot be called around the gateway's access checks.
     pub secret: String,
+    /// [`Instance::secret`] as a header value, made once.
+    pub secret_header: http::HeaderValue,
 }
 
 /// The header that carries [`Instance::secret`].
@@ -162,6 +164,8 @@ pub struct Pool {
     unavailable: Mutex<Option<String>>,
     /// Tokens one of which a caller must present; `None`: public.
     access: std::sync::RwLock<Option<Arc<eddy_api::auth::Tokens>>>,
+    /// The current revision's handler timeout (0 before there is one), read per request.
+    timeout_seconds: AtomicU64,
     shutdown: CancellationToken,
 }
 
@@ -258,6 +262,7 @@ impl Pool {
             status,
             unavailable: Mutex::new(None),
             access: std::sync::RwLock::new(None),
+            timeout_seconds: AtomicU64::new(0),
             shutdown,
         });
         tokio::spawn(pool.clone().manage());
@@ -279,6 +284,8 @@ impl Pool {
                 .as_deref()
                 .is_none_or(|current| !current.runs_like(&revision));
             if changed {
+                self.timeout_seconds
+                    .store(revision.timeout_seconds, Ordering::Release);
                 inner.revision = Some(Arc::new(revision));
                 inner.consecutive_failures = 0;
                 inner.not_before = Instant::now();
@@ -368,9 +375,8 @@ impl Pool {
     /// How long the gateway waits for an answer: the function's timeout plus a margin for the
     /// runtime to answer its own timeout response.
     pub fn answer_timeout(&self) -> Option<Duration> {
-        let inner = self.inner.lock().ok()?;
-        let seconds = inner.revision.as_ref()?.timeout_seconds;
-        Some(Duration::from_secs(seconds) + Duration::from_secs(2))
+        let seconds = self.timeout_seconds.load(Ordering::Acquire);
+        (seconds > 0).then(|| Duration::from_secs(seconds) + Duration::from_secs(2))
     }
 
     /// An instance did not answer within the function's timeout: if it does not answer a health
@@ -509,6 +515,8 @@ impl Pool {
                 inner.next_id += 1;
                 match free_port() {
                     Ok(port) => {
+                        // Hex digits: always a valid header value.
+                        let secret = uuid::Uuid::new_v4().simple().to_string();
                         let instance = Arc::new(Instance {
                             id,
                             generation: revision.generation,
@@ -518,7 +526,9 @@ impl Pool {
                             stop: self.shutdown.child_token(),
                             kill: std::sync::atomic::AtomicBool::new(false),
                             pid: AtomicU64::new(0),
-                            secret: uuid::Uuid::new_v4().simple().to_string(),
+                            secret: secret.clone(),
+                            secret_header: http::HeaderValue::from_str(&secret)
+                                .unwrap_or_else(|_| http::HeaderValue::from_static("-")),
                         });
                         inner.instances.push(instance.clone());
                         tokio::spawn(self.clone().run_instance(instance, revision.clone()));
