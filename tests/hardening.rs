@@ -277,14 +277,21 @@ module.exports = { main: (event) => {
     let http = reqwest::Client::new();
     // The instance's port, from its log line.
     let log = data_dir.path().join("logs/functions/default/recorder.log");
-    let port: u16 = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .find_map(|line| line.strip_prefix("eddy: recorder listening on "))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let port_in_log = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|line| line.strip_prefix("eddy: recorder listening on "))
+            .and_then(|port| port.trim().parse::<u16>().ok())
+    };
+    eventually(
+        "the instance's port in its log",
+        Duration::from_secs(30),
+        || async { port_in_log().is_some() },
+    )
+    .await
+    .unwrap();
+    let port = port_in_log().unwrap();
     let direct = http
         .post(format!("http://127.0.0.1:{port}/"))
         .body("around the gateway")
