@@ -93,7 +93,7 @@ impl EventError {
         Self {
             refusal: Refusal::TooLarge,
             field: None,
-            message: format!("batch has more than {limit} events, the limit"),
+            message: format!("batch has more events than the limit of {limit}"),
         }
     }
 
