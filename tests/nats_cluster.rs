@@ -181,9 +181,10 @@ async fn no_acked_event_is_lost_when_the_stream_leader_dies() {
             Err(error) => panic!("cannot read the stream back: {error}"),
         }
     };
-    let mut stored = BTreeSet::new();
+    // Every stored message, duplicates included: the multiset is compared below.
+    let mut stored_ids = Vec::new();
     let mut messages = consumer.messages().await.unwrap();
-    while (stored.len() as u64) < stored_count {
+    while (stored_ids.len() as u64) < stored_count {
         let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
             .await
             .expect("the stream reads back")
@@ -195,8 +196,9 @@ async fn no_acked_event_is_lost_when_the_stream_leader_dies() {
             .and_then(|h| h.get("ce-id"))
             .map(|v| v.as_str().to_owned())
             .unwrap();
-        stored.insert(id.trim_start_matches("e-").parse::<u64>().unwrap());
+        stored_ids.push(id.trim_start_matches("e-").parse::<u64>().unwrap());
     }
+    let stored: BTreeSet<u64> = stored_ids.iter().copied().collect();
 
     let tally = tally.lock().unwrap();
     let lost: Vec<&u64> = tally.acked.difference(&stored).collect();
@@ -210,9 +212,13 @@ async fn no_acked_event_is_lost_when_the_stream_leader_dies() {
     );
     assert!(lost.is_empty(), "acked but not stored: {lost:?}");
     assert_eq!(
-        stored_count as usize,
+        stored_ids.len(),
         stored.len(),
-        "each event is stored once"
+        "each event is stored once; stored more than once: {:?}",
+        stored_ids
+            .iter()
+            .filter(|id| stored_ids.iter().filter(|other| other == id).count() > 1)
+            .collect::<BTreeSet<_>>()
     );
     shutdown.cancel();
 }
