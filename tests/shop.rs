@@ -48,9 +48,10 @@ fn processes_inside(dir: &Path) -> Vec<String> {
     found
 }
 
-/// What the dashboard shows in headless Chromium once `min_events` events are in its tail
-/// (tests/browser/dashboard.mjs, playwright-core driving Debian's Chromium).
-async fn render(url: &str, min_events: usize) -> Value {
+/// What the dashboard shows in headless Chromium once `min_events` events are in its tail and
+/// its subscriptions show `min_delivered` deliveries together (tests/browser/dashboard.mjs,
+/// playwright-core driving Debian's Chromium).
+async fn render(url: &str, min_events: usize, min_delivered: usize) -> Value {
     let dir = up::repo().join("tests/browser");
     let screenshot =
         std::env::temp_dir().join(format!("eddy-dashboard-{}.png", std::process::id()));
@@ -58,6 +59,7 @@ async fn render(url: &str, min_events: usize) -> Value {
         .arg(dir.join("dashboard.mjs"))
         .arg(url)
         .arg(min_events.to_string())
+        .arg(min_delivered.to_string())
         .arg(&screenshot)
         .current_dir(&dir)
         .output()
@@ -117,7 +119,7 @@ async fn the_shop_runs_end_to_end_and_survives_a_restart() {
     assert_eq!(quote["total"], 43.0);
 
     // The dashboard shows functions, subscriptions with their counts, and the events.
-    let shown = render(&format!("{}/", up.api), 6).await;
+    let shown = render(&format!("{}/", up.api), 6, 6).await;
     let functions: Vec<(String, String)> = shown["functions"]
         .as_array()
         .unwrap()

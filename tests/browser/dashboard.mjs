@@ -1,10 +1,11 @@
 // Loads the eddy dashboard in headless Chromium (Debian's, via playwright-core), waits until it
 // shows what the calling test expects, and prints what it shows as JSON.
 //
-// Usage: node dashboard.mjs URL MIN_EVENTS [SCREENSHOT.png]
+// Usage: node dashboard.mjs URL MIN_EVENTS MIN_DELIVERED [SCREENSHOT.png]
+// (MIN_DELIVERED: the delivered counts of all subscriptions added up.)
 import { chromium } from "playwright-core";
 
-const [url, minEvents, screenshot] = process.argv.slice(2);
+const [url, minEvents, minDelivered, screenshot] = process.argv.slice(2);
 const browser = await chromium.launch({
   executablePath: process.env.EDDY_CHROMIUM || "/usr/bin/chromium",
   headless: true,
@@ -20,8 +21,14 @@ try {
     Number(minEvents),
     { timeout: 20000 },
   );
-  // One more state refresh so the counts are current.
-  await page.waitForTimeout(2500);
+  // The delivery counts come with the state the page polls: wait until they are all in.
+  await page.waitForFunction(
+    (min) => [...document.querySelectorAll("#subscriptions tbody tr")]
+      .map((tr) => Number(tr.cells[5] ? tr.cells[5].textContent : NaN))
+      .reduce((sum, n) => sum + (Number.isFinite(n) ? n : 0), 0) >= min,
+    Number(minDelivered),
+    { timeout: 20000 },
+  );
   const rows = (selector) => page.$$eval(selector, (trs) => trs.map((tr) => [...tr.cells].map((td) => td.textContent.trim())));
   const result = {
     summary: await page.textContent("#summary"),
