@@ -36,6 +36,54 @@ pub struct OutgoingEvent {
     pub source: String,
 }
 
+impl OutgoingEvent {
+    /// What every accepted event keeps, as SECURITY.md promises; the property tests and the fuzz
+    /// targets assert it on whatever the parsers accept: no control character in any header
+    /// (nothing can break a NATS or HTTP header downstream), the stored message within the size
+    /// limit, the required attributes present, and a subject that parses back to exactly the
+    /// event's source and type (no wildcard or extra token injected).
+    pub fn check_invariants(&self, limits: &Limits) -> Result<(), String> {
+        let mut size = "NATS/1.0\r\n\r\n".len() + self.payload.len();
+        for (name, values) in self.headers.iter() {
+            for value in values {
+                let text = value.as_str();
+                if text.chars().any(char::is_control) {
+                    return Err(format!("control character in header {name}: {text:?}"));
+                }
+                size += AsRef::<str>::as_ref(name).len() + text.len() + 4;
+            }
+        }
+        if size > limits.max_event_size {
+            return Err(format!(
+                "{size} bytes stored, the limit is {}",
+                limits.max_event_size
+            ));
+        }
+        let attribute = |name: &str| self.headers.get(name).map(|value| value.as_str());
+        for required in ["ce-specversion", "ce-id", "ce-source", "ce-type"] {
+            if attribute(required).is_none_or(str::is_empty) {
+                return Err(format!("accepted without {required}"));
+            }
+        }
+        let parsed = subject::parse_event_subject(&self.subject)
+            .map_err(|error| format!("subject {} does not parse: {error}", self.subject))?;
+        let expected = (
+            attribute("ce-source").unwrap_or_default(),
+            attribute("ce-type").unwrap_or_default(),
+        );
+        if (parsed.0.as_str(), parsed.1.as_str()) != expected || self.source != expected.0 {
+            return Err(format!(
+                "subject {} names {parsed:?}, the event is {expected:?}",
+                self.subject
+            ));
+        }
+        if self.msg_id != message_id(&self.source, &self.id) {
+            return Err("the message id is not the digest of (source, id)".to_owned());
+        }
+        Ok(())
+    }
+}
+
 /// Why an event was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -816,8 +864,14 @@ mod tests {
     proptest! {
         #[test]
         fn structured_parsing_never_panics(body in any::<Vec<u8>>()) {
-            let _ = from_structured(&body, &TraceContext::default(), &LIMITS);
-            let _ = from_batch(&body, &TraceContext::default(), &LIMITS);
+            if let Ok(event) = from_structured(&body, &TraceContext::default(), &LIMITS) {
+                prop_assert_eq!(event.check_invariants(&LIMITS), Ok(()));
+            }
+            if let Ok(events) = from_batch(&body, &TraceContext::default(), &LIMITS) {
+                for event in events {
+                    prop_assert_eq!(event.check_invariants(&LIMITS), Ok(()));
+                }
+            }
         }
 
         #[test]
@@ -828,7 +882,9 @@ mod tests {
             source in any::<String>(),
         ) {
             let event = serde_json::json!({"specversion": "1.0", "id": "1", "source": source, "type": ty, key: value});
-            let _ = from_structured(event.to_string().as_bytes(), &TraceContext::default(), &LIMITS);
+            if let Ok(event) = from_structured(event.to_string().as_bytes(), &TraceContext::default(), &LIMITS) {
+                prop_assert_eq!(event.check_invariants(&LIMITS), Ok(()));
+            }
         }
 
         #[test]
@@ -843,7 +899,9 @@ mod tests {
                 ("ce-type", &values[3]),
                 (&format!("ce-{extension}"), "v"),
             ]);
-            let _ = from_binary(&map, Bytes::new(), &LIMITS);
+            if let Ok(event) = from_binary(&map, Bytes::new(), &LIMITS) {
+                prop_assert_eq!(event.check_invariants(&LIMITS), Ok(()));
+            }
         }
     }
 }

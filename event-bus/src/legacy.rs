@@ -159,7 +159,8 @@ pub fn from_legacy(
     let payload = Bytes::copy_from_slice(data.get().as_bytes());
 
     let mut headers = NatsHeaders::new();
-    let mut size = payload.len();
+    // Counted as the other modes count it: the NATS header preamble, each header, the data.
+    let mut size = "NATS/1.0\r\n\r\n".len() + payload.len();
     for (name, value) in [
         ("ce-specversion", "1.0"),
         ("ce-id", id.as_str()),

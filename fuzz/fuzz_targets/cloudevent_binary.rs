@@ -1,6 +1,6 @@
 //! Binary-mode CloudEvents: the input is a header block (`name: value` lines, an empty line)
-//! and a body. Parsing must never panic, and an accepted event must carry the required
-//! attributes.
+//! and a body. Parsing must never panic, and an accepted event must keep every invariant
+//! SECURITY.md promises (`OutgoingEvent::check_invariants`).
 #![no_main]
 
 use bytes::Bytes;
@@ -39,6 +39,8 @@ fuzz_target!(|input: &[u8]| {
                 "accepted without {required}"
             );
         }
-        drop(event);
+        if let Err(broken) = event.check_invariants(&LIMITS) {
+            panic!("accepted event breaks an invariant: {broken}");
+        }
     }
 });

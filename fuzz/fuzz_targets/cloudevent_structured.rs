@@ -1,4 +1,5 @@
-//! Structured and batch CloudEvents bodies: parsing must never panic.
+//! Structured and batch CloudEvents bodies: parsing must never panic, and every accepted event
+//! must keep the invariants SECURITY.md promises (`OutgoingEvent::check_invariants`).
 #![no_main]
 
 use eddy_event_bus::event::{Limits, TraceContext, from_batch, from_structured};
@@ -11,6 +12,12 @@ const LIMITS: Limits = Limits {
 
 fuzz_target!(|body: &[u8]| {
     let trace = TraceContext::default();
-    let _ = from_structured(body, &trace, &LIMITS);
-    let _ = from_batch(body, &trace, &LIMITS);
+    let accepted = from_structured(body, &trace, &LIMITS)
+        .into_iter()
+        .chain(from_batch(body, &trace, &LIMITS).into_iter().flatten());
+    for event in accepted {
+        if let Err(broken) = event.check_invariants(&LIMITS) {
+            panic!("accepted event breaks an invariant: {broken}");
+        }
+    }
 });

@@ -1,5 +1,5 @@
 //! The legacy `/{application}/v1/events` format: parsing must never panic; an accepted event
-//! has the id it was given or the generated one.
+//! keeps the invariants SECURITY.md promises (`OutgoingEvent::check_invariants`).
 #![no_main]
 
 use eddy_event_bus::{event::Limits, legacy::from_legacy};
@@ -11,5 +11,9 @@ const LIMITS: Limits = Limits {
 };
 
 fuzz_target!(|body: &[u8]| {
-    let _ = from_legacy("shop", body, &LIMITS, || "generated-id".to_owned());
+    if let Ok(event) = from_legacy("shop", body, &LIMITS, || "generated-id".to_owned()) {
+        if let Err(broken) = event.check_invariants(&LIMITS) {
+            panic!("accepted event breaks an invariant: {broken}");
+        }
+    }
 });
