@@ -222,6 +222,8 @@ async fn main() -> anyhow::Result<()> {
             | Command::Up(_)
     ) {
         eddy_api::process::harden();
+    } else {
+        eddy_api::process::quiet_on_closed_pipe();
     }
     match command {
         Command::EventBus(args) => {

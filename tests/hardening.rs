@@ -772,3 +772,31 @@ module.exports = { main: async (event) => {
     }
     up.stop().await;
 }
+
+/// The CLI writing into a closed pipe (`eddy crds | head -1` once `head` is gone) ends quietly,
+/// as Unix tools do, instead of panicking.
+#[tokio::test]
+async fn the_cli_stops_quietly_on_a_closed_pipe() {
+    use std::os::unix::process::ExitStatusExt as _;
+    for args in [&["crds"][..], &["token", "digest", "abc"][..]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+            .await
+            .unwrap();
+        assert!(output.stdout.is_empty(), "stdout went to the closed pipe");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "eddy {args:?}: {stderr}");
+        assert!(
+            output.status.success() || output.status.signal() == Some(13),
+            "eddy {args:?}: {:?}",
+            output.status
+        );
+    }
+}

@@ -57,6 +57,22 @@ pub fn harden() {
     }
 }
 
+/// For the CLI: a closed stdout (`eddy get functions | head -1`) ends the command quietly, as it
+/// does any Unix tool, instead of `println!` panicking on `EPIPE` (Rust ignores `SIGPIPE`).
+/// Never for the services, whose clients may go away at any time.
+pub fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    #[allow(unsafe_code)]
+    // SAFETY: restores the default disposition; no handler function is installed, so nothing
+    // runs in signal context.
+    unsafe {
+        let _ = nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        );
+    }
+}
+
 /// Sends `signal` to the child's whole process group.
 pub fn signal_group(child: &Child, signal: Signal) {
     if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
