@@ -560,14 +560,9 @@ fn is_json_content_type(content_type: &str) -> bool {
 /// attributes count as absent, as the JSON event format says.
 fn check_structured(map: &mut Map<String, Value>) -> Result<(), EventError> {
     map.retain(|_, value| !value.is_null());
-    if map.contains_key("data") && map.contains_key("data_base64") {
-        return Err(EventError::invalid(
-            "data_base64",
-            "an event has `data` or `data_base64`, not both",
-        ));
-    }
+    // `data` was taken out by `from_raw` (which refuses it beside `data_base64`).
     for (name, value) in map.iter() {
-        if name == "data" || name == "data_base64" {
+        if name == "data_base64" {
             continue;
         }
         check_attribute_name(name)?;
