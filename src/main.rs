@@ -14,7 +14,7 @@ mod up;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use eddy_api::telemetry::LogArgs;
+use eddy_platform::telemetry::LogArgs;
 
 /// eddy: an event-driven function platform.
 #[derive(Debug, Parser)]
@@ -221,24 +221,24 @@ async fn main() -> anyhow::Result<()> {
             | Command::Controller { command: None, .. }
             | Command::Up(_)
     ) {
-        eddy_api::process::harden();
+        eddy_platform::process::harden();
     } else {
-        eddy_api::process::quiet_on_closed_pipe();
+        eddy_platform::process::quiet_on_closed_pipe();
     }
     match command {
         Command::EventBus(args) => {
-            let shutdown = eddy_api::shutdown::on_signal();
+            let shutdown = eddy_platform::shutdown::on_signal();
             eddy_event_bus::run(args, shutdown).await?;
         }
         Command::Dispatcher(args) => {
-            let shutdown = eddy_api::shutdown::on_signal();
+            let shutdown = eddy_platform::shutdown::on_signal();
             eddy_dispatcher::run(args, shutdown).await?;
         }
         Command::Controller {
             command: None,
             args,
         } => {
-            let shutdown = eddy_api::shutdown::on_signal();
+            let shutdown = eddy_platform::shutdown::on_signal();
             eddy_controller::run(*args, shutdown).await?;
         }
         Command::Controller {
@@ -248,7 +248,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Crds => print!("{}", eddy_controller::kubernetes::crds_yaml()?),
         Command::Token {
             command: TokenCommand::Digest { token },
-        } => println!("{}", eddy_api::auth::Tokens::digest_text(&token)),
+        } => println!("{}", eddy_platform::auth::Tokens::digest_text(&token)),
         Command::Up(args) => up::run(args).await?,
         Command::Publish(args) => cli::publish::run(args).await?,
         Command::Apply { file, api } => cli::resources::apply(&api, &file).await?,

@@ -16,7 +16,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use eddy_api::nats::{DEAD_LETTER_STREAM, EVENTS_STREAM, NatsArgs, RESOURCES_BUCKET};
+use eddy_platform::nats::{DEAD_LETTER_STREAM, EVENTS_STREAM, NatsArgs, RESOURCES_BUCKET};
 
 /// The components with a NATS user of their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,7 @@ impl Component {
         };
         match self {
             Self::EventBus => {
-                allowed.push(format!("{}.>", eddy_api::subject::EVENTS_SUBJECT_PREFIX));
+                allowed.push(format!("{}.>", eddy_model::subject::EVENTS_SUBJECT_PREFIX));
                 allowed.extend(stream_api(&["INFO", "CREATE", "UPDATE"], EVENTS_STREAM));
             }
             Self::Dispatcher => {

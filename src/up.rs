@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use eddy_api::{process, shutdown::CancellationToken};
+use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::{net::TcpListener, process::Child};
 
 /// Flags of `eddy up`.
@@ -101,25 +101,25 @@ pub struct Args {
         long = "allowed-sinks",
         env = "EDDY_ALLOWED_SINKS",
         value_delimiter = ',',
-        value_parser = eddy_api::resources::parse_allowed_sink
+        value_parser = eddy_model::resources::parse_allowed_sink
     )]
     pub allowed_sinks: Vec<String>,
     /// Bearer tokens for the controller API, the dashboard and the dispatcher's admin API.
     #[command(flatten)]
-    pub api_auth: eddy_api::auth::ApiTokenArgs,
+    pub api_auth: eddy_platform::auth::ApiTokenArgs,
     /// Connection limits of every listener.
     #[command(flatten)]
-    pub serve: eddy_api::net::ServeArgs,
+    pub serve: eddy_platform::net::ServeArgs,
 }
 
 /// Runs everything until a shutdown signal.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let shutdown = eddy_api::shutdown::on_signal();
+    let shutdown = eddy_platform::shutdown::on_signal();
     let mut platform = Platform::start(&args, true, &shutdown).await?;
     let applied = deploy(&platform, &args.apply, &shutdown).await;
     let result = match applied {
         Ok(()) => {
-            eddy_api::output::say("ready");
+            eddy_platform::output::say("ready");
             print_next_steps(&platform);
             platform.wait(&shutdown).await
         }
@@ -170,7 +170,7 @@ impl Platform {
     ) -> anyhow::Result<Self> {
         let say = |line: String| {
             if report {
-                eddy_api::output::say(&line);
+                eddy_platform::output::say(&line);
             }
         };
         create_private_dir(&args.data_dir)?;
@@ -215,11 +215,11 @@ impl Platform {
         &self,
         args: &Args,
         component: crate::nats_auth::Component,
-    ) -> eddy_api::nats::NatsArgs {
+    ) -> eddy_platform::nats::NatsArgs {
         match &self.nats_users {
             Some(users) => users.args(component, &self.nats_url),
             None => {
-                let mut nats = eddy_api::nats::NatsArgs::with_url(&self.nats_url);
+                let mut nats = eddy_platform::nats::NatsArgs::with_url(&self.nats_url);
                 nats.nats_creds = args.nats_creds.clone();
                 nats.nats_user = args.nats_user.clone();
                 nats.nats_password = args.nats_password.clone();
@@ -354,7 +354,9 @@ impl Platform {
         self.token.cancel();
         for (name, task) in self.components.drain(..) {
             match tokio::time::timeout(Duration::from_secs(20), task).await {
-                Ok(Ok(Ok(()))) if report => eddy_api::output::say(format!("{name:<11} stopped")),
+                Ok(Ok(Ok(()))) if report => {
+                    eddy_platform::output::say(format!("{name:<11} stopped"))
+                }
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(error))) => eprintln!("{name} stopped with an error: {error:#}"),
                 Ok(Err(error)) => eprintln!("{name} crashed: {error}"),
@@ -364,7 +366,7 @@ impl Platform {
         if let Some(nats) = self.nats.as_mut() {
             nats.stop().await;
             if report {
-                eddy_api::output::say("nats        stopped");
+                eddy_platform::output::say("nats        stopped");
             }
         }
     }
@@ -442,7 +444,7 @@ impl NatsChild {
 
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(url) = eddy_api::nats::read_ports_file(&run_dir) {
+            if let Some(url) = eddy_platform::nats::read_ports_file(&run_dir) {
                 if tokio::net::TcpStream::connect(url.trim_start_matches("nats://"))
                     .await
                     .is_ok()
@@ -527,7 +529,7 @@ async fn deploy(
                 "building".to_owned()
             };
             if reported.get(&name) != Some(&state) {
-                eddy_api::output::say(format!(
+                eddy_platform::output::say(format!(
                     "function    {name:<32} {state}  [{:.1}s]",
                     started.elapsed().as_secs_f64()
                 ));
@@ -548,7 +550,7 @@ async fn deploy(
 }
 
 fn print_next_steps(platform: &Platform) {
-    use eddy_api::output::say;
+    use eddy_platform::output::say;
     say("");
     say(format!(
         "  publish   curl {}/publish -H 'ce-specversion: 1.0' -H 'ce-id: order-1' -H 'ce-source: shop' \\",

@@ -95,7 +95,7 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     let mut args = eddy_dispatcher::Args::new(addr, platform.nats.url(), platform.bus.clone());
     args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
     args.subscriptions_from = eddy_dispatcher::SubscriptionsFrom::Kubernetes;
-    let shutdown = eddy_api::shutdown::CancellationToken::new();
+    let shutdown = eddy_platform::shutdown::CancellationToken::new();
     let dispatcher =
         eddy_dispatcher::Dispatcher::with_kubernetes(args, Some(client), shutdown.clone())
             .await

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use eddy_api::shutdown::CancellationToken;
+use eddy_platform::shutdown::CancellationToken;
 use eddy_testing::{NatsServer, eventually};
 use serde_json::json;
 

@@ -271,7 +271,7 @@ module.exports = { main: (event) => {
     up.deploy(
         "recorder",
         json!({"runtime": "nodejs20", "source": {"inline": {"source": recorder}},
-               "access": {"mode": "token", "tokenDigests": [eddy_api::auth::Tokens::digest_text("caller-token")]}}),
+               "access": {"mode": "token", "tokenDigests": [eddy_platform::auth::Tokens::digest_text("caller-token")]}}),
     )
     .await;
     let http = reqwest::Client::new();

@@ -6,7 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use eddy_api::resources::{Function, SinkPolicy, Subscription};
+use eddy_model::resources::{Function, SinkPolicy, Subscription};
 use eddy_testing::eventually;
 use k8s_openapi::{
     api::{apps::v1::Deployment, core::v1::Namespace},
@@ -20,7 +20,7 @@ use serde_json::json;
 
 const NAMESPACE: &str = "eddy-cluster-test";
 
-async fn setup() -> (Client, eddy_api::shutdown::CancellationToken) {
+async fn setup() -> (Client, eddy_platform::shutdown::CancellationToken) {
     let client = Client::try_default()
         .await
         .expect("a cluster in the kubeconfig");
@@ -39,7 +39,7 @@ async fn setup() -> (Client, eddy_api::shutdown::CancellationToken) {
         .patch(NAMESPACE, &apply, &Patch::Apply(&namespace))
         .await
         .unwrap();
-    let shutdown = eddy_api::shutdown::CancellationToken::new();
+    let shutdown = eddy_platform::shutdown::CancellationToken::new();
     let args = eddy_controller::KubernetesArgs {
         registry: std::env::var("EDDY_TEST_REGISTRY").unwrap_or_else(|_| "localhost:5000".into()),
         insecure_registry: true,

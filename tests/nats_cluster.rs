@@ -27,7 +27,7 @@ struct Tally {
 async fn publish_steadily(
     bus: String,
     tally: Arc<Mutex<Tally>>,
-    stop: eddy_api::shutdown::CancellationToken,
+    stop: eddy_platform::shutdown::CancellationToken,
 ) {
     let http = reqwest::Client::new();
     let mut next = 0u64;
@@ -74,7 +74,7 @@ async fn no_acked_event_is_lost_when_the_stream_leader_dies() {
     let addr = listener.local_addr().unwrap();
     let mut args = eddy_event_bus::Args::new(addr, cluster.urls());
     args.stream.replicas = 3;
-    let shutdown = eddy_api::shutdown::CancellationToken::new();
+    let shutdown = eddy_platform::shutdown::CancellationToken::new();
     // The stream can only be created once the cluster has elected a meta leader; the bus
     // retries until then and reports ready.
     let bus = eddy_event_bus::EventBus::new(args, shutdown.child_token())
@@ -106,7 +106,7 @@ async fn no_acked_event_is_lost_when_the_stream_leader_dies() {
     assert_eq!(info.config.num_replicas, 3);
 
     let tally = Arc::new(Mutex::new(Tally::default()));
-    let stop = eddy_api::shutdown::CancellationToken::new();
+    let stop = eddy_platform::shutdown::CancellationToken::new();
     let publisher = tokio::spawn(publish_steadily(
         bus_url.clone(),
         tally.clone(),

@@ -22,7 +22,7 @@ async fn listener() -> (tokio::net::TcpListener, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_tokens_guard_the_controller_api_the_dashboard_and_the_dispatcher_admin() {
     let nats = NatsServer::start().unwrap();
-    let shutdown = eddy_api::shutdown::CancellationToken::new();
+    let shutdown = eddy_platform::shutdown::CancellationToken::new();
     let (api_listener, api) = listener().await;
     let (gateway_listener, gateway) = listener().await;
     let (dispatcher_listener, dispatcher) = listener().await;
@@ -235,7 +235,7 @@ module.exports = {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_protected_function_takes_only_its_tokens_and_the_dispatchers_events() {
     let platform = Platform::start().await;
-    let digest = eddy_api::auth::Tokens::digest_text("caller-token");
+    let digest = eddy_platform::auth::Tokens::digest_text("caller-token");
     let guarded = |access: serde_json::Value| json!({"runtime": "nodejs20", "source": {"inline": {"source": GUARDED}}, "access": access});
     platform
         .deploy(

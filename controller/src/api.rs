@@ -12,12 +12,10 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use eddy_api::{
-    resources::{
-        self, API_VERSION, FieldError, Function, SinkPolicy, Subscription, describe_errors,
-    },
-    store::{Store, StoreError, StoredResource},
+use eddy_model::resources::{
+    self, API_VERSION, FieldError, Function, SinkPolicy, Subscription, describe_errors,
 };
+use eddy_platform::store::{Store, StoreError, StoredResource};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 

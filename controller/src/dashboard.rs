@@ -18,11 +18,8 @@ use axum::{
     },
     routing::get,
 };
-use eddy_api::{
-    nats::EVENTS_STREAM,
-    resources::{Function, Subscription},
-    store::Store,
-};
+use eddy_model::resources::{Function, Subscription};
+use eddy_platform::{nats::EVENTS_STREAM, store::Store};
 use futures::StreamExt as _;
 use serde_json::{Value, json};
 
@@ -199,7 +196,10 @@ fn summary(message: &jetstream::Message) -> Value {
     if time.is_empty() {
         // No `time` attribute: show when JetStream stored it.
         if let Some(published) = info.map(|info| info.published) {
-            time = eddy_api::nats::stored_time(published.unix_timestamp(), published.nanosecond());
+            time = eddy_platform::nats::stored_time(
+                published.unix_timestamp(),
+                published.nanosecond(),
+            );
         }
     }
     json!({

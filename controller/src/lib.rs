@@ -12,9 +12,9 @@ pub mod subscriptions;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use axum::Router;
-use eddy_api::{
+use eddy_model::resources::SinkPolicy;
+use eddy_platform::{
     nats::NatsArgs,
-    resources::SinkPolicy,
     shutdown::CancellationToken,
     store::{Store, StoreError, retry_at_start},
 };
@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 pub enum Error {
     /// Shared setup failed.
     #[error(transparent)]
-    Api(#[from] eddy_api::Error),
+    Api(#[from] eddy_platform::Error),
     /// The resource store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -226,7 +226,7 @@ pub struct Args {
         long = "allowed-sinks",
         env = "EDDY_ALLOWED_SINKS",
         value_delimiter = ',',
-        value_parser = eddy_api::resources::parse_allowed_sink
+        value_parser = eddy_model::resources::parse_allowed_sink
     )]
     pub allowed_sinks: Vec<String>,
     /// Longest wait for in-flight requests on shutdown.
@@ -234,7 +234,7 @@ pub struct Args {
     pub drain_timeout: Duration,
     /// Connection limits of each listener (API, gateway).
     #[command(flatten)]
-    pub serve: eddy_api::net::ServeArgs,
+    pub serve: eddy_platform::net::ServeArgs,
     /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
     /// sends it with deliveries (give both the same).
     #[arg(
@@ -253,7 +253,7 @@ pub struct Args {
     pub function_publisher_token: Option<String>,
     /// Bearer tokens for the resource API and the dashboard.
     #[command(flatten)]
-    pub api_auth: eddy_api::auth::ApiTokenArgs,
+    pub api_auth: eddy_platform::auth::ApiTokenArgs,
     /// Settings of the Kubernetes backend.
     #[command(flatten)]
     pub kubernetes: KubernetesArgs,
@@ -283,10 +283,10 @@ impl Args {
             data_dir: PathBuf::from(".eddy"),
             allowed_sinks: Vec::new(),
             drain_timeout: Duration::from_secs(10),
-            serve: eddy_api::net::ServeArgs::default(),
+            serve: eddy_platform::net::ServeArgs::default(),
             platform_token: None,
             function_publisher_token: None,
-            api_auth: eddy_api::auth::ApiTokenArgs::default(),
+            api_auth: eddy_platform::auth::ApiTokenArgs::default(),
             kubernetes: KubernetesArgs::default(),
         }
     }
@@ -298,7 +298,7 @@ pub struct Controller {
     gateway: Router,
     backend: Arc<local::LocalBackend>,
     backend_task: tokio::task::JoinHandle<()>,
-    serve: eddy_api::net::ServeArgs,
+    serve: eddy_platform::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
 }
@@ -407,7 +407,7 @@ impl Controller {
             sinks,
             logs_dir,
         });
-        let api = eddy_api::auth::protect(
+        let api = eddy_platform::auth::protect(
             api::router(state).merge(dashboard::router(dashboard)),
             api_tokens,
         )
@@ -431,7 +431,7 @@ impl Controller {
     /// Serves the API and the gateway until shutdown, drains them for at most the drain
     /// timeout, then stops every function instance.
     pub async fn serve(self, api: TcpListener, gateway: TcpListener) -> Result<()> {
-        use eddy_api::net::{Browsers, serve};
+        use eddy_platform::net::{Browsers, serve};
         let api_server = serve(
             api,
             self.api,
@@ -460,7 +460,7 @@ impl Controller {
 /// The client the dashboard reads delivery counts with, sending `token` when given.
 fn dispatcher_client(token: Option<&str>) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(value) = token.and_then(eddy_api::auth::bearer_header) {
+    if let Some(value) = token.and_then(eddy_platform::auth::bearer_header) {
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
     reqwest::Client::builder()
@@ -510,7 +510,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
         source,
     })?;
     let controller = Controller::new(args, format!("http://{gateway_local}"), shutdown).await?;
-    eddy_api::output::say(format!("controller ready on http://{api_local}"));
-    eddy_api::output::say(format!("gateway ready on http://{gateway_local}"));
+    eddy_platform::output::say(format!("controller ready on http://{api_local}"));
+    eddy_platform::output::say(format!("gateway ready on http://{gateway_local}"));
     controller.serve(api, gateway).await
 }

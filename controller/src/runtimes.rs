@@ -1,7 +1,7 @@
 //! The runtime servers, shipped inside the binary. The same files build the container images
 //! (`controller/runtimes/<runtime>/Dockerfile`), so local mode and Kubernetes run identical code.
 
-use eddy_api::resources::Runtime;
+use eddy_model::resources::Runtime;
 use sha2::{Digest, Sha256};
 
 /// Node.js 20 server.

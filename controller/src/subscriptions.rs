@@ -11,12 +11,12 @@ use std::{
 };
 
 use async_nats::jetstream;
-use eddy_api::{
+use eddy_model::resources::{
+    Condition, Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name,
+    describe_errors, parse_function_sink, set_condition, validate_subscription,
+};
+use eddy_platform::{
     nats::EVENTS_STREAM,
-    resources::{
-        Condition, Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name,
-        describe_errors, parse_function_sink, set_condition, validate_subscription,
-    },
     shutdown::CancellationToken,
     store::{Change, Store, StoredResource as _},
 };

@@ -6,7 +6,7 @@ use async_nats::jetstream::{
     self,
     consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
 };
-use eddy_api::resources::DeliveryPolicy;
+use eddy_model::resources::DeliveryPolicy;
 
 use crate::{Error, Result};
 
@@ -92,7 +92,7 @@ pub async fn ensure(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_api::resources::Backoff;
+    use eddy_model::resources::Backoff;
 
     fn plan() -> ConsumerPlan {
         ConsumerPlan {

@@ -7,7 +7,8 @@ use async_nats::jetstream::{
     consumer::{AckPolicy, DeliverPolicy, pull},
     message::StreamMessage,
 };
-use eddy_api::{headers as names, nats::DEAD_LETTER_STREAM, subject};
+use eddy_model::{headers as names, subject};
+use eddy_platform::nats::DEAD_LETTER_STREAM;
 use futures::StreamExt as _;
 use serde::Serialize;
 
@@ -147,7 +148,7 @@ pub async fn list(
     Ok(letters
         .into_iter()
         .map(|(sequence, message)| {
-            let time = eddy_api::nats::stored_time(
+            let time = eddy_platform::nats::stored_time(
                 message.time.unix_timestamp(),
                 message.time.nanosecond(),
             );

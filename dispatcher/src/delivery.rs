@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use async_nats::HeaderMap as NatsHeaders;
 use bytes::Bytes;
-use eddy_api::headers as names;
+use eddy_model::headers as names;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
 /// Characters the CloudEvents HTTP binding says to percent-encode in `ce-*` values (besides

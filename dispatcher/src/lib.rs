@@ -16,9 +16,9 @@ pub mod worker;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use eddy_api::{
+use eddy_model::resources::SinkPolicy;
+use eddy_platform::{
     nats::{NatsArgs, StreamArgs, dead_letter_stream_config, ensure_stream},
-    resources::SinkPolicy,
     shutdown::CancellationToken,
     store::{Store, retry_at_start},
 };
@@ -29,10 +29,10 @@ use tokio::net::TcpListener;
 pub enum Error {
     /// Shared setup failed.
     #[error(transparent)]
-    Api(#[from] eddy_api::Error),
+    Api(#[from] eddy_platform::Error),
     /// The resource store failed.
     #[error(transparent)]
-    Store(#[from] eddy_api::store::StoreError),
+    Store(#[from] eddy_platform::store::StoreError),
     /// A JetStream consumer operation failed.
     #[error("consumer {consumer}: {operation} failed: {message}")]
     Consumer {
@@ -122,7 +122,7 @@ pub struct Args {
         long = "allowed-sinks",
         env = "EDDY_ALLOWED_SINKS",
         value_delimiter = ',',
-        value_parser = eddy_api::resources::parse_allowed_sink
+        value_parser = eddy_model::resources::parse_allowed_sink
     )]
     pub allowed_sinks: Vec<String>,
     /// Where Subscriptions are read from.
@@ -157,7 +157,7 @@ pub struct Args {
     pub drain_timeout: Duration,
     /// Connection limits of the admin listener.
     #[command(flatten)]
-    pub serve: eddy_api::net::ServeArgs,
+    pub serve: eddy_platform::net::ServeArgs,
     /// The token the local gateway accepts for every function (`eddy controller
     /// --platform-token`), sent with deliveries to function sinks it resolves.
     #[arg(
@@ -168,7 +168,7 @@ pub struct Args {
     pub platform_token: Option<String>,
     /// Bearer tokens for the admin API (dead letters, replay, metrics).
     #[command(flatten)]
-    pub api_auth: eddy_api::auth::ApiTokenArgs,
+    pub api_auth: eddy_platform::auth::ApiTokenArgs,
 }
 
 impl Args {
@@ -186,9 +186,9 @@ impl Args {
             ack_wait: Duration::from_secs(30),
             max_reply_size: bytesize::ByteSize::mib(1),
             drain_timeout: Duration::from_secs(10),
-            serve: eddy_api::net::ServeArgs::default(),
+            serve: eddy_platform::net::ServeArgs::default(),
             platform_token: None,
-            api_auth: eddy_api::auth::ApiTokenArgs::default(),
+            api_auth: eddy_platform::auth::ApiTokenArgs::default(),
         }
     }
 }
@@ -197,7 +197,7 @@ impl Args {
 pub struct Dispatcher {
     router: axum::Router,
     manager_task: tokio::task::JoinHandle<()>,
-    serve: eddy_api::net::ServeArgs,
+    serve: eddy_platform::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
 }
@@ -287,7 +287,7 @@ impl Dispatcher {
             shutdown.child_token(),
         ));
         let manager_task = tokio::spawn(manager.clone().run(source));
-        let router = eddy_api::auth::protect(
+        let router = eddy_platform::auth::protect(
             admin::router(Arc::new(admin::AdminState {
                 shared,
                 manager,
@@ -306,11 +306,11 @@ impl Dispatcher {
 
     /// Serves the admin API until shutdown, then waits for the workers to drain.
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
-        let served = eddy_api::net::serve(
+        let served = eddy_platform::net::serve(
             listener,
             self.router,
             &self.serve,
-            eddy_api::net::Browsers::SameOrigin,
+            eddy_platform::net::Browsers::SameOrigin,
             self.shutdown.clone(),
             self.drain_timeout,
         )
@@ -368,6 +368,6 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
         .local_addr()
         .map_err(|source| Error::Bind { addr, source })?;
     let dispatcher = Dispatcher::new(args, shutdown).await?;
-    eddy_api::output::say(format!("dispatcher ready on http://{local}"));
+    eddy_platform::output::say(format!("dispatcher ready on http://{local}"));
     dispatcher.serve(listener).await
 }

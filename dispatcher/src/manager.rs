@@ -9,9 +9,11 @@ use std::{
 };
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
-use eddy_api::{
+use eddy_model::resources::{
+    SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription,
+};
+use eddy_platform::{
     nats::EVENTS_STREAM,
-    resources::{SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription},
     shutdown::CancellationToken,
     store::{Change, Store, StoredResource as _},
 };

@@ -14,8 +14,8 @@ use std::{
     },
 };
 
-use eddy_api::{
-    resources::{Function, SinkPolicy, parse_function_sink},
+use eddy_model::resources::{Function, SinkPolicy, parse_function_sink};
+use eddy_platform::{
     shutdown::CancellationToken,
     store::{Store, rewatch_delay},
 };
@@ -67,7 +67,7 @@ impl Sinks {
     /// Sends `token` (as a bearer token) with deliveries to the functions resolved through
     /// their status: the local gateway lets it reach functions with `access.mode: token`.
     pub fn with_platform_token(mut self, token: Option<&str>) -> Self {
-        self.platform_token = token.and_then(eddy_api::auth::bearer_header);
+        self.platform_token = token.and_then(eddy_platform::auth::bearer_header);
         self
     }
 

@@ -16,7 +16,8 @@ use async_nats::{
     jetstream::{self, AckKind, consumer::PullConsumer},
 };
 use bytes::Bytes;
-use eddy_api::{headers as names, resources::DeliveryPolicy, shutdown::CancellationToken, subject};
+use eddy_model::{headers as names, resources::DeliveryPolicy, subject};
+use eddy_platform::shutdown::CancellationToken;
 use futures::{StreamExt as _, stream::FuturesUnordered};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
@@ -115,7 +116,7 @@ pub async fn run(
 async fn ensure(shared: &Shared, plan: &ConsumerPlan) -> crate::Result<PullConsumer> {
     let stream = shared
         .js
-        .get_stream(eddy_api::nats::EVENTS_STREAM)
+        .get_stream(eddy_platform::nats::EVENTS_STREAM)
         .await
         .map_err(|e| crate::Error::consumer(&plan.name, "find stream", e))?;
     consumer::ensure(&stream, plan).await
@@ -560,7 +561,7 @@ pub fn dead_letter_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_api::resources::{Backoff, SinkPolicy};
+    use eddy_model::resources::{Backoff, SinkPolicy};
 
     #[test]
     fn the_sink_cache_follows_function_url_changes() {

@@ -4,15 +4,12 @@
 //!
 //! Stateless: any number of replicas can run against one NATS. See DESIGN §3 and §4.
 
-pub mod event;
-pub mod legacy;
 pub mod metrics;
-pub mod publisher;
 pub mod routes;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use eddy_api::{
+use eddy_platform::{
     nats::{NatsArgs, StreamArgs, events_stream_config},
     shutdown::CancellationToken,
 };
@@ -25,7 +22,7 @@ pub use routes::{AppState, router};
 pub enum Error {
     /// Shared setup (NATS connection) failed.
     #[error(transparent)]
-    Api(#[from] eddy_api::Error),
+    Api(#[from] eddy_platform::Error),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -117,7 +114,7 @@ pub struct Args {
     pub max_concurrent_batches: u32,
     /// Connection limits of the listener.
     #[command(flatten)]
-    pub serve: eddy_api::net::ServeArgs,
+    pub serve: eddy_platform::net::ServeArgs,
 }
 
 /// Default of `--max-acks-in-flight` (async-nats' own default, made explicit).
@@ -142,7 +139,7 @@ impl Args {
             request_timeout: Duration::from_secs(30),
             max_acks_in_flight: DEFAULT_MAX_ACKS_IN_FLIGHT,
             max_concurrent_batches: DEFAULT_MAX_CONCURRENT_BATCHES,
-            serve: eddy_api::net::ServeArgs::default(),
+            serve: eddy_platform::net::ServeArgs::default(),
         }
     }
 }
@@ -150,7 +147,7 @@ impl Args {
 /// A configured event-bus, connected (or connecting) to NATS, not yet serving.
 pub struct EventBus {
     state: Arc<AppState>,
-    serve: eddy_api::net::ServeArgs,
+    serve: eddy_platform::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
 }
@@ -174,7 +171,7 @@ impl EventBus {
             max_concurrent_batches,
             serve,
         } = args;
-        let tokens = eddy_api::auth::Tokens::load(&tokens, token_file.as_deref())?;
+        let tokens = eddy_platform::auth::Tokens::load(&tokens, token_file.as_deref())?;
         if tokens.is_none() {
             tracing::warn!(
                 "no publisher tokens configured: anyone who reaches the event-bus can publish"
@@ -196,17 +193,17 @@ impl EventBus {
             }
         };
         let client = nats.connect("eddy-event-bus", on_event).await?;
-        let publisher = publisher::Publisher::start(
+        let publisher = eddy_platform::publisher::Publisher::start(
             client,
             events_stream_config(&stream),
-            publisher::AckLimits {
+            eddy_platform::publisher::AckLimits {
                 timeout: publish_timeout,
                 max_in_flight: max_acks_in_flight as usize,
             },
             recheck_stream,
             shutdown.clone(),
         );
-        let limits = event::Limits {
+        let limits = eddy_model::event::Limits {
             max_event_size: usize::try_from(max_event_size.as_u64()).unwrap_or(usize::MAX),
             max_batch_events,
         };
@@ -238,11 +235,11 @@ impl EventBus {
     /// Serves on `listener` until shutdown, then drains in-flight requests for at most the drain
     /// timeout.
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
-        eddy_api::net::serve(
+        eddy_platform::net::serve(
             listener,
             router(self.state),
             &self.serve,
-            eddy_api::net::Browsers::SameOrigin,
+            eddy_platform::net::Browsers::SameOrigin,
             self.shutdown,
             self.drain_timeout,
         )
@@ -262,6 +259,6 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
         .map_err(|source| Error::Bind { addr, source })?;
     let bus = EventBus::new(args, shutdown).await?;
     tracing::info!(addr = %local, "event-bus listening");
-    eddy_api::output::say(format!("event-bus ready on http://{local}"));
+    eddy_platform::output::say(format!("event-bus ready on http://{local}"));
     bus.serve(listener).await
 }

@@ -21,16 +21,18 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use eddy_api::auth::Tokens;
-
-use crate::{
+use eddy_model::{
     event::{
         self, BatchError, ContentMode, EventError, Limits, OutgoingEvent, Refusal, TraceContext,
     },
     legacy,
-    metrics::{Metrics, Mode, Outcome},
+};
+use eddy_platform::{
+    auth::Tokens,
     publisher::{PublishFailure, Publisher, Stored},
 };
+
+use crate::metrics::{Metrics, Mode, Outcome};
 
 /// Seconds a publisher should wait before retrying after a 503.
 const RETRY_AFTER_SECONDS: &str = "1";
@@ -254,7 +256,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyProblem> {
         Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
             Err(BodyProblem::TooLarge)
         }
-        Err(error) if eddy_api::net::is_stalled(error.as_ref()) => Err(BodyProblem::Stalled),
+        Err(error) if eddy_platform::net::is_stalled(error.as_ref()) => Err(BodyProblem::Stalled),
         Err(error) => Err(BodyProblem::Unreadable(format!(
             "cannot read the request body: {error}"
         ))),

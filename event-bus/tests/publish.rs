@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream::{self, DiscardPolicy};
 use common::{Bus, header};
-use eddy_api::nats::message_id;
+use eddy_model::subject::message_id;
 use eddy_testing::{NatsServer, eventually};
 use serde_json::{Value, json};
 
@@ -794,7 +794,7 @@ async fn the_bus_starts_before_nats_and_becomes_ready_when_it_appears() {
     nats.kill();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let shutdown = eddy_api::shutdown::CancellationToken::new();
+    let shutdown = eddy_platform::shutdown::CancellationToken::new();
     let bus = eddy_event_bus::EventBus::new(
         eddy_event_bus::Args::new(addr, nats.url()),
         shutdown.clone(),
@@ -821,12 +821,15 @@ async fn events_stream_reports_a_store_too_small_for_it() {
     let nats = NatsServer::start_with_config("jetstream { max_file_store: 512MB }").unwrap();
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
-    let mut settings = eddy_api::nats::StreamArgs::default();
-    let error = eddy_api::nats::ensure_stream(&js, eddy_api::nats::events_stream_config(&settings))
-        .await
-        .unwrap_err();
+    let mut settings = eddy_platform::nats::StreamArgs::default();
+    let error = eddy_platform::nats::ensure_stream(
+        &js,
+        eddy_platform::nats::events_stream_config(&settings),
+    )
+    .await
+    .unwrap_err();
     assert!(
-        matches!(error, eddy_api::Error::StreamStorage { ref stream, .. } if stream == "EDDY_EVENTS"),
+        matches!(error, eddy_platform::Error::StreamStorage { ref stream, .. } if stream == "EDDY_EVENTS"),
         "{error:?}"
     );
     let message = error.to_string();
@@ -840,7 +843,7 @@ async fn events_stream_reports_a_store_too_small_for_it() {
     }
     // The remedy the message names works.
     settings.max_bytes = bytesize::ByteSize::mib(256);
-    eddy_api::nats::ensure_stream(&js, eddy_api::nats::events_stream_config(&settings))
+    eddy_platform::nats::ensure_stream(&js, eddy_platform::nats::events_stream_config(&settings))
         .await
         .unwrap();
 }

@@ -4,7 +4,7 @@
 #![no_main]
 
 use bytes::Bytes;
-use eddy_event_bus::event::{Limits, from_binary};
+use eddy_model::event::{Limits, from_binary};
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

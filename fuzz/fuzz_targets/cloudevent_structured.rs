@@ -2,7 +2,7 @@
 //! must keep the invariants SECURITY.md promises (`OutgoingEvent::check_invariants`).
 #![no_main]
 
-use eddy_event_bus::event::{Limits, TraceContext, from_batch, from_structured};
+use eddy_model::event::{Limits, TraceContext, from_batch, from_structured};
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

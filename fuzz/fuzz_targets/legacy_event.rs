@@ -2,7 +2,7 @@
 //! keeps the invariants SECURITY.md promises (`OutgoingEvent::check_invariants`).
 #![no_main]
 
-use eddy_event_bus::{event::Limits, legacy::from_legacy};
+use eddy_model::{event::Limits, legacy::from_legacy};
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: Limits = Limits {

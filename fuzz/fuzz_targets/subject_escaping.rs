@@ -2,7 +2,7 @@
 //! with an error), and the subject maps back to exactly that source and type.
 #![no_main]
 
-use eddy_api::subject::{escape_token, event_subject, parse_event_subject, unescape_token};
+use eddy_model::subject::{escape_token, event_subject, parse_event_subject, unescape_token};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: &[u8]| {

@@ -66,7 +66,7 @@ impl Component {
             .args(args)
             .env("EDDY_LOG", "warn")
             .stdout(Stdio::piped());
-        eddy_api::process::supervise(&mut command);
+        eddy_platform::process::supervise(&mut command);
         let mut child = command.spawn()?;
         let stdout = child.stdout.take().context("no stdout")?;
         let mut lines = tokio::io::BufReader::new(stdout).lines();
@@ -118,7 +118,7 @@ impl Component {
 
     /// Stops it.
     pub async fn stop(mut self) {
-        eddy_api::process::terminate(&mut self.child, Duration::from_secs(10)).await;
+        eddy_platform::process::terminate(&mut self.child, Duration::from_secs(10)).await;
     }
 }
 
@@ -330,7 +330,7 @@ async fn publish_raw(
         let message = jetstream::message::PublishMessage::build()
             .headers(headers)
             .payload(data.clone())
-            .message_id(eddy_api::nats::message_id("bench", &id));
+            .message_id(eddy_model::subject::message_id("bench", &id));
         pending.push(
             js.send_publish("eddy.events.bench.bench.tick.v1", message)
                 .await?,
@@ -361,7 +361,7 @@ async fn noop_sink() -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/", listener.local_addr()?);
     let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::NO_CONTENT });
-    tokio::spawn(async move { axum::serve(eddy_api::net::no_delay(listener), app).await });
+    tokio::spawn(async move { axum::serve(eddy_platform::net::no_delay(listener), app).await });
     Ok(url)
 }
 
@@ -374,16 +374,16 @@ async fn dispatch_against(
     let sink = noop_sink().await?;
     let client = async_nats::connect(nats_url).await?;
     let js = jetstream::new(client);
-    eddy_api::nats::ensure_stream(
+    eddy_platform::nats::ensure_stream(
         &js,
-        eddy_api::nats::events_stream_config(&eddy_api::nats::StreamArgs {
+        eddy_platform::nats::events_stream_config(&eddy_platform::nats::StreamArgs {
             max_bytes: bytesize::ByteSize::gib(8),
             ..Default::default()
         }),
     )
     .await?;
-    let store = eddy_api::store::Store::open(&js, 1).await?;
-    let subscription: eddy_api::resources::Subscription = serde_json::from_value(
+    let store = eddy_platform::store::Store::open(&js, 1).await?;
+    let subscription: eddy_model::resources::Subscription = serde_json::from_value(
         serde_json::json!({
             "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
             "metadata": {"name": "bench", "namespace": "default"},
@@ -402,7 +402,7 @@ async fn dispatch_against(
     ];
     // The first dispatcher creates the consumer (delivering only new events), then stops.
     let first = Component::start(&dispatcher_args, "dispatcher ready on ").await?;
-    let stream = js.get_stream(eddy_api::nats::EVENTS_STREAM).await?;
+    let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while stream.consumer_info("sub_default_bench").await.is_err() {
         if Instant::now() > deadline {

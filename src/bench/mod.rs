@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use crate::up::{self, Platform};
-use eddy_api::shutdown::CancellationToken;
+use eddy_platform::shutdown::CancellationToken;
 
 mod e2e;
 mod load;

@@ -142,7 +142,7 @@ pub fn init_manifest(name: &str, runtime: &str, namespace: &str) -> anyhow::Resu
         "python311" => PYTHON_TEMPLATE,
         other => bail!("unknown runtime {other:?}: use nodejs20 or python311"),
     };
-    if !eddy_api::resources::is_dns1035_label(name) {
+    if !eddy_model::resources::is_dns1035_label(name) {
         bail!(
             "{name:?} is not a valid function name: lower-case letters, digits and '-', starting with a letter"
         );
@@ -188,8 +188,8 @@ mod tests {
         for runtime in ["nodejs20", "python311"] {
             let manifest = init_manifest("hello", runtime, "default").unwrap();
             let value: Value = serde_yaml::from_str(&manifest).unwrap();
-            let function: eddy_api::resources::Function = serde_json::from_value(value).unwrap();
-            assert!(eddy_api::resources::validate_function(&function).is_empty());
+            let function: eddy_model::resources::Function = serde_json::from_value(value).unwrap();
+            assert!(eddy_model::resources::validate_function(&function).is_empty());
             let source = &function.spec.source.inline.unwrap().source;
             assert!(source.contains("main"), "{source}");
         }

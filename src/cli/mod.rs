@@ -10,7 +10,7 @@ pub mod resources;
 pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(token) = token {
-        let value = eddy_api::auth::bearer_header(token)
+        let value = eddy_platform::auth::bearer_header(token)
             .ok_or_else(|| anyhow::anyhow!("the token must be printable ASCII"))?;
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }

@@ -455,17 +455,17 @@ pub fn render(path: &Path, kubernetes: &eddy_controller::KubernetesArgs) -> anyh
         if manifest.get("kind").and_then(Value::as_str) != Some("Function") {
             continue;
         }
-        let function: eddy_api::resources::Function =
+        let function: eddy_model::resources::Function =
             serde_json::from_value(manifest).map_err(|error| {
                 anyhow::anyhow!("{}: not a valid Function: {error}", path.display())
             })?;
         let function = eddy_controller::kubernetes::render::as_if_stored(function);
-        let errors = eddy_api::resources::validate_function(&function);
+        let errors = eddy_model::resources::validate_function(&function);
         if !errors.is_empty() {
             anyhow::bail!(
                 "Function {} is invalid: {}",
                 function.metadata.name.as_deref().unwrap_or_default(),
-                eddy_api::resources::describe_errors(&errors)
+                eddy_model::resources::describe_errors(&errors)
             );
         }
         out.push_str(&eddy_controller::kubernetes::render(&function, &config)?.to_yaml()?);

@@ -235,7 +235,7 @@ fn free_port() -> Result<u16> {
 
 /// Reads the client port from the ports file nats-server writes once it listens.
 fn read_client_port(dir: &Path) -> Option<u16> {
-    eddy_api::nats::read_ports_file(dir)?
+    eddy_platform::nats::read_ports_file(dir)?
         .rsplit(':')
         .next()?
         .parse()

@@ -21,7 +21,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::post,
 };
-use eddy_api::shutdown::CancellationToken;
+use eddy_platform::shutdown::CancellationToken;
 use eddy_testing::{NatsServer, eventually};
 use serde_json::{Value, json};
 

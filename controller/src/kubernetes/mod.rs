@@ -15,13 +15,11 @@ use std::{
     time::Duration,
 };
 
-use eddy_api::{
-    resources::{
-        Function, SinkPolicy, Subscription, SubscriptionStatus, describe_errors,
-        parse_function_sink, set_condition, validate_function, validate_subscription,
-    },
-    shutdown::CancellationToken,
+use eddy_model::resources::{
+    Function, SinkPolicy, Subscription, SubscriptionStatus, describe_errors, parse_function_sink,
+    set_condition, validate_function, validate_subscription,
 };
+use eddy_platform::shutdown::CancellationToken;
 use futures::StreamExt as _;
 use k8s_openapi::api::{
     apps::v1::Deployment,
@@ -608,7 +606,7 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
         .route("/readyz", axum::routing::get(|| async { "ok" }));
     let server =
         axum::serve(listener, probes).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    eddy_api::output::say(format!(
+    eddy_platform::output::say(format!(
         "controller (kubernetes backend) ready on http://{}",
         args.api_addr
     ));

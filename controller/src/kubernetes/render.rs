@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use eddy_api::resources::{DEFAULT_TIMEOUT_SECONDS, Function, PROFILES, Resources};
+use eddy_model::resources::{DEFAULT_TIMEOUT_SECONDS, Function, PROFILES, Resources};
 use k8s_openapi::{
     api::{
         apps::v1::Deployment, autoscaling::v2::HorizontalPodAutoscaler, batch::v1::Job,

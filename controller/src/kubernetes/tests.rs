@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use eddy_api::resources::{Function, SinkPolicy, Subscription};
+use eddy_model::resources::{Function, SinkPolicy, Subscription};
 use http::{Method, Request, Response};
 use kube::{Client, client::Body, runtime::controller::Action};
 use serde_json::{Value, json};

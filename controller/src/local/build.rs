@@ -9,7 +9,8 @@ use std::{
 };
 
 pub use crate::runtimes::build_hash;
-use eddy_api::{process, resources::Runtime};
+use eddy_model::resources::Runtime;
+use eddy_platform::process;
 
 use crate::runtimes;
 

@@ -19,7 +19,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
-use eddy_api::resources::{is_dns1035_label, is_dns1123_label};
+use eddy_model::resources::{is_dns1035_label, is_dns1123_label};
 use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use serde_json::json;
@@ -36,7 +36,7 @@ pub type Pools = Arc<RwLock<HashMap<(String, String), Arc<Pool>>>>;
 pub struct Gateway {
     pools: Pools,
     /// The platform's own token (the dispatcher's), accepted by every function.
-    bypass: Option<eddy_api::auth::Tokens>,
+    bypass: Option<eddy_platform::auth::Tokens>,
     client: Client<HttpConnector, Full<Bytes>>,
     activation_timeout: Duration,
     request_timeout: Duration,
@@ -72,7 +72,7 @@ impl Gateway {
     /// Accepts `token` for every function, whatever its access (the dispatcher delivers with it).
     pub fn with_bypass_token(mut self, token: Option<&str>) -> Self {
         self.bypass = token.and_then(|token| {
-            eddy_api::auth::Tokens::load(&[token.to_owned()], None)
+            eddy_platform::auth::Tokens::load(&[token.to_owned()], None)
                 .ok()
                 .flatten()
         });

@@ -15,10 +15,10 @@ use std::{
     time::Duration,
 };
 
-use eddy_api::{
-    resources::{
-        Condition, Function, FunctionStatus, describe_errors, set_condition, validate_function,
-    },
+use eddy_model::resources::{
+    Condition, Function, FunctionStatus, describe_errors, set_condition, validate_function,
+};
+use eddy_platform::{
     shutdown::CancellationToken,
     store::{Change, Store, StoredResource as _},
 };
@@ -188,7 +188,7 @@ impl LocalBackend {
         self: &Arc<Self>,
         namespace: &str,
         name: &str,
-        access: Option<eddy_api::auth::Tokens>,
+        access: Option<eddy_platform::auth::Tokens>,
     ) -> Arc<Tracked> {
         let key = (namespace.to_owned(), name.to_owned());
         let Ok(mut all) = self.tracked.lock() else {
@@ -238,7 +238,7 @@ impl LocalBackend {
             .access
             .as_ref()
             .and_then(|access| access.digests())
-            .map(eddy_api::auth::Tokens::from_digests);
+            .map(eddy_platform::auth::Tokens::from_digests);
         let tracked = self.tracked(&namespace, &name, access.clone());
         tracked.pool.set_access(access);
         let generation = function.metadata.generation.unwrap_or(1);

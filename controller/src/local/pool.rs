@@ -14,7 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use eddy_api::{process, resources::Runtime, shutdown::CancellationToken};
+use eddy_model::resources::Runtime;
+use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::sync::{Notify, watch};
 
 /// Settings shared by every pool.
@@ -163,7 +164,7 @@ pub struct Pool {
     status: watch::Sender<PoolStatus>,
     unavailable: Mutex<Option<String>>,
     /// Tokens one of which a caller must present; `None`: public.
-    access: std::sync::RwLock<Option<Arc<eddy_api::auth::Tokens>>>,
+    access: std::sync::RwLock<Option<Arc<eddy_platform::auth::Tokens>>>,
     /// The current revision's handler timeout (0 before there is one), read per request.
     timeout_seconds: AtomicU64,
     shutdown: CancellationToken,
@@ -301,14 +302,14 @@ impl Pool {
     }
 
     /// Who may invoke the function: `None` for anyone, or the accepted tokens.
-    pub fn set_access(&self, tokens: Option<eddy_api::auth::Tokens>) {
+    pub fn set_access(&self, tokens: Option<eddy_platform::auth::Tokens>) {
         if let Ok(mut access) = self.access.write() {
             *access = tokens.map(Arc::new);
         }
     }
 
     /// The accepted tokens, or `None` when the function is public.
-    pub fn access(&self) -> Option<Arc<eddy_api::auth::Tokens>> {
+    pub fn access(&self) -> Option<Arc<eddy_platform::auth::Tokens>> {
         self.access.read().ok().and_then(|access| access.clone())
     }
 

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::StreamMessage};
-use eddy_api::shutdown::CancellationToken;
 use eddy_event_bus::{Args, EventBus};
+use eddy_platform::shutdown::CancellationToken;
 use eddy_testing::{NatsServer, eventually};
 
 pub struct Bus {

@@ -16,11 +16,11 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{
-    nats::RESOURCES_BUCKET,
-    resources::{Function, FunctionStatus, ObjectMeta, Subscription, SubscriptionStatus},
-    shutdown::CancellationToken,
+use eddy_model::resources::{
+    Function, FunctionStatus, ObjectMeta, Subscription, SubscriptionStatus,
 };
+
+use crate::{nats::RESOURCES_BUCKET, shutdown::CancellationToken};
 
 /// Errors of the resource store.
 #[derive(Debug, thiserror::Error)]

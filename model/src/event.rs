@@ -10,11 +10,13 @@
 
 use std::borrow::Cow;
 
-use async_nats::{HeaderMap as NatsHeaders, HeaderName, HeaderValue};
+use crate::{
+    headers as names,
+    subject::{self, message_id},
+};
 use bytes::Bytes;
 use chrono::SecondsFormat;
 use cloudevents::{AttributesReader, Data, Event, event::AttributeValue};
-use eddy_api::{headers as names, nats::message_id, subject};
 use indexmap::IndexMap;
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde_json::{Map, Value, value::RawValue};
@@ -27,7 +29,7 @@ pub struct OutgoingEvent {
     /// `Nats-Msg-Id`, a digest of (source, id).
     pub msg_id: String,
     /// `ce-*`, `content-type` and trace headers.
-    pub headers: NatsHeaders,
+    pub headers: EventHeaders,
     /// The event's data, as sent.
     pub payload: Bytes,
     /// The CloudEvents id.
@@ -44,14 +46,11 @@ impl OutgoingEvent {
     /// event's source and type (no wildcard or extra token injected).
     pub fn check_invariants(&self, limits: &Limits) -> Result<(), String> {
         let mut size = "NATS/1.0\r\n\r\n".len() + self.payload.len();
-        for (name, values) in self.headers.iter() {
-            for value in values {
-                let text = value.as_str();
-                if text.chars().any(char::is_control) {
-                    return Err(format!("control character in header {name}: {text:?}"));
-                }
-                size += AsRef::<str>::as_ref(name).len() + text.len() + 4;
+        for (name, text) in self.headers.iter() {
+            if text.chars().any(char::is_control) {
+                return Err(format!("control character in header {name}: {text:?}"));
             }
+            size += name.len() + text.len() + 4;
         }
         if size > limits.max_event_size {
             return Err(format!(
@@ -59,7 +58,7 @@ impl OutgoingEvent {
                 limits.max_event_size
             ));
         }
-        let attribute = |name: &str| self.headers.get(name).map(|value| value.as_str());
+        let attribute = |name: &str| self.headers.get(name);
         for required in ["ce-specversion", "ce-id", "ce-source", "ce-type"] {
             if attribute(required).is_none_or(str::is_empty) {
                 return Err(format!("accepted without {required}"));
@@ -81,6 +80,40 @@ impl OutgoingEvent {
             return Err("the message id is not the digest of (source, id)".to_owned());
         }
         Ok(())
+    }
+}
+
+/// The headers of a stored event in the order they were set: names are `ce-*` attributes,
+/// `content-type` and trace context, values are text without control characters (checked as they
+/// are set), so a NATS client turns them into its own header map without further checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventHeaders {
+    entries: Vec<(Cow<'static, str>, String)>,
+}
+
+impl EventHeaders {
+    /// The value of `name`, if set.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// Every header, in the order set.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.entries
+            .iter()
+            .map(|(name, value)| (name.as_ref(), value.as_str()))
+    }
+
+    /// Every header, by value, in the order set.
+    pub fn into_entries(self) -> impl Iterator<Item = (Cow<'static, str>, String)> {
+        self.entries.into_iter()
+    }
+
+    pub(crate) fn push(&mut self, name: Cow<'static, str>, value: String) {
+        self.entries.push((name, value));
     }
 }
 
@@ -208,8 +241,8 @@ pub struct Limits {
 /// Trace context of the HTTP request, copied onto every stored event.
 #[derive(Debug, Clone, Default)]
 pub struct TraceContext {
-    traceparent: Option<HeaderValue>,
-    tracestate: Option<HeaderValue>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl TraceContext {
@@ -219,7 +252,8 @@ impl TraceContext {
             headers
                 .get(name)
                 .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.parse::<HeaderValue>().ok())
+                .filter(|value| !value.contains(['\r', '\n']))
+                .map(str::to_owned)
         };
         Self {
             traceparent: take(names::TRACEPARENT),
@@ -228,38 +262,51 @@ impl TraceContext {
     }
 }
 
-/// Accumulates NATS headers and their encoded size.
+/// Accumulates the stored headers and their encoded size (as NATS writes them).
 struct HeaderBuilder {
-    headers: NatsHeaders,
+    headers: EventHeaders,
     size: usize,
 }
 
 impl HeaderBuilder {
     fn new() -> Self {
         Self {
-            headers: NatsHeaders::new(),
+            headers: EventHeaders::default(),
             size: "NATS/1.0\r\n\r\n".len(),
         }
     }
 
-    fn insert(&mut self, attribute: &str, name: &str, value: &str) -> Result<(), EventError> {
-        let header_name: HeaderName = name
-            .parse()
-            .map_err(|_| EventError::invalid(attribute.to_owned(), "not a valid attribute name"))?;
-        let header_value: HeaderValue = value.parse().map_err(|_| {
-            EventError::invalid(
+    fn insert(
+        &mut self,
+        attribute: &str,
+        name: impl Into<Cow<'static, str>>,
+        value: &str,
+    ) -> Result<(), EventError> {
+        let name = name.into();
+        let is_token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !is_token {
+            return Err(EventError::invalid(
+                attribute.to_owned(),
+                "not a valid attribute name",
+            ));
+        }
+        if value.contains(['\r', '\n']) {
+            return Err(EventError::invalid(
                 attribute.to_owned(),
                 "value must not contain control characters",
-            )
-        })?;
-        if self.headers.get(name).is_some() {
+            ));
+        }
+        if self.headers.get(&name).is_some() {
             return Err(EventError::invalid(
                 attribute.to_owned(),
                 "given more than once",
             ));
         }
         self.size += name.len() + value.len() + 4;
-        self.headers.insert(header_name, header_value);
+        self.headers.push(name, value.to_owned());
         Ok(())
     }
 
@@ -269,9 +316,8 @@ impl HeaderBuilder {
             (names::TRACESTATE, &trace.tracestate),
         ] {
             if let Some(value) = value {
-                self.size += name.len() + value.as_str().len() + 4;
-                self.headers
-                    .insert(HeaderName::from_static(name), value.clone());
+                self.size += name.len() + value.len() + 4;
+                self.headers.push(Cow::Borrowed(name), value.clone());
             }
         }
     }
@@ -365,16 +411,12 @@ fn finish(
     // Subject, message id and identity come from the values stored (percent-decoded in binary
     // mode), so what is validated, routed and deduplicated is what subscribers receive.
     let attribute = |name: &'static str| {
-        builder
-            .headers
-            .get(name)
-            .map(|value| value.as_str().to_owned())
-            .ok_or_else(|| {
-                EventError::invalid(
-                    &name[names::CE_PREFIX.len()..],
-                    "required attribute is missing",
-                )
-            })
+        builder.headers.get(name).map(str::to_owned).ok_or_else(|| {
+            EventError::invalid(
+                &name[names::CE_PREFIX.len()..],
+                "required attribute is missing",
+            )
+        })
     };
     let id = attribute("ce-id")?;
     let source = attribute("ce-source")?;
@@ -412,11 +454,10 @@ pub fn from_binary(
                 )
             })?;
         check_text(attribute, &decoded)?;
-        builder.insert(attribute, name.as_str(), &decoded)?;
+        builder.insert(attribute, name.as_str().to_owned(), &decoded)?;
     }
     for (required, header) in REQUIRED_HEADERS {
-        let value = builder.headers.get(header).map(|value| value.as_str());
-        check_required(required, value)?;
+        check_required(required, builder.headers.get(header))?;
     }
     if let Some(content_type) = headers.get(http::header::CONTENT_TYPE) {
         let text = content_type
@@ -502,7 +543,6 @@ pub fn from_raw(
         serde_json::from_value(Value::Object(map)).map_err(|error| sdk_json_error(&error))?;
 
     let mut builder = HeaderBuilder::new();
-    let mut header_name = String::with_capacity(24);
     for (name, value) in event.iter() {
         let text = match value {
             // Canonical RFC 3339 with `Z`, as the JSON format writes it.
@@ -513,10 +553,10 @@ pub fn from_raw(
             builder.insert(name, names::CONTENT_TYPE, &text)?;
             continue;
         }
-        header_name.clear();
+        let mut header_name = String::with_capacity(names::CE_PREFIX.len() + name.len());
         header_name.push_str(names::CE_PREFIX);
         header_name.push_str(name);
-        builder.insert(name, &header_name, &text)?;
+        builder.insert(name, header_name, &text)?;
     }
     builder.insert_trace(trace);
 
@@ -806,7 +846,7 @@ mod tests {
             &LIMITS,
         )
         .unwrap();
-        assert_eq!(event.headers.get("ce-subject").unwrap().as_str(), "a b%cü");
+        assert_eq!(event.headers.get("ce-subject"), Some("a b%cü"));
         let error = from_binary(
             &headers(&[
                 ("ce-specversion", "1.0"),

@@ -6,9 +6,10 @@ use async_nats::jetstream::{
     self,
     stream::{self, DiscardPolicy, RetentionPolicy, StorageType},
 };
-use sha2::{Digest, Sha256};
 
-use crate::{Error, Result, subject};
+use eddy_model::subject;
+
+use crate::{Error, Result};
 
 /// Name of the stream that stores every published event.
 pub const EVENTS_STREAM: &str = "EDDY_EVENTS";
@@ -337,23 +338,6 @@ pub async fn ensure_stream(
     }
 }
 
-/// The `Nats-Msg-Id` of an event: a digest of (source, id), the pair CloudEvents defines as
-/// unique, so a publisher that retries is stored once inside the duplicate window. The source's
-/// length goes first so that `("ab", "c")` and `("a", "bc")` differ.
-pub fn message_id(source: &str, id: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update((source.len() as u64).to_be_bytes());
-    hasher.update(source.as_bytes());
-    hasher.update(id.as_bytes());
-    let digest = hasher.finalize();
-    let mut out = String::with_capacity(32);
-    for byte in &digest[..16] {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0xF)]));
-    }
-    out
-}
-
 /// The client URL a nats-server started with `--ports_file_dir DIR` wrote into DIR, once it
 /// listens (`nats://127.0.0.1:<port>`).
 pub fn read_ports_file(dir: &std::path::Path) -> Option<String> {
@@ -373,8 +357,6 @@ pub fn stored_time(unix_seconds: i64, nanoseconds: u32) -> String {
         .map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
         .unwrap_or_default()
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 #[cfg(test)]
 mod tests {
@@ -422,13 +404,6 @@ mod tests {
             stream_drift(&memory, &wanted),
             StreamDrift::Conflict("storage")
         );
-    }
-
-    #[test]
-    fn message_ids_separate_source_from_id() {
-        assert_ne!(message_id("ab", "c"), message_id("a", "bc"));
-        assert_eq!(message_id("shop", "1"), message_id("shop", "1"));
-        assert_eq!(message_id("shop", "1").len(), 32);
     }
 
     #[test]

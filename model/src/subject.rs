@@ -8,6 +8,8 @@
 
 use std::fmt::Write as _;
 
+use sha2::{Digest, Sha256};
+
 /// Prefix of every event subject (the `EDDY_EVENTS` stream binds `eddy.events.>`).
 pub const EVENTS_SUBJECT_PREFIX: &str = "eddy.events";
 /// Prefix of every dead-letter subject (the `EDDY_DEAD_LETTERS` stream binds `eddy.dlq.>`).
@@ -158,6 +160,25 @@ pub fn dead_letter_subject(namespace: &str, subscription: &str) -> String {
     subject
 }
 
+/// The `Nats-Msg-Id` of an event: a digest of (source, id), the pair CloudEvents defines as
+/// unique, so a publisher that retries is stored once inside the duplicate window. The source's
+/// length goes first so that `("ab", "c")` and `("a", "bc")` differ.
+pub fn message_id(source: &str, id: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update((source.len() as u64).to_be_bytes());
+    hasher.update(source.as_bytes());
+    hasher.update(id.as_bytes());
+    let digest = hasher.finalize();
+    let mut out = String::with_capacity(32);
+    for byte in &digest[..16] {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xF)]));
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,5 +271,12 @@ mod tests {
                 prop_assert_eq!(sa == sb, a == b);
             }
         }
+    }
+
+    #[test]
+    fn message_ids_separate_source_from_id() {
+        assert_ne!(message_id("ab", "c"), message_id("a", "bc"));
+        assert_eq!(message_id("shop", "1"), message_id("shop", "1"));
+        assert_eq!(message_id("shop", "1").len(), 32);
     }
 }

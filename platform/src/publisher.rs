@@ -7,6 +7,7 @@
 //! stored once.
 
 use std::{
+    borrow::Cow,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -18,10 +19,10 @@ use async_nats::{
     connection::State,
     jetstream::{self, context::PublishErrorKind, message::PublishMessage, stream},
 };
-use eddy_api::{nats as layout, shutdown::CancellationToken};
+use eddy_model::event::{EventHeaders, OutgoingEvent};
 use tokio::sync::Notify;
 
-use crate::event::OutgoingEvent;
+use crate::{nats as layout, shutdown::CancellationToken};
 
 /// Why a publish did not get a JetStream ack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +131,7 @@ impl Publisher {
             return Err(PublishFailure::Unavailable);
         }
         let message = PublishMessage::build()
-            .headers(event.headers)
+            .headers(nats_headers(event.headers)?)
             .payload(event.payload)
             .message_id(event.msg_id);
         self.inner
@@ -177,6 +178,25 @@ impl Publisher {
         tracing::warn!(reason = failure.label(), %error, "publish not acknowledged");
         failure
     }
+}
+
+/// The NATS form of an event's headers. The model has checked every name and value as it set
+/// them; a header NATS still refuses is refused here rather than published without it.
+pub fn nats_headers(headers: EventHeaders) -> Result<async_nats::HeaderMap, PublishFailure> {
+    let mut map = async_nats::HeaderMap::new();
+    for (name, value) in headers.into_entries() {
+        let name = match name {
+            Cow::Borrowed(name) => async_nats::HeaderName::try_from(name),
+            Cow::Owned(name) => async_nats::HeaderName::try_from(name.as_str()),
+        };
+        let (Ok(name), false) = (name, value.contains(['\r', '\n'])) else {
+            tracing::warn!(reason = "invalid_header", "publish refused");
+            return Err(PublishFailure::Refused);
+        };
+        // Checked just above: the conversion takes the string without copying it.
+        map.insert(name, async_nats::HeaderValue::from(value));
+    }
+    Ok(map)
 }
 
 /// Creates or updates the stream after every (re)connection, retrying with capped backoff.

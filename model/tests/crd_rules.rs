@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use eddy_api::resources::{
+use eddy_model::resources::{
     Function, SinkPolicy, Subscription, validate_function, validate_subscription,
 };
 use kube::CustomResourceExt;

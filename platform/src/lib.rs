@@ -5,15 +5,13 @@
 //! or replaced alone.
 
 pub mod auth;
-pub mod headers;
 pub mod nats;
 pub mod net;
 pub mod output;
 pub mod process;
-pub mod resources;
+pub mod publisher;
 pub mod shutdown;
 pub mod store;
-pub mod subject;
 pub mod telemetry;
 
 /// Errors raised by the shared helpers.

@@ -1,0 +1,12 @@
+//! eddy's model: what a Function and a Subscription are and when they are valid, how events are
+//! named in JetStream, and how what publishers send becomes a stored event.
+//!
+//! Everything here is pure (no async runtime, NATS client or web framework), so the rules are
+//! tested directly, the fuzz targets build in seconds, and the CRDs are generated from the same
+//! types the services use.
+
+pub mod event;
+pub mod headers;
+pub mod legacy;
+pub mod resources;
+pub mod subject;
