@@ -92,7 +92,7 @@ pub async fn ensure(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_model::resources::Backoff;
+    use eddy_model::backoff::Backoff;
 
     fn plan() -> ConsumerPlan {
         ConsumerPlan {
@@ -101,9 +101,7 @@ mod tests {
             policy: DeliveryPolicy {
                 max_in_flight: 7,
                 max_attempts: 3,
-                backoff: Backoff::Exponential,
-                initial_delay: Duration::from_secs(1),
-                max_delay: Duration::from_secs(10),
+                backoff: Backoff::exponential(Duration::from_secs(1), Duration::from_secs(10)),
                 timeout: Duration::from_secs(5),
             },
             ack_wait: Duration::from_secs(30),

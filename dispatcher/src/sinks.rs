@@ -17,7 +17,7 @@ use std::{
 use eddy_model::resources::{Function, SinkPolicy, parse_function_sink};
 use eddy_platform::{
     shutdown::CancellationToken,
-    store::{Store, rewatch_delay},
+    store::{REWATCH, Store},
 };
 use futures::StreamExt as _;
 
@@ -154,7 +154,7 @@ impl Sinks {
                 }
             }
             tokio::select! {
-                () = tokio::time::sleep(rewatch_delay(failures)) => {}
+                () = tokio::time::sleep(REWATCH.delay(failures)) => {}
                 () = shutdown.cancelled() => return,
             }
         }

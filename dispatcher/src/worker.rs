@@ -16,7 +16,7 @@ use async_nats::{
     jetstream::{self, AckKind, consumer::PullConsumer},
 };
 use bytes::Bytes;
-use eddy_model::{headers as names, resources::DeliveryPolicy, subject};
+use eddy_model::{backoff::Backoff, headers as names, resources::DeliveryPolicy, subject};
 use eddy_platform::shutdown::CancellationToken;
 use futures::{StreamExt as _, stream::FuturesUnordered};
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -94,7 +94,7 @@ pub async fn run(
             Err(error) => {
                 failures += 1;
                 tracing::warn!(subscription = %target.label, %error, "cannot set up the consumer; retrying");
-                if sleep_or_cancel(backoff(failures), &cancel).await {
+                if sleep_or_cancel(CONSUMER_RETRY.delay(failures), &cancel).await {
                     return;
                 }
                 continue;
@@ -105,7 +105,7 @@ pub async fn run(
             Ended::Cancelled | Ended::CaughtUp => return,
             Ended::Broken => {
                 failures += 1;
-                if sleep_or_cancel(backoff(failures), &cancel).await {
+                if sleep_or_cancel(CONSUMER_RETRY.delay(failures), &cancel).await {
                     return;
                 }
             }
@@ -122,11 +122,9 @@ async fn ensure(shared: &Shared, plan: &ConsumerPlan) -> crate::Result<PullConsu
     consumer::ensure(&stream, plan).await
 }
 
-fn backoff(failures: u32) -> Duration {
-    Duration::from_millis(100)
-        .saturating_mul(2u32.saturating_pow(failures.min(6)))
-        .min(Duration::from_secs(5))
-}
+/// Delays between attempts to set up or re-read the consumer.
+const CONSUMER_RETRY: Backoff =
+    Backoff::exponential(Duration::from_millis(200), Duration::from_secs(5));
 
 /// Sleeps; true when cancelled first.
 async fn sleep_or_cancel(delay: Duration, cancel: &CancellationToken) -> bool {
@@ -561,7 +559,10 @@ pub fn dead_letter_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_model::resources::{Backoff, SinkPolicy};
+    use eddy_model::{
+        backoff::{Backoff, BackoffShape},
+        resources::SinkPolicy,
+    };
 
     #[test]
     fn the_sink_cache_follows_function_url_changes() {
@@ -616,9 +617,11 @@ mod tests {
             policy: DeliveryPolicy {
                 max_in_flight: 1,
                 max_attempts: 3,
-                backoff: Backoff::Constant,
-                initial_delay: Duration::from_secs(1),
-                max_delay: Duration::from_secs(1),
+                backoff: Backoff {
+                    shape: BackoffShape::Constant,
+                    initial: Duration::from_secs(1),
+                    max: Duration::from_secs(1),
+                },
                 timeout: Duration::from_secs(1),
             },
         };

@@ -11,7 +11,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::subject::{self, EVENTS_SUBJECT_PREFIX};
+use crate::{
+    backoff::{Backoff, BackoffShape},
+    subject::{self, EVENTS_SUBJECT_PREFIX},
+};
 
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -624,19 +627,6 @@ impl JsonSchema for IntOrString {
     }
 }
 
-/// Backoff shapes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum Backoff {
-    /// initialDelay × 2^(attempt-1), capped at maxDelay.
-    #[default]
-    Exponential,
-    /// initialDelay × attempt, capped at maxDelay.
-    Linear,
-    /// initialDelay every time.
-    Constant,
-}
-
 /// Delivery settings of a Subscription.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -655,7 +645,7 @@ pub struct DeliverySpec {
     /// Backoff shape (default exponential).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "exponential"))]
-    pub backoff: Option<Backoff>,
+    pub backoff: Option<BackoffShape>,
     /// First retry delay (default 1s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), extend("default" = "1s"))]
@@ -752,12 +742,8 @@ pub struct DeliveryPolicy {
     pub max_in_flight: u32,
     /// Deliveries before dead letters.
     pub max_attempts: u32,
-    /// Backoff shape.
+    /// Retry delays: shape, first delay, longest delay.
     pub backoff: Backoff,
-    /// First retry delay.
-    pub initial_delay: Duration,
-    /// Longest retry delay.
-    pub max_delay: Duration,
     /// Per-delivery timeout.
     pub timeout: Duration,
 }
@@ -765,15 +751,7 @@ pub struct DeliveryPolicy {
 impl DeliveryPolicy {
     /// Delay before attempt `attempt + 1`, after `attempt` (1-based) failed.
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        let step = attempt.max(1);
-        let delay = match self.backoff {
-            Backoff::Constant => self.initial_delay,
-            Backoff::Linear => self.initial_delay.saturating_mul(step),
-            Backoff::Exponential => self
-                .initial_delay
-                .saturating_mul(2u32.saturating_pow(step.saturating_sub(1).min(31))),
-        };
-        delay.min(self.max_delay)
+        self.backoff.delay(attempt.max(1))
     }
 }
 
@@ -1054,9 +1032,11 @@ impl SubscriptionSpec {
             Ok(DeliveryPolicy {
                 max_in_flight,
                 max_attempts,
-                backoff: delivery.backoff.unwrap_or_default(),
-                initial_delay,
-                max_delay,
+                backoff: Backoff {
+                    shape: delivery.backoff.unwrap_or_default(),
+                    initial: initial_delay,
+                    max: max_delay,
+                },
                 timeout,
             })
         } else {
@@ -1394,9 +1374,7 @@ mod tests {
         let policy = DeliveryPolicy {
             max_in_flight: 1,
             max_attempts: 5,
-            backoff: Backoff::Exponential,
-            initial_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(10),
+            backoff: Backoff::exponential(Duration::from_secs(1), Duration::from_secs(10)),
             timeout: Duration::from_secs(1),
         };
         let delays: Vec<_> = (1..=6).map(|a| policy.retry_delay(a).as_secs()).collect();

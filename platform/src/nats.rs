@@ -7,7 +7,7 @@ use async_nats::jetstream::{
     stream::{self, DiscardPolicy, RetentionPolicy, StorageType},
 };
 
-use eddy_model::subject;
+use eddy_model::{backoff::Backoff, subject};
 
 use crate::{Error, Result};
 
@@ -153,9 +153,8 @@ impl NatsArgs {
 /// Linear backoff from 50 ms, capped: quick to come back after a NATS restart, gentle on a server
 /// that stays down.
 pub fn reconnect_delay(attempts: usize, max: Duration) -> Duration {
-    let step = Duration::from_millis(50);
-    step.saturating_mul(u32::try_from(attempts).unwrap_or(u32::MAX))
-        .min(max)
+    Backoff::linear(Duration::from_millis(50), max)
+        .delay(u32::try_from(attempts).unwrap_or(u32::MAX))
 }
 
 /// Settings of the `EDDY_EVENTS` stream.

@@ -19,7 +19,10 @@ use async_nats::{
     connection::State,
     jetstream::{self, context::PublishErrorKind, message::PublishMessage, stream},
 };
-use eddy_model::event::{EventHeaders, OutgoingEvent};
+use eddy_model::{
+    backoff::Backoff,
+    event::{EventHeaders, OutgoingEvent},
+};
 use tokio::sync::Notify;
 
 use crate::{nats as layout, shutdown::CancellationToken};
@@ -201,7 +204,8 @@ pub fn nats_headers(headers: EventHeaders) -> Result<async_nats::HeaderMap, Publ
 
 /// Creates or updates the stream after every (re)connection, retrying with capped backoff.
 async fn keep_stream(inner: Arc<Inner>, wanted: stream::Config, shutdown: CancellationToken) {
-    let mut delay = Duration::from_millis(100);
+    const RETRY: Backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(5));
+    let mut failures = 0;
     loop {
         if inner.client.connection_state() == State::Connected {
             // Read here, once per connection, not on the publish path (server_info clones).
@@ -212,7 +216,7 @@ async fn keep_stream(inner: Arc<Inner>, wanted: stream::Config, shutdown: Cancel
                 Ok(info) => {
                     tracing::info!(stream = %info.config.name, messages = info.state.messages, "stream ready");
                     inner.stream_ready.store(true, Ordering::Release);
-                    delay = Duration::from_millis(100);
+                    failures = 0;
                     tokio::select! {
                         () = inner.recheck_stream.notified() => continue,
                         () = shutdown.cancelled() => return,
@@ -220,15 +224,15 @@ async fn keep_stream(inner: Arc<Inner>, wanted: stream::Config, shutdown: Cancel
                 }
                 Err(error) => {
                     inner.stream_ready.store(false, Ordering::Release);
-                    tracing::error!(%error, retry_in = ?delay, "cannot set up the events stream");
+                    tracing::error!(%error, retry_in = ?RETRY.delay(failures + 1), "cannot set up the events stream");
                 }
             }
         }
+        failures += 1;
         tokio::select! {
-            () = tokio::time::sleep(delay) => {}
+            () = tokio::time::sleep(RETRY.delay(failures)) => {}
             () = inner.recheck_stream.notified() => {}
             () = shutdown.cancelled() => return,
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use serde::{Serialize, de::DeserializeOwned};
 
+use eddy_model::backoff::Backoff;
 use eddy_model::resources::{
     Function, FunctionStatus, ObjectMeta, Subscription, SubscriptionStatus,
 };
@@ -541,7 +542,7 @@ impl Store {
                     failures += 1;
                     tracing::warn!(%error, kind = R::KIND, "cannot watch; retrying");
                     tokio::select! {
-                        () = tokio::time::sleep(rewatch_delay(failures)) => continue,
+                        () = tokio::time::sleep(REWATCH.delay(failures)) => continue,
                         () = shutdown.cancelled() => return,
                     }
                 }
@@ -588,14 +589,14 @@ impl Store {
                 }
             }
             tokio::select! {
-                () = tokio::time::sleep(rewatch_delay(1)) => {}
+                () = tokio::time::sleep(REWATCH.delay(1)) => {}
                 () = shutdown.cancelled() => return,
             }
         }
     }
 }
 
-/// Runs `attempt` until it succeeds, waiting [`rewatch_delay`] between tries: for start-up
+/// Runs `attempt` until it succeeds, waiting [`REWATCH`] delays between tries: for start-up
 /// steps that need NATS, which may come up after the service. Gives up with the last error
 /// after `max_retries` failures or once `shutdown` fires; each failure is logged as `waiting`.
 pub async fn retry_at_start<T, E, F, Fut>(
@@ -617,7 +618,7 @@ where
                 failures += 1;
                 tracing::warn!(%error, attempt = failures, "{waiting}");
                 tokio::select! {
-                    () = tokio::time::sleep(rewatch_delay(failures)) => {}
+                    () = tokio::time::sleep(REWATCH.delay(failures)) => {}
                     // One more attempt, which then returns its error: start-up ends at once.
                     () = shutdown.cancelled() => {}
                 }
@@ -627,12 +628,9 @@ where
     }
 }
 
-/// How long to wait before watching again after a watch broke.
-pub fn rewatch_delay(failures: u32) -> Duration {
-    Duration::from_millis(200)
-        .saturating_mul(2u32.saturating_pow(failures.min(5)))
-        .min(Duration::from_secs(5))
-}
+/// Delays before watching again after a watch broke, and between start-up attempts.
+pub const REWATCH: Backoff =
+    Backoff::exponential(Duration::from_millis(400), Duration::from_secs(5));
 
 #[cfg(test)]
 mod tests {

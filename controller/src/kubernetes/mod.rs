@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use eddy_model::backoff::Backoff;
 use eddy_model::resources::{
     Function, SinkPolicy, Subscription, SubscriptionStatus, describe_errors, parse_function_sink,
     set_condition, validate_function, validate_subscription,
@@ -85,12 +86,8 @@ impl Context {
 /// How often a settled object is looked at again anyway (drift from manual edits).
 pub const RESYNC: Duration = Duration::from_secs(300);
 
-/// Delay before retrying after the `failures`-th consecutive transient error: 1 s doubling to
-/// 5 min. Pure.
-pub fn retry_delay(failures: u32) -> Duration {
-    let exponent = failures.saturating_sub(1).min(9);
-    Duration::from_secs(1 << exponent).min(RESYNC)
-}
+/// Delays before retrying after consecutive transient errors: 1 s doubling to 5 min.
+pub const RETRY: Backoff = Backoff::exponential(Duration::from_secs(1), RESYNC);
 
 /// Whether an error will not go away by retrying the same request: the API server refused
 /// what we sent (invalid, forbidden, a bad request). Such errors go into status; everything
@@ -566,7 +563,7 @@ where
 {
     let key = key_of(object.as_ref());
     let failures = context.record_failure(&key);
-    let delay = retry_delay(failures);
+    let delay = RETRY.delay(failures);
     tracing::warn!(object = %key, %error, failures, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

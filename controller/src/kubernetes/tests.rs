@@ -1241,10 +1241,10 @@ fn running_follows_the_deployment() {
 
 #[test]
 fn retries_back_off_and_refusals_are_permanent() {
-    assert_eq!(retry_delay(1), Duration::from_secs(1));
-    assert_eq!(retry_delay(2), Duration::from_secs(2));
-    assert_eq!(retry_delay(5), Duration::from_secs(16));
-    assert_eq!(retry_delay(50), RESYNC);
+    assert_eq!(RETRY.delay(1), Duration::from_secs(1));
+    assert_eq!(RETRY.delay(2), Duration::from_secs(2));
+    assert_eq!(RETRY.delay(5), Duration::from_secs(16));
+    assert_eq!(RETRY.delay(50), RESYNC);
     let api = |code: u16| {
         Error::Kube(kube::Error::Api(
             kube::core::Status::failure("x", "y")

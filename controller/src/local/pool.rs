@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use eddy_model::resources::Runtime;
+use eddy_model::{backoff::Backoff, resources::Runtime};
 use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::sync::{Notify, watch};
 
@@ -203,15 +203,9 @@ pub fn desired_replicas(input: ScaleInput) -> usize {
     desired
 }
 
-/// Delay before starting an instance again after `failures` failures in a row.
-pub fn restart_delay(failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::ZERO;
-    }
-    Duration::from_millis(100)
-        .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(10)))
-        .min(Duration::from_secs(10))
-}
+/// Delays before starting an instance again after failures in a row.
+pub const RESTART: Backoff =
+    Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10));
 
 /// Releases an instance when a request is done.
 pub struct Lease {
@@ -574,7 +568,7 @@ impl Pool {
         if let Ok(mut inner) = self.inner.lock() {
             inner.restarts += 1;
             inner.consecutive_failures += 1;
-            inner.not_before = Instant::now() + restart_delay(inner.consecutive_failures);
+            inner.not_before = Instant::now() + RESTART.delay(inner.consecutive_failures);
             inner.last_error = Some(message);
         }
     }
@@ -848,9 +842,9 @@ mod tests {
 
     #[test]
     fn restart_backoff_grows_and_is_capped() {
-        assert_eq!(restart_delay(0), Duration::ZERO);
-        assert_eq!(restart_delay(1), Duration::from_millis(100));
-        assert_eq!(restart_delay(2), Duration::from_millis(200));
-        assert_eq!(restart_delay(50), Duration::from_secs(10));
+        assert_eq!(RESTART.delay(0), Duration::ZERO);
+        assert_eq!(RESTART.delay(1), Duration::from_millis(100));
+        assert_eq!(RESTART.delay(2), Duration::from_millis(200));
+        assert_eq!(RESTART.delay(50), Duration::from_secs(10));
     }
 }
