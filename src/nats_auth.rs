@@ -69,7 +69,9 @@ impl Component {
                 allowed.extend(stream_api(&["INFO", "CREATE", "UPDATE"], EVENTS_STREAM));
             }
             Self::Dispatcher => {
+                // Dead letters, and the reply events of functions.
                 allowed.push("eddy.dlq.>".to_owned());
+                allowed.push("eddy.events.>".to_owned());
                 allowed.extend(stream_api(&["INFO"], EVENTS_STREAM));
                 allowed.extend(stream_api(
                     &["INFO", "CREATE", "UPDATE", "MSG.GET", "MSG.DELETE"],

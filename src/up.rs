@@ -248,18 +248,15 @@ impl Platform {
         bus_args.nats = self.nats_args(args, User::EventBus);
         bus_args.max_event_size = args.max_event_size;
         bus_args.tokens = args.bus_tokens.clone();
-        // With publisher tokens on, the dispatcher (replies) and the functions (emitCloudEvent)
-        // publish with tokens of their own, new for each run: the user's tokens stay theirs.
+        // With publisher tokens on, the functions (emitCloudEvent) publish with a token of their
+        // own, new for each run: the user's tokens stay theirs. (The dispatcher stores replies
+        // in JetStream itself.)
         let publisher_tokens_on = !args.bus_tokens.is_empty() || args.bus_token_file.is_some();
-        let new_token = || uuid::Uuid::new_v4().simple().to_string();
-        let dispatcher_publish_token = publisher_tokens_on.then(new_token);
-        let function_publish_token = publisher_tokens_on.then(new_token);
-        bus_args.tokens.extend(
-            dispatcher_publish_token
-                .iter()
-                .chain(&function_publish_token)
-                .cloned(),
-        );
+        let function_publish_token =
+            publisher_tokens_on.then(|| uuid::Uuid::new_v4().simple().to_string());
+        bus_args
+            .tokens
+            .extend(function_publish_token.iter().cloned());
         bus_args.token_file = args.bus_token_file.clone();
         bus_args.serve = args.serve.clone();
         let bus = eddy_event_bus::EventBus::new(bus_args, self.token.child_token()).await?;
@@ -307,11 +304,9 @@ impl Platform {
             self.gateway_url
         ));
 
-        let mut dispatcher_args =
-            eddy_dispatcher::Args::new(dispatcher_local, nats_url, self.bus_url.clone());
+        let mut dispatcher_args = eddy_dispatcher::Args::new(dispatcher_local, nats_url);
         dispatcher_args.nats = self.nats_args(args, User::Dispatcher);
         dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
-        dispatcher_args.bus_token = dispatcher_publish_token;
         dispatcher_args.api_auth = args.api_auth.clone();
         dispatcher_args.serve = args.serve.clone();
         dispatcher_args.platform_token = Some(platform_token);

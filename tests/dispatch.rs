@@ -425,6 +425,131 @@ async fn a_reply_event_triggers_the_subscription_for_its_type() {
     );
 }
 
+/// A function's reply event is stored by the dispatcher exactly as the event-bus stores the same
+/// event published to it (same subject, message id, headers and data, byte for byte), in binary
+/// and structured mode, with the trace context of the event it answers.
+#[tokio::test]
+async fn a_reply_is_stored_exactly_as_the_event_bus_stores_it() {
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let binary: (Vec<(&str, &str)>, &str) = (
+        vec![
+            ("ce-specversion", "1.0"),
+            ("ce-id", "r-1"),
+            ("ce-source", "stock-service"),
+            ("ce-type", "stock.binary.v1"),
+            ("ce-time", "2026-01-01T00:00:00Z"),
+            ("ce-subject", "sku%20A%25"),
+            ("ce-partition", "7"),
+            ("content-type", "text/plain; charset=utf-8"),
+        ],
+        "reserved: 1",
+    );
+    let structured: (Vec<(&str, &str)>, &str) = (
+        vec![("content-type", "application/cloudevents+json")],
+        r#"{"specversion":"1.0","id":"r-2","source":"stock-service","type":"stock.structured.v1",
+            "time":"2026-01-01T01:00:00+01:00","subject":"sku A","partition":7,"urgent":true,
+            "data":{"b":1, "a":[2, 3.50]}}"#,
+    );
+    let replies = Arc::new([binary, structured]);
+
+    let platform = Platform::start().await;
+    let answers = replies.clone();
+    let replier = Sink::start(
+        Duration::ZERO,
+        Arc::new(move |received, _| {
+            let index = usize::from(received.header("ce-id") == "t-1");
+            let (headers, body) = &answers[index];
+            let mut response = (*body).into_response();
+            for (name, value) in headers {
+                response.headers_mut().insert(*name, value.parse().unwrap());
+            }
+            response
+        }),
+    )
+    .await;
+    platform
+        .subscribe(
+            "reserve",
+            json!({"sink": replier.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    for id in ["t-0", "t-1"] {
+        let response = platform
+            .http
+            .post(format!("{}/publish", platform.bus))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", "shop")
+            .header("ce-type", "order.created.v1")
+            .header("traceparent", TRACEPARENT)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204);
+    }
+
+    // The same events, published to a second platform's event-bus with the same trace context.
+    let direct = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    for (headers, body) in replies.iter() {
+        let mut request = direct
+            .http
+            .post(format!("{}/publish", direct.bus))
+            .header("traceparent", TRACEPARENT)
+            .body(*body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 204, "{}", response.text().await.unwrap());
+    }
+
+    let stored = |platform: &Platform, subject: &'static str| {
+        let js = platform.js.clone();
+        async move {
+            let stream = js.get_stream("EDDY_EVENTS").await.ok()?;
+            let message = stream.get_last_raw_message_by_subject(subject).await.ok()?;
+            let mut headers: Vec<(String, Vec<String>)> = message
+                .headers
+                .iter()
+                .map(|(name, values)| {
+                    let name: &str = name.as_ref();
+                    let values = values.iter().map(|v| v.as_str().to_owned()).collect();
+                    (name.to_owned(), values)
+                })
+                .collect();
+            headers.sort();
+            Some((message.subject.to_string(), headers, message.payload))
+        }
+    };
+    for subject in [
+        "eddy.events.stock-service.stock.binary.v1",
+        "eddy.events.stock-service.stock.structured.v1",
+    ] {
+        let reply = || async { stored(&platform, subject).await.is_some() };
+        eventually("the reply stored", Duration::from_secs(20), reply)
+            .await
+            .unwrap();
+        let from_dispatcher = stored(&platform, subject)
+            .await
+            .expect("stored by the dispatcher");
+        let from_bus = stored(&direct, subject)
+            .await
+            .expect("stored by the event-bus");
+        assert_eq!(from_dispatcher, from_bus, "{subject}");
+        let headers = &from_bus.1;
+        assert!(
+            headers.contains(&("traceparent".to_owned(), vec![TRACEPARENT.to_owned()])),
+            "{headers:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn two_dispatchers_share_the_work_and_never_hold_one_event_twice() {
     let platform = Platform::start().await;

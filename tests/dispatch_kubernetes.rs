@@ -92,7 +92,7 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let mut args = eddy_dispatcher::Args::new(addr, platform.nats.url(), platform.bus.clone());
+    let mut args = eddy_dispatcher::Args::new(addr, platform.nats.url());
     args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
     args.subscriptions_from = eddy_dispatcher::SubscriptionsFrom::Kubernetes;
     let shutdown = eddy_platform::shutdown::CancellationToken::new();

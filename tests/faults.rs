@@ -136,8 +136,6 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
         "127.0.0.1:0",
         "--nats-url",
         &nats.url(),
-        "--bus-url",
-        &bus_url,
         "--ack-wait",
         "2s",
     ]

@@ -81,7 +81,8 @@ async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
         "the event-bus reads no resources"
     );
 
-    // The dispatcher reads resources but never writes them, and publishes no events.
+    // The dispatcher reads resources but never writes them; it stores reply events but cannot
+    // change, purge or delete the events stream.
     let dispatcher =
         jetstream(connect_as(&up.nats, "eddy-dispatcher", &password("eddy-dispatcher")).await);
     let readable = dispatcher.get_key_value("eddy_resources").await.unwrap();
@@ -94,7 +95,20 @@ async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
         Ok(ack) => ack.await.is_ok(),
         Err(_) => false,
     };
-    assert!(!stored, "the dispatcher publishes no events");
+    assert!(stored, "the dispatcher stores reply events");
+    let mut events = dispatcher.get_stream("EDDY_EVENTS").await.unwrap();
+    assert!(
+        events.purge().await.is_err(),
+        "the dispatcher cannot purge the events stream"
+    );
+    assert!(
+        dispatcher.delete_stream("EDDY_EVENTS").await.is_err(),
+        "the dispatcher cannot delete the events stream"
+    );
+    assert!(
+        events.info().await.unwrap().state.messages >= 1,
+        "the events stream keeps what it held"
+    );
     assert!(
         bucket.get("evil").await.unwrap().is_none(),
         "nothing the dispatcher tried was written"

@@ -34,11 +34,8 @@ async fn api_tokens_guard_the_controller_api_the_dashboard_and_the_dispatcher_ad
         .await
         .unwrap();
     tokio::spawn(controller.serve(api_listener, gateway_listener));
-    let mut args = eddy_dispatcher::Args::new(
-        dispatcher_listener.local_addr().unwrap(),
-        nats.url(),
-        "http://127.0.0.1:9",
-    );
+    let mut args =
+        eddy_dispatcher::Args::new(dispatcher_listener.local_addr().unwrap(), nats.url());
     args.api_auth.api_tokens = vec![TOKEN.to_owned()];
     let admin = eddy_dispatcher::Dispatcher::new(args, shutdown.child_token())
         .await

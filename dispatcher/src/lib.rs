@@ -16,13 +16,19 @@ pub mod worker;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use eddy_model::resources::SinkPolicy;
+use eddy_model::{event::Limits, resources::SinkPolicy};
 use eddy_platform::{
     nats::{NatsArgs, StreamArgs, dead_letter_stream_config, ensure_stream},
+    publisher::{AckLimits, Publisher},
     shutdown::CancellationToken,
     store::{Store, retry_at_start},
 };
 use tokio::net::TcpListener;
+
+/// Longest wait for JetStream to acknowledge a reply event; past it the delivery is retried.
+const REPLY_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most reply events awaiting their ack at once (more wait for a slot).
+const REPLY_ACKS_IN_FLIGHT: usize = 1024;
 
 /// Errors of the dispatcher.
 #[derive(Debug, thiserror::Error)]
@@ -43,9 +49,6 @@ pub enum Error {
         /// What NATS said.
         message: String,
     },
-    /// The HTTP client could not be built.
-    #[error("cannot build the HTTP client: {0}")]
-    Http(#[source] reqwest::Error),
     /// An address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -106,16 +109,6 @@ pub struct Args {
     /// Settings of the streams (the dead-letter stream takes the same limits as the events).
     #[command(flatten)]
     pub stream: StreamArgs,
-    /// The event-bus, where replies of functions are published.
-    #[arg(
-        long = "bus-url",
-        env = "EDDY_BUS_URL",
-        default_value = "http://127.0.0.1:8081"
-    )]
-    pub bus_url: String,
-    /// Bearer token for the event-bus, when it requires one.
-    #[arg(long = "bus-token", env = "EDDY_BUS_TOKEN", hide_env_values = true)]
-    pub bus_token: Option<String>,
     /// Sink URLs allowed besides function Services (comma-separated), compared as URLs:
     /// `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
     #[arg(
@@ -145,7 +138,8 @@ pub struct Args {
     /// dispatcher; in-progress acks keep longer deliveries alive.
     #[arg(long = "ack-wait", env = "EDDY_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_wait: Duration,
-    /// Largest reply event read from a sink's answer.
+    /// Largest reply event read from a sink's answer and stored (data plus headers, as the
+    /// event-bus's `--max-event-size`).
     #[arg(
         long = "max-reply-size",
         env = "EDDY_MAX_REPLY_SIZE",
@@ -172,14 +166,12 @@ pub struct Args {
 }
 
 impl Args {
-    /// Defaults for everything but the NATS URL, the admin address and the event-bus URL.
-    pub fn new(addr: SocketAddr, nats_url: impl Into<String>, bus_url: impl Into<String>) -> Self {
+    /// Defaults for everything but the NATS URL and the admin address.
+    pub fn new(addr: SocketAddr, nats_url: impl Into<String>) -> Self {
         Self {
             addr,
             nats: NatsArgs::with_url(nats_url),
             stream: StreamArgs::default(),
-            bus_url: bus_url.into(),
-            bus_token: None,
             allowed_sinks: Vec::new(),
             subscriptions_from: SubscriptionsFrom::Kv,
             sink_resolution: sinks::Resolution::Local,
@@ -223,8 +215,6 @@ impl Dispatcher {
             addr: _,
             nats,
             stream,
-            bus_url,
-            bus_token,
             allowed_sinks,
             subscriptions_from: _,
             sink_resolution,
@@ -263,20 +253,23 @@ impl Dispatcher {
                 (manager::SubscriptionSource::Store(Box::new(store)), sinks)
             }
         };
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()
-            .map_err(Error::Http)?;
+        let replies = Publisher::without_stream(
+            client.clone(),
+            AckLimits {
+                timeout: REPLY_ACK_TIMEOUT,
+                max_in_flight: REPLY_ACKS_IN_FLIGHT,
+            },
+        );
         let shared = Arc::new(worker::Shared {
             js,
             deliveries: worker::sink_client(Duration::from_secs(60)),
-            http,
+            replies,
             sinks,
             metrics: metrics::Metrics::new(),
-            bus_publish_url: format!("{}/publish", bus_url.trim_end_matches('/')),
-            bus_token,
-            max_reply_size: usize::try_from(max_reply_size.as_u64()).unwrap_or(usize::MAX),
+            reply_limits: Limits {
+                max_event_size: usize::try_from(max_reply_size.as_u64()).unwrap_or(usize::MAX),
+                max_batch_events: 1,
+            },
             progress_every: (ack_wait / 3).max(Duration::from_millis(100)),
         });
         let manager = Arc::new(manager::Manager::new(

@@ -16,8 +16,12 @@ use async_nats::{
     jetstream::{self, AckKind, consumer::PullConsumer},
 };
 use bytes::Bytes;
+use eddy_model::event::{self, Limits};
 use eddy_model::{backoff::Backoff, headers as names, resources::DeliveryPolicy, subject};
-use eddy_platform::shutdown::CancellationToken;
+use eddy_platform::{
+    publisher::{PublishFailure, Publisher},
+    shutdown::CancellationToken,
+};
 use futures::{StreamExt as _, stream::FuturesUnordered};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
@@ -36,18 +40,14 @@ pub struct Shared {
     /// HTTP client for sinks: hyper's pooled client, no redirects (a sink cannot bounce us
     /// elsewhere), the request built from the pre-parsed sink URI.
     pub deliveries: SinkClient,
-    /// HTTP client for replies to the event-bus (no redirects).
-    pub http: reqwest::Client,
     /// Sink resolution.
     pub sinks: Sinks,
     /// Metrics.
     pub metrics: Metrics,
-    /// `…/publish` of the event-bus, for replies.
-    pub bus_publish_url: String,
-    /// Token for the event-bus, when it requires one.
-    pub bus_token: Option<String>,
-    /// Largest reply read from a sink.
-    pub max_reply_size: usize,
+    /// Stores sinks' reply events in `EDDY_EVENTS`.
+    pub replies: Publisher,
+    /// Limits of a reply event (its size is `--max-reply-size`).
+    pub reply_limits: Limits,
     /// How often to send in-progress acks while a delivery runs.
     pub progress_every: Duration,
 }
@@ -415,7 +415,7 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
     // connection goes back to the pool.
     let (parts, body) = response.into_parts();
     let reply_headers = delivery::may_carry_reply(&parts.headers).then_some(parts.headers);
-    let body = Limited::new(body, shared.max_reply_size)
+    let body = Limited::new(body, shared.reply_limits.max_event_size)
         .collect()
         .await
         .map(|collected| collected.to_bytes());
@@ -431,40 +431,42 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
     Answer { verdict, reply }
 }
 
-/// Publishes a sink's reply event to the event-bus. A refusal (4xx) is logged and counted: the
-/// reply is broken and retrying the delivery will not mend it. Anything else is retried.
+/// Stores a sink's reply event in JetStream, parsed by the event-bus's own code (the stored
+/// event is the same, byte for byte) with the trace context of the event it answers. A reply
+/// that is not a valid event is logged and counted: retrying the delivery will not mend it. A
+/// reply not stored is retried with the delivery.
 async fn publish_reply(
     shared: &Shared,
     target: &Target,
     stored_headers: Option<&NatsHeaders>,
     reply: delivery::Reply,
 ) -> Result<(), &'static str> {
-    let mut request = shared
-        .http
-        .post(&shared.bus_publish_url)
-        .headers(reply.headers)
-        .body(reply.body);
-    if let Some(traceparent) = stored_headers.and_then(|h| h.get(names::TRACEPARENT)) {
-        request = request.header(names::TRACEPARENT, traceparent.as_str());
+    let mut headers = reply.headers;
+    if let Some(traceparent) = stored_headers
+        .and_then(|h| h.get(names::TRACEPARENT))
+        .and_then(|value| http::HeaderValue::from_str(value.as_str()).ok())
+    {
+        headers.insert(names::TRACEPARENT, traceparent);
     }
-    if let Some(token) = &shared.bus_token {
-        request = request.bearer_auth(token);
-    }
-    match request.timeout(Duration::from_secs(10)).send().await {
-        Ok(response) if response.status().is_success() => Ok(()),
-        Ok(response) if response.status().is_client_error() => {
-            let status = response.status().as_u16();
-            let body = response.text().await.unwrap_or_default();
+    let parsed = event::content_mode(&headers)
+        .and_then(|mode| event::from_single(mode, &headers, reply.body, &shared.reply_limits));
+    let event = match parsed {
+        Ok(event) => event,
+        Err(error) => {
             shared.metrics.failure(&target.label, "reply_refused");
-            tracing::warn!(subscription = %target.label, status, answer = %body, "the event-bus refused the sink's reply event; dropped");
+            tracing::warn!(subscription = %target.label, reason = %error.message, "the sink's reply is not a valid event; dropped");
+            return Ok(());
+        }
+    };
+    match shared.replies.publish(event).await {
+        Ok(_) => Ok(()),
+        Err(PublishFailure::TooLarge) => {
+            shared.metrics.failure(&target.label, "reply_refused");
+            tracing::warn!(subscription = %target.label, "the sink's reply is larger than NATS accepts; dropped");
             Ok(())
         }
-        Ok(response) => {
-            tracing::warn!(subscription = %target.label, status = response.status().as_u16(), "reply not stored; will retry the delivery");
-            Err("reply_not_stored")
-        }
-        Err(error) => {
-            tracing::warn!(subscription = %target.label, %error, "cannot reach the event-bus for a reply; will retry the delivery");
+        Err(failure) => {
+            tracing::warn!(subscription = %target.label, reason = failure.label(), "reply not stored; will retry the delivery");
             Err("reply_not_stored")
         }
     }

@@ -356,11 +356,8 @@ async fn accept(state: &AppState, request: Accepted<'_>, body: Body) -> Response
     state.metrics.received("publish", body.len() as u64);
 
     let parsed = match mode {
-        ContentMode::Binary => event::from_binary(headers, body, &limits),
-        ContentMode::Structured => {
-            event::from_structured(&body, &TraceContext::from_http(headers), &limits)
-        }
         ContentMode::Batch => return publish_batch(state, headers, &body, &limits).await,
+        single => event::from_single(single, headers, body, &limits),
     };
     match parsed {
         Ok(event) => publish_one(state, metric_mode, event).await,

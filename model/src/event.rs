@@ -472,6 +472,26 @@ pub fn from_binary(
     finish(builder, body, limits)
 }
 
+/// One event sent over HTTP in binary or structured mode, `mode` being [`content_mode`] of the
+/// headers. The event-bus's publish route and the dispatcher's replies both take this path, so
+/// an event is stored the same, byte for byte, whichever way it came in.
+pub fn from_single(
+    mode: ContentMode,
+    headers: &http::HeaderMap,
+    body: Bytes,
+    limits: &Limits,
+) -> Result<OutgoingEvent, EventError> {
+    match mode {
+        ContentMode::Binary => from_binary(headers, body, limits),
+        ContentMode::Structured => {
+            from_structured(&body, &TraceContext::from_http(headers), limits)
+        }
+        ContentMode::Batch => Err(EventError::unsupported(
+            "one event is expected here, not a batch",
+        )),
+    }
+}
+
 /// A structured-mode event: one JSON object.
 pub fn from_structured(
     body: &[u8],

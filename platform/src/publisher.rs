@@ -91,13 +91,7 @@ impl Publisher {
         recheck_stream: Arc<Notify>,
         shutdown: CancellationToken,
     ) -> Self {
-        // Deliberate, not the library's default: a publish past the limit waits for a slot
-        // (backpressure) instead of failing; batches keep their own share well below it.
-        let jetstream = jetstream::ContextBuilder::new()
-            .timeout(acks.timeout)
-            .max_ack_inflight(acks.max_in_flight)
-            .backpressure_on_inflight(true)
-            .build(client.clone());
+        let jetstream = ack_context(&client, acks);
         let inner = Arc::new(Inner {
             client,
             jetstream,
@@ -107,6 +101,22 @@ impl Publisher {
         });
         tokio::spawn(keep_stream(inner.clone(), wanted, shutdown));
         Self { inner }
+    }
+
+    /// Publishes into a stream someone else keeps in place (the dispatcher's replies go to the
+    /// stream the event-bus manages): nothing is spawned; a publish while the stream is missing
+    /// fails as [`PublishFailure::Refused`].
+    pub fn without_stream(client: async_nats::Client, acks: AckLimits) -> Self {
+        let jetstream = ack_context(&client, acks);
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                jetstream,
+                stream_ready: AtomicBool::new(true),
+                max_payload: AtomicUsize::new(0),
+                recheck_stream: Arc::new(Notify::new()),
+            }),
+        }
     }
 
     /// Connected to NATS and the stream is in place.
@@ -181,6 +191,17 @@ impl Publisher {
         tracing::warn!(reason = failure.label(), %error, "publish not acknowledged");
         failure
     }
+}
+
+/// A JetStream context with the ack limits. Deliberate, not the library's default: a publish past
+/// the limit waits for a slot (backpressure) instead of failing; batches keep their own share well
+/// below it.
+fn ack_context(client: &async_nats::Client, acks: AckLimits) -> jetstream::Context {
+    jetstream::ContextBuilder::new()
+        .timeout(acks.timeout)
+        .max_ack_inflight(acks.max_in_flight)
+        .backpressure_on_inflight(true)
+        .build(client.clone())
 }
 
 /// The NATS form of an event's headers. The model has checked every name and value as it set

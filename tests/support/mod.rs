@@ -137,7 +137,7 @@ impl Platform {
     /// Starts one more dispatcher process-equivalent (in-process) and returns its admin URL.
     pub async fn start_dispatcher(&self, ack_wait: Duration) -> String {
         let (listener, addr) = listener().await;
-        let mut args = eddy_dispatcher::Args::new(addr, self.nats.url(), self.bus.clone());
+        let mut args = eddy_dispatcher::Args::new(addr, self.nats.url());
         args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
         args.ack_wait = ack_wait;
         args.platform_token = Some(PLATFORM_TOKEN.to_owned());
@@ -311,8 +311,6 @@ impl Platform {
                 "127.0.0.1:0",
                 "--nats-url",
                 &self.nats.url(),
-                "--bus-url",
-                &self.bus,
             ])
             .env("EDDY_ALLOWED_SINKS", "http://127.0.0.1:")
             .env("EDDY_ACK_WAIT", ack_wait)
