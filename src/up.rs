@@ -1,4 +1,4 @@
-//! `eddy up`: every component in one process on one machine (DESIGN §1, local mode).
+//! `eddy up`: every component in one process on one machine (local mode, see docs/architecture.md).
 //!
 //! Starts `nats-server -js` as a child (unless `--nats-url` names a running one), then the
 //! components, prints one line per component when it is ready and a final "ready" line, and on

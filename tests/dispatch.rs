@@ -1,4 +1,4 @@
-//! Delivery of subscribed events (DESIGN §5), end to end through the event-bus, JetStream, the
+//! Delivery of subscribed events (docs/dispatcher.md), end to end through the event-bus, JetStream, the
 //! controller API and the dispatcher, to HTTP sinks in the test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,4 +1,4 @@
-//! The controller API of local mode (DESIGN §4): Kubernetes-style paths over the resource
+//! The controller API of local mode: Kubernetes-style paths over the resource
 //! store. Invalid resources are answered 422 with a Kubernetes `Status` whose causes name each
 //! bad field, before anything is stored.
 

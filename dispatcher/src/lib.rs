@@ -1,5 +1,5 @@
 //! The eddy dispatcher: one durable JetStream consumer per Subscription, pushing each event to
-//! its sink as a binary-mode CloudEvent over HTTP, at least once. See DESIGN §3 and §5, and
+//! its sink as a binary-mode CloudEvent over HTTP, at least once. See `docs/architecture.md` and
 //! `docs/dispatcher.md`.
 //!
 //! Any number of dispatcher processes can run against one NATS: they share each consumer, and

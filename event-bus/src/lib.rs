@@ -2,7 +2,7 @@
 //! content modes, plus the legacy JSON format) and answers 2xx only once NATS JetStream has
 //! stored the event.
 //!
-//! Stateless: any number of replicas can run against one NATS. See DESIGN §3 and §4.
+//! Stateless: any number of replicas can run against one NATS. See docs/event-bus.md and docs/architecture.md.
 
 pub mod metrics;
 pub mod routes;

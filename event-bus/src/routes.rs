@@ -1,4 +1,4 @@
-//! The HTTP surface of the event-bus (DESIGN §4). Built by [`router`] so tests drive it
+//! The HTTP surface of the event-bus (docs/event-bus.md). Built by [`router`] so tests drive it
 //! in-process; every refusal is a JSON body that names what is wrong and never leaks internals.
 
 use std::{

@@ -1,4 +1,4 @@
-//! The event-bus contract of DESIGN §4, against a real nats-server.
+//! The event-bus contract (docs/event-bus.md), against a real nats-server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -1,4 +1,4 @@
-//! The resource model (DESIGN §2): Function and Subscription, identical in local mode and on
+//! The resource model: Function and Subscription, identical in local mode and on
 //! Kubernetes. Field names follow Kyma's serverless and eventing v1alpha2 APIs.
 //!
 //! Defaults and validation are pure functions here so that the local API, the Kubernetes CRD

@@ -1,4 +1,4 @@
-// eddy runtime for Node.js 20: serves a user's handler.js over HTTP (DESIGN §4).
+// eddy runtime for Node.js 20: serves a user's handler.js over HTTP (docs/functions.md).
 //
 // handler.js exports `main(event, context)`. The event holds `data` (parsed JSON when the
 // content type is JSON), the CloudEvents attributes as `ce-*` keys, `extensions.request` and

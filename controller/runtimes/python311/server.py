@@ -1,4 +1,4 @@
-"""eddy runtime for Python 3.11: serves a user's handler.py over HTTP (DESIGN §4).
+"""eddy runtime for Python 3.11: serves a user's handler.py over HTTP (docs/functions.md).
 
 handler.py defines ``main(event, context)``. The event is a dict holding ``data`` (parsed JSON
 when the content type is JSON), the CloudEvents attributes as ``ce-*`` keys, and

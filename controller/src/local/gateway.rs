@@ -1,4 +1,4 @@
-//! The local gateway (DESIGN §4): `ANY /{namespace}/{function}/{rest...}` goes to the
+//! The local gateway (docs/functions.md): `ANY /{namespace}/{function}/{rest...}` goes to the
 //! least-loaded ready instance of the function, with the rest of the path and the query kept.
 //! A function scaled to zero gets an instance started and the request is held until it is ready.
 //! A request whose instance refused the connection (it just died) is sent to another one.
