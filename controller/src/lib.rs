@@ -111,14 +111,7 @@ pub struct KubernetesArgs {
 
 impl Default for KubernetesArgs {
     fn default() -> Self {
-        Self {
-            registry: "localhost:5000".to_owned(),
-            builder_image: "gcr.io/kaniko-project/executor:v1.23.2".to_owned(),
-            registry_secret: None,
-            insecure_registry: false,
-            publisher_url: "http://eddy-event-bus.eddy-system.svc.cluster.local/publish".to_owned(),
-            image_build_timeout: Duration::from_secs(900),
-        }
+        eddy_platform::flags::defaults()
     }
 }
 
@@ -263,31 +256,9 @@ impl Args {
     /// Defaults for everything but the NATS URL and the API address.
     pub fn new(api_addr: SocketAddr, nats_url: impl Into<String>) -> Self {
         Self {
-            backend: Backend::Local,
             api_addr,
-            gateway_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            gateway_url: None,
-            bus_url: "http://127.0.0.1:8081".to_owned(),
-            dispatcher_url: None,
-            node: PathBuf::from("node"),
-            npm: PathBuf::from("npm"),
-            python: PathBuf::from("python3"),
-            build_timeout: Duration::from_secs(300),
-            target_concurrency: 10,
-            scale_to_zero_after: Duration::from_secs(60),
-            scale_down_window: Duration::from_secs(30),
-            activation_timeout: Duration::from_secs(30),
-            startup_timeout: Duration::from_secs(30),
-            max_request_size: bytesize::ByteSize::mib(16),
             nats: NatsArgs::with_url(nats_url),
-            data_dir: PathBuf::from(".eddy"),
-            allowed_sinks: Vec::new(),
-            drain_timeout: Duration::from_secs(10),
-            serve: eddy_platform::net::ServeArgs::default(),
-            platform_token: None,
-            function_publisher_token: None,
-            api_auth: eddy_platform::auth::ApiTokenArgs::default(),
-            kubernetes: KubernetesArgs::default(),
+            ..eddy_platform::flags::defaults()
         }
     }
 }

@@ -171,16 +171,7 @@ impl Args {
         Self {
             addr,
             nats: NatsArgs::with_url(nats_url),
-            stream: StreamArgs::default(),
-            allowed_sinks: Vec::new(),
-            subscriptions_from: SubscriptionsFrom::Kv,
-            sink_resolution: sinks::Resolution::Local,
-            ack_wait: Duration::from_secs(30),
-            max_reply_size: bytesize::ByteSize::mib(1),
-            drain_timeout: Duration::from_secs(10),
-            serve: eddy_platform::net::ServeArgs::default(),
-            platform_token: None,
-            api_auth: eddy_platform::auth::ApiTokenArgs::default(),
+            ..eddy_platform::flags::defaults()
         }
     }
 }

@@ -128,18 +128,7 @@ impl Args {
         Self {
             addr,
             nats: NatsArgs::with_url(nats_url),
-            stream: StreamArgs::default(),
-            max_event_size: bytesize::ByteSize::mib(1),
-            max_batch_size: bytesize::ByteSize::mib(16),
-            max_batch_events: 10_000,
-            publish_timeout: Duration::from_secs(5),
-            tokens: Vec::new(),
-            token_file: None,
-            drain_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(30),
-            max_acks_in_flight: DEFAULT_MAX_ACKS_IN_FLIGHT,
-            max_concurrent_batches: DEFAULT_MAX_CONCURRENT_BATCHES,
-            serve: eddy_platform::net::ServeArgs::default(),
+            ..eddy_platform::flags::defaults()
         }
     }
 }

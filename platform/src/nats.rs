@@ -74,15 +74,7 @@ impl NatsArgs {
     pub fn with_url(url: impl Into<String>) -> Self {
         Self {
             nats_url: url.into(),
-            nats_creds: None,
-            nats_user: None,
-            nats_password: None,
-            nats_tls_ca: None,
-            nats_tls_cert: None,
-            nats_tls_key: None,
-            nats_tls: false,
-            inbox_prefix: None,
-            max_reconnect_delay: Duration::from_secs(2),
+            ..crate::flags::defaults()
         }
     }
 
@@ -180,12 +172,7 @@ pub struct StreamArgs {
 
 impl Default for StreamArgs {
     fn default() -> Self {
-        Self {
-            max_age: Duration::from_secs(7 * 24 * 3600),
-            max_bytes: bytesize::ByteSize::gib(1),
-            duplicate_window: Duration::from_secs(120),
-            replicas: 1,
-        }
+        crate::flags::defaults()
     }
 }
 
@@ -335,6 +322,26 @@ pub async fn ensure_stream(
         }
         Err(error) => Err(failed("lookup", error.to_string())),
     }
+}
+
+/// Where eddy finds nats-server, the same for `eddy up` and the test harness: the path given
+/// (`--nats-server` or `EDDY_NATS_SERVER`), then `PATH`, then the project's tool dir
+/// (`.tools/venv/bin`, where `scripts/setup` installs it) in `project_dir` or a directory above.
+pub fn find_nats_server(given: Option<PathBuf>, project_dir: &std::path::Path) -> Option<PathBuf> {
+    if let Some(path) = given {
+        return Some(path);
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("nats-server"))
+            .find(|candidate| candidate.is_file())
+    });
+    on_path.or_else(|| {
+        project_dir
+            .ancestors()
+            .map(|dir| dir.join(".tools/venv/bin/nats-server"))
+            .find(|candidate| candidate.is_file())
+    })
 }
 
 /// The client URL a nats-server started with `--ports_file_dir DIR` wrote into DIR, once it

@@ -42,13 +42,6 @@ pub fn no_delay(listener: TcpListener) -> impl Listener<Io = TcpStream, Addr = S
     })
 }
 
-/// Default of `--header-read-timeout`.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default of `--body-timeout`.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default of `--max-connections`.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
-
 /// Limits every listener of a process applies; flattened into each service's flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -63,18 +56,14 @@ pub struct ServeArgs {
     #[arg(
         long = "max-connections",
         env = "EDDY_MAX_CONNECTIONS",
-        default_value_t = DEFAULT_MAX_CONNECTIONS
+        default_value_t = 4_096
     )]
     pub max_connections: usize,
 }
 
 impl Default for ServeArgs {
     fn default() -> Self {
-        Self {
-            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-        }
+        crate::flags::defaults()
     }
 }
 

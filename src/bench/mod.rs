@@ -67,6 +67,7 @@ pub enum Scenario {
     E2e(LoadFlags),
     /// Stored events delivered to a no-op sink, against the limits of its parts.
     Dispatch {
+        /// Where and how to run.
         #[command(flatten)]
         flags: LoadFlags,
         /// Events to store and deliver.
@@ -121,23 +122,13 @@ async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
     let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
     let args = up::Args {
         data_dir: data_dir.path().to_path_buf(),
-        nats_url: None,
-        nats_creds: None,
-        nats_user: None,
-        nats_password: None,
         nats_server: flags.nats_server.clone(),
         bus_addr: local(0),
         gateway_addr: local(0),
         api_addr: local(0),
         dispatcher_addr: local(0),
-        max_event_size: bytesize::ByteSize::mib(1),
-        bus_tokens: Vec::new(),
-        bus_token_file: None,
-        serve: Default::default(),
         scale_to_zero_after: Duration::from_secs(3600),
-        apply: Vec::new(),
-        allowed_sinks: Vec::new(),
-        api_auth: Default::default(),
+        ..eddy_platform::flags::defaults()
     };
     let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
     let result = e2e::run(
@@ -344,23 +335,13 @@ async fn coldstart(
     let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
     let args = up::Args {
         data_dir: data_dir.path().to_path_buf(),
-        nats_url: None,
-        nats_creds: None,
-        nats_user: None,
-        nats_password: None,
         nats_server,
         bus_addr: local(0),
         gateway_addr: local(0),
         api_addr: local(0),
         dispatcher_addr: local(0),
-        max_event_size: bytesize::ByteSize::mib(1),
-        bus_tokens: Vec::new(),
-        bus_token_file: None,
-        serve: Default::default(),
         scale_to_zero_after: Duration::from_millis(300),
-        apply: Vec::new(),
-        allowed_sinks: Vec::new(),
-        api_auth: Default::default(),
+        ..eddy_platform::flags::defaults()
     };
     let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
     let result = measure_coldstart(&platform, runs, runtimes).await;

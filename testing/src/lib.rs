@@ -275,21 +275,12 @@ fn find_and_check() -> Result<PathBuf> {
     Ok(binary)
 }
 
+/// As `eddy up` finds it (`EDDY_NATS_SERVER`, PATH, the project's tool dir).
 fn find_binary() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("EDDY_NATS_SERVER") {
-        return Some(PathBuf::from(path));
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("nats-server"))
-            .find(|candidate| candidate.is_file())
-    });
-    on_path.or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .map(|dir| dir.join(".tools/venv/bin/nats-server"))
-            .find(|candidate| candidate.is_file())
-    })
+    eddy_platform::nats::find_nats_server(
+        std::env::var_os("EDDY_NATS_SERVER").map(PathBuf::from),
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+    )
 }
 
 /// Parses `nats-server: v2.10.7` into `(2, 10)`.

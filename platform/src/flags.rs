@@ -1,0 +1,54 @@
+//! Flag defaults, written once: in each flag's `default_value` attribute. `Args::new` and the
+//! `Default` impls of the flag groups take them from there through [`defaults`], so clap and the
+//! code that builds arguments by hand (`eddy up`, tests, benches) can never disagree.
+
+use clap::{Args, Command, FromArgMatches};
+
+/// What clap gives `T` for an empty command line, the environment ignored.
+///
+/// Every flag of the groups this is used for has a default, an `Option` or a `Vec`: a group
+/// where an empty command line does not parse is a programming error, caught by each crate's
+/// `defaults_match_an_empty_command_line` test, not something input can cause.
+pub fn defaults<T: Args + FromArgMatches>() -> T {
+    let command = T::augment_args(Command::new("defaults"))
+        .no_binary_name(true)
+        .mut_args(|arg| arg.env(None::<&str>));
+    let parsed = command
+        .try_get_matches_from(std::iter::empty::<&str>())
+        .and_then(|matches| T::from_arg_matches(&matches));
+    match parsed {
+        Ok(value) => value,
+        #[allow(clippy::panic)] // A flag declared without a default; see above.
+        Err(error) => panic!("flag defaults of {}: {error}", std::any::type_name::<T>()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[derive(Debug, clap::Args)]
+    struct Sample {
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        #[arg(long, default_value_t = 7)]
+        count: u32,
+        #[arg(long)]
+        name: Option<String>,
+        /// PATH is set wherever tests run: the default must win over it.
+        #[arg(long, env = "PATH", default_value = "from the attribute")]
+        path: String,
+    }
+
+    #[test]
+    fn defaults_come_from_the_attributes_not_the_environment() {
+        assert!(std::env::var_os("PATH").is_some());
+        let sample: Sample = defaults();
+        assert_eq!(sample.wait, Duration::from_secs(3));
+        assert_eq!(sample.count, 7);
+        assert_eq!(sample.name, None);
+        assert_eq!(sample.path, "from the attribute");
+    }
+}
