@@ -204,7 +204,7 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
                 outcome.delivered += 1;
             }
             Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
-                tracing::warn!(subscription = %target.label, reason, status, sequence, "redrive failed; kept in dead letters");
+                tracing::warn!(subscription = %target.label, %reason, status, sequence, "redrive failed; kept in dead letters");
                 outcome.failed += 1;
             }
         }

@@ -12,6 +12,77 @@ use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 /// everything outside printable ASCII).
 const CE_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
+/// Why a delivery failed, or what else went wrong with it: the `reason` of metrics, logs and the
+/// `eddy-dlq-reason` header, a fixed vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Failure {
+    /// The sink answered 408.
+    Http408,
+    /// The sink answered 429.
+    Http429,
+    /// The sink answered 5xx.
+    Http5xx,
+    /// The sink answered 3xx (redirects are not followed).
+    Http3xx,
+    /// The sink answered 4xx (not 408 or 429).
+    Http4xx,
+    /// The sink answered a status outside 200..=599.
+    HttpUnexpected,
+    /// No connection to the sink.
+    ConnectError,
+    /// The connection failed during the exchange.
+    TransportError,
+    /// No answer within the Subscription's timeout.
+    Timeout,
+    /// The sink's function has no address yet.
+    SinkUnresolved,
+    /// The sink is not a function and not an allowed URL.
+    SinkNotAllowed,
+    /// The sink is not a valid URL.
+    SinkInvalid,
+    /// The sink's reply event was not stored (retried with the delivery).
+    ReplyNotStored,
+    /// The sink's reply was not a valid event, or too large for NATS (dropped).
+    ReplyRefused,
+    /// The sink's answer was too large (or broken) to be a reply (ignored).
+    ReplyTooLarge,
+    /// The dead letter could not be stored (the event stays and comes back).
+    DeadLetterUnavailable,
+    /// Every attempt failed.
+    MaxAttempts,
+}
+
+impl Failure {
+    /// The label, as metrics, logs and dead letters show it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Http408 => "http_408",
+            Self::Http429 => "http_429",
+            Self::Http5xx => "http_5xx",
+            Self::Http3xx => "http_3xx",
+            Self::Http4xx => "http_4xx",
+            Self::HttpUnexpected => "http_unexpected",
+            Self::ConnectError => "connect_error",
+            Self::TransportError => "transport_error",
+            Self::Timeout => "timeout",
+            Self::SinkUnresolved => "sink_unresolved",
+            Self::SinkNotAllowed => "sink_not_allowed",
+            Self::SinkInvalid => "sink_invalid",
+            Self::ReplyNotStored => "reply_not_stored",
+            Self::ReplyRefused => "reply_refused",
+            Self::ReplyTooLarge => "reply_too_large",
+            Self::DeadLetterUnavailable => "dead_letter_unavailable",
+            Self::MaxAttempts => "max_attempts",
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 /// What to do with an event after a delivery attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -22,15 +93,15 @@ pub enum Verdict {
     },
     /// It may succeed later: nak with backoff (or dead-letter when attempts are used up).
     Retry {
-        /// Bounded reason label.
-        reason: &'static str,
+        /// Why.
+        reason: Failure,
         /// The sink's status, when it answered.
         status: Option<u16>,
     },
     /// It will never succeed: dead-letter now.
     Dead {
-        /// Bounded reason label.
-        reason: &'static str,
+        /// Why.
+        reason: Failure,
         /// The sink's status, when it answered.
         status: Option<u16>,
     },
@@ -41,27 +112,27 @@ pub fn classify_status(status: u16) -> Verdict {
     match status {
         200..=299 => Verdict::Delivered { status },
         408 => Verdict::Retry {
-            reason: "http_408",
+            reason: Failure::Http408,
             status: Some(status),
         },
         429 => Verdict::Retry {
-            reason: "http_429",
+            reason: Failure::Http429,
             status: Some(status),
         },
         500..=599 => Verdict::Retry {
-            reason: "http_5xx",
+            reason: Failure::Http5xx,
             status: Some(status),
         },
         300..=399 => Verdict::Dead {
-            reason: "http_3xx",
+            reason: Failure::Http3xx,
             status: Some(status),
         },
         400..=499 => Verdict::Dead {
-            reason: "http_4xx",
+            reason: Failure::Http4xx,
             status: Some(status),
         },
         _ => Verdict::Dead {
-            reason: "http_unexpected",
+            reason: Failure::HttpUnexpected,
             status: Some(status),
         },
     }
@@ -71,9 +142,9 @@ pub fn classify_status(status: u16) -> Verdict {
 /// the deadline.)
 pub fn classify_error(error: &hyper_util::client::legacy::Error) -> Verdict {
     let reason = if error.is_connect() {
-        "connect_error"
+        Failure::ConnectError
     } else {
-        "transport_error"
+        Failure::TransportError
     };
     Verdict::Retry {
         reason,

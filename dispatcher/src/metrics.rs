@@ -1,6 +1,7 @@
 //! Dispatcher metrics, per subscription (`namespace/name`: a bounded set, owned by operators)
 //! and reason (a fixed vocabulary), never per event.
 
+use crate::delivery::Failure;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -151,37 +152,37 @@ impl Metrics {
     }
 
     /// A delivery failed and will be retried.
-    pub fn retried(&self, subscription: &str, reason: &'static str, seconds: f64) {
+    pub fn retried(&self, subscription: &str, reason: Failure, seconds: f64) {
         let label = Self::label(subscription);
         self.retried.get_or_create(&label).inc();
         self.duration.get_or_create(&label).observe(seconds);
         self.failures
             .get_or_create(&ReasonLabels {
                 subscription: subscription.to_owned(),
-                reason,
+                reason: reason.label(),
             })
             .inc();
     }
 
     /// An event went to dead letters.
-    pub fn dead_lettered(&self, subscription: &str, reason: &'static str) {
+    pub fn dead_lettered(&self, subscription: &str, reason: Failure) {
         self.dead_lettered
             .get_or_create(&Self::label(subscription))
             .inc();
         self.failures
             .get_or_create(&ReasonLabels {
                 subscription: subscription.to_owned(),
-                reason,
+                reason: reason.label(),
             })
             .inc();
     }
 
     /// Counts a failure that is neither a retry nor a dead letter (e.g. a refused reply).
-    pub fn failure(&self, subscription: &str, reason: &'static str) {
+    pub fn failure(&self, subscription: &str, reason: Failure) {
         self.failures
             .get_or_create(&ReasonLabels {
                 subscription: subscription.to_owned(),
-                reason,
+                reason: reason.label(),
             })
             .inc();
     }

@@ -21,7 +21,7 @@ use eddy_platform::{
 };
 use futures::StreamExt as _;
 
-use crate::delivery::Verdict;
+use crate::delivery::{Failure, Verdict};
 
 /// How function sinks are resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,10 +82,10 @@ impl Sinks {
     /// without a URL yet may get one (retry).
     pub fn resolve(&self, sink: &str) -> Result<Resolved, Verdict> {
         let (url, authorization) = self.resolve_text(sink)?;
-        let uri = http::Uri::try_from(url).map_err(|_| never("sink_invalid"))?;
+        let uri = http::Uri::try_from(url).map_err(|_| never(Failure::SinkInvalid))?;
         if uri.scheme() != Some(&http::uri::Scheme::HTTP) || uri.host().is_none() {
             // Sinks are plain HTTP: TLS to functions is the mesh's job on Kubernetes.
-            return Err(never("sink_invalid"));
+            return Err(never(Failure::SinkInvalid));
         }
         Ok(Resolved { uri, authorization })
     }
@@ -98,10 +98,10 @@ impl Sinks {
             let functions = self
                 .functions
                 .read()
-                .map_err(|_| not_yet("sink_unresolved"))?;
+                .map_err(|_| not_yet(Failure::SinkUnresolved))?;
             let base = functions
                 .get(&(function.namespace, function.function))
-                .ok_or(not_yet("sink_unresolved"))?;
+                .ok_or(not_yet(Failure::SinkUnresolved))?;
             return Ok((
                 join(base, &function.path_and_query),
                 self.platform_token.clone(),
@@ -110,8 +110,8 @@ impl Sinks {
         // Sent to the normalized URL that was checked, not to the text as written.
         match self.policy.allowed_url(sink) {
             Some(url) => Ok((url.into(), None)),
-            None if url::Url::parse(sink).is_err() => Err(never("sink_invalid")),
-            None => Err(never("sink_not_allowed")),
+            None if url::Url::parse(sink).is_err() => Err(never(Failure::SinkInvalid)),
+            None => Err(never(Failure::SinkNotAllowed)),
         }
     }
 
@@ -161,14 +161,14 @@ impl Sinks {
     }
 }
 
-fn never(reason: &'static str) -> Verdict {
+fn never(reason: Failure) -> Verdict {
     Verdict::Dead {
         reason,
         status: None,
     }
 }
 
-fn not_yet(reason: &'static str) -> Verdict {
+fn not_yet(reason: Failure) -> Verdict {
     Verdict::Retry {
         reason,
         status: None,
@@ -227,7 +227,7 @@ mod tests {
     fn function_sinks_resolve_through_status() {
         let sinks = Sinks::new(Resolution::Local, SinkPolicy::default());
         let sink = "http://stock.shop.svc.cluster.local";
-        assert_eq!(sinks.url_of(sink), Err(not_yet("sink_unresolved")));
+        assert_eq!(sinks.url_of(sink), Err(not_yet(Failure::SinkUnresolved)));
         let before = sinks.generation();
         sinks.set_function_url(
             "shop",
@@ -246,7 +246,7 @@ mod tests {
             "http://127.0.0.1:8080/shop/stock/hook?x=1"
         );
         sinks.set_function_url("shop", "stock", None);
-        assert_eq!(sinks.url_of(sink), Err(not_yet("sink_unresolved")));
+        assert_eq!(sinks.url_of(sink), Err(not_yet(Failure::SinkUnresolved)));
     }
 
     #[test]
@@ -263,7 +263,7 @@ mod tests {
         );
         assert_eq!(
             sinks.url_of("http://10.0.0.1/x"),
-            Err(never("sink_not_allowed"))
+            Err(never(Failure::SinkNotAllowed))
         );
         let anything = Sinks::new(
             Resolution::Direct,
@@ -273,14 +273,14 @@ mod tests {
         );
         assert_eq!(
             anything.url_of("https://example.com/x"),
-            Err(never("sink_invalid"))
+            Err(never(Failure::SinkInvalid))
         );
         assert_eq!(
             sinks.url_of("http://127.0.0.1:9@10.0.0.1:8083/dlq"),
-            Err(never("sink_not_allowed")),
+            Err(never(Failure::SinkNotAllowed)),
             "userinfo cannot smuggle another host past the policy"
         );
-        assert_eq!(anything.url_of("not a url"), Err(never("sink_invalid")));
+        assert_eq!(anything.url_of("not a url"), Err(never(Failure::SinkInvalid)));
         assert_eq!(
             sinks.url_of("http://stock.shop.svc.cluster.local").unwrap(),
             "http://stock.shop.svc.cluster.local/"

@@ -28,7 +28,7 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 
 use crate::{
     consumer::{self, ConsumerPlan},
-    delivery::{self, Verdict},
+    delivery::{self, Failure, Verdict},
     metrics::{Metrics, SubscriptionMetrics},
     sinks::{Resolved, Sinks},
 };
@@ -269,7 +269,7 @@ async fn handle(
     let verdict = if attempt > target.policy.max_attempts {
         // The last delivery after a crash during the final attempt: hand it to dead letters.
         Verdict::Dead {
-            reason: "max_attempts",
+            reason: Failure::MaxAttempts,
             status: None,
         }
     } else {
@@ -302,7 +302,7 @@ async fn handle(
             let delay = target.policy.retry_delay(attempt);
             shared.metrics.retried(&target.label, reason, seconds);
             tracing::warn!(
-                subscription = %target.label, reason, status, attempt,
+                subscription = %target.label, %reason, status, attempt,
                 max_attempts = target.policy.max_attempts, retry_in = ?delay, stream_sequence,
                 "delivery failed; will retry"
             );
@@ -365,7 +365,7 @@ pub async fn deliver(
             answer = &mut exchange => break answer,
             () = &mut timer => {
                 if tokio::time::Instant::now() >= deadline {
-                    return Verdict::Retry { reason: "timeout", status: None };
+                    return Verdict::Retry { reason: Failure::Timeout, status: None };
                 }
                 if let Some(message) = progress {
                     if let Err(error) = message.ack_with(AckKind::Progress).await {
@@ -422,7 +422,7 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
     let reply = match (reply_headers, body) {
         (Some(headers), Ok(body)) => delivery::reply_event(&headers, body),
         (Some(_), Err(_)) => {
-            shared.metrics.failure(&target.label, "reply_too_large");
+            shared.metrics.failure(&target.label, Failure::ReplyTooLarge);
             tracing::warn!(subscription = %target.label, "the sink's answer is too large (or broken) to be a reply; ignored");
             None
         }
@@ -440,7 +440,7 @@ async fn publish_reply(
     target: &Target,
     stored_headers: Option<&NatsHeaders>,
     reply: delivery::Reply,
-) -> Result<(), &'static str> {
+) -> Result<(), Failure> {
     let mut headers = reply.headers;
     if let Some(traceparent) = stored_headers
         .and_then(|h| h.get(names::TRACEPARENT))
@@ -453,7 +453,7 @@ async fn publish_reply(
     let event = match parsed {
         Ok(event) => event,
         Err(error) => {
-            shared.metrics.failure(&target.label, "reply_refused");
+            shared.metrics.failure(&target.label, Failure::ReplyRefused);
             tracing::warn!(subscription = %target.label, reason = %error.message, "the sink's reply is not a valid event; dropped");
             return Ok(());
         }
@@ -461,13 +461,13 @@ async fn publish_reply(
     match shared.replies.publish(event).await {
         Ok(_) => Ok(()),
         Err(PublishFailure::TooLarge) => {
-            shared.metrics.failure(&target.label, "reply_refused");
+            shared.metrics.failure(&target.label, Failure::ReplyRefused);
             tracing::warn!(subscription = %target.label, "the sink's reply is larger than NATS accepts; dropped");
             Ok(())
         }
         Err(failure) => {
             tracing::warn!(subscription = %target.label, reason = failure.label(), "reply not stored; will retry the delivery");
-            Err("reply_not_stored")
+            Err(Failure::ReplyNotStored)
         }
     }
 }
@@ -478,7 +478,7 @@ async fn dead_letter(
     shared: &Shared,
     target: &Target,
     message: &jetstream::Message,
-    reason: &'static str,
+    reason: Failure,
     status: Option<u16>,
     attempt: u32,
     stream_sequence: u64,
@@ -504,7 +504,7 @@ async fn dead_letter(
         Ok(()) => {
             shared.metrics.dead_lettered(&target.label, reason);
             tracing::warn!(
-                subscription = %target.label, reason, status, attempt, stream_sequence,
+                subscription = %target.label, %reason, status, attempt, stream_sequence,
                 "event sent to dead letters"
             );
             if let Err(error) = message.ack().await {
@@ -514,8 +514,8 @@ async fn dead_letter(
         Err(error) => {
             shared
                 .metrics
-                .failure(&target.label, "dead_letter_unavailable");
-            tracing::error!(subscription = %target.label, %error, reason, "cannot store the dead letter; the event stays and comes back");
+                .failure(&target.label, Failure::DeadLetterUnavailable);
+            tracing::error!(subscription = %target.label, %error, %reason, "cannot store the dead letter; the event stays and comes back");
             let _ = message
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;
@@ -527,7 +527,7 @@ async fn dead_letter(
 pub fn dead_letter_headers(
     original: Option<&NatsHeaders>,
     target: &Target,
-    reason: &str,
+    reason: Failure,
     status: Option<u16>,
     attempt: u32,
     stream_sequence: u64,
@@ -548,7 +548,7 @@ pub fn dead_letter_headers(
             headers.insert(HeaderName::from_static(name), value);
         }
     };
-    set(names::DLQ_REASON, reason.to_owned());
+    set(names::DLQ_REASON, reason.label().to_owned());
     if let Some(status) = status {
         set(names::DLQ_STATUS, status.to_string());
     }
@@ -574,7 +574,7 @@ mod tests {
         assert_eq!(
             cache.get(&sinks, sink).err(),
             Some(Verdict::Retry {
-                reason: "sink_unresolved",
+                reason: Failure::SinkUnresolved,
                 status: None
             })
         );
@@ -600,7 +600,7 @@ mod tests {
         assert_eq!(
             cache.get(&sinks, sink).err(),
             Some(Verdict::Retry {
-                reason: "sink_unresolved",
+                reason: Failure::SinkUnresolved,
                 status: None
             })
         );
@@ -627,7 +627,7 @@ mod tests {
                 timeout: Duration::from_secs(1),
             },
         };
-        let headers = dead_letter_headers(Some(&original), &target, "http_5xx", Some(500), 3, 42);
+        let headers = dead_letter_headers(Some(&original), &target, Failure::Http5xx, Some(500), 3, 42);
         assert_eq!(headers.get("ce-id").unwrap().as_str(), "1");
         assert!(headers.get("Nats-Msg-Id").is_none());
         assert_eq!(headers.get(names::DLQ_REASON).unwrap().as_str(), "http_5xx");
