@@ -373,7 +373,10 @@ mod tests {
             &*args,
             &eddy_controller::Args::new(args.api_addr, args.nats.nats_url.clone()),
         );
-        same(&args.kubernetes, &eddy_controller::KubernetesArgs::default());
+        same(
+            &args.kubernetes,
+            &eddy_controller::KubernetesArgs::default(),
+        );
 
         let Command::Up(up) = parse(&["eddy", "up"]) else {
             panic!("not up");

@@ -280,7 +280,10 @@ mod tests {
             Err(never(Failure::SinkNotAllowed)),
             "userinfo cannot smuggle another host past the policy"
         );
-        assert_eq!(anything.url_of("not a url"), Err(never(Failure::SinkInvalid)));
+        assert_eq!(
+            anything.url_of("not a url"),
+            Err(never(Failure::SinkInvalid))
+        );
         assert_eq!(
             sinks.url_of("http://stock.shop.svc.cluster.local").unwrap(),
             "http://stock.shop.svc.cluster.local/"

@@ -422,7 +422,9 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
     let reply = match (reply_headers, body) {
         (Some(headers), Ok(body)) => delivery::reply_event(&headers, body),
         (Some(_), Err(_)) => {
-            shared.metrics.failure(&target.label, Failure::ReplyTooLarge);
+            shared
+                .metrics
+                .failure(&target.label, Failure::ReplyTooLarge);
             tracing::warn!(subscription = %target.label, "the sink's answer is too large (or broken) to be a reply; ignored");
             None
         }
@@ -627,7 +629,8 @@ mod tests {
                 timeout: Duration::from_secs(1),
             },
         };
-        let headers = dead_letter_headers(Some(&original), &target, Failure::Http5xx, Some(500), 3, 42);
+        let headers =
+            dead_letter_headers(Some(&original), &target, Failure::Http5xx, Some(500), 3, 42);
         assert_eq!(headers.get("ce-id").unwrap().as_str(), "1");
         assert!(headers.get("Nats-Msg-Id").is_none());
         assert_eq!(headers.get(names::DLQ_REASON).unwrap().as_str(), "http_5xx");
