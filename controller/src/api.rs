@@ -74,14 +74,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
 
 /// A Kubernetes `Status` failure.
 pub fn status(code: StatusCode, reason: &str, message: &str, details: Option<Value>) -> Response {
-    let mut body = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16(),
-    });
-    if let Some(details) = details {
-        body["details"] = details;
-    }
-    (code, Json(body)).into_response()
+    eddy_platform::errors::ErrorResponse::kubernetes_status(code, reason, message, details)
+        .into_response()
 }
 
 fn store_failure(error: &StoreError) -> Response {

@@ -45,7 +45,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({ "error": message.into() }))).into_response()
+    eddy_platform::errors::ErrorResponse::message(status, message).into_response()
 }
 
 async fn readyz(State(state): Admin) -> Response {

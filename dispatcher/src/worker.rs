@@ -57,11 +57,8 @@ pub type SinkClient = Client<HttpConnector, Full<Bytes>>;
 
 /// A pooled HTTP/1 client for sinks.
 pub fn sink_client(pool_idle_timeout: Duration) -> SinkClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(pool_idle_timeout)
-        .build(connector)
+    // No connect timeout of its own: the Subscription's delivery timeout bounds the whole try.
+    eddy_platform::net::pooled_client(pool_idle_timeout, None)
 }
 
 /// One Subscription, as the worker sees it.

@@ -29,13 +29,11 @@ use eddy_model::{
 };
 use eddy_platform::{
     auth::Tokens,
+    errors::ErrorResponse,
     publisher::{PublishFailure, Publisher, Stored},
 };
 
 use crate::metrics::{Metrics, Mode, Outcome};
-
-/// Seconds a publisher should wait before retrying after a 503.
-const RETRY_AFTER_SECONDS: &str = "1";
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -184,23 +182,12 @@ async fn metrics(State(state): Shared) -> Response {
 
 /// A refusal of `/publish`, as JSON.
 fn refusal(status: StatusCode, message: &str, field: Option<&str>) -> Response {
-    let mut body = json!({ "error": message });
-    if let Some(field) = field {
-        body["field"] = json!(field);
+    let error = ErrorResponse::message(status, message);
+    match field {
+        Some(field) => error.with("field", json!(field)),
+        None => error,
     }
-    let mut response = (status, Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static(RETRY_AFTER_SECONDS),
-        );
-    }
-    if status == StatusCode::UNAUTHORIZED {
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    response
+    .into_response()
 }
 
 fn refusal_status(refusal: Refusal) -> (StatusCode, Outcome) {
@@ -510,16 +497,9 @@ async fn publish_batch(
     } else {
         "some events were not stored"
     };
-    let mut response = (
-        status,
-        Json(json!({ "error": message, "results": entries })),
-    )
-        .into_response();
-    response.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from_static(RETRY_AFTER_SECONDS),
-    );
-    response
+    ErrorResponse::new(status, json!({ "error": message, "results": entries }))
+        .retry_after()
+        .into_response()
 }
 
 fn is_json_media_type(content_type: Option<&HeaderValue>) -> bool {
@@ -543,14 +523,7 @@ fn legacy_error(
     };
     let body =
         json!({ "status": status.as_u16(), "type": kind, "message": message, "details": details });
-    let mut response = (status, Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static(RETRY_AFTER_SECONDS),
-        );
-    }
-    response
+    ErrorResponse::new(status, body).into_response()
 }
 
 async fn publish_legacy(
@@ -561,15 +534,11 @@ async fn publish_legacy(
     let (parts, body) = request.into_parts();
     if !state.authorized(&parts.headers) {
         state.metrics.events(Mode::Legacy, Outcome::Unauthorized, 1);
-        let mut response = legacy_error(
+        return legacy_error(
             StatusCode::UNAUTHORIZED,
             "a valid bearer token is required",
             &[],
         );
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return response;
     }
     // JSON only: a browser can send `text/plain` cross-origin without asking first.
     if !is_json_media_type(parts.headers.get(header::CONTENT_TYPE)) {

@@ -143,16 +143,14 @@ async fn require_token(
     if open || tokens.allows(request.headers()) || query_token_allowed(&tokens, &request) {
         return next.run(request).await;
     }
-    let body = serde_json::json!({
-        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 401,
-        "reason": "Unauthorized", "message": "a valid bearer token is required (Authorization: Bearer <token>)",
-    });
-    (
+    crate::errors::ErrorResponse::new(
         http::StatusCode::UNAUTHORIZED,
-        [(http::header::WWW_AUTHENTICATE, "Bearer")],
-        axum::Json(body),
+        serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 401,
+            "reason": "Unauthorized", "message": "a valid bearer token is required (Authorization: Bearer <token>)",
+        }),
     )
-        .into_response()
+    .into_response()
 }
 
 fn query_token_allowed(tokens: &Tokens, request: &axum::extract::Request) -> bool {

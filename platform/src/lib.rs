@@ -5,6 +5,7 @@
 //! or replaced alone.
 
 pub mod auth;
+pub mod errors;
 pub mod flags;
 pub mod nats;
 pub mod net;

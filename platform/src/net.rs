@@ -67,6 +67,25 @@ impl Default for ServeArgs {
     }
 }
 
+/// A pooled HTTP/1 client for eddy's own hops (the dispatcher to sinks, the gateway to function
+/// instances): TCP_NODELAY, idle connections closed after `idle`, an optional connect timeout.
+/// It follows no redirects: a sink or an instance cannot send eddy elsewhere.
+pub fn pooled_client<B>(
+    idle: Duration,
+    connect_timeout: Option<Duration>,
+) -> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, B>
+where
+    B: http_body::Body + Send,
+    B::Data: Send,
+{
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(connect_timeout);
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(idle)
+        .build(connector)
+}
+
 /// What a listener checks of browsers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Browsers {
@@ -279,7 +298,7 @@ pub fn is_stalled(error: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 fn refuse(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
+    crate::errors::ErrorResponse::message(status, message).into_response()
 }
 
 /// A host name that means this machine's loopback interface.

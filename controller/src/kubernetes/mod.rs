@@ -601,13 +601,19 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     let probes = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/readyz", axum::routing::get(|| async { "ok" }));
-    let server =
-        axum::serve(listener, probes).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let server = eddy_platform::net::serve(
+        listener,
+        probes,
+        &args.serve,
+        eddy_platform::net::Browsers::SameOrigin,
+        shutdown.clone(),
+        args.drain_timeout,
+    );
     eddy_platform::output::say(format!(
         "controller (kubernetes backend) ready on http://{}",
         args.api_addr
     ));
-    let (served, ()) = tokio::join!(server.into_future(), run(client, context, shutdown));
+    let (served, ()) = tokio::join!(server, run(client, context, shutdown));
     served.map_err(Error::Serve)
 }
 

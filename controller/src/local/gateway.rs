@@ -12,7 +12,7 @@ use std::{
 };
 
 use axum::{
-    Json, Router,
+    Router,
     body::Body,
     extract::{Request, State},
     http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header},
@@ -22,7 +22,6 @@ use bytes::Bytes;
 use eddy_model::resources::{is_dns1035_label, is_dns1123_label};
 use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use serde_json::json;
 
 use super::pool::{INSTANCE_SECRET_HEADER, Lease, Pool};
 
@@ -51,12 +50,10 @@ impl Gateway {
         request_timeout: Duration,
         max_body: usize,
     ) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let client = eddy_platform::net::pooled_client(
+            Duration::from_secs(30),
+            Some(Duration::from_secs(2)),
+        );
         Self {
             pools,
             bypass: None,
@@ -86,7 +83,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({ "error": message.into() }))).into_response()
+    eddy_platform::errors::ErrorResponse::message(status, message).into_response()
 }
 
 /// Splits `/{namespace}/{function}/{rest}` (raw, still percent-encoded) into its parts.
@@ -159,15 +156,10 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     if let Some(tokens) = pool.access() {
         let headers = request.headers();
         if !platform_call && !tokens.allows(headers) {
-            let mut refused = error(
+            return error(
                 StatusCode::UNAUTHORIZED,
                 format!("function {namespace}/{function} needs a bearer token"),
             );
-            refused.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                http::HeaderValue::from_static("Bearer"),
-            );
-            return refused;
         }
     }
     let mut path_and_query = rest;
@@ -304,14 +296,10 @@ async fn acquire(pool: &Arc<Pool>, deadline: Instant) -> Result<Lease, Response>
                 .last_error()
                 .map(|e| format!(": {e}"))
                 .unwrap_or_default();
-            let mut response = error(
+            return Err(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("no instance became ready in time{detail}"),
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Err(response);
+            ));
         }
         // Woken when an instance changes; the timeout re-checks now and then regardless.
         let _ =
