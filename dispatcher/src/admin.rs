@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::{
     deadletter,
-    manager::{Manager, ReplayFrom},
+    manager::{ManagerHandle, ReplayFrom},
     worker::Shared,
 };
 
@@ -24,7 +24,7 @@ pub struct AdminState {
     /// Delivery context.
     pub shared: Arc<Shared>,
     /// The workers.
-    pub manager: Arc<Manager>,
+    pub manager: ManagerHandle,
     /// NATS client, for readiness.
     pub client: async_nats::Client,
 }

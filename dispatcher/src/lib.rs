@@ -9,6 +9,7 @@ pub mod admin;
 pub mod consumer;
 pub mod deadletter;
 pub mod delivery;
+pub mod index;
 pub mod manager;
 pub mod metrics;
 pub mod sinks;
@@ -263,14 +264,14 @@ impl Dispatcher {
             },
             progress_every: (ack_wait / 3).max(Duration::from_millis(100)),
         });
-        let manager = Arc::new(manager::Manager::new(
+        let (manager, manager_task) = manager::start(
             shared.clone(),
             policy,
             ack_wait,
             drain_timeout,
+            source,
             shutdown.child_token(),
-        ));
-        let manager_task = tokio::spawn(manager.clone().run(source));
+        );
         let router = eddy_platform::auth::protect(
             admin::router(Arc::new(admin::AdminState {
                 shared,

@@ -1,32 +1,36 @@
-//! Keeps one worker per Subscription in line with the stored Subscriptions: started, restarted
-//! with the new settings when the spec changes (the consumer is updated in place), stopped and
-//! its consumer deleted when the Subscription goes. Replays run beside the live workers.
+//! Keeps one worker per Subscription in line with the Subscriptions: started, restarted with the
+//! new settings when the spec changes (the consumer is updated in place), stopped and its
+//! consumer deleted when the Subscription goes. Replays run beside the live workers.
+//!
+//! One task owns every map. Changes from the source and requests from the admin API reach it as
+//! messages; what to do about a change is decided by the pure [`SubscriptionIndex`]; the admin
+//! API reads a snapshot the task publishes after each change.
 
 use std::{
-    collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
     time::Duration,
 };
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
-use eddy_model::resources::{
-    SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription,
-};
+use eddy_model::resources::{SinkPolicy, Subscription, consumer_name};
 use eddy_platform::{
     nats::EVENTS_STREAM,
     shutdown::CancellationToken,
-    store::{Change, Store, StoredResource as _},
+    store::{Change, Resync, Store, StoredResource as _},
 };
 use futures::StreamExt as _;
-use tokio::task::JoinHandle;
+use tokio::{
+    sync::{mpsc, oneshot, watch},
+    task::JoinHandle,
+};
 
 use crate::{
     Error, Result,
     consumer::{ConsumerPlan, consumer_config},
+    index::{Action, Key, SubscriptionIndex},
     worker::{self, Shared, Target},
 };
-
-type Key = (String, String);
 
 /// Where the dispatcher learns about Subscriptions.
 pub enum SubscriptionSource {
@@ -34,27 +38,6 @@ pub enum SubscriptionSource {
     Store(Box<Store>),
     /// Subscription objects in a Kubernetes cluster.
     Kubernetes(kube::Client),
-}
-
-struct Running {
-    target: Arc<Target>,
-    plan: ConsumerPlan,
-    cancel: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-/// The workers of this dispatcher process.
-pub struct Manager {
-    shared: Arc<Shared>,
-    sinks: SinkPolicy,
-    ack_wait: Duration,
-    drain_timeout: Duration,
-    workers: tokio::sync::Mutex<HashMap<Key, Running>>,
-    targets: Mutex<HashMap<Key, Arc<Target>>>,
-    replays: Mutex<HashMap<Key, CancellationToken>>,
-    known: Mutex<HashSet<Key>>,
-    synced: std::sync::atomic::AtomicBool,
-    shutdown: CancellationToken,
 }
 
 /// Where a replay starts.
@@ -66,251 +49,318 @@ pub enum ReplayFrom {
     Sequence(u64),
 }
 
-/// The target and consumer plan of a valid Subscription.
-pub fn plan_for(
-    subscription: &Subscription,
-    sinks: &SinkPolicy,
-    ack_wait: Duration,
-) -> Result<(Target, ConsumerPlan), String> {
-    let errors = validate_subscription(subscription, sinks);
-    if !errors.is_empty() {
-        return Err(describe_errors(&errors));
-    }
-    let namespace = subscription
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_owned());
-    let name = subscription.metadata.name.clone().unwrap_or_default();
-    let policy = subscription
-        .spec
-        .delivery_policy()
-        .map_err(|_| "invalid delivery settings".to_owned())?;
-    let types = subscription
-        .spec
-        .type_subjects()
-        .map_err(|_| "invalid types".to_owned())?;
-    let plan = ConsumerPlan {
-        name: consumer_name(&namespace, &name),
-        filter_subjects: types.into_iter().map(|t| t.subject).collect(),
-        policy,
-        ack_wait,
-    };
-    let target = Target {
-        label: format!("{namespace}/{name}"),
-        namespace,
-        name,
-        sink: subscription.spec.sink.clone(),
-        policy,
-    };
-    Ok((target, plan))
+/// What the admin API sees of the manager: the Subscriptions delivered for, and replays on
+/// request. Cheap to clone.
+#[derive(Clone)]
+pub struct ManagerHandle {
+    view: watch::Receiver<View>,
+    requests: mpsc::Sender<Request>,
 }
 
-impl Manager {
-    /// A manager with no workers yet.
-    pub fn new(
-        shared: Arc<Shared>,
-        sinks: SinkPolicy,
-        ack_wait: Duration,
-        drain_timeout: Duration,
-        shutdown: CancellationToken,
-    ) -> Self {
-        Self {
-            shared,
-            sinks,
-            ack_wait,
-            drain_timeout,
-            workers: tokio::sync::Mutex::default(),
-            targets: Mutex::default(),
-            replays: Mutex::default(),
-            known: Mutex::default(),
-            synced: std::sync::atomic::AtomicBool::new(false),
-            shutdown,
-        }
-    }
+/// The manager's state as last published.
+#[derive(Debug, Clone, Default)]
+struct View {
+    targets: Arc<BTreeMap<Key, Arc<Target>>>,
+    synced: bool,
+}
 
+struct ReplayRequest {
+    target: Arc<Target>,
+    from: ReplayFrom,
+    answer: oneshot::Sender<Result<u64>>,
+}
+
+enum Request {
+    Replay(ReplayRequest),
+}
+
+enum Message {
+    Change(Change<Subscription>),
+    /// A replay's task ended; `generation` tells it from a newer replay of the same Subscription.
+    ReplayEnded {
+        key: Key,
+        generation: u64,
+    },
+}
+
+impl ManagerHandle {
     /// Whether the first full list of Subscriptions has been applied.
     pub fn is_synced(&self) -> bool {
-        self.synced.load(std::sync::atomic::Ordering::Acquire)
+        self.view.borrow().synced
     }
 
-    /// The Subscriptions this dispatcher delivers for.
+    /// The Subscriptions this dispatcher delivers for, by label.
     pub fn targets(&self) -> Vec<Arc<Target>> {
-        let mut targets: Vec<_> = self
-            .targets
-            .lock()
-            .map(|t| t.values().cloned().collect())
-            .unwrap_or_default();
+        let mut targets: Vec<_> = self.view.borrow().targets.values().cloned().collect();
         targets.sort_by(|a, b| a.label.cmp(&b.label));
         targets
     }
 
     /// One Subscription's target.
     pub fn target(&self, namespace: &str, name: &str) -> Option<Arc<Target>> {
-        self.targets
-            .lock()
-            .ok()?
+        self.view
+            .borrow()
+            .targets
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
     }
 
-    /// Follows the Subscriptions until shutdown, then stops every worker.
-    pub async fn run(self: Arc<Self>, source: SubscriptionSource) {
-        match source {
-            SubscriptionSource::Store(store) => {
-                store
-                    .follow::<Subscription, _, _>(&self.shutdown, |change| {
-                        let manager = self.clone();
-                        async move { manager.handle(change).await }
-                    })
-                    .await;
+    /// Starts redelivering stored events to one Subscription, touching no other. Returns how
+    /// many events the replay covers.
+    pub async fn replay(&self, target: Arc<Target>, from: ReplayFrom) -> Result<u64> {
+        let shutting_down = |label: &str| Error::Consumer {
+            consumer: format!("replay of {label}"),
+            operation: "start",
+            message: "the dispatcher is shutting down".to_owned(),
+        };
+        let label = target.label.clone();
+        let (answer, answered) = oneshot::channel();
+        let request = Request::Replay(ReplayRequest {
+            target,
+            from,
+            answer,
+        });
+        if self.requests.send(request).await.is_err() {
+            return Err(shutting_down(&label));
+        }
+        answered
+            .await
+            .unwrap_or_else(|_| Err(shutting_down(&label)))
+    }
+}
+
+struct Running {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// The workers of this dispatcher process, owned by one task.
+struct Manager {
+    shared: Arc<Shared>,
+    index: SubscriptionIndex,
+    ack_wait: Duration,
+    drain_timeout: Duration,
+    workers: HashMap<Key, Running>,
+    replays: HashMap<Key, (u64, CancellationToken)>,
+    replay_generation: u64,
+    view: watch::Sender<View>,
+    messages: mpsc::Sender<Message>,
+    shutdown: CancellationToken,
+}
+
+/// Starts the manager's task: it follows `source` until `shutdown`, then stops every worker
+/// (each bounded by `drain_timeout`).
+pub fn start(
+    shared: Arc<Shared>,
+    sinks: SinkPolicy,
+    ack_wait: Duration,
+    drain_timeout: Duration,
+    source: SubscriptionSource,
+    shutdown: CancellationToken,
+) -> (ManagerHandle, JoinHandle<()>) {
+    let (view, view_reader) = watch::channel(View::default());
+    let (requests, request_reader) = mpsc::channel(16);
+    let (messages, message_reader) = mpsc::channel(256);
+    let follower = tokio::spawn(follow(source, messages.clone(), shutdown.clone()));
+    let manager = Manager {
+        shared,
+        index: SubscriptionIndex::new(sinks, ack_wait),
+        ack_wait,
+        drain_timeout,
+        workers: HashMap::new(),
+        replays: HashMap::new(),
+        replay_generation: 0,
+        view,
+        messages,
+        shutdown,
+    };
+    let task = tokio::spawn(async move {
+        manager.run(message_reader, request_reader).await;
+        follower.abort();
+    });
+    let handle = ManagerHandle {
+        view: view_reader,
+        requests,
+    };
+    (handle, task)
+}
+
+/// Feeds the manager the Subscriptions' changes: the same changes from the store and from
+/// Kubernetes, so delivery is the same code in both modes.
+async fn follow(
+    source: SubscriptionSource,
+    to: mpsc::Sender<Message>,
+    shutdown: CancellationToken,
+) {
+    match source {
+        SubscriptionSource::Store(store) => {
+            store
+                .follow::<Subscription, _, _>(&shutdown, |change| {
+                    let to = to.clone();
+                    async move {
+                        let _ = to.send(Message::Change(change)).await;
+                    }
+                })
+                .await;
+        }
+        SubscriptionSource::Kubernetes(client) => follow_kubernetes(client, &to, &shutdown).await,
+    }
+}
+
+/// Subscription objects through the Kubernetes API; a relist reports what was deleted while
+/// the watch was down, as the store's watch does.
+async fn follow_kubernetes(
+    client: kube::Client,
+    to: &mpsc::Sender<Message>,
+    shutdown: &CancellationToken,
+) {
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let api: kube::Api<Subscription> = kube::Api::all(client);
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut resync = Resync::default();
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = shutdown.cancelled() => return,
+        };
+        let changes = match event {
+            None => return,
+            Some(Err(error)) => {
+                tracing::warn!(%error, "watching Subscriptions failed; retrying with backoff");
+                continue;
             }
-            SubscriptionSource::Kubernetes(client) => self.follow_kubernetes(client).await,
+            Some(Ok(watcher::Event::Init)) => {
+                resync.restart();
+                continue;
+            }
+            Some(Ok(
+                watcher::Event::InitApply(subscription) | watcher::Event::Apply(subscription),
+            )) => {
+                resync.applied(subscription.key());
+                vec![Change::Applied(subscription)]
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                let mut changes: Vec<_> = resync
+                    .synced()
+                    .into_iter()
+                    .map(|(namespace, name)| Change::Deleted { namespace, name })
+                    .collect();
+                changes.push(Change::Synced);
+                changes
+            }
+            Some(Ok(watcher::Event::Delete(subscription))) => {
+                let key = subscription.key();
+                resync.deleted(&key);
+                vec![Change::Deleted {
+                    namespace: key.0,
+                    name: key.1,
+                }]
+            }
+        };
+        for change in changes {
+            if to.send(Message::Change(change)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Manager {
+    async fn run(
+        mut self,
+        mut messages: mpsc::Receiver<Message>,
+        mut requests: mpsc::Receiver<Request>,
+    ) {
+        loop {
+            tokio::select! {
+                Some(message) = messages.recv() => match message {
+                    Message::Change(change) => self.change(change).await,
+                    Message::ReplayEnded { key, generation } => {
+                        if self.replays.get(&key).is_some_and(|(current, _)| *current == generation) {
+                            self.replays.remove(&key);
+                        }
+                    }
+                },
+                Some(Request::Replay(request)) = requests.recv() => {
+                    let started = self.replay(request.target, request.from).await;
+                    let _ = request.answer.send(started);
+                }
+                () = self.shutdown.cancelled() => break,
+            }
         }
         self.stop_all().await;
     }
 
-    async fn handle(&self, change: Change<Subscription>) {
-        match change {
-            Change::Applied(subscription) => {
-                if let Ok(mut known) = self.known.lock() {
-                    known.insert(subscription.key());
-                }
-                self.apply(&subscription).await;
-            }
-            Change::Deleted { namespace, name } => {
-                if let Ok(mut known) = self.known.lock() {
-                    known.remove(&(namespace.clone(), name.clone()));
-                }
-                self.remove(&namespace, &name).await;
-            }
-            Change::Synced => {
-                self.delete_orphan_consumers().await;
-                self.synced
-                    .store(true, std::sync::atomic::Ordering::Release);
-            }
-        }
-    }
-
-    /// Follows Subscription objects through the Kubernetes API: the same changes as from the
-    /// store, so delivery is the same code in both modes.
-    async fn follow_kubernetes(&self, client: kube::Client) {
-        use kube::runtime::{WatchStreamExt as _, watcher};
-        let api: kube::Api<Subscription> = kube::Api::all(client);
-        let events = watcher(api, watcher::Config::default()).default_backoff();
-        let mut events = std::pin::pin!(events);
-        // Subscriptions seen in the current (re)list; the ones known before and not seen
-        // again were deleted while the watch was down.
-        let mut listed: HashSet<Key> = HashSet::new();
-        loop {
-            let event = tokio::select! {
-                event = events.next() => event,
-                () = self.shutdown.cancelled() => return,
-            };
-            match event {
-                None => return,
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "watching Subscriptions failed; retrying with backoff");
-                }
-                Some(Ok(watcher::Event::Init)) => listed.clear(),
-                Some(Ok(watcher::Event::InitApply(subscription))) => {
-                    listed.insert(subscription.key());
-                    self.handle(Change::Applied(subscription)).await;
-                }
-                Some(Ok(watcher::Event::InitDone)) => {
-                    let gone: Vec<Key> = self
-                        .known
-                        .lock()
-                        .map(|known| known.difference(&listed).cloned().collect())
-                        .unwrap_or_default();
-                    for (namespace, name) in gone {
-                        self.handle(Change::Deleted { namespace, name }).await;
-                    }
-                    self.handle(Change::Synced).await;
-                }
-                Some(Ok(watcher::Event::Apply(subscription))) => {
-                    self.handle(Change::Applied(subscription)).await;
-                }
-                Some(Ok(watcher::Event::Delete(subscription))) => {
-                    let (namespace, name) = subscription.key();
-                    self.handle(Change::Deleted { namespace, name }).await;
-                }
-            }
-        }
-    }
-
-    async fn apply(&self, subscription: &Subscription) {
-        let key = subscription.key();
-        let (namespace, name) = key.clone();
-        let (target, plan) = match plan_for(subscription, &self.sinks, self.ack_wait) {
-            Ok(planned) => planned,
-            Err(problems) => {
-                tracing::warn!(%namespace, %name, %problems, "subscription is invalid; not delivering for it");
-                self.stop(&key).await;
-                return;
-            }
+    async fn change(&mut self, change: Change<Subscription>) {
+        let actions = match change {
+            Change::Applied(subscription) => self.index.apply(&subscription),
+            Change::Deleted { namespace, name } => self.index.delete((namespace, name)),
+            Change::Synced => self.index.synced(),
         };
-        let mut workers = self.workers.lock().await;
-        if let Some(running) = workers.get(&key) {
-            if *running.target == target && running.plan == plan && !running.task.is_finished() {
-                return;
+        for action in actions {
+            self.act(action).await;
+        }
+        let targets = self
+            .index
+            .targets()
+            .map(|target| {
+                let key = (target.namespace.clone(), target.name.clone());
+                (key, target.clone())
+            })
+            .collect();
+        self.view.send_replace(View {
+            targets: Arc::new(targets),
+            synced: self.index.is_synced(),
+        });
+    }
+
+    async fn act(&mut self, action: Action) {
+        match action {
+            Action::Start { target, plan } => {
+                let key = (target.namespace.clone(), target.name.clone());
+                self.stop_worker(&key).await;
+                let cancel = self.shutdown.child_token();
+                let task = tokio::spawn(worker::run(
+                    self.shared.clone(),
+                    target.clone(),
+                    plan,
+                    cancel.clone(),
+                ));
+                tracing::info!(subscription = %target.label, sink = %target.sink, "delivering");
+                self.workers.insert(key, Running { cancel, task });
             }
-        }
-        if let Some(old) = workers.remove(&key) {
-            self.stop_running(old).await;
-        }
-        let target = Arc::new(target);
-        let cancel = self.shutdown.child_token();
-        let task = tokio::spawn(worker::run(
-            self.shared.clone(),
-            target.clone(),
-            plan.clone(),
-            cancel.clone(),
-        ));
-        tracing::info!(subscription = %target.label, sink = %target.sink, "delivering");
-        if let Ok(mut targets) = self.targets.lock() {
-            targets.insert(key.clone(), target.clone());
-        }
-        workers.insert(
-            key,
-            Running {
-                target,
-                plan,
-                cancel,
-                task,
-            },
-        );
-    }
-
-    async fn stop(&self, key: &Key) {
-        let running = self.workers.lock().await.remove(key);
-        if let Some(running) = running {
-            self.stop_running(running).await;
-        }
-        if let Ok(mut targets) = self.targets.lock() {
-            targets.remove(key);
+            Action::Stop { key, problems } => {
+                let (namespace, name) = &key;
+                tracing::warn!(%namespace, %name, %problems, "subscription is invalid; not delivering for it");
+                self.stop_worker(&key).await;
+            }
+            Action::Remove { key } => self.remove(key).await,
+            Action::DeleteOrphans { wanted } => self.delete_orphan_consumers(&wanted).await,
         }
     }
 
-    async fn stop_running(&self, running: Running) {
+    async fn stop_worker(&mut self, key: &Key) {
+        let Some(running) = self.workers.remove(key) else {
+            return;
+        };
         running.cancel.cancel();
-        let label = running.target.label.clone();
         if tokio::time::timeout(self.drain_timeout, running.task)
             .await
             .is_err()
         {
-            tracing::warn!(subscription = %label, "worker did not drain in time");
+            let (namespace, name) = key;
+            tracing::warn!(%namespace, %name, "worker did not drain in time");
         }
     }
 
-    async fn remove(&self, namespace: &str, name: &str) {
-        let key = (namespace.to_owned(), name.to_owned());
-        self.stop(&key).await;
-        if let Some(cancel) = self.replays.lock().ok().and_then(|mut r| r.remove(&key)) {
+    async fn remove(&mut self, key: Key) {
+        self.stop_worker(&key).await;
+        if let Some((_, cancel)) = self.replays.remove(&key) {
             cancel.cancel();
         }
-        let label = format!("{namespace}/{name}");
-        self.shared.metrics.forget(&label);
+        let (namespace, name) = &key;
+        self.shared.metrics.forget(&format!("{namespace}/{name}"));
         let consumer = consumer_name(namespace, name);
         if let Ok(stream) = self.shared.js.get_stream(EVENTS_STREAM).await {
             // Another dispatcher may have deleted it first.
@@ -321,17 +371,7 @@ impl Manager {
     }
 
     /// Deletes consumers of Subscriptions that are gone (deleted while no dispatcher ran).
-    async fn delete_orphan_consumers(&self) {
-        let wanted: HashSet<String> = self
-            .known
-            .lock()
-            .map(|known| {
-                known
-                    .iter()
-                    .map(|(namespace, name)| consumer_name(namespace, name))
-                    .collect()
-            })
-            .unwrap_or_default();
+    async fn delete_orphan_consumers(&self, wanted: &HashSet<String>) {
         let Ok(stream) = self.shared.js.get_stream(EVENTS_STREAM).await else {
             return;
         };
@@ -354,16 +394,13 @@ impl Manager {
         }
     }
 
-    async fn stop_all(&self) {
-        let all: Vec<Running> = self
-            .workers
-            .lock()
-            .await
-            .drain()
-            .map(|(_, running)| running)
-            .collect();
+    async fn stop_all(&mut self) {
+        let all: Vec<Running> = self.workers.drain().map(|(_, running)| running).collect();
         for running in &all {
             running.cancel.cancel();
+        }
+        for (_, cancel) in self.replays.values() {
+            cancel.cancel();
         }
         // Workers were cancelled together; wait for them together, bounded.
         let drained = tokio::time::timeout(self.drain_timeout, async {
@@ -377,9 +414,9 @@ impl Manager {
         }
     }
 
-    /// Starts redelivering stored events to one Subscription, touching no other. Returns how
-    /// many events the replay covers.
-    pub async fn replay(self: &Arc<Self>, target: Arc<Target>, from: ReplayFrom) -> Result<u64> {
+    /// Starts redelivering stored events to one Subscription through a consumer of its own,
+    /// replacing a replay of it that still runs.
+    async fn replay(&mut self, target: Arc<Target>, from: ReplayFrom) -> Result<u64> {
         let key = (target.namespace.clone(), target.name.clone());
         let replay_name = format!("replay_{}_{}", target.namespace, target.name);
         let stream = self
@@ -392,7 +429,7 @@ impl Manager {
             .consumer_info(consumer_name(&target.namespace, &target.name))
             .await
             .map_err(|e| Error::consumer(&replay_name, "read live consumer", e))?;
-        if let Some(running) = self.replays.lock().ok().and_then(|r| r.get(&key).cloned()) {
+        if let Some((_, running)) = self.replays.remove(&key) {
             running.cancel();
         }
         let _ = stream.delete_consumer(&replay_name).await;
@@ -428,20 +465,20 @@ impl Manager {
             .map_err(|e| Error::consumer(&replay_name, "info", e))?
             .num_pending;
         let cancel = self.shutdown.child_token();
-        if let Ok(mut replays) = self.replays.lock() {
-            replays.insert(key.clone(), cancel.clone());
-        }
-        let manager = self.clone();
+        self.replay_generation += 1;
+        let generation = self.replay_generation;
+        self.replays
+            .insert(key.clone(), (generation, cancel.clone()));
+        let shared = self.shared.clone();
+        let ended = self.messages.clone();
         tokio::spawn(async move {
             tracing::info!(subscription = %target.label, events, "replay started");
-            let ended = worker::consume(&manager.shared, &target, consumer, true, &cancel).await;
-            tracing::info!(subscription = %target.label, ?ended, "replay ended");
-            if let Ok(stream) = manager.shared.js.get_stream(EVENTS_STREAM).await {
+            let outcome = worker::consume(&shared, &target, consumer, true, &cancel).await;
+            tracing::info!(subscription = %target.label, ?outcome, "replay ended");
+            if let Ok(stream) = shared.js.get_stream(EVENTS_STREAM).await {
                 let _ = stream.delete_consumer(&replay_name).await;
             }
-            if let Ok(mut replays) = manager.replays.lock() {
-                replays.remove(&key);
-            }
+            let _ = ended.send(Message::ReplayEnded { key, generation }).await;
         });
         Ok(events)
     }

@@ -523,6 +523,44 @@ fn tokio_stream_receiver<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
 }
 
+/// What a watch that breaks and lists everything again needs to report the deletions it missed
+/// while it was down: the keys known from before, and those listed since the watch (re)started.
+/// Pure; used by [`Store::follow`] and by the dispatcher's Kubernetes watch.
+#[derive(Debug, Default)]
+pub struct Resync {
+    known: HashSet<(String, String)>,
+    listed: HashSet<(String, String)>,
+}
+
+impl Resync {
+    /// A watch (re)starts: its initial list follows.
+    pub fn restart(&mut self) {
+        self.listed.clear();
+    }
+
+    /// A resource was listed or changed.
+    pub fn applied(&mut self, key: (String, String)) {
+        self.listed.insert(key.clone());
+        self.known.insert(key);
+    }
+
+    /// A resource was deleted.
+    pub fn deleted(&mut self, key: &(String, String)) {
+        self.listed.remove(key);
+        self.known.remove(key);
+    }
+
+    /// The initial list is complete: what was known and not listed again is gone (returned,
+    /// and forgotten).
+    pub fn synced(&mut self) -> Vec<(String, String)> {
+        let gone: Vec<(String, String)> = self.known.difference(&self.listed).cloned().collect();
+        for key in &gone {
+            self.known.remove(key);
+        }
+        gone
+    }
+}
+
 impl Store {
     /// Follows the specs of a kind until `shutdown`, handing every change to `on_change`. A
     /// broken watch is set up again with backoff; after each (re)watch's initial list,
@@ -533,7 +571,7 @@ impl Store {
         F: FnMut(Change<R>) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let mut known: HashSet<(String, String)> = HashSet::new();
+        let mut resync = Resync::default();
         let mut failures = 0;
         loop {
             let watch = match self.watch::<R>().await {
@@ -549,7 +587,7 @@ impl Store {
             };
             failures = 0;
             let mut watch = std::pin::pin!(watch);
-            let mut seen: HashSet<(String, String)> = HashSet::new();
+            resync.restart();
             loop {
                 let change = tokio::select! {
                     change = watch.next() => change,
@@ -557,15 +595,12 @@ impl Store {
                 };
                 match change {
                     Some(Ok(Change::Applied(resource))) => {
-                        let key = resource.key();
-                        seen.insert(key.clone());
-                        known.insert(key);
+                        resync.applied(resource.key());
                         on_change(Change::Applied(resource)).await;
                     }
                     Some(Ok(Change::Deleted { namespace, name })) => {
                         let key = (namespace, name);
-                        seen.remove(&key);
-                        known.remove(&key);
+                        resync.deleted(&key);
                         on_change(Change::Deleted {
                             namespace: key.0,
                             name: key.1,
@@ -573,10 +608,7 @@ impl Store {
                         .await;
                     }
                     Some(Ok(Change::Synced)) => {
-                        let gone: Vec<(String, String)> =
-                            known.difference(&seen).cloned().collect();
-                        for (namespace, name) in gone {
-                            known.remove(&(namespace.clone(), name.clone()));
+                        for (namespace, name) in resync.synced() {
                             on_change(Change::Deleted { namespace, name }).await;
                         }
                         on_change(Change::Synced).await;
@@ -656,5 +688,31 @@ mod tests {
         // The clock is paused: elapsed time is exactly when the shutdown fired, well before the
         // first backoff (400 ms) would have ended.
         assert_eq!(started.elapsed(), Duration::from_millis(50));
+    }
+
+    fn key(name: &str) -> (String, String) {
+        ("default".to_owned(), name.to_owned())
+    }
+
+    #[test]
+    fn a_relist_reports_what_went_while_the_watch_was_down() {
+        let mut resync = Resync::default();
+        resync.restart();
+        resync.applied(key("a"));
+        resync.applied(key("b"));
+        resync.applied(key("c"));
+        assert!(resync.synced().is_empty(), "the first list misses nothing");
+        resync.deleted(&key("c"));
+
+        // The watch breaks; b goes meanwhile; the relist has a and a new d.
+        resync.restart();
+        resync.applied(key("a"));
+        resync.applied(key("d"));
+        assert_eq!(resync.synced(), vec![key("b")]);
+        // Reported once: the next relist of the same set finds nothing gone.
+        resync.restart();
+        resync.applied(key("a"));
+        resync.applied(key("d"));
+        assert!(resync.synced().is_empty());
     }
 }

@@ -1,0 +1,317 @@
+//! Which Subscriptions this dispatcher delivers for, and with what settings: changes in, actions
+//! out. Pure (no I/O, no clock), so every rule is tested directly; the manager carries the
+//! actions out.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use eddy_model::resources::{
+    SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription,
+};
+
+use crate::{consumer::ConsumerPlan, worker::Target};
+
+/// A Subscription's namespace and name.
+pub type Key = (String, String);
+
+/// What the manager must do to follow a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Deliver for a Subscription with these settings: start its worker, or restart it when
+    /// one runs with other settings (its consumer is updated in place).
+    Start {
+        /// Where to deliver.
+        target: Arc<Target>,
+        /// Its consumer.
+        plan: ConsumerPlan,
+    },
+    /// Do not deliver for an invalid Subscription (stop its worker if one runs, and say why);
+    /// its consumer stays, so nothing stored for it is lost while it is being fixed.
+    Stop {
+        /// The Subscription.
+        key: Key,
+        /// What is wrong with it.
+        problems: String,
+    },
+    /// The Subscription is gone: stop its worker and any replay, delete its consumer, forget
+    /// its metrics.
+    Remove {
+        /// The Subscription.
+        key: Key,
+    },
+    /// A complete list is in: delete `sub_*` consumers not named here (their Subscriptions
+    /// were deleted while no dispatcher ran).
+    DeleteOrphans {
+        /// The consumers to keep.
+        wanted: HashSet<String>,
+    },
+}
+
+/// The Subscriptions known and the ones delivered for.
+#[derive(Debug)]
+pub struct SubscriptionIndex {
+    sinks: SinkPolicy,
+    ack_wait: Duration,
+    /// Every Subscription that exists, valid or not (their consumers are kept).
+    known: HashSet<Key>,
+    /// The valid ones, with their settings.
+    delivering: BTreeMap<Key, (Arc<Target>, ConsumerPlan)>,
+    synced: bool,
+}
+
+impl SubscriptionIndex {
+    /// An empty index; `sinks` decides which sinks are allowed, `ack_wait` goes into each plan.
+    pub fn new(sinks: SinkPolicy, ack_wait: Duration) -> Self {
+        Self {
+            sinks,
+            ack_wait,
+            known: HashSet::new(),
+            delivering: BTreeMap::new(),
+            synced: false,
+        }
+    }
+
+    /// A Subscription was created or changed.
+    pub fn apply(&mut self, subscription: &Subscription) -> Vec<Action> {
+        let key = key_of(subscription);
+        self.known.insert(key.clone());
+        match plan_for(subscription, &self.sinks, self.ack_wait) {
+            Err(problems) => {
+                self.delivering.remove(&key);
+                vec![Action::Stop { key, problems }]
+            }
+            Ok((target, plan)) => {
+                let unchanged = self
+                    .delivering
+                    .get(&key)
+                    .is_some_and(|(running, running_plan)| {
+                        **running == target && *running_plan == plan
+                    });
+                if unchanged {
+                    return Vec::new();
+                }
+                let target = Arc::new(target);
+                self.delivering.insert(key, (target.clone(), plan.clone()));
+                vec![Action::Start { target, plan }]
+            }
+        }
+    }
+
+    /// A Subscription was deleted.
+    pub fn delete(&mut self, key: Key) -> Vec<Action> {
+        self.known.remove(&key);
+        self.delivering.remove(&key);
+        vec![Action::Remove { key }]
+    }
+
+    /// The source's list is complete (after every (re)list, deletions missed meanwhile
+    /// already reported): consumers left behind by deleted Subscriptions are swept.
+    pub fn synced(&mut self) -> Vec<Action> {
+        self.synced = true;
+        let wanted = self
+            .known
+            .iter()
+            .map(|(namespace, name)| consumer_name(namespace, name))
+            .collect();
+        vec![Action::DeleteOrphans { wanted }]
+    }
+
+    /// Whether the first complete list has been applied.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The Subscriptions delivered for, by key.
+    pub fn targets(&self) -> impl Iterator<Item = &Arc<Target>> {
+        self.delivering.values().map(|(target, _)| target)
+    }
+}
+
+fn key_of(subscription: &Subscription) -> Key {
+    (
+        subscription
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        subscription.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The target and consumer plan of a valid Subscription.
+pub fn plan_for(
+    subscription: &Subscription,
+    sinks: &SinkPolicy,
+    ack_wait: Duration,
+) -> Result<(Target, ConsumerPlan), String> {
+    let errors = validate_subscription(subscription, sinks);
+    if !errors.is_empty() {
+        return Err(describe_errors(&errors));
+    }
+    let (namespace, name) = key_of(subscription);
+    let policy = subscription
+        .spec
+        .delivery_policy()
+        .map_err(|_| "invalid delivery settings".to_owned())?;
+    let types = subscription
+        .spec
+        .type_subjects()
+        .map_err(|_| "invalid types".to_owned())?;
+    let plan = ConsumerPlan {
+        name: consumer_name(&namespace, &name),
+        filter_subjects: types.into_iter().map(|t| t.subject).collect(),
+        policy,
+        ack_wait,
+    };
+    let target = Target {
+        label: format!("{namespace}/{name}"),
+        namespace,
+        name,
+        sink: subscription.spec.sink.clone(),
+        policy,
+    };
+    Ok((target, plan))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    const ACK_WAIT: Duration = Duration::from_secs(30);
+
+    fn index() -> SubscriptionIndex {
+        SubscriptionIndex::new(
+            SinkPolicy {
+                allowed: vec!["http://127.0.0.1:*".to_owned()],
+            },
+            ACK_WAIT,
+        )
+    }
+
+    fn subscription(name: &str, spec: serde_json::Value) -> Subscription {
+        serde_json::from_value(json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn orders(name: &str, sink: &str) -> Subscription {
+        subscription(name, json!({"sink": sink, "types": ["order.created.v1"]}))
+    }
+
+    fn key(name: &str) -> Key {
+        ("shop".to_owned(), name.to_owned())
+    }
+
+    fn started(actions: &[Action]) -> Vec<(String, Vec<String>)> {
+        actions
+            .iter()
+            .map(|action| match action {
+                Action::Start { target, plan } => {
+                    (target.label.clone(), plan.filter_subjects.clone())
+                }
+                other => panic!("not a start: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_subscription_starts_with_its_consumer_plan() {
+        let mut index = index();
+        let actions = index.apply(&orders("a", "http://127.0.0.1:9000/"));
+        assert_eq!(
+            started(&actions),
+            vec![(
+                "shop/a".to_owned(),
+                vec!["eddy.events.*.order.created.v1".to_owned()]
+            )]
+        );
+        let Action::Start { plan, target } = &actions[0] else {
+            unreachable!()
+        };
+        assert_eq!(plan.name, "sub_shop_a");
+        assert_eq!(plan.ack_wait, ACK_WAIT);
+        assert_eq!(target.sink, "http://127.0.0.1:9000/");
+        assert_eq!(index.targets().count(), 1);
+    }
+
+    #[test]
+    fn the_same_spec_again_does_nothing_and_a_change_restarts() {
+        let mut index = index();
+        index.apply(&orders("a", "http://127.0.0.1:9000/"));
+        assert_eq!(index.apply(&orders("a", "http://127.0.0.1:9000/")), vec![]);
+        let moved = index.apply(&orders("a", "http://127.0.0.1:9001/"));
+        assert_eq!(started(&moved).len(), 1);
+        let Action::Start { target, .. } = &moved[0] else {
+            unreachable!()
+        };
+        assert_eq!(target.sink, "http://127.0.0.1:9001/");
+    }
+
+    #[test]
+    fn an_invalid_change_stops_delivery_but_keeps_the_consumer() {
+        let mut index = index();
+        index.apply(&orders("a", "http://127.0.0.1:9000/"));
+        let actions = index.apply(&orders("a", "http://10.0.0.1/"));
+        let [
+            Action::Stop {
+                key: stopped,
+                problems,
+            },
+        ] = actions.as_slice()
+        else {
+            panic!("{actions:?}");
+        };
+        assert_eq!(stopped, &key("a"));
+        assert!(problems.contains("sink"), "{problems}");
+        assert_eq!(index.targets().count(), 0);
+        // Invalid from the start: said so as well.
+        assert!(matches!(
+            index.apply(&orders("b", "http://10.0.0.1/")).as_slice(),
+            [Action::Stop { .. }]
+        ));
+        // Its consumer is not an orphan.
+        let sweep = index.synced();
+        let [Action::DeleteOrphans { wanted }] = sweep.as_slice() else {
+            panic!("no orphan sweep");
+        };
+        assert!(wanted.contains("sub_shop_a") && wanted.contains("sub_shop_b"));
+    }
+
+    #[test]
+    fn a_deletion_removes_and_every_complete_list_sweeps_orphans() {
+        let mut index = index();
+        index.apply(&orders("a", "http://127.0.0.1:9000/"));
+        index.apply(&orders("b", "http://127.0.0.1:9000/"));
+        assert!(!index.is_synced());
+        let sweep = index.synced();
+        assert_eq!(
+            sweep,
+            vec![Action::DeleteOrphans {
+                wanted: ["sub_shop_a", "sub_shop_b"].map(String::from).into()
+            }]
+        );
+        assert!(index.is_synced());
+        assert_eq!(
+            index.delete(key("a")),
+            vec![Action::Remove { key: key("a") }]
+        );
+        assert_eq!(index.targets().count(), 1);
+        // A relist later: the deleted one's consumer is not wanted any more.
+        assert_eq!(
+            index.synced(),
+            vec![Action::DeleteOrphans {
+                wanted: ["sub_shop_b"].map(String::from).into()
+            }]
+        );
+    }
+}
