@@ -17,9 +17,8 @@ use std::{
 use eddy_model::resources::{Function, SinkPolicy, parse_function_sink};
 use eddy_platform::{
     shutdown::CancellationToken,
-    store::{REWATCH, Store},
+    store::{Change, StatusOf, Store},
 };
-use futures::StreamExt as _;
 
 use crate::delivery::{Failure, Verdict};
 
@@ -128,36 +127,25 @@ impl Sinks {
         }
     }
 
-    /// Follows Function status in the store until shutdown.
+    /// Follows Function status in the store until shutdown (a Function deleted while the watch
+    /// was down loses its address at the relist).
     pub async fn watch(self, store: Store, shutdown: CancellationToken) {
-        let mut failures = 0;
-        loop {
-            match store.watch_status::<Function>().await {
-                Ok(updates) => {
-                    failures = 0;
-                    let mut updates = std::pin::pin!(updates);
-                    loop {
-                        tokio::select! {
-                            update = updates.next() => match update {
-                                Some((namespace, name, status)) => {
-                                    self.set_function_url(&namespace, &name, status.and_then(|s| s.url));
-                                }
-                                None => break,
-                            },
-                            () = shutdown.cancelled() => return,
-                        }
+        store
+            .follow_status::<Function, _, _>(&shutdown, |change| {
+                match change {
+                    Change::Applied(StatusOf {
+                        namespace,
+                        name,
+                        status,
+                    }) => self.set_function_url(&namespace, &name, status.url),
+                    Change::Deleted { namespace, name } => {
+                        self.set_function_url(&namespace, &name, None);
                     }
+                    Change::Synced => {}
                 }
-                Err(error) => {
-                    failures += 1;
-                    tracing::warn!(%error, "cannot watch function status; retrying");
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(REWATCH.delay(failures)) => {}
-                () = shutdown.cancelled() => return,
-            }
-        }
+                std::future::ready(())
+            })
+            .await;
     }
 }
 

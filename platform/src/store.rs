@@ -407,14 +407,61 @@ impl Store {
         impl futures::Stream<Item = Result<Change<R>, StoreError>> + Send + use<R>,
         StoreError,
     > {
-        let prefix = format!("{}.", R::PLURAL);
+        self.watch_prefix(format!("{}.", R::PLURAL), |entry, _, _| {
+            decode::<R>(&entry.key, &entry.value).map(|mut resource| {
+                resource.meta_mut().resource_version = Some(entry.revision.to_string());
+                Some(resource)
+            })
+        })
+        .await
+    }
+
+    /// Watches the status of a kind (for caches such as the dispatcher's sink table), as
+    /// [`Store::watch`] does specs. A status that does not decode is logged and skipped.
+    pub async fn watch_status<R: StoredResource>(
+        &self,
+    ) -> Result<
+        impl futures::Stream<Item = Result<Change<StatusOf<R>>, StoreError>> + Send + use<R>,
+        StoreError,
+    > {
+        self.watch_prefix(
+            format!("status.{}.", R::PLURAL),
+            |entry, namespace, name| match serde_json::from_slice(&entry.value) {
+                Ok(status) => Ok(Some(StatusOf {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    status,
+                })),
+                Err(error) => {
+                    tracing::warn!(key = %entry.key, %error, "status does not decode; skipped");
+                    Ok(None)
+                }
+            },
+        )
+        .await
+    }
+
+    /// The watch behind [`Store::watch`] and [`Store::watch_status`]: keys `<prefix><ns>.<name>`,
+    /// values turned into `T` by `decode` (`None` skips one).
+    async fn watch_prefix<T, D>(
+        &self,
+        prefix: String,
+        decode: D,
+    ) -> Result<
+        impl futures::Stream<Item = Result<Change<T>, StoreError>> + Send + use<T, D>,
+        StoreError,
+    >
+    where
+        T: Send + 'static,
+        D: Fn(&kv::Entry, &str, &str) -> Result<Option<T>, StoreError> + Send + 'static,
+    {
         let mut watch = self
             .kv
             .watch_with_history(format!("{prefix}>"))
             .await
             .map_err(|e| nats_error("watch")(e.to_string()))?;
-        // An empty bucket yields no entry to carry `seen_current`; ask how many there are.
-        let initially_empty = self.list::<R>(None).await?.is_empty();
+        // An empty prefix yields no entry to carry `seen_current`; ask whether there is one.
+        let initially_empty = !self.has_keys(&prefix).await?;
         let stream = async_stream_like(move |sender| async move {
             let mut synced = false;
             if initially_empty {
@@ -424,34 +471,27 @@ impl Store {
                 }
             }
             while let Some(entry) = watch.next().await {
-                let change = match entry {
-                    Err(error) => Err(nats_error("watch")(error.to_string())),
-                    Ok(entry) => match entry.operation {
-                        Operation::Put => {
-                            decode::<R>(&entry.key, &entry.value).map(|mut resource| {
-                                resource.meta_mut().resource_version =
-                                    Some(entry.revision.to_string());
-                                Change::Applied(resource)
-                            })
-                        }
-                        Operation::Delete | Operation::Purge => {
-                            let rest = entry.key.strip_prefix(&prefix).unwrap_or(&entry.key);
-                            let (namespace, name) = rest.split_once('.').unwrap_or(("", rest));
-                            Ok(Change::Deleted {
+                let (change, seen_current) = match entry {
+                    Err(error) => (Err(nats_error("watch")(error.to_string())), false),
+                    Ok(entry) => {
+                        let rest = entry.key.strip_prefix(&prefix).unwrap_or(&entry.key);
+                        let (namespace, name) = rest.split_once('.').unwrap_or(("", rest));
+                        let change = match entry.operation {
+                            Operation::Put => decode(&entry, namespace, name)
+                                .map(|decoded| decoded.map(Change::Applied)),
+                            Operation::Delete | Operation::Purge => Ok(Some(Change::Deleted {
                                 namespace: namespace.to_owned(),
                                 name: name.to_owned(),
-                            })
-                        }
+                            })),
+                        };
+                        (change, entry.seen_current)
                     }
-                    .map(|change| (change, entry.seen_current)),
-                };
-                let (change, seen_current) = match change {
-                    Ok((change, seen_current)) => (Ok(change), seen_current),
-                    Err(error) => (Err(error), false),
                 };
                 let failed = change.is_err();
-                if sender.send(change).await.is_err() || failed {
-                    return;
+                if let Some(change) = change.transpose() {
+                    if sender.send(change).await.is_err() || failed {
+                        return;
+                    }
                 }
                 if seen_current && !synced {
                     synced = true;
@@ -464,34 +504,34 @@ impl Store {
         Ok(stream)
     }
 
-    /// Watches the status of a kind (for caches such as the dispatcher's sink resolver):
-    /// `(namespace, name, Some(status) | None when removed)`.
-    pub async fn watch_status<R: StoredResource>(
-        &self,
-    ) -> Result<
-        impl futures::Stream<Item = (String, String, Option<R::Status>)> + Send + use<R>,
-        StoreError,
-    > {
-        let prefix = format!("status.{}.", R::PLURAL);
-        let watch = self
+    /// Whether any key starts with `prefix`.
+    async fn has_keys(&self, prefix: &str) -> Result<bool, StoreError> {
+        let mut keys = self
             .kv
-            .watch_with_history(format!("{prefix}>"))
+            .keys()
             .await
-            .map_err(|e| nats_error("watch status")(e.to_string()))?;
-        Ok(watch.filter_map(move |entry| {
-            let prefix = prefix.clone();
-            async move {
-                let entry = entry.ok()?;
-                let rest = entry.key.strip_prefix(&prefix)?;
-                let (namespace, name) = rest.split_once('.')?;
-                let status = match entry.operation {
-                    Operation::Put => serde_json::from_slice(&entry.value).ok(),
-                    Operation::Delete | Operation::Purge => None,
-                };
-                Some((namespace.to_owned(), name.to_owned(), status))
+            .map_err(|e| nats_error("list")(e.to_string()))?;
+        while let Some(key) = keys.next().await {
+            if key
+                .map_err(|e| nats_error("list")(e.to_string()))?
+                .starts_with(prefix)
+            {
+                return Ok(true);
             }
-        }))
+        }
+        Ok(false)
     }
+}
+
+/// One resource's status, as [`Store::watch_status`] reports it.
+#[derive(Debug, Clone)]
+pub struct StatusOf<R: StoredResource> {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The status.
+    pub status: R::Status,
 }
 
 fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
@@ -565,65 +605,102 @@ impl Store {
     /// Follows the specs of a kind until `shutdown`, handing every change to `on_change`. A
     /// broken watch is set up again with backoff; after each (re)watch's initial list,
     /// resources that disappeared meanwhile are reported as deleted, then [`Change::Synced`].
-    pub async fn follow<R, F, Fut>(&self, shutdown: &CancellationToken, mut on_change: F)
+    pub async fn follow<R, F, Fut>(&self, shutdown: &CancellationToken, on_change: F)
     where
         R: StoredResource,
         F: FnMut(Change<R>) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let mut resync = Resync::default();
-        let mut failures = 0;
-        loop {
-            let watch = match self.watch::<R>().await {
-                Ok(watch) => watch,
-                Err(error) => {
-                    failures += 1;
-                    tracing::warn!(%error, kind = R::KIND, "cannot watch; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(REWATCH.delay(failures)) => continue,
-                        () = shutdown.cancelled() => return,
-                    }
-                }
-            };
-            failures = 0;
-            let mut watch = std::pin::pin!(watch);
-            resync.restart();
-            loop {
-                let change = tokio::select! {
-                    change = watch.next() => change,
+        follow_watch(R::KIND, shutdown, || self.watch::<R>(), R::key, on_change).await;
+    }
+
+    /// Follows the status of a kind until `shutdown`, as [`Store::follow`] follows specs.
+    pub async fn follow_status<R, F, Fut>(&self, shutdown: &CancellationToken, on_change: F)
+    where
+        R: StoredResource,
+        F: FnMut(Change<StatusOf<R>>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let key = |status: &StatusOf<R>| (status.namespace.clone(), status.name.clone());
+        follow_watch(
+            R::KIND,
+            shutdown,
+            || self.watch_status::<R>(),
+            key,
+            on_change,
+        )
+        .await;
+    }
+}
+
+/// The one watch-with-resync loop: opens the watch, hands on its changes, reports what a relist
+/// no longer has as deleted, and opens it again with [`REWATCH`] backoff when it breaks.
+async fn follow_watch<T, W, WFut, S, K, F, Fut>(
+    kind: &'static str,
+    shutdown: &CancellationToken,
+    mut open: W,
+    key_of: K,
+    mut on_change: F,
+) where
+    W: FnMut() -> WFut,
+    WFut: std::future::Future<Output = Result<S, StoreError>>,
+    S: futures::Stream<Item = Result<Change<T>, StoreError>>,
+    K: Fn(&T) -> (String, String),
+    F: FnMut(Change<T>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut resync = Resync::default();
+    let mut failures = 0;
+    loop {
+        let watch = match open().await {
+            Ok(watch) => watch,
+            Err(error) => {
+                failures += 1;
+                tracing::warn!(%error, kind, "cannot watch; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(REWATCH.delay(failures)) => continue,
                     () = shutdown.cancelled() => return,
-                };
-                match change {
-                    Some(Ok(Change::Applied(resource))) => {
-                        resync.applied(resource.key());
-                        on_change(Change::Applied(resource)).await;
-                    }
-                    Some(Ok(Change::Deleted { namespace, name })) => {
-                        let key = (namespace, name);
-                        resync.deleted(&key);
-                        on_change(Change::Deleted {
-                            namespace: key.0,
-                            name: key.1,
-                        })
-                        .await;
-                    }
-                    Some(Ok(Change::Synced)) => {
-                        for (namespace, name) in resync.synced() {
-                            on_change(Change::Deleted { namespace, name }).await;
-                        }
-                        on_change(Change::Synced).await;
-                    }
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, kind = R::KIND, "watch failed; watching again");
-                        break;
-                    }
-                    None => break,
                 }
             }
-            tokio::select! {
-                () = tokio::time::sleep(REWATCH.delay(1)) => {}
+        };
+        failures = 0;
+        let mut watch = std::pin::pin!(watch);
+        resync.restart();
+        loop {
+            let change = tokio::select! {
+                change = watch.next() => change,
                 () = shutdown.cancelled() => return,
+            };
+            match change {
+                Some(Ok(Change::Applied(resource))) => {
+                    resync.applied(key_of(&resource));
+                    on_change(Change::Applied(resource)).await;
+                }
+                Some(Ok(Change::Deleted { namespace, name })) => {
+                    let key = (namespace, name);
+                    resync.deleted(&key);
+                    on_change(Change::Deleted {
+                        namespace: key.0,
+                        name: key.1,
+                    })
+                    .await;
+                }
+                Some(Ok(Change::Synced)) => {
+                    for (namespace, name) in resync.synced() {
+                        on_change(Change::Deleted { namespace, name }).await;
+                    }
+                    on_change(Change::Synced).await;
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(%error, kind, "watch failed; watching again");
+                    break;
+                }
+                None => break,
             }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(REWATCH.delay(1)) => {}
+            () = shutdown.cancelled() => return,
         }
     }
 }
