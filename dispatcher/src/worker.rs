@@ -23,7 +23,7 @@ use eddy_platform::{
     shutdown::CancellationToken,
 };
 use futures::{StreamExt as _, stream::FuturesUnordered};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 
 use crate::{
@@ -412,10 +412,7 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
     // connection goes back to the pool.
     let (parts, body) = response.into_parts();
     let reply_headers = delivery::may_carry_reply(&parts.headers).then_some(parts.headers);
-    let body = Limited::new(body, shared.reply_limits.max_event_size)
-        .collect()
-        .await
-        .map(|collected| collected.to_bytes());
+    let body = eddy_platform::net::read_limited(body, shared.reply_limits.max_event_size).await;
     let reply = match (reply_headers, body) {
         (Some(headers), Ok(body)) => delivery::reply_event(&headers, body),
         (Some(_), Err(_)) => {

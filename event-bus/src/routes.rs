@@ -16,8 +16,6 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -30,6 +28,7 @@ use eddy_model::{
 use eddy_platform::{
     auth::Tokens,
     errors::ErrorResponse,
+    net::{BodyError, read_limited},
     publisher::{PublishFailure, Publisher, Stored},
 };
 
@@ -226,30 +225,6 @@ fn stored_outcome(stored: Stored) -> Outcome {
     }
 }
 
-/// Why a body could not be read.
-enum BodyProblem {
-    /// Over the limit.
-    TooLarge,
-    /// Stopped arriving (`--body-timeout`).
-    Stalled,
-    /// Anything else, said in a sentence.
-    Unreadable(String),
-}
-
-/// Reads at most `limit` bytes of body.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyProblem> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(BodyProblem::TooLarge)
-        }
-        Err(error) if eddy_platform::net::is_stalled(error.as_ref()) => Err(BodyProblem::Stalled),
-        Err(error) => Err(BodyProblem::Unreadable(format!(
-            "cannot read the request body: {error}"
-        ))),
-    }
-}
-
 async fn publish(State(state): Shared, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
@@ -325,9 +300,9 @@ async fn accept(state: &AppState, request: Accepted<'_>, body: Body) -> Response
         body_limit,
         limits,
     } = request;
-    let body = match read_body(body, body_limit).await {
+    let body = match read_limited(body, body_limit).await {
         Ok(body) => body,
-        Err(BodyProblem::TooLarge) => {
+        Err(BodyError::TooLarge) => {
             let error = EventError {
                 refusal: Refusal::TooLarge,
                 field: None,
@@ -335,8 +310,9 @@ async fn accept(state: &AppState, request: Accepted<'_>, body: Body) -> Response
             };
             return refused(state, metric_mode, &error);
         }
-        Err(BodyProblem::Stalled) => return stalled(state, metric_mode),
-        Err(BodyProblem::Unreadable(message)) => {
+        Err(BodyError::Stalled) => return stalled(state, metric_mode),
+        Err(BodyError::Unreadable(problem)) => {
+            let message = format!("cannot read the request body: {problem}");
             return refused(state, metric_mode, &EventError::malformed(message));
         }
     };
@@ -551,15 +527,16 @@ async fn publish_legacy(
     }
     let limits = state.limits();
     let body_limit = limits.max_event_size.saturating_mul(2);
-    let body = match read_body(body, body_limit).await {
+    let body = match read_limited(body, body_limit).await {
         Ok(body) => body,
-        Err(BodyProblem::TooLarge) => {
+        Err(BodyError::TooLarge) => {
             state.metrics.events(Mode::Legacy, Outcome::TooLarge, 1);
             let message = format!("request body is over the limit of {body_limit} bytes");
             return legacy_error(StatusCode::PAYLOAD_TOO_LARGE, &message, &[]);
         }
-        Err(BodyProblem::Stalled) => return stalled(&state, Mode::Legacy),
-        Err(BodyProblem::Unreadable(message)) => {
+        Err(BodyError::Stalled) => return stalled(&state, Mode::Legacy),
+        Err(BodyError::Unreadable(problem)) => {
+            let message = format!("cannot read the request body: {problem}");
             state.metrics.events(Mode::Legacy, Outcome::Invalid, 1);
             return legacy_error(StatusCode::BAD_REQUEST, &message, &[]);
         }

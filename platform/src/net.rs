@@ -297,6 +297,33 @@ pub fn is_stalled(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Why a body could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// Over the limit.
+    TooLarge,
+    /// Stopped arriving for longer than `--body-timeout`.
+    Stalled,
+    /// Anything else: what failed.
+    Unreadable(String),
+}
+
+/// Reads a whole body, at most `limit` bytes of it: every surface that reads a body (the
+/// event-bus, the gateway, the dispatcher reading a reply) reads it here.
+pub async fn read_limited<B>(body: B, limit: usize) -> Result<bytes::Bytes, BodyError>
+where
+    B: http_body::Body,
+    B::Error: Into<axum::BoxError>,
+{
+    use http_body_util::BodyExt as _;
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
+        Err(error) if is_stalled(error.as_ref()) => Err(BodyError::Stalled),
+        Err(error) => Err(BodyError::Unreadable(error.to_string())),
+    }
+}
+
 fn refuse(status: StatusCode, message: &str) -> Response {
     crate::errors::ErrorResponse::message(status, message).into_response()
 }

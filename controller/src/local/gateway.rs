@@ -20,7 +20,8 @@ use axum::{
 };
 use bytes::Bytes;
 use eddy_model::resources::{is_dns1035_label, is_dns1123_label};
-use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
+use eddy_platform::net::{BodyError, read_limited};
+use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 
 use super::pool::{INSTANCE_SECRET_HEADER, Lease, Pool};
@@ -172,23 +173,22 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         parts.headers.remove(header::AUTHORIZATION);
     }
     // However slowly it arrives, the body is read within the gateway's request timeout.
-    let collected =
-        tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, gateway.max_body).collect()).await;
-    let Ok(collected) = collected else {
-        return error(
-            StatusCode::REQUEST_TIMEOUT,
-            "the request body did not arrive in time",
-        );
-    };
+    let collected = tokio::time::timeout(BODY_TIMEOUT, read_limited(body, gateway.max_body)).await;
     let body = match collected {
-        Ok(collected) => collected.to_bytes(),
-        Err(problem) if problem.downcast_ref::<LengthLimitError>().is_some() => {
+        Ok(Ok(body)) => body,
+        Err(_) | Ok(Err(BodyError::Stalled)) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+            );
+        }
+        Ok(Err(BodyError::TooLarge)) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body is over {} bytes", gateway.max_body),
             );
         }
-        Err(problem) => {
+        Ok(Err(BodyError::Unreadable(problem))) => {
             return error(
                 StatusCode::BAD_REQUEST,
                 format!("cannot read the request body: {problem}"),
