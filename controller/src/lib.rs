@@ -7,6 +7,7 @@ pub mod dashboard;
 pub mod kubernetes;
 pub mod local;
 pub mod runtimes;
+pub mod status;
 pub mod subscriptions;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};

@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
+use crate::status::condition;
 use async_nats::jetstream;
+use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
     Condition, Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name,
     describe_errors, parse_function_sink, set_condition, validate_subscription,
@@ -35,12 +37,12 @@ pub enum Readiness {
 }
 
 impl Readiness {
-    fn reason(self) -> &'static str {
+    fn reason(self) -> Reason {
         match self {
-            Self::Ready => "ConsumerReady",
-            Self::Invalid => "Invalid",
-            Self::ConsumerNotReady => "ConsumerNotReady",
-            Self::SinkNotFound => "SinkNotFound",
+            Self::Ready => Reason::ConsumerReady,
+            Self::Invalid => Reason::Invalid,
+            Self::ConsumerNotReady => Reason::ConsumerNotReady,
+            Self::SinkNotFound => Reason::SinkNotFound,
         }
     }
 }
@@ -60,11 +62,13 @@ pub fn desired_status(
     set_condition(
         &mut status.conditions,
         Condition {
-            type_: "Ready".to_owned(),
-            status: if status.ready { "True" } else { "False" }.to_owned(),
-            reason: readiness.reason().to_owned(),
-            message,
             last_transition_time: now.to_owned(),
+            ..condition(
+                ConditionType::Ready,
+                Some(status.ready),
+                readiness.reason(),
+                message,
+            )
         },
     );
     status
@@ -165,7 +169,7 @@ async fn reconcile(
             .await
         {
             Ok(()) => {
-                tracing::info!(%namespace, %name, ready = status.ready, reason = readiness.reason(), "subscription status");
+                tracing::info!(%namespace, %name, ready = status.ready, reason = %readiness.reason(), "subscription status");
                 true
             }
             Err(error) => {

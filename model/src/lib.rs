@@ -6,6 +6,7 @@
 //! types the services use.
 
 pub mod backoff;
+pub mod conditions;
 pub mod event;
 pub mod headers;
 pub mod legacy;

@@ -16,6 +16,7 @@ use std::{
 };
 
 use eddy_model::backoff::Backoff;
+use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
     Function, SinkPolicy, Subscription, SubscriptionStatus, describe_errors, parse_function_sink,
     set_condition, validate_function, validate_subscription,
@@ -38,7 +39,7 @@ pub use render::{RenderConfig, Rendered, Scaling, render};
 
 use crate::{
     Error, Result,
-    local::{condition, now},
+    status::{condition, now},
     subscriptions::{Readiness, desired_status},
 };
 
@@ -154,7 +155,7 @@ pub fn build_log_tail(pods: &[Pod]) -> Option<String> {
 pub fn running_condition(
     deployment: &Deployment,
     scaling: Scaling,
-) -> (Option<bool>, &'static str, String, i32) {
+) -> (Option<bool>, Reason, String, i32) {
     let status = deployment.status.clone().unwrap_or_default();
     let available = status.available_replicas.unwrap_or(0);
     let desired = match scaling {
@@ -168,7 +169,7 @@ pub fn running_condition(
             && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
     }) {
         let message = stuck.message.clone().unwrap_or_default();
-        return (Some(false), "DeploymentFailed", message, available);
+        return (Some(false), Reason::DeploymentFailed, message, available);
     }
     let observed =
         status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
@@ -176,7 +177,7 @@ pub fn running_condition(
     if desired == 0 && observed && status.replicas.unwrap_or(0) == 0 {
         return (
             Some(true),
-            "ScaledToZero",
+            Reason::ScaledToZero,
             "0 replicas requested".to_owned(),
             0,
         );
@@ -187,7 +188,7 @@ pub fn running_condition(
     if observed && available_condition && updated >= desired && available >= desired {
         return (
             Some(true),
-            "DeploymentReady",
+            Reason::DeploymentReady,
             format!("{available} of {desired} replicas available"),
             available,
         );
@@ -195,14 +196,14 @@ pub fn running_condition(
     if available_condition {
         return (
             None,
-            "DeploymentUpdating",
+            Reason::DeploymentUpdating,
             format!("rolling out: {updated} of {desired} replicas updated"),
             available,
         );
     }
     (
         None,
-        "DeploymentPending",
+        Reason::DeploymentPending,
         "waiting for the Deployment to become available".to_owned(),
         available,
     )
@@ -357,7 +358,12 @@ pub async fn reconcile_function(function: Arc<Function>, context: Arc<Context>) 
             let mut status = function.status.clone().unwrap_or_default();
             set_condition(
                 &mut status.conditions,
-                condition("Running", Some(false), "ApplyFailed", error.to_string()),
+                condition(
+                    ConditionType::Running,
+                    Some(false),
+                    Reason::ApplyFailed,
+                    error.to_string(),
+                ),
             );
             write_status(
                 &context.client,
@@ -386,9 +392,9 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
         set_condition(
             &mut status.conditions,
             condition(
-                "ConfigurationReady",
+                ConditionType::ConfigurationReady,
                 Some(false),
-                "ValidationFailed",
+                Reason::ValidationFailed,
                 message,
             ),
         );
@@ -398,9 +404,9 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
         set_condition(
             &mut status.conditions,
             condition(
-                "ConfigurationReady",
+                ConditionType::ConfigurationReady,
                 Some(true),
-                "ConfigurationValid",
+                Reason::ConfigurationValid,
                 format!("build {}", rendered.hash),
             ),
         );
@@ -418,16 +424,21 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                 set_condition(
                     &mut status.conditions,
                     condition(
-                        "BuildReady",
+                        ConditionType::BuildReady,
                         None,
-                        "BuildRunning",
+                        Reason::BuildRunning,
                         format!("building {}", rendered.image),
                     ),
                 );
                 if !status.conditions.iter().any(|c| c.type_ == "Running") {
                     set_condition(
                         &mut status.conditions,
-                        condition("Running", None, "Building", "waiting for the first build"),
+                        condition(
+                            ConditionType::Running,
+                            None,
+                            Reason::Building,
+                            "waiting for the first build",
+                        ),
                     );
                 }
                 Action::requeue(RESYNC)
@@ -448,12 +459,22 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                 tracing::warn!(%namespace, function = %name, %message, "build failed");
                 set_condition(
                     &mut status.conditions,
-                    condition("BuildReady", Some(false), "BuildFailed", message),
+                    condition(
+                        ConditionType::BuildReady,
+                        Some(false),
+                        Reason::BuildFailed,
+                        message,
+                    ),
                 );
                 if !status.conditions.iter().any(|c| c.type_ == "Running") {
                     set_condition(
                         &mut status.conditions,
-                        condition("Running", Some(false), "BuildFailed", "no image to run"),
+                        condition(
+                            ConditionType::Running,
+                            Some(false),
+                            Reason::BuildFailed,
+                            "no image to run",
+                        ),
                     );
                 }
                 // Same inputs, same failure: wait for the code to change.
@@ -463,9 +484,9 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                 set_condition(
                     &mut status.conditions,
                     condition(
-                        "BuildReady",
+                        ConditionType::BuildReady,
                         Some(true),
-                        "BuildSucceeded",
+                        Reason::BuildSucceeded,
                         format!("image {}", rendered.image),
                     ),
                 );
@@ -491,7 +512,7 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                     running_condition(&deployment, render::scaling(function));
                 set_condition(
                     &mut status.conditions,
-                    condition("Running", ok, reason, message),
+                    condition(ConditionType::Running, ok, reason, message),
                 );
                 status.replicas = replicas;
                 Action::requeue(RESYNC)

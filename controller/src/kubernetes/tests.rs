@@ -1201,14 +1201,14 @@ fn running_follows_the_deployment() {
     let ready = deployment(deployment_ready(3, 2));
     assert_eq!(
         running_condition(&ready, Scaling::Fixed(2)).1,
-        "DeploymentReady"
+        Reason::DeploymentReady
     );
     assert_eq!(running_condition(&ready, Scaling::Fixed(2)).3, 2);
     let mut rolling = deployment_ready(3, 2);
     rolling["status"]["updatedReplicas"] = json!(1);
     assert_eq!(
         running_condition(&deployment(rolling), Scaling::Fixed(2)).1,
-        "DeploymentUpdating"
+        Reason::DeploymentUpdating
     );
     let mut unobserved = deployment_ready(3, 2);
     unobserved["status"]["observedGeneration"] = json!(2);
@@ -1221,7 +1221,7 @@ fn running_follows_the_deployment() {
     );
     assert_eq!(
         running_condition(&pending, Scaling::Fixed(1)).1,
-        "DeploymentPending"
+        Reason::DeploymentPending
     );
     let stuck = deployment(
         json!({"metadata": {"generation": 1}, "status": {"conditions": [
@@ -1229,13 +1229,13 @@ fn running_follows_the_deployment() {
         ]}}),
     );
     let (ok, reason, message, _) = running_condition(&stuck, Scaling::Fixed(1));
-    assert_eq!((ok, reason), (Some(false), "DeploymentFailed"));
+    assert_eq!((ok, reason), (Some(false), Reason::DeploymentFailed));
     assert!(message.contains("timed out"));
     let zero =
         deployment(json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1}}));
     assert_eq!(
         running_condition(&zero, Scaling::Fixed(0)).1,
-        "ScaledToZero"
+        Reason::ScaledToZero
     );
 }
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 pub use crate::runtimes::build_hash;
-use eddy_model::resources::Runtime;
+use eddy_model::{conditions::Reason, resources::Runtime};
 use eddy_platform::process;
 
 use crate::runtimes;
@@ -48,7 +48,7 @@ pub struct Build {
 #[error("{reason}: {message}")]
 pub struct BuildFailure {
     /// CamelCase reason for the BuildReady condition.
-    pub reason: &'static str,
+    pub reason: Reason,
     /// What happened, with the tail of the build log.
     pub message: String,
 }
@@ -85,7 +85,7 @@ pub async fn build(
         tracing::warn!(dir = %dir.display(), "build directory changed since it was built; building it again");
     }
     let io_failure = |error: std::io::Error| BuildFailure {
-        reason: "BuildFailed",
+        reason: Reason::BuildFailed,
         message: format!(
             "cannot write the build directory {}: {error}",
             dir.display()
@@ -108,7 +108,7 @@ pub async fn build(
         install(config, runtime, &dir).await?;
     }
     let tree = tree_digest_of(&dir).await.ok_or_else(|| BuildFailure {
-        reason: "BuildFailed",
+        reason: Reason::BuildFailed,
         message: format!("cannot read back the build directory {}", dir.display()),
     })?;
     tokio::fs::write(dir.join(DONE_MARKER), format!("{hash} {tree}"))
@@ -153,11 +153,11 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
     };
     let log_path = dir.join("build.log");
     let log = std::fs::File::create(&log_path).map_err(|error| BuildFailure {
-        reason: "BuildFailed",
+        reason: Reason::BuildFailed,
         message: format!("cannot create {}: {error}", log_path.display()),
     })?;
     let log_err = log.try_clone().map_err(|error| BuildFailure {
-        reason: "BuildFailed",
+        reason: Reason::BuildFailed,
         message: format!("cannot open {}: {error}", log_path.display()),
     })?;
     command
@@ -175,7 +175,7 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
     }
     process::supervise(&mut command);
     let mut child = command.spawn().map_err(|error| BuildFailure {
-        reason: "BuildToolMissing",
+        reason: Reason::BuildToolMissing,
         message: format!(
             "cannot run the dependency installer for {}: {error}",
             runtime.as_str()
@@ -191,17 +191,17 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
     match outcome {
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => Err(BuildFailure {
-            reason: "DependencyInstallFailed",
+            reason: Reason::DependencyInstallFailed,
             message: format!("installing dependencies failed ({status}):\n{}", read_log()),
         }),
         Ok(Err(error)) => Err(BuildFailure {
-            reason: "BuildFailed",
+            reason: Reason::BuildFailed,
             message: format!("the installer failed: {error}"),
         }),
         Err(_) => {
             process::kill(&mut child).await;
             Err(BuildFailure {
-                reason: "BuildTimeout",
+                reason: Reason::BuildTimeout,
                 message: format!(
                     "installing dependencies took longer than {:?}:\n{}",
                     config.timeout,
@@ -391,7 +391,7 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert_eq!(failed.reason, "DependencyInstallFailed");
+        assert_eq!(failed.reason, Reason::DependencyInstallFailed);
         assert!(failed.message.contains("requirement"), "{}", failed.message);
     }
 }

@@ -15,8 +15,10 @@ use std::{
     time::Duration,
 };
 
+use crate::status::condition;
+use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
-    Condition, Function, FunctionStatus, describe_errors, set_condition, validate_function,
+    Function, FunctionStatus, describe_errors, set_condition, validate_function,
 };
 use eddy_platform::{
     shutdown::CancellationToken,
@@ -55,35 +57,8 @@ pub struct LocalBackend {
     shutdown: CancellationToken,
 }
 
-pub(crate) fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-pub(crate) fn condition(
-    type_: &str,
-    ok: Option<bool>,
-    reason: &str,
-    message: impl Into<String>,
-) -> Condition {
-    Condition {
-        type_: type_.to_owned(),
-        status: match ok {
-            Some(true) => "True",
-            Some(false) => "False",
-            None => "Unknown",
-        }
-        .to_owned(),
-        reason: reason.to_owned(),
-        message: message.into(),
-        last_transition_time: now(),
-    }
-}
-
 /// The Running condition and replica count for what the pool reports. Pure.
-pub fn running_condition(
-    pool: &PoolStatus,
-    has_revision: bool,
-) -> (Option<bool>, &'static str, String) {
+pub fn running_condition(pool: &PoolStatus, has_revision: bool) -> (Option<bool>, Reason, String) {
     let restarts = if pool.restarts > 0 {
         format!(
             "; restarted {} time(s), last: {}",
@@ -94,12 +69,12 @@ pub fn running_condition(
         String::new()
     };
     if !has_revision {
-        return (None, "Waiting", "waiting for a build".to_owned());
+        return (None, Reason::Building, "waiting for a build".to_owned());
     }
     if pool.ready > 0 {
         return (
             Some(true),
-            "Running",
+            Reason::Running,
             format!(
                 "{}/{} instance(s) ready{restarts}",
                 pool.ready,
@@ -110,18 +85,22 @@ pub fn running_condition(
     if pool.desired == 0 {
         return (
             Some(true),
-            "ScaledToZero",
+            Reason::ScaledToZero,
             format!("no instance while idle; the next request starts one{restarts}"),
         );
     }
     if pool.restarts > 0 {
         return (
             Some(false),
-            "InstanceFailing",
+            Reason::InstanceFailing,
             format!("no instance ready{restarts}"),
         );
     }
-    (Some(false), "Starting", "starting instances".to_owned())
+    (
+        Some(false),
+        Reason::Starting,
+        "starting instances".to_owned(),
+    )
 }
 
 impl LocalBackend {
@@ -281,9 +260,9 @@ impl LocalBackend {
                 set_condition(
                     &mut status.conditions,
                     condition(
-                        "ConfigurationReady",
+                        ConditionType::ConfigurationReady,
                         Some(false),
-                        "Invalid",
+                        Reason::ValidationFailed,
                         describe_errors(&errors),
                     ),
                 );
@@ -295,15 +274,20 @@ impl LocalBackend {
             set_condition(
                 &mut status.conditions,
                 condition(
-                    "ConfigurationReady",
+                    ConditionType::ConfigurationReady,
                     Some(true),
-                    "Valid",
+                    Reason::ConfigurationValid,
                     "the spec is valid",
                 ),
             );
             set_condition(
                 &mut status.conditions,
-                condition("BuildReady", None, "Building", "building the function"),
+                condition(
+                    ConditionType::BuildReady,
+                    None,
+                    Reason::BuildRunning,
+                    "building the function",
+                ),
             );
             status.url = Some(url.clone());
         });
@@ -317,7 +301,7 @@ impl LocalBackend {
         let build = match built {
             Ok(build) => build,
             Err(failure) => {
-                tracing::warn!(function = %format!("{namespace}/{name}"), reason = failure.reason, "build failed");
+                tracing::warn!(function = %format!("{namespace}/{name}"), reason = %failure.reason, "build failed");
                 if !tracked.pool.has_revision() {
                     tracked
                         .pool
@@ -326,7 +310,12 @@ impl LocalBackend {
                 Self::update_status(&tracked, |status| {
                     set_condition(
                         &mut status.conditions,
-                        condition("BuildReady", Some(false), failure.reason, failure.message),
+                        condition(
+                            ConditionType::BuildReady,
+                            Some(false),
+                            failure.reason,
+                            failure.message,
+                        ),
                     );
                     status.observed_generation = Some(generation);
                 });
@@ -359,12 +348,16 @@ impl LocalBackend {
             usize::try_from(min).unwrap_or(0),
             usize::try_from(max).unwrap_or(1),
         );
-        let reason = if build.fresh { "Built" } else { "BuildReused" };
+        let reason = if build.fresh {
+            Reason::BuildSucceeded
+        } else {
+            Reason::BuildReused
+        };
         Self::update_status(&tracked, |status| {
             set_condition(
                 &mut status.conditions,
                 condition(
-                    "BuildReady",
+                    ConditionType::BuildReady,
                     Some(true),
                     reason,
                     format!("build {}", build.hash),
@@ -392,7 +385,10 @@ impl LocalBackend {
             for existing in &status.conditions {
                 set_condition(&mut conditions, existing.clone());
             }
-            set_condition(&mut conditions, condition("Running", ok, reason, message));
+            set_condition(
+                &mut conditions,
+                condition(ConditionType::Running, ok, reason, message),
+            );
             status.conditions = conditions;
             status.replicas = i32::try_from(snapshot.ready).unwrap_or(i32::MAX);
             if written.as_ref() != Some(&status) {
@@ -465,9 +461,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(running_condition(&ready, true).0, Some(true));
-        assert_eq!(running_condition(&ready, true).1, "Running");
+        assert_eq!(running_condition(&ready, true).1, Reason::Running);
         let zero = PoolStatus::default();
-        assert_eq!(running_condition(&zero, true).1, "ScaledToZero");
+        assert_eq!(running_condition(&zero, true).1, Reason::ScaledToZero);
         let crashing = PoolStatus {
             desired: 1,
             restarts: 3,
@@ -475,8 +471,8 @@ mod tests {
             ..Default::default()
         };
         let (ok, reason, message) = running_condition(&crashing, true);
-        assert_eq!((ok, reason), (Some(false), "InstanceFailing"));
+        assert_eq!((ok, reason), (Some(false), Reason::InstanceFailing));
         assert!(message.contains("restarted 3 time(s)"));
-        assert_eq!(running_condition(&zero, false).1, "Waiting");
+        assert_eq!(running_condition(&zero, false).1, Reason::Building);
     }
 }

@@ -1,0 +1,119 @@
+//! The conditions a Function's and a Subscription's status carry: their types and reasons, the
+//! same words from both controller backends (local and Kubernetes) wherever they mean the same.
+
+/// What a condition is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionType {
+    /// A Function's spec is valid.
+    ConfigurationReady,
+    /// A Function's build.
+    BuildReady,
+    /// A Function's instances (local) or Deployment (Kubernetes).
+    Running,
+    /// A Subscription delivers.
+    Ready,
+}
+
+impl ConditionType {
+    /// The name status shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConfigurationReady => "ConfigurationReady",
+            Self::BuildReady => "BuildReady",
+            Self::Running => "Running",
+            Self::Ready => "Ready",
+        }
+    }
+}
+
+/// Why a condition is as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    // ConfigurationReady
+    /// The spec passed validation.
+    ConfigurationValid,
+    /// The spec did not (the message names the fields).
+    ValidationFailed,
+    // BuildReady
+    /// A build runs.
+    BuildRunning,
+    /// The build succeeded.
+    BuildSucceeded,
+    /// An earlier build of the same source and dependencies was reused (local).
+    BuildReused,
+    /// The build failed (the message says how).
+    BuildFailed,
+    /// The build ran past its timeout (local).
+    BuildTimeout,
+    /// A tool the build needs (npm, python) is missing (local).
+    BuildToolMissing,
+    /// Installing the dependencies failed (local).
+    DependencyInstallFailed,
+    // Running
+    /// Nothing to run yet: waiting for the first build.
+    Building,
+    /// No instance while idle; the next request starts one.
+    ScaledToZero,
+    /// Instances are starting (local).
+    Starting,
+    /// Instances serve (local).
+    Running,
+    /// Instances keep failing and are restarted with backoff (local).
+    InstanceFailing,
+    /// The Deployment's pods are not available yet (Kubernetes).
+    DeploymentPending,
+    /// A rollout is in progress (Kubernetes).
+    DeploymentUpdating,
+    /// Every replica is available (Kubernetes).
+    DeploymentReady,
+    /// The rollout exceeded its progress deadline (Kubernetes).
+    DeploymentFailed,
+    /// The API server refused an object (Kubernetes).
+    ApplyFailed,
+    // Ready (Subscription)
+    /// The consumer exists; events are delivered.
+    ConsumerReady,
+    /// The Subscription is invalid.
+    Invalid,
+    /// The dispatcher has not created the consumer yet.
+    ConsumerNotReady,
+    /// The sink names a function that does not exist or has no address yet.
+    SinkNotFound,
+}
+
+impl Reason {
+    /// The word status shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConfigurationValid => "ConfigurationValid",
+            Self::ValidationFailed => "ValidationFailed",
+            Self::BuildRunning => "BuildRunning",
+            Self::BuildSucceeded => "BuildSucceeded",
+            Self::BuildReused => "BuildReused",
+            Self::BuildFailed => "BuildFailed",
+            Self::BuildTimeout => "BuildTimeout",
+            Self::BuildToolMissing => "BuildToolMissing",
+            Self::DependencyInstallFailed => "DependencyInstallFailed",
+            Self::Building => "Building",
+            Self::ScaledToZero => "ScaledToZero",
+            Self::Starting => "Starting",
+            Self::Running => "Running",
+            Self::InstanceFailing => "InstanceFailing",
+            Self::DeploymentPending => "DeploymentPending",
+            Self::DeploymentUpdating => "DeploymentUpdating",
+            Self::DeploymentReady => "DeploymentReady",
+            Self::DeploymentFailed => "DeploymentFailed",
+            Self::ApplyFailed => "ApplyFailed",
+            Self::ConsumerReady => "ConsumerReady",
+            Self::Invalid => "Invalid",
+            Self::ConsumerNotReady => "ConsumerNotReady",
+            Self::SinkNotFound => "SinkNotFound",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
