@@ -75,7 +75,7 @@ enum Request {
 }
 
 enum Message {
-    Change(Change<Subscription>),
+    Change(Box<Change<Subscription>>),
     /// A replay's task ended; `generation` tells it from a newer replay of the same Subscription.
     ReplayEnded {
         key: Key,
@@ -198,7 +198,7 @@ async fn follow(
                 .follow::<Subscription, _, _>(&shutdown, |change| {
                     let to = to.clone();
                     async move {
-                        let _ = to.send(Message::Change(change)).await;
+                        let _ = to.send(Message::Change(Box::new(change))).await;
                     }
                 })
                 .await;
@@ -259,7 +259,7 @@ async fn follow_kubernetes(
             }
         };
         for change in changes {
-            if to.send(Message::Change(change)).await.is_err() {
+            if to.send(Message::Change(Box::new(change))).await.is_err() {
                 return;
             }
         }
@@ -275,7 +275,7 @@ impl Manager {
         loop {
             tokio::select! {
                 Some(message) = messages.recv() => match message {
-                    Message::Change(change) => self.change(change).await,
+                    Message::Change(change) => self.change(*change).await,
                     Message::ReplayEnded { key, generation } => {
                         if self.replays.get(&key).is_some_and(|(current, _)| *current == generation) {
                             self.replays.remove(&key);
