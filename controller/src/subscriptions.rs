@@ -4,11 +4,9 @@
 //! when its spec is valid, its durable consumer exists in `EDDY_EVENTS` and its sink resolves
 //! (the function exists and has a URL). Status carries each type with its subject filter.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use parking_lot::Mutex;
 
 use crate::status::condition;
 use async_nats::jetstream;
@@ -102,13 +100,10 @@ pub async fn run(
                 }
                 let not_ready: Vec<Subscription> = tracked
                     .lock()
-                    .map(|all| {
-                        all.values()
-                            .filter(|(_, status)| !status.as_ref().is_some_and(|s| s.ready))
-                            .map(|(subscription, _)| subscription.clone())
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                    .values()
+                    .filter(|(_, status)| !status.as_ref().is_some_and(|s| s.ready))
+                    .map(|(subscription, _)| subscription.clone())
+                    .collect();
                 for subscription in not_ready {
                     reconcile(&store, &js, &sinks, &subscription, &tracked).await;
                 }
@@ -122,7 +117,8 @@ pub async fn run(
                 match change {
                     Change::Applied(subscription) => reconcile(&store, &js, &sinks, &subscription, &tracked).await,
                     Change::Deleted { namespace, name } => {
-                        if let Ok(mut all) = tracked.lock() {
+                        {
+ let mut all = tracked.lock();
                             all.remove(&(namespace.clone(), name.clone()));
                         }
                         if let Err(error) = store.delete_status::<Subscription>(&namespace, &name).await {
@@ -149,8 +145,8 @@ async fn reconcile(
     let (readiness, message) = observe(store, js, sinks, subscription, namespace, name).await;
     let remembered = tracked
         .lock()
-        .ok()
-        .and_then(|all| all.get(&key).and_then(|(_, status)| status.clone()));
+        .get(&key)
+        .and_then(|(_, status)| status.clone());
     let previous = match remembered {
         Some(status) => Some(status),
         None => store
@@ -178,7 +174,8 @@ async fn reconcile(
             }
         }
     };
-    if let Ok(mut all) = tracked.lock() {
+    {
+        let mut all = tracked.lock();
         // The ticker may have worked on an older copy while a newer one arrived: keep the newer.
         let newer_known = all
             .get(&key)

@@ -9,7 +9,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, RwLock,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -37,7 +37,7 @@ pub struct Sinks {
     resolution: Resolution,
     policy: SinkPolicy,
     platform_token: Option<http::HeaderValue>,
-    functions: Arc<RwLock<HashMap<(String, String), String>>>,
+    functions: Arc<parking_lot::RwLock<HashMap<(String, String), String>>>,
     /// Bumped on every change of `functions`, so a worker can keep what it resolved until then.
     generation: Arc<AtomicU64>,
 }
@@ -94,10 +94,7 @@ impl Sinks {
             if self.resolution == Resolution::Direct {
                 return Ok((sink.to_owned(), None));
             }
-            let functions = self
-                .functions
-                .read()
-                .map_err(|_| not_yet(Failure::SinkUnresolved))?;
+            let functions = self.functions.read();
             let base = functions
                 .get(&(function.namespace, function.function))
                 .ok_or(not_yet(Failure::SinkUnresolved))?;
@@ -116,7 +113,8 @@ impl Sinks {
 
     /// Records a function's URL (tests and in-process wiring).
     pub fn set_function_url(&self, namespace: &str, name: &str, url: Option<String>) {
-        if let Ok(mut functions) = self.functions.write() {
+        {
+            let mut functions = self.functions.write();
             let key = (namespace.to_owned(), name.to_owned());
             match url {
                 Some(url) => functions.insert(key, url),

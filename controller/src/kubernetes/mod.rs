@@ -9,11 +9,9 @@
 
 pub mod render;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use parking_lot::Mutex;
 
 use eddy_model::backoff::Backoff;
 use eddy_model::conditions::{ConditionType, Reason};
@@ -67,20 +65,17 @@ impl Context {
     }
 
     fn record_success(&self, key: &str) {
-        if let Ok(mut failures) = self.failures.lock() {
+        {
+            let mut failures = self.failures.lock();
             failures.remove(key);
         }
     }
 
     fn record_failure(&self, key: &str) -> u32 {
-        self.failures
-            .lock()
-            .map(|mut failures| {
-                let count = failures.entry(key.to_owned()).or_insert(0);
-                *count = count.saturating_add(1);
-                *count
-            })
-            .unwrap_or(1)
+        let mut failures = self.failures.lock();
+        let count = failures.entry(key.to_owned()).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
     }
 }
 

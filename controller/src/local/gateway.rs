@@ -6,7 +6,7 @@
 use std::{
     collections::HashMap,
     pin::Pin,
-    sync::{Arc, RwLock},
+    sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -30,7 +30,7 @@ use super::pool::{INSTANCE_SECRET_HEADER, Lease, Pool};
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Pools by (namespace, name).
-pub type Pools = Arc<RwLock<HashMap<(String, String), Arc<Pool>>>>;
+pub type Pools = Arc<parking_lot::RwLock<HashMap<(String, String), Arc<Pool>>>>;
 
 /// The gateway's state.
 pub struct Gateway {
@@ -137,11 +137,7 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     };
     let (namespace, function, rest) = (namespace.to_owned(), function.to_owned(), rest.to_owned());
     let key = (namespace.clone(), function.clone());
-    let pool = gateway
-        .pools
-        .read()
-        .ok()
-        .and_then(|pools| pools.get(&key).cloned());
+    let pool = gateway.pools.read().get(&key).cloned();
     let Some(pool) = pool else {
         return error(
             StatusCode::NOT_FOUND,

@@ -9,11 +9,9 @@ pub mod build;
 pub mod gateway;
 pub mod pool;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use parking_lot::Mutex;
 
 use crate::status::condition;
 use eddy_model::conditions::{ConditionType, Reason};
@@ -145,11 +143,7 @@ impl LocalBackend {
     }
 
     async fn stop_everything(&self) {
-        let all: Vec<Arc<Tracked>> = self
-            .tracked
-            .lock()
-            .map(|t| t.values().cloned().collect())
-            .unwrap_or_default();
+        let all: Vec<Arc<Tracked>> = self.tracked.lock().values().cloned().collect();
         for tracked in &all {
             tracked.pool.shutdown();
             tracked.stop.cancel();
@@ -170,17 +164,15 @@ impl LocalBackend {
         access: Option<eddy_platform::auth::Tokens>,
     ) -> Arc<Tracked> {
         let key = (namespace.to_owned(), name.to_owned());
-        let Ok(mut all) = self.tracked.lock() else {
-            // A poisoned lock means a panic elsewhere; start a fresh entry rather than crash.
-            return self.new_tracked(namespace, name);
-        };
+        let mut all = self.tracked.lock();
         if let Some(existing) = all.get(&key) {
             return existing.clone();
         }
         let tracked = self.new_tracked(namespace, name);
         tracked.pool.set_access(access);
         all.insert(key.clone(), tracked.clone());
-        if let Ok(mut pools) = self.pools.write() {
+        {
+            let mut pools = self.pools.write();
             pools.insert(key, tracked.pool.clone());
         }
         tracked
@@ -221,16 +213,13 @@ impl LocalBackend {
         let tracked = self.tracked(&namespace, &name, access.clone());
         tracked.pool.set_access(access);
         let generation = function.metadata.generation.unwrap_or(1);
-        let observed = tracked
-            .status
-            .lock()
-            .ok()
-            .and_then(|s| s.observed_generation);
+        let observed = tracked.status.lock().observed_generation;
         if observed == Some(generation) {
             return;
         }
         let cancel = self.shutdown.child_token();
-        if let Ok(mut running) = tracked.reconcile.lock() {
+        {
+            let mut running = tracked.reconcile.lock();
             if let Some(previous) = running.replace(cancel.clone()) {
                 previous.cancel();
             }
@@ -239,7 +228,8 @@ impl LocalBackend {
     }
 
     fn update_status(tracked: &Tracked, change: impl FnOnce(&mut FunctionStatus)) {
-        if let Ok(mut status) = tracked.status.lock() {
+        {
+            let mut status = tracked.status.lock();
             change(&mut status);
         }
         tracked.status_changed.notify_one();
@@ -372,10 +362,7 @@ impl LocalBackend {
         let mut pool_status = tracked.pool.status();
         let mut written: Option<FunctionStatus> = None;
         loop {
-            let mut status = match tracked.status.lock() {
-                Ok(status) => status.clone(),
-                Err(_) => return,
-            };
+            let mut status = tracked.status.lock().clone();
             let snapshot = pool_status.borrow_and_update().clone();
             let (ok, reason, message) = running_condition(&snapshot, tracked.pool.has_revision());
             let mut conditions = written
@@ -415,12 +402,13 @@ impl LocalBackend {
 
     async fn remove(&self, namespace: &str, name: &str) {
         let key = (namespace.to_owned(), name.to_owned());
-        let tracked = self.tracked.lock().ok().and_then(|mut t| t.remove(&key));
-        if let Ok(mut pools) = self.pools.write() {
+        let tracked = self.tracked.lock().remove(&key);
+        {
+            let mut pools = self.pools.write();
             pools.remove(&key);
         }
         if let Some(tracked) = tracked {
-            if let Some(running) = tracked.reconcile.lock().ok().and_then(|mut r| r.take()) {
+            if let Some(running) = tracked.reconcile.lock().take() {
                 running.cancel();
             }
             tracked.stop.cancel();
@@ -440,11 +428,8 @@ impl LocalBackend {
     pub fn pids(&self, namespace: &str, name: &str) -> Vec<u32> {
         self.tracked
             .lock()
-            .ok()
-            .and_then(|t| {
-                t.get(&(namespace.to_owned(), name.to_owned()))
-                    .map(|t| t.pool.pids())
-            })
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .map(|t| t.pool.pids())
             .unwrap_or_default()
     }
 }

@@ -8,11 +8,13 @@ use std::{
     path::PathBuf,
     process::Stdio,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
+
+use parking_lot::Mutex;
 
 use eddy_model::{backoff::Backoff, resources::Runtime};
 use eddy_platform::{process, shutdown::CancellationToken};
@@ -164,7 +166,7 @@ pub struct Pool {
     status: watch::Sender<PoolStatus>,
     unavailable: Mutex<Option<String>>,
     /// Tokens one of which a caller must present; `None`: public.
-    access: std::sync::RwLock<Option<Arc<eddy_platform::auth::Tokens>>>,
+    access: parking_lot::RwLock<Option<Arc<eddy_platform::auth::Tokens>>>,
     /// The current revision's handler timeout (0 before there is one), read per request.
     timeout_seconds: AtomicU64,
     shutdown: CancellationToken,
@@ -256,7 +258,7 @@ impl Pool {
             last_request: Mutex::new(Instant::now()),
             status,
             unavailable: Mutex::new(None),
-            access: std::sync::RwLock::new(None),
+            access: parking_lot::RwLock::new(None),
             timeout_seconds: AtomicU64::new(0),
             shutdown,
         });
@@ -271,7 +273,8 @@ impl Pool {
 
     /// Runs `revision` with these bounds (a new generation rolls out; the same one rescales).
     pub fn set_revision(&self, revision: Revision, min: usize, max: usize) {
-        if let Ok(mut inner) = self.inner.lock() {
+        {
+            let mut inner = self.inner.lock();
             // A new generation that runs the same thing (only the scale changed) keeps the
             // running instances.
             let changed = inner
@@ -289,7 +292,8 @@ impl Pool {
             inner.min = min;
             inner.max = max.max(min);
         }
-        if let Ok(mut last) = self.last_request.lock() {
+        {
+            let mut last = self.last_request.lock();
             *last = Instant::now();
         }
         self.kick.notify_one();
@@ -297,20 +301,22 @@ impl Pool {
 
     /// Who may invoke the function: `None` for anyone, or the accepted tokens.
     pub fn set_access(&self, tokens: Option<eddy_platform::auth::Tokens>) {
-        if let Ok(mut access) = self.access.write() {
+        {
+            let mut access = self.access.write();
             *access = tokens.map(Arc::new);
         }
     }
 
     /// The accepted tokens, or `None` when the function is public.
     pub fn access(&self) -> Option<Arc<eddy_platform::auth::Tokens>> {
-        self.access.read().ok().and_then(|access| access.clone())
+        self.access.read().clone()
     }
 
     /// Says why nothing can run (a failed build with no earlier revision), so requests are
     /// answered at once instead of waiting; `None` clears it.
     pub fn set_unavailable(&self, reason: Option<String>) {
-        if let Ok(mut unavailable) = self.unavailable.lock() {
+        {
+            let mut unavailable = self.unavailable.lock();
             *unavailable = reason;
         }
         self.changed.notify_waiters();
@@ -318,7 +324,7 @@ impl Pool {
 
     /// Why nothing can run, if so.
     pub fn unavailable(&self) -> Option<String> {
-        self.unavailable.lock().ok()?.clone()
+        self.unavailable.lock().clone()
     }
 
     /// Stops every instance and the manager.
@@ -328,15 +334,12 @@ impl Pool {
 
     /// Whether there is anything to run.
     pub fn has_revision(&self) -> bool {
-        self.inner
-            .lock()
-            .map(|inner| inner.revision.is_some())
-            .unwrap_or(false)
+        self.inner.lock().revision.is_some()
     }
 
     /// The least-loaded ready instance (the current generation's first), leased for one request.
     pub fn pick(self: &Arc<Self>) -> Option<Lease> {
-        let inner = self.inner.lock().ok()?;
+        let inner = self.inner.lock();
         let current = inner.revision.as_ref().map(|r| r.generation);
         let ready = inner.instances.iter().filter(|i| i.is_ready());
         let newest = ready
@@ -348,7 +351,8 @@ impl Pool {
             .clone();
         chosen.in_flight.fetch_add(1, Ordering::AcqRel);
         drop(inner);
-        if let Ok(mut last) = self.last_request.lock() {
+        {
+            let mut last = self.last_request.lock();
             *last = Instant::now();
         }
         Some(Lease {
@@ -360,7 +364,8 @@ impl Pool {
     /// Marks a request as waiting for an instance (scale from zero) until the guard drops.
     pub fn wait_guard(self: &Arc<Self>) -> WaitGuard {
         self.waiting.fetch_add(1, Ordering::AcqRel);
-        if let Ok(mut last) = self.last_request.lock() {
+        {
+            let mut last = self.last_request.lock();
             *last = Instant::now();
         }
         self.kick.notify_one();
@@ -398,23 +403,19 @@ impl Pool {
 
     /// The last start failure, for gateway answers.
     pub fn last_error(&self) -> Option<String> {
-        self.inner.lock().ok()?.last_error.clone()
+        self.inner.lock().last_error.clone()
     }
 
     /// Process ids of the running instances (tests kill them).
     pub fn pids(&self) -> Vec<u32> {
         self.inner
             .lock()
-            .map(|inner| {
-                inner
-                    .instances
-                    .iter()
-                    .filter(|i| i.state() != GONE)
-                    .map(|i| i.pid())
-                    .filter(|p| *p > 0)
-                    .collect()
-            })
-            .unwrap_or_default()
+            .instances
+            .iter()
+            .filter(|i| i.state() != GONE)
+            .map(|i| i.pid())
+            .filter(|p| *p > 0)
+            .collect()
     }
 
     fn publish_status(&self, inner: &Inner) {
@@ -447,20 +448,14 @@ impl Pool {
             }
             self.reconcile();
         }
-        let instances: Vec<Arc<Instance>> = self
-            .inner
-            .lock()
-            .map(|inner| inner.instances.clone())
-            .unwrap_or_default();
+        let instances: Vec<Arc<Instance>> = self.inner.lock().instances.clone();
         for instance in &instances {
             instance.stop.cancel();
         }
     }
 
     fn reconcile(self: &Arc<Self>) {
-        let Ok(mut inner) = self.inner.lock() else {
-            return;
-        };
+        let mut inner = self.inner.lock();
         inner.instances.retain(|i| i.state() != GONE);
         let now = Instant::now();
         let in_flight: usize = inner.instances.iter().map(|i| i.in_flight()).sum();
@@ -475,11 +470,7 @@ impl Pool {
             inner.load.pop_front();
         }
         let peak_load = inner.load.iter().map(|(_, load)| *load).max().unwrap_or(0);
-        let idle_for = self
-            .last_request
-            .lock()
-            .map(|last| now.duration_since(*last))
-            .unwrap_or_default();
+        let idle_for = now.duration_since(*self.last_request.lock());
         let Some(revision) = inner.revision.clone() else {
             self.publish_status(&inner);
             return;
@@ -565,7 +556,8 @@ impl Pool {
     }
 
     fn record_failure(&self, message: String) {
-        if let Ok(mut inner) = self.inner.lock() {
+        {
+            let mut inner = self.inner.lock();
             inner.restarts += 1;
             inner.consecutive_failures += 1;
             inner.not_before = Instant::now() + RESTART.delay(inner.consecutive_failures);
@@ -589,28 +581,29 @@ impl Pool {
                         self.changed.notify_waiters();
                         self.kick.notify_one();
                         tokio::select! {
-                            exit = child.wait() => {
-                                let ran_for = started.elapsed();
-                                let text = exit.map_or_else(|e| e.to_string(), |status| status.to_string());
-                                tracing::warn!(instance = %label, status = %text, "instance exited; restarting");
-                                if ran_for > Duration::from_secs(10) {
-                                    if let Ok(mut inner) = self.inner.lock() {
-                                        inner.consecutive_failures = 0;
-                                    }
-                                }
-                                self.record_failure(format!("instance {} exited ({text})", instance.id));
-                            }
-                            () = instance.stop.cancelled() => {
-                                if instance.kill.load(Ordering::Acquire) {
-                                    process::kill(&mut child).await;
-                                    tracing::warn!(instance = %label, "instance killed: it stopped answering");
-                                    self.record_failure(format!("instance {} stopped answering and was replaced", instance.id));
-                                } else {
-                                    process::terminate(&mut child, self.config.drain_timeout.min(Duration::from_secs(10))).await;
-                                    tracing::info!(instance = %label, "instance stopped");
-                                }
-                            }
-                        }
+                                                   exit = child.wait() => {
+                                                       let ran_for = started.elapsed();
+                                                       let text = exit.map_or_else(|e| e.to_string(), |status| status.to_string());
+                                                       tracing::warn!(instance = %label, status = %text, "instance exited; restarting");
+                                                       if ran_for > Duration::from_secs(10) {
+                                                           {
+                        let mut inner = self.inner.lock();
+                                                               inner.consecutive_failures = 0;
+                                                           }
+                                                       }
+                                                       self.record_failure(format!("instance {} exited ({text})", instance.id));
+                                                   }
+                                                   () = instance.stop.cancelled() => {
+                                                       if instance.kill.load(Ordering::Acquire) {
+                                                           process::kill(&mut child).await;
+                                                           tracing::warn!(instance = %label, "instance killed: it stopped answering");
+                                                           self.record_failure(format!("instance {} stopped answering and was replaced", instance.id));
+                                                       } else {
+                                                           process::terminate(&mut child, self.config.drain_timeout.min(Duration::from_secs(10))).await;
+                                                           tracing::info!(instance = %label, "instance stopped");
+                                                       }
+                                                   }
+                                               }
                     }
                     Err(message) => {
                         process::kill(&mut child).await;
