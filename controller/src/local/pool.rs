@@ -70,10 +70,42 @@ impl Revision {
     }
 }
 
-const STARTING: u8 = 0;
-const READY: u8 = 1;
-const DRAINING: u8 = 2;
-const GONE: u8 = 3;
+/// Where an instance is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum InstanceState {
+    /// Started, not yet answering its health check.
+    Starting = 0,
+    /// Takes requests.
+    Ready = 1,
+    /// Takes no new requests; stops once the ones in flight are done.
+    Draining = 2,
+    /// Its process has exited.
+    Gone = 3,
+}
+
+/// An [`InstanceState`] read and written from several tasks without a lock.
+#[derive(Debug)]
+struct AtomicState(AtomicU8);
+
+impl AtomicState {
+    fn new(state: InstanceState) -> Self {
+        Self(AtomicU8::new(state as u8))
+    }
+
+    fn load(&self) -> InstanceState {
+        match self.0.load(Ordering::Acquire) {
+            0 => InstanceState::Starting,
+            1 => InstanceState::Ready,
+            2 => InstanceState::Draining,
+            _ => InstanceState::Gone,
+        }
+    }
+
+    fn store(&self, state: InstanceState) {
+        self.0.store(state as u8, Ordering::Release);
+    }
+}
 
 /// One running instance.
 #[derive(Debug)]
@@ -85,7 +117,7 @@ pub struct Instance {
     /// Its port on 127.0.0.1.
     pub port: u16,
     in_flight: AtomicUsize,
-    state: AtomicU8,
+    state: AtomicState,
     stop: CancellationToken,
     /// Stop with SIGKILL at once (it stopped answering) instead of a graceful SIGTERM.
     kill: std::sync::atomic::AtomicBool,
@@ -106,13 +138,14 @@ impl Instance {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    fn state(&self) -> u8 {
-        self.state.load(Ordering::Acquire)
+    /// Where it is in its life.
+    pub fn state(&self) -> InstanceState {
+        self.state.load()
     }
 
     /// Whether it takes requests.
     pub fn is_ready(&self) -> bool {
-        self.state() == READY
+        self.state() == InstanceState::Ready
     }
 
     /// The process id (0 before start).
@@ -219,7 +252,7 @@ pub struct Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.instance.in_flight.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.instance.state() == DRAINING
+            && self.instance.state() == InstanceState::Draining
         {
             self.pool.kick.notify_one();
         }
@@ -393,7 +426,7 @@ impl Pool {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             tracing::warn!(function = %format!("{}/{}", pool.namespace, pool.name), instance = instance.id, "instance stopped answering; replacing it");
-            instance.state.store(DRAINING, Ordering::Release);
+            instance.state.store(InstanceState::Draining);
             instance.kill.store(true, Ordering::Release);
             instance.stop.cancel();
             pool.changed.notify_waiters();
@@ -412,7 +445,7 @@ impl Pool {
             .lock()
             .instances
             .iter()
-            .filter(|i| i.state() != GONE)
+            .filter(|i| i.state() != InstanceState::Gone)
             .map(|i| i.pid())
             .filter(|p| *p > 0)
             .collect()
@@ -456,7 +489,7 @@ impl Pool {
 
     fn reconcile(self: &Arc<Self>) {
         let mut inner = self.inner.lock();
-        inner.instances.retain(|i| i.state() != GONE);
+        inner.instances.retain(|i| i.state() != InstanceState::Gone);
         let now = Instant::now();
         let in_flight: usize = inner.instances.iter().map(|i| i.in_flight()).sum();
         let waiting = self.waiting.load(Ordering::Acquire);
@@ -490,7 +523,7 @@ impl Pool {
             .instances
             .iter()
             .filter(|i| {
-                i.generation == revision.generation && matches!(i.state(), STARTING | READY)
+                i.generation == revision.generation && matches!(i.state(), InstanceState::Starting | InstanceState::Ready)
             })
             .cloned()
             .collect();
@@ -508,7 +541,7 @@ impl Pool {
                             generation: revision.generation,
                             port,
                             in_flight: AtomicUsize::new(0),
-                            state: AtomicU8::new(STARTING),
+                            state: AtomicState::new(InstanceState::Starting),
                             stop: self.shutdown.child_token(),
                             kill: std::sync::atomic::AtomicBool::new(false),
                             pid: AtomicU64::new(0),
@@ -528,7 +561,7 @@ impl Pool {
             let mut surplus = current.clone();
             surplus.sort_by_key(|i| (i.is_ready(), i.in_flight()));
             for instance in surplus.into_iter().take(current.len() - desired) {
-                instance.state.store(DRAINING, Ordering::Release);
+                instance.state.store(InstanceState::Draining);
             }
         }
         // Older generations go once the current one serves at full strength (or nothing is wanted).
@@ -539,8 +572,8 @@ impl Pool {
                 .iter()
                 .filter(|i| i.generation != revision.generation)
             {
-                if instance.state() != GONE {
-                    instance.state.store(DRAINING, Ordering::Release);
+                if instance.state() != InstanceState::Gone {
+                    instance.state.store(InstanceState::Draining);
                 }
             }
         }
@@ -548,7 +581,7 @@ impl Pool {
         for instance in inner
             .instances
             .iter()
-            .filter(|i| i.state() == DRAINING && i.in_flight() == 0)
+            .filter(|i| i.state() == InstanceState::Draining && i.in_flight() == 0)
         {
             instance.stop.cancel();
         }
@@ -576,7 +609,7 @@ impl Pool {
                 let healthy = self.wait_healthy(&instance, &mut child).await;
                 match healthy {
                     Ok(()) => {
-                        instance.state.store(READY, Ordering::Release);
+                        instance.state.store(InstanceState::Ready);
                         tracing::info!(instance = %label, port = instance.port, generation = revision.generation, startup = ?started.elapsed(), "instance ready");
                         self.changed.notify_waiters();
                         self.kick.notify_one();
@@ -619,7 +652,7 @@ impl Pool {
                 self.record_failure(message);
             }
         }
-        instance.state.store(GONE, Ordering::Release);
+        instance.state.store(InstanceState::Gone);
         self.changed.notify_waiters();
         self.kick.notify_one();
     }
