@@ -272,18 +272,18 @@ impl Platform {
         let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
         let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
         controller_args.nats = self.nats_args(args, User::Controller);
-        controller_args.data_dir = args.data_dir.clone();
+        controller_args.local.data_dir = args.data_dir.clone();
         controller_args.allowed_sinks = args.allowed_sinks.clone();
-        controller_args.bus_url = self.bus_url.clone();
-        controller_args.scale_to_zero_after = args.scale_to_zero_after;
-        controller_args.dispatcher_url = Some(format!("http://{dispatcher_local}"));
+        controller_args.local.bus_url = self.bus_url.clone();
+        controller_args.local.scale_to_zero_after = args.scale_to_zero_after;
+        controller_args.local.dispatcher_url = Some(format!("http://{dispatcher_local}"));
         controller_args.api_auth = args.api_auth.clone();
-        controller_args.function_publisher_token = function_publish_token;
+        controller_args.local.function_publisher_token = function_publish_token;
         controller_args.serve = args.serve.clone();
         // The dispatcher reaches functions with `access.mode: token` with a token of its own,
         // new for each run.
         let platform_token = uuid::Uuid::new_v4().simple().to_string();
-        controller_args.platform_token = Some(platform_token.clone());
+        controller_args.local.platform_token = Some(platform_token.clone());
         let controller = eddy_controller::Controller::new(
             controller_args,
             format!("http://{gateway_local}"),

@@ -121,8 +121,8 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
     let gateway = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway_url = format!("http://{}", gateway.local_addr().unwrap());
     let mut controller_args = eddy_controller::Args::new(api.local_addr().unwrap(), nats.url());
-    controller_args.bus_url = bus_url.clone();
-    controller_args.data_dir = dir.path().join("data");
+    controller_args.local.bus_url = bus_url.clone();
+    controller_args.local.data_dir = dir.path().join("data");
     let controller =
         eddy_controller::Controller::new(controller_args, gateway_url, shutdown.child_token())
             .await

@@ -149,6 +149,40 @@ pub struct Args {
         default_value = "127.0.0.1:8082"
     )]
     pub api_addr: SocketAddr,
+    /// NATS connection.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// Sink URLs Subscriptions may use besides function Services (comma-separated), compared as
+    /// URLs: `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
+    /// Everything else is refused, so Subscriptions cannot be used to reach arbitrary hosts.
+    #[arg(
+        long = "allowed-sinks",
+        env = "EDDY_ALLOWED_SINKS",
+        value_delimiter = ',',
+        value_parser = eddy_model::resources::parse_allowed_sink
+    )]
+    pub allowed_sinks: Vec<String>,
+    /// Longest wait for in-flight requests on shutdown.
+    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    /// Connection limits of each listener (API, gateway).
+    #[command(flatten)]
+    pub serve: eddy_platform::net::ServeArgs,
+    /// Bearer tokens for the resource API and the dashboard.
+    #[command(flatten)]
+    pub api_auth: eddy_platform::auth::ApiTokenArgs,
+    /// Settings of the local backend.
+    #[command(flatten)]
+    pub local: LocalArgs,
+    /// Settings of the Kubernetes backend.
+    #[command(flatten)]
+    pub kubernetes: KubernetesArgs,
+}
+
+/// Flags of the local backend: the gateway, builds, instances and scaling.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Local backend")]
+pub struct LocalArgs {
     /// Address of the gateway that invokes functions (local backend).
     #[arg(
         long = "gateway-addr",
@@ -207,28 +241,9 @@ pub struct Args {
         default_value = "16MiB"
     )]
     pub max_request_size: bytesize::ByteSize,
-    /// NATS connection.
-    #[command(flatten)]
-    pub nats: NatsArgs,
     /// Directory for builds and logs.
     #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
     pub data_dir: PathBuf,
-    /// Sink URLs Subscriptions may use besides function Services (comma-separated), compared as
-    /// URLs: `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
-    /// Everything else is refused, so Subscriptions cannot be used to reach arbitrary hosts.
-    #[arg(
-        long = "allowed-sinks",
-        env = "EDDY_ALLOWED_SINKS",
-        value_delimiter = ',',
-        value_parser = eddy_model::resources::parse_allowed_sink
-    )]
-    pub allowed_sinks: Vec<String>,
-    /// Longest wait for in-flight requests on shutdown.
-    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-    /// Connection limits of each listener (API, gateway).
-    #[command(flatten)]
-    pub serve: eddy_platform::net::ServeArgs,
     /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
     /// sends it with deliveries (give both the same).
     #[arg(
@@ -245,12 +260,12 @@ pub struct Args {
         hide_env_values = true
     )]
     pub function_publisher_token: Option<String>,
-    /// Bearer tokens for the resource API and the dashboard.
-    #[command(flatten)]
-    pub api_auth: eddy_platform::auth::ApiTokenArgs,
-    /// Settings of the Kubernetes backend.
-    #[command(flatten)]
-    pub kubernetes: KubernetesArgs,
+}
+
+impl Default for LocalArgs {
+    fn default() -> Self {
+        eddy_platform::flags::defaults()
+    }
 }
 
 impl Args {
@@ -268,7 +283,7 @@ impl Args {
 pub struct Controller {
     api: Router,
     gateway: Router,
-    backend: Arc<local::LocalBackend>,
+    backend: Arc<local::LocalController>,
     backend_task: tokio::task::JoinHandle<()>,
     serve: eddy_platform::net::ServeArgs,
     drain_timeout: Duration,
@@ -282,28 +297,31 @@ impl Controller {
         let Args {
             backend: _,
             api_addr: _,
-            gateway_addr: _,
-            gateway_url: configured_gateway_url,
-            bus_url,
-            dispatcher_url,
-            node,
-            npm,
-            python,
-            build_timeout,
-            target_concurrency,
-            scale_to_zero_after,
-            scale_down_window,
-            activation_timeout,
-            startup_timeout,
-            max_request_size,
             nats,
-            data_dir,
             allowed_sinks,
             drain_timeout,
             serve,
-            platform_token,
-            function_publisher_token,
             api_auth,
+            local:
+                LocalArgs {
+                    gateway_addr: _,
+                    gateway_url: configured_gateway_url,
+                    bus_url,
+                    dispatcher_url,
+                    node,
+                    npm,
+                    python,
+                    build_timeout,
+                    target_concurrency,
+                    scale_to_zero_after,
+                    scale_down_window,
+                    activation_timeout,
+                    startup_timeout,
+                    max_request_size,
+                    data_dir,
+                    platform_token,
+                    function_publisher_token,
+                },
             kubernetes: _,
         } = args;
         let api_tokens = api_auth.load()?;
@@ -348,7 +366,7 @@ impl Controller {
             python,
             timeout: build_timeout,
         };
-        let backend = Arc::new(local::LocalBackend::new(
+        let backend = Arc::new(local::LocalController::new(
             store.clone(),
             pools.clone(),
             pool_config,
@@ -396,7 +414,7 @@ impl Controller {
     }
 
     /// The local backend (tests reach instance processes through it).
-    pub fn backend(&self) -> Arc<local::LocalBackend> {
+    pub fn backend(&self) -> Arc<local::LocalController> {
         self.backend.clone()
     }
 
@@ -470,7 +488,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
         addr: api_addr,
         source,
     })?;
-    let gateway_addr = args.gateway_addr;
+    let gateway_addr = args.local.gateway_addr;
     let gateway = TcpListener::bind(gateway_addr)
         .await
         .map_err(|source| Error::Bind {

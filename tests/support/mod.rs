@@ -56,7 +56,7 @@ pub struct Platform {
     pub bus: String,
     pub api: String,
     pub gateway: String,
-    pub backend: std::sync::Arc<eddy_controller::local::LocalBackend>,
+    pub backend: std::sync::Arc<eddy_controller::local::LocalController>,
     pub data_dir: tempfile::TempDir,
     pub dispatcher: String,
     pub http: reqwest::Client,
@@ -94,12 +94,12 @@ impl Platform {
         let data_dir = tempfile::tempdir().unwrap();
         let mut controller_args = eddy_controller::Args::new(api_addr, nats.url());
         controller_args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
-        controller_args.bus_url = format!("http://{bus_addr}");
-        controller_args.data_dir = data_dir.path().to_path_buf();
-        controller_args.scale_to_zero_after = options.scale_to_zero_after;
-        controller_args.scale_down_window = options.scale_down_window;
-        controller_args.target_concurrency = options.target_concurrency;
-        controller_args.platform_token = Some(PLATFORM_TOKEN.to_owned());
+        controller_args.local.bus_url = format!("http://{bus_addr}");
+        controller_args.local.data_dir = data_dir.path().to_path_buf();
+        controller_args.local.scale_to_zero_after = options.scale_to_zero_after;
+        controller_args.local.scale_down_window = options.scale_down_window;
+        controller_args.local.target_concurrency = options.target_concurrency;
+        controller_args.local.platform_token = Some(PLATFORM_TOKEN.to_owned());
         let controller = eddy_controller::Controller::new(
             controller_args,
             format!("http://{gateway_addr}"),

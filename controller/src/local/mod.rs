@@ -45,7 +45,7 @@ struct Tracked {
 }
 
 /// The local backend.
-pub struct LocalBackend {
+pub struct LocalController {
     store: Store,
     pools: Pools,
     tracked: Mutex<HashMap<Key, Arc<Tracked>>>,
@@ -101,7 +101,7 @@ pub fn running_condition(pool: &PoolStatus, has_revision: bool) -> (Option<bool>
     )
 }
 
-impl LocalBackend {
+impl LocalController {
     /// A backend; `pools` is shared with the gateway.
     pub fn new(
         store: Store,

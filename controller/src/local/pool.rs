@@ -523,7 +523,8 @@ impl Pool {
             .instances
             .iter()
             .filter(|i| {
-                i.generation == revision.generation && matches!(i.state(), InstanceState::Starting | InstanceState::Ready)
+                i.generation == revision.generation
+                    && matches!(i.state(), InstanceState::Starting | InstanceState::Ready)
             })
             .cloned()
             .collect();
