@@ -48,15 +48,6 @@ pub enum Error {
     /// An object lacks what the API server always sets.
     #[error("the object has no {0}")]
     Incomplete(&'static str),
-    /// A Kubernetes object could not be rendered.
-    #[error("cannot render the {kind}: {source}")]
-    Render {
-        /// Which object.
-        kind: &'static str,
-        /// Why.
-        #[source]
-        source: serde_json::Error,
-    },
     /// YAML could not be written.
     #[error("cannot write YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),

@@ -5,16 +5,30 @@
 
 use std::collections::BTreeMap;
 
-use eddy_model::resources::{DEFAULT_TIMEOUT_SECONDS, Function, PROFILES, Resources};
+use eddy_model::resources::{DEFAULT_TIMEOUT_SECONDS, Function, InlineSource, PROFILES, Resources};
 use k8s_openapi::{
     api::{
-        apps::v1::Deployment, autoscaling::v2::HorizontalPodAutoscaler, batch::v1::Job,
-        core::v1::ConfigMap, core::v1::Service,
+        apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment},
+        autoscaling::v2::{
+            CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec,
+            MetricSpec, MetricTarget, ResourceMetricSource,
+        },
+        batch::v1::{Job, JobSpec},
+        core::v1::{
+            Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
+            EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, LocalObjectReference,
+            PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+            SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+            Volume, VolumeMount,
+        },
     },
-    apimachinery::pkg::apis::meta::v1::OwnerReference,
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference},
+        util::intstr::IntOrString,
+    },
 };
 use kube::{Resource as _, ResourceExt as _};
-use serde_json::{Value, json};
 
 use crate::{Error, runtimes};
 
@@ -165,8 +179,49 @@ fn owner_reference(function: &Function) -> Result<OwnerReference, Error> {
     Ok(owner)
 }
 
-fn typed<T: serde::de::DeserializeOwned>(kind: &'static str, value: Value) -> Result<T, Error> {
-    serde_json::from_value(value).map_err(|source| Error::Render { kind, source })
+/// What every object of one Function shares: in its namespace, labelled, owned by it.
+struct Owned<'a> {
+    name: &'a str,
+    namespace: String,
+    owner: OwnerReference,
+    hash: String,
+}
+
+impl Owned<'_> {
+    /// The labels of the function's own objects.
+    fn labels(&self) -> BTreeMap<String, String> {
+        labels([
+            ("app.kubernetes.io/name", self.name),
+            ("app.kubernetes.io/component", "function"),
+            ("app.kubernetes.io/managed-by", "eddy"),
+            (FUNCTION_LABEL, self.name),
+        ])
+    }
+
+    /// The labels of build objects (the ConfigMap, the Job and its pod).
+    fn build_labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self.labels();
+        labels.insert("app.kubernetes.io/component".into(), "build".into());
+        labels.insert(BUILD_HASH_LABEL.into(), self.hash.clone());
+        labels
+    }
+
+    fn metadata(&self, object: &str, labels: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(object.to_owned()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![self.owner.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+fn labels<const N: usize>(pairs: [(&str, &str); N]) -> BTreeMap<String, String> {
+    pairs
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect()
 }
 
 /// Renders every object for `function`.
@@ -177,11 +232,6 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         .as_deref()
         .ok_or(Error::Incomplete("name"))?;
     let namespace = function.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let owner =
-        serde_json::to_value(owner_reference(function)?).map_err(|source| Error::Render {
-            kind: "owner reference",
-            source,
-        })?;
     let inline = function
         .spec
         .source
@@ -189,231 +239,352 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         .as_ref()
         .ok_or(Error::Incomplete("spec.source.inline"))?;
     let runtime = function.spec.runtime;
-    let files = runtimes::files(runtime);
     let hash = runtimes::build_hash(runtime, &inline.source, &inline.dependencies);
     let image = image(&config.registry, &namespace, name, &hash);
-    let labels = json!({
-        "app.kubernetes.io/name": name,
-        "app.kubernetes.io/component": "function",
-        "app.kubernetes.io/managed-by": "eddy",
-        FUNCTION_LABEL: name,
-    });
-    let build_labels = {
-        let mut labels = labels.clone();
-        labels["app.kubernetes.io/component"] = json!("build");
-        labels[BUILD_HASH_LABEL] = json!(hash);
-        labels
+    let owned = Owned {
+        name,
+        namespace,
+        owner: owner_reference(function)?,
+        hash,
     };
+    let scaling = scaling(function);
+    Ok(Rendered {
+        config_map: build_context(&owned, function, inline),
+        job: build_job(&owned, config, &image),
+        deployment: deployment(&owned, function, config, &image, scaling),
+        service: service(&owned),
+        autoscaler: autoscaler(&owned, scaling),
+        hash: owned.hash,
+        image,
+    })
+}
 
-    // Every object: in the Function's namespace, labelled, owned by the Function.
-    let metadata = |object: &str, labels: &Value| {
-        json!({
-            "name": object, "namespace": namespace,
-            "labels": labels, "ownerReferences": [owner],
-        })
-    };
-
-    let mut data = serde_json::Map::new();
-    data.insert("Dockerfile".into(), json!(files.dockerfile));
-    data.insert(files.server_file.into(), json!(files.server));
-    data.insert(files.handler_file.into(), json!(inline.source));
+/// The ConfigMap with the build context: Dockerfile, runtime server, handler, dependencies.
+fn build_context(owned: &Owned<'_>, function: &Function, inline: &InlineSource) -> ConfigMap {
+    let files = runtimes::files(function.spec.runtime);
+    let mut data = BTreeMap::from([
+        ("Dockerfile".to_owned(), files.dockerfile.to_owned()),
+        (files.server_file.to_owned(), files.server.to_owned()),
+        (files.handler_file.to_owned(), inline.source.clone()),
+    ]);
     if !inline.dependencies.trim().is_empty() {
-        data.insert(files.dependencies_file.into(), json!(inline.dependencies));
+        data.insert(
+            files.dependencies_file.to_owned(),
+            inline.dependencies.clone(),
+        );
     }
-    let config_map_name = config_map_name(name, &hash);
-    let config_map: ConfigMap = typed(
-        "ConfigMap",
-        json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(&config_map_name, &build_labels),
-            "data": data,
-        }),
-    )?;
+    ConfigMap {
+        metadata: owned.metadata(
+            &config_map_name(owned.name, &owned.hash),
+            owned.build_labels(),
+        ),
+        data: Some(data),
+        ..ConfigMap::default()
+    }
+}
 
-    let mut builder_args = vec![
-        json!("--context=dir:///workspace"),
-        json!("--dockerfile=/workspace/Dockerfile"),
-        json!(format!("--destination={image}")),
-        json!("--snapshot-mode=redo"),
-        json!("--use-new-run"),
+/// The build Job: Kaniko turns the build context into the function's image.
+fn build_job(owned: &Owned<'_>, config: &RenderConfig, image: &str) -> Job {
+    let mut args = vec![
+        "--context=dir:///workspace".to_owned(),
+        "--dockerfile=/workspace/Dockerfile".to_owned(),
+        format!("--destination={image}"),
+        "--snapshot-mode=redo".to_owned(),
+        "--use-new-run".to_owned(),
     ];
     if config.insecure_registry {
-        builder_args.push(json!("--insecure"));
-        builder_args.push(json!("--skip-tls-verify"));
+        args.push("--insecure".to_owned());
+        args.push("--skip-tls-verify".to_owned());
     }
-    let mut builder_mounts =
-        vec![json!({"name": "context", "mountPath": "/workspace", "readOnly": true})];
-    let mut builder_volumes =
-        vec![json!({"name": "context", "configMap": {"name": config_map_name}})];
-    if let Some(secret) = &config.registry_secret {
-        builder_mounts
-            .push(json!({"name": "registry", "mountPath": "/kaniko/.docker", "readOnly": true}));
-        builder_volumes.push(json!({
-            "name": "registry",
-            "secret": {"secretName": secret, "items": [{"key": ".dockerconfigjson", "path": "config.json"}]},
-        }));
-    }
-    let job: Job = typed(
-        "Job",
-        json!({
-            "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": metadata(&job_name(name, &hash), &build_labels),
-            "spec": {
-                // A build of the same inputs fails the same way: one attempt, and the
-                // failure goes to status instead of a retry loop.
-                "backoffLimit": 0,
-                "activeDeadlineSeconds": config.build_timeout_seconds,
-                "template": {
-                    "metadata": {
-                        "labels": build_labels,
-                        // A sidecar would keep the Job's pod running after the build.
-                        "annotations": {"sidecar.istio.io/inject": "false"},
-                    },
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "automountServiceAccountToken": false,
-                        "containers": [{
-                            "name": "build",
-                            "image": config.builder_image,
-                            "args": builder_args,
-                            // The build log's tail becomes the container's termination
-                            // message, which the controller puts into BuildReady.
-                            "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "volumeMounts": builder_mounts,
-                            "resources": {
-                                "requests": {"cpu": "250m", "memory": "512Mi"},
-                                "limits": {"memory": "2Gi"},
-                            },
-                        }],
-                        "volumes": builder_volumes,
-                    },
-                },
-            },
+    let mut mounts = vec![VolumeMount {
+        name: "context".into(),
+        mount_path: "/workspace".into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "context".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map_name(owned.name, &owned.hash),
+            ..ConfigMapVolumeSource::default()
         }),
-    )?;
+        ..Volume::default()
+    }];
+    if let Some(secret) = &config.registry_secret {
+        mounts.push(VolumeMount {
+            name: "registry".into(),
+            mount_path: "/kaniko/.docker".into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "registry".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                items: Some(vec![KeyToPath {
+                    key: ".dockerconfigjson".into(),
+                    path: "config.json".into(),
+                    ..KeyToPath::default()
+                }]),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    let build_labels = owned.build_labels();
+    Job {
+        metadata: owned.metadata(&job_name(owned.name, &owned.hash), build_labels.clone()),
+        spec: Some(JobSpec {
+            // A build of the same inputs fails the same way: one attempt, and the failure goes
+            // to status instead of a retry loop.
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(config.build_timeout_seconds),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(build_labels),
+                    // A sidecar would keep the Job's pod running after the build.
+                    annotations: Some(labels([("sidecar.istio.io/inject", "false")])),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    automount_service_account_token: Some(false),
+                    containers: vec![Container {
+                        name: "build".into(),
+                        image: Some(config.builder_image.clone()),
+                        args: Some(args),
+                        // The build log's tail becomes the container's termination message,
+                        // which the controller puts into BuildReady.
+                        termination_message_policy: Some("FallbackToLogsOnError".into()),
+                        volume_mounts: Some(mounts),
+                        resources: Some(ResourceRequirements {
+                            requests: Some(quantities([("cpu", "250m"), ("memory", "512Mi")])),
+                            limits: Some(quantities([("memory", "2Gi")])),
+                            ..ResourceRequirements::default()
+                        }),
+                        ..Container::default()
+                    }],
+                    volumes: Some(volumes),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    }
+}
 
+fn quantities<const N: usize>(pairs: [(&str, &str); N]) -> BTreeMap<String, Quantity> {
+    pairs
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), Quantity(value.to_owned())))
+        .collect()
+}
+
+/// The function's pods: hardened, probed, rolled without dropping a request.
+fn deployment(
+    owned: &Owned<'_>,
+    function: &Function,
+    config: &RenderConfig,
+    image: &str,
+    scaling: Scaling,
+) -> Deployment {
+    let name = owned.name;
     let timeout = function
         .spec
         .timeout_seconds
         .unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    let var = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        ..EnvVar::default()
+    };
     let mut env = vec![
-        json!({"name": "FUNC_NAME", "value": name}),
-        json!({"name": "FUNC_NAMESPACE", "value": namespace}),
-        json!({"name": "FUNC_RUNTIME", "value": runtime.as_str()}),
-        json!({"name": "FUNC_PORT", "value": FUNCTION_PORT.to_string()}),
-        json!({"name": "FUNC_TIMEOUT", "value": timeout.to_string()}),
-        json!({"name": "PUBLISHER_PROXY_ADDRESS", "value": config.publisher_url}),
+        var("FUNC_NAME", name.to_owned()),
+        var("FUNC_NAMESPACE", owned.namespace.clone()),
+        var("FUNC_RUNTIME", function.spec.runtime.as_str().to_owned()),
+        var("FUNC_PORT", FUNCTION_PORT.to_string()),
+        var("FUNC_TIMEOUT", timeout.to_string()),
+        var("PUBLISHER_PROXY_ADDRESS", config.publisher_url.clone()),
     ];
     env.extend(
         function
             .spec
             .env
             .iter()
-            .map(|var| json!({"name": var.name, "value": var.value})),
+            .map(|user| var(&user.name, user.value.clone())),
     );
-    let scaling = scaling(function);
-    let mut pod_labels = labels.clone();
-    pod_labels[BUILD_HASH_LABEL] = json!(hash);
-    pod_labels["sidecar.istio.io/inject"] = json!("true");
-    let mut deployment_spec = json!({
-        "selector": {"matchLabels": {FUNCTION_LABEL: name}},
-        // New pods must be ready before old ones go: an update drops no request.
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "25%"}},
-        "revisionHistoryLimit": 3,
-        "template": {
-            "metadata": {"labels": pod_labels},
-            "spec": {
-                "automountServiceAccountToken": false,
-                "enableServiceLinks": false,
-                "terminationGracePeriodSeconds": i64::from(timeout.min(300)) + 5,
-                "securityContext": {
-                    "runAsNonRoot": true,
-                    "runAsUser": 1000,
-                    "runAsGroup": 1000,
-                    "fsGroup": 1000,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                "imagePullSecrets": config.registry_secret.iter().map(|s| json!({"name": s})).collect::<Vec<_>>(),
-                "containers": [{
-                    "name": "function",
-                    "image": image,
-                    "ports": [{"name": "http", "containerPort": FUNCTION_PORT, "protocol": "TCP"}],
-                    "env": env,
-                    "resources": container_resources(function),
-                    "securityContext": {
-                        "runAsNonRoot": true,
-                        "allowPrivilegeEscalation": false,
-                        "privileged": false,
-                        "readOnlyRootFilesystem": true,
-                        "capabilities": {"drop": ["ALL"]},
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "readinessProbe": {
-                        "httpGet": {"path": "/healthz", "port": FUNCTION_PORT},
-                        "periodSeconds": 2, "failureThreshold": 2,
-                    },
-                    "livenessProbe": {
-                        "httpGet": {"path": "/healthz", "port": FUNCTION_PORT},
-                        "periodSeconds": 10, "failureThreshold": 3, "timeoutSeconds": 2,
-                    },
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                }],
-                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
-            },
-        },
-    });
-    if let Scaling::Fixed(replicas) = scaling {
-        deployment_spec["replicas"] = json!(replicas);
-    }
-    let deployment: Deployment = typed(
-        "Deployment",
-        json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": metadata(name, &labels),
-            "spec": deployment_spec,
+    let mut pod_labels = owned.labels();
+    pod_labels.insert(BUILD_HASH_LABEL.into(), owned.hash.clone());
+    pod_labels.insert("sidecar.istio.io/inject".into(), "true".into());
+    let resources = container_resources(function);
+    let health = |period: i32, failures: i32, timeout: Option<i32>| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/healthz".into()),
+            port: IntOrString::Int(FUNCTION_PORT),
+            ..HTTPGetAction::default()
         }),
-    )?;
-
-    let service: Service = typed(
-        "Service",
-        json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": metadata(name, &labels),
-            "spec": {
-                "selector": {FUNCTION_LABEL: name},
-                "ports": [{"name": "http", "port": 80, "targetPort": FUNCTION_PORT, "protocol": "TCP", "appProtocol": "http"}],
-            },
-        }),
-    )?;
-
-    let autoscaler = match scaling {
-        Scaling::Fixed(_) => None,
-        Scaling::Autoscaled { min, max } => Some(typed(
-            "HorizontalPodAutoscaler",
-            json!({
-                "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-                "metadata": metadata(name, &labels),
-                "spec": {
-                    "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-                    "minReplicas": min,
-                    "maxReplicas": max,
-                    "metrics": [{
-                        "type": "Resource",
-                        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": TARGET_CPU_UTILIZATION}},
-                    }],
-                },
-            }),
-        )?),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: timeout,
+        ..Probe::default()
     };
+    let runtime_default = || {
+        Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        })
+    };
+    let container = Container {
+        name: "function".into(),
+        image: Some(image.to_owned()),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: FUNCTION_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        env: Some(env),
+        resources: Some(ResourceRequirements {
+            requests: (!resources.requests.is_empty()).then_some(resources.requests),
+            limits: (!resources.limits.is_empty()).then_some(resources.limits),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: runtime_default(),
+            ..SecurityContext::default()
+        }),
+        readiness_probe: Some(health(2, 2, None)),
+        liveness_probe: Some(health(10, 3, Some(2))),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    };
+    Deployment {
+        metadata: owned.metadata(name, owned.labels()),
+        spec: DeploymentSpec {
+            replicas: match scaling {
+                Scaling::Fixed(replicas) => Some(replicas),
+                Scaling::Autoscaled { .. } => None,
+            },
+            selector: LabelSelector {
+                match_labels: Some(labels([(FUNCTION_LABEL, name)])),
+                ..LabelSelector::default()
+            },
+            // New pods must be ready before old ones go: an update drops no request.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::String("25%".into())),
+                }),
+            }),
+            revision_history_limit: Some(3),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(i64::from(timeout.min(300)) + 5),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(1000),
+                        run_as_group: Some(1000),
+                        fs_group: Some(1000),
+                        seccomp_profile: runtime_default(),
+                        ..PodSecurityContext::default()
+                    }),
+                    image_pull_secrets: Some(
+                        config
+                            .registry_secret
+                            .iter()
+                            .map(|secret| LocalObjectReference {
+                                name: secret.clone(),
+                            })
+                            .collect(),
+                    ),
+                    containers: vec![container],
+                    volumes: Some(vec![Volume {
+                        name: "tmp".into(),
+                        empty_dir: Some(EmptyDirVolumeSource {
+                            size_limit: Some(Quantity("256Mi".into())),
+                            ..EmptyDirVolumeSource::default()
+                        }),
+                        ..Volume::default()
+                    }]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        },
+        ..Deployment::default()
+    }
+}
 
-    Ok(Rendered {
-        hash,
-        image,
-        config_map,
-        job,
-        deployment,
-        service,
-        autoscaler,
+/// Port 80 of the function's pods, by name in the mesh.
+fn service(owned: &Owned<'_>) -> Service {
+    Service {
+        metadata: owned.metadata(owned.name, owned.labels()),
+        spec: Some(ServiceSpec {
+            selector: Some(labels([(FUNCTION_LABEL, owned.name)])),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                target_port: Some(IntOrString::Int(FUNCTION_PORT)),
+                protocol: Some("TCP".into()),
+                app_protocol: Some("http".into()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// CPU-based scaling between the Function's bounds, when it has any.
+fn autoscaler(owned: &Owned<'_>, scaling: Scaling) -> Option<HorizontalPodAutoscaler> {
+    let Scaling::Autoscaled { min, max } = scaling else {
+        return None;
+    };
+    Some(HorizontalPodAutoscaler {
+        metadata: owned.metadata(owned.name, owned.labels()),
+        spec: HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".into()),
+                kind: "Deployment".into(),
+                name: owned.name.to_owned(),
+            },
+            min_replicas: Some(min),
+            max_replicas: max,
+            metrics: Some(vec![MetricSpec {
+                type_: "Resource".into(),
+                resource: Some(ResourceMetricSource {
+                    name: "cpu".into(),
+                    target: MetricTarget {
+                        type_: "Utilization".into(),
+                        average_utilization: Some(TARGET_CPU_UTILIZATION),
+                        ..MetricTarget::default()
+                    },
+                }),
+                ..MetricSpec::default()
+            }]),
+            ..HorizontalPodAutoscalerSpec::default()
+        },
+        ..HorizontalPodAutoscaler::default()
     })
 }
 
