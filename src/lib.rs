@@ -260,7 +260,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             command: Some(ControllerCommand::Render { file, kubernetes }),
             ..
         } => print!("{}", cli::resources::render(&file, &kubernetes)?),
-        Command::Crds => print!("{}", eddy_controller::kubernetes::crds_yaml()?),
+        Command::Crds => print!("{}", eddy_model::resources::crds_yaml()?),
         Command::Token {
             command: TokenCommand::Digest { token },
         } => println!("{}", eddy_platform::auth::Tokens::digest_text(&token)),

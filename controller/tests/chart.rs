@@ -17,7 +17,7 @@ fn read(path: &str) -> String {
 
 #[test]
 fn committed_crds_are_the_generated_ones() {
-    let generated = eddy_controller::kubernetes::crds_yaml().unwrap();
+    let generated = eddy_model::resources::crds_yaml().unwrap();
     let committed = read("crds/eddy.dev.yaml");
     assert!(
         committed == generated,

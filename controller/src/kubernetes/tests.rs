@@ -1278,7 +1278,7 @@ fn build_log_tail_reads_the_termination_message() {
 
 #[test]
 fn the_crds_print_as_yaml_with_their_rules() {
-    let yaml = crds_yaml().expect("YAML");
+    let yaml = eddy_model::resources::crds_yaml().expect("YAML");
     assert!(yaml.contains("name: functions.eddy.dev"));
     assert!(yaml.contains("name: subscriptions.eddy.dev"));
     assert!(yaml.contains("x-kubernetes-validations"));
