@@ -12,6 +12,7 @@ use axum::{
 };
 use serde::Deserialize;
 use serde_json::json;
+use tracing::Instrument as _;
 
 use crate::{
     deadletter,
@@ -133,7 +134,11 @@ async fn redrive(State(state): Admin, Path((namespace, name)): Path<(String, Str
             format!("no subscription {namespace}/{name} is being delivered"),
         );
     };
-    match deadletter::redrive(&state.shared, &target).await {
+    let span = tracing::info_span!("redrive", subscription = %target.label);
+    match deadletter::redrive(&state.shared, &target)
+        .instrument(span)
+        .await
+    {
         Ok(outcome) => Json(outcome).into_response(),
         Err(failure) => {
             tracing::warn!(error = %failure, "redrive failed");

@@ -24,6 +24,7 @@ use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinHandle,
 };
+use tracing::Instrument as _;
 
 use crate::{
     Error, Result,
@@ -321,12 +322,12 @@ impl Manager {
                 let key = (target.namespace.clone(), target.name.clone());
                 self.stop_worker(&key).await;
                 let cancel = self.shutdown.child_token();
-                let task = tokio::spawn(worker::run(
-                    self.shared.clone(),
-                    target.clone(),
-                    plan,
-                    cancel.clone(),
-                ));
+                // Every line the worker logs names its Subscription through this span.
+                let span = tracing::info_span!("worker", subscription = %target.label);
+                let task = tokio::spawn(
+                    worker::run(self.shared.clone(), target.clone(), plan, cancel.clone())
+                        .instrument(span),
+                );
                 tracing::info!(subscription = %target.label, sink = %target.sink, "delivering");
                 self.workers.insert(key, Running { cancel, task });
             }
@@ -471,15 +472,19 @@ impl Manager {
             .insert(key.clone(), (generation, cancel.clone()));
         let shared = self.shared.clone();
         let ended = self.messages.clone();
-        tokio::spawn(async move {
-            tracing::info!(subscription = %target.label, events, "replay started");
-            let outcome = worker::consume(&shared, &target, consumer, true, &cancel).await;
-            tracing::info!(subscription = %target.label, ?outcome, "replay ended");
-            if let Ok(stream) = shared.js.get_stream(EVENTS_STREAM).await {
-                let _ = stream.delete_consumer(&replay_name).await;
+        let span = tracing::info_span!("replay", subscription = %target.label);
+        tokio::spawn(
+            async move {
+                tracing::info!(events, "replay started");
+                let outcome = worker::consume(&shared, &target, consumer, true, &cancel).await;
+                tracing::info!(?outcome, "replay ended");
+                if let Ok(stream) = shared.js.get_stream(EVENTS_STREAM).await {
+                    let _ = stream.delete_consumer(&replay_name).await;
+                }
+                let _ = ended.send(Message::ReplayEnded { key, generation }).await;
             }
-            let _ = ended.send(Message::ReplayEnded { key, generation }).await;
-        });
+            .instrument(span),
+        );
         Ok(events)
     }
 }

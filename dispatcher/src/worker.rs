@@ -90,7 +90,7 @@ pub async fn run(
             Ok(consumer) => consumer,
             Err(error) => {
                 failures += 1;
-                tracing::warn!(subscription = %target.label, %error, "cannot set up the consumer; retrying");
+                tracing::warn!(%error, "cannot set up the consumer; retrying");
                 if sleep_or_cancel(CONSUMER_RETRY.delay(failures), &cancel).await {
                     return;
                 }
@@ -167,7 +167,7 @@ pub async fn consume(
     let mut messages = match messages {
         Ok(messages) => messages,
         Err(error) => {
-            tracing::warn!(subscription = %target.label, %error, "cannot open the message stream");
+            tracing::warn!(%error, "cannot open the message stream");
             return Ended::Broken;
         }
     };
@@ -195,10 +195,10 @@ pub async fn consume(
                     use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
                     match error.kind() {
                         Kind::MissingHeartbeat => {
-                            tracing::debug!(subscription = %target.label, "missed heartbeat; the stream recovers on its own");
+                            tracing::debug!("missed heartbeat; the stream recovers on its own");
                         }
                         _ => {
-                            tracing::warn!(subscription = %target.label, %error, "message stream failed; rebuilding");
+                            tracing::warn!(%error, "message stream failed; rebuilding");
                             break Ended::Broken;
                         }
                     }
@@ -290,21 +290,21 @@ async fn handle(
         Verdict::Delivered { status } => {
             if let Err(error) = message.ack().await {
                 // The event will come again: at-least-once, never lost.
-                tracing::warn!(subscription = %target.label, %error, "ack failed; the event will be redelivered");
+                tracing::warn!(%error, "ack failed; the event will be redelivered");
             }
             series.delivered(seconds);
-            tracing::debug!(subscription = %target.label, status, attempt, "delivered");
+            tracing::debug!(status, attempt, "delivered");
         }
         Verdict::Retry { reason, status } if attempt < target.policy.max_attempts => {
             let delay = target.policy.retry_delay(attempt);
             shared.metrics.retried(&target.label, reason, seconds);
             tracing::warn!(
-                subscription = %target.label, %reason, status, attempt,
+                %reason, status, attempt,
                 max_attempts = target.policy.max_attempts, retry_in = ?delay, stream_sequence,
                 "delivery failed; will retry"
             );
             if let Err(error) = message.ack_with(AckKind::Nak(Some(delay))).await {
-                tracing::warn!(subscription = %target.label, %error, "nak failed; the event will be redelivered after ack wait");
+                tracing::warn!(%error, "nak failed; the event will be redelivered after ack wait");
             }
         }
         Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
@@ -366,7 +366,7 @@ pub async fn deliver(
                 }
                 if let Some(message) = progress {
                     if let Err(error) = message.ack_with(AckKind::Progress).await {
-                        tracing::debug!(subscription = %target.label, %error, "in-progress ack failed");
+                        tracing::debug!(%error, "in-progress ack failed");
                     }
                 }
                 next_progress += shared.progress_every;
@@ -394,7 +394,7 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
     let response = match shared.deliveries.request(request).await {
         Ok(response) => response,
         Err(error) => {
-            tracing::debug!(subscription = %target.label, %error, "delivery failed in transport");
+            tracing::debug!(%error, "delivery failed in transport");
             return Answer {
                 verdict: delivery::classify_error(&error),
                 reply: None,
@@ -419,7 +419,7 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
             shared
                 .metrics
                 .failure(&target.label, Failure::ReplyTooLarge);
-            tracing::warn!(subscription = %target.label, "the sink's answer is too large (or broken) to be a reply; ignored");
+            tracing::warn!("the sink's answer is too large (or broken) to be a reply; ignored");
             None
         }
         (None, _) => None,
@@ -450,7 +450,7 @@ async fn publish_reply(
         Ok(event) => event,
         Err(error) => {
             shared.metrics.failure(&target.label, Failure::ReplyRefused);
-            tracing::warn!(subscription = %target.label, reason = %error.message, "the sink's reply is not a valid event; dropped");
+            tracing::warn!(reason = %error.message, "the sink's reply is not a valid event; dropped");
             return Ok(());
         }
     };
@@ -458,11 +458,14 @@ async fn publish_reply(
         Ok(_) => Ok(()),
         Err(PublishFailure::TooLarge) => {
             shared.metrics.failure(&target.label, Failure::ReplyRefused);
-            tracing::warn!(subscription = %target.label, "the sink's reply is larger than NATS accepts; dropped");
+            tracing::warn!("the sink's reply is larger than NATS accepts; dropped");
             Ok(())
         }
         Err(failure) => {
-            tracing::warn!(subscription = %target.label, reason = failure.label(), "reply not stored; will retry the delivery");
+            tracing::warn!(
+                reason = failure.label(),
+                "reply not stored; will retry the delivery"
+            );
             Err(Failure::ReplyNotStored)
         }
     }
@@ -500,18 +503,18 @@ async fn dead_letter(
         Ok(()) => {
             shared.metrics.dead_lettered(&target.label, reason);
             tracing::warn!(
-                subscription = %target.label, %reason, status, attempt, stream_sequence,
+                %reason, status, attempt, stream_sequence,
                 "event sent to dead letters"
             );
             if let Err(error) = message.ack().await {
-                tracing::warn!(subscription = %target.label, %error, "ack after dead-lettering failed");
+                tracing::warn!(%error, "ack after dead-lettering failed");
             }
         }
         Err(error) => {
             shared
                 .metrics
                 .failure(&target.label, Failure::DeadLetterUnavailable);
-            tracing::error!(subscription = %target.label, %error, %reason, "cannot store the dead letter; the event stays and comes back");
+            tracing::error!(%error, %reason, "cannot store the dead letter; the event stays and comes back");
             let _ = message
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;

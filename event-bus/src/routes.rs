@@ -372,36 +372,51 @@ async fn publish_batch(
     let events = match event::from_batch(body, &TraceContext::from_http(headers), limits) {
         Ok(events) => events,
         Err(BatchError::Whole(error)) => return refused(state, Mode::Batch, &error),
-        Err(BatchError::PerEvent(errors)) => {
-            let invalid = errors.iter().flatten().count() as u64;
-            state.metrics.events(Mode::Batch, Outcome::Invalid, invalid);
-            let results: Vec<_> = errors
-                .iter()
-                .map(|error| match error {
-                    None => json!({ "status": 409, "error": "not stored: another event in the batch is invalid" }),
-                    Some(error) => {
-                        let mut entry = json!({ "status": refusal_status(error.refusal).0.as_u16(), "error": error.message });
-                        if let Some(field) = &error.field {
-                            entry["field"] = json!(field);
-                        }
-                        entry
-                    }
-                })
-                .collect();
-            let body = json!({ "error": "the batch has invalid events; none was stored", "results": results });
-            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
-        }
+        Err(BatchError::PerEvent(errors)) => return invalid_batch(state, &errors),
     };
+    let identities: Vec<(String, String)> = events
+        .iter()
+        .map(|event| (event.id.clone(), event.source.clone()))
+        .collect();
+    let results = store_in_order(state, events).await;
+    batch_answer(state, &results, &identities)
+}
 
-    // Sent in order, pipelined on one connection, with at most `window` acks pending: the
-    // oldest ack is awaited before one more event goes out.
+/// A batch with invalid events: 400, each event's problem (or why a valid one was not stored).
+fn invalid_batch(state: &AppState, errors: &[Option<EventError>]) -> Response {
+    let invalid = errors.iter().flatten().count() as u64;
+    state.metrics.events(Mode::Batch, Outcome::Invalid, invalid);
+    let results: Vec<_> = errors
+        .iter()
+        .map(|error| match error {
+            None => json!({ "status": 409, "error": "not stored: another event in the batch is invalid" }),
+            Some(error) => {
+                let mut entry = json!({ "status": refusal_status(error.refusal).0.as_u16(), "error": error.message });
+                if let Some(field) = &error.field {
+                    entry["field"] = json!(field);
+                }
+                entry
+            }
+        })
+        .collect();
+    ErrorResponse::new(
+        StatusCode::BAD_REQUEST,
+        json!({ "error": "the batch has invalid events; none was stored", "results": results }),
+    )
+    .into_response()
+}
+
+/// Sends the events in order, pipelined on one connection, with at most the batch window of
+/// acks pending (the oldest ack is awaited before one more event goes out); one result each.
+async fn store_in_order(
+    state: &AppState,
+    events: Vec<OutgoingEvent>,
+) -> Vec<Result<Stored, PublishFailure>> {
     let window = state.batches.window();
-    let mut identities = Vec::with_capacity(events.len());
-    let mut results: Vec<Result<Stored, PublishFailure>> = Vec::with_capacity(events.len());
+    let mut results = Vec::with_capacity(events.len());
     let mut pending = VecDeque::with_capacity(window.min(events.len()));
     let mut send_failure = None;
     for event in events {
-        identities.push((event.id.clone(), event.source.clone()));
         if let Some(failure) = send_failure {
             // Once a send failed, NATS is gone: do not push later events out of order.
             results.push(Err(failure));
@@ -426,10 +441,20 @@ async fn publish_batch(
     for remaining in pending {
         results.push(state.publisher.ack(remaining).await);
     }
+    results
+}
+
+/// 204 when every event is stored; otherwise the status of each (207, or the failure's status
+/// when none was stored), with `Retry-After`. Counts every outcome.
+fn batch_answer(
+    state: &AppState,
+    results: &[Result<Stored, PublishFailure>],
+    identities: &[(String, String)],
+) -> Response {
     let mut first_failure = None;
     let mut stored_count = 0u64;
     let mut duplicates = 0u64;
-    for outcome in &results {
+    for outcome in results {
         match outcome {
             Ok(stored) if stored.duplicate => duplicates += 1,
             Ok(_) => stored_count += 1,
@@ -453,7 +478,7 @@ async fn publish_batch(
     };
     let entries: Vec<_> = results
         .iter()
-        .zip(&identities)
+        .zip(identities)
         .map(|(outcome, (id, source))| match outcome {
             Ok(_) => json!({ "id": id, "source": source, "status": 204 }),
             Err(failure) => {

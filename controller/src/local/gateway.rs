@@ -20,7 +20,10 @@ use axum::{
 };
 use bytes::Bytes;
 use eddy_model::resources::{is_dns1035_label, is_dns1123_label};
-use eddy_platform::net::{BodyError, read_limited};
+use eddy_platform::{
+    errors::ErrorResponse,
+    net::{BodyError, read_limited},
+};
 use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 
@@ -84,7 +87,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    eddy_platform::errors::ErrorResponse::message(status, message).into_response()
+    ErrorResponse::message(status, message).into_response()
 }
 
 /// Splits `/{namespace}/{function}/{rest}` (raw, still percent-encoded) into its parts.
@@ -129,20 +132,43 @@ fn forward_headers(headers: &mut HeaderMap) {
 }
 
 async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let (pool, call) = match find_function(&gateway, &request) {
+        Ok(found) => found,
+        Err(refused) => return refused.into_response(),
+    };
+    let (parts, body) = match read_request(&gateway, request, call.platform_call).await {
+        Ok(read) => read,
+        Err(refused) => return refused.into_response(),
+    };
+    forward(&gateway, &pool, &call, &parts, body).await
+}
+
+/// Where a request goes, once routed and allowed.
+struct Call {
+    namespace: String,
+    function: String,
+    /// The path and query the function sees.
+    path_and_query: String,
+    /// Carries the platform's token (the dispatcher's deliveries).
+    platform_call: bool,
+}
+
+/// Routes a request to its function's pool and checks the function's `access`.
+fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Call), ErrorResponse> {
     let Some((namespace, function, rest)) = route(request.uri().path()) else {
-        return error(
+        return Err(ErrorResponse::message(
             StatusCode::NOT_FOUND,
             "no function here: use /{namespace}/{function}/...",
-        );
+        ));
     };
-    let (namespace, function, rest) = (namespace.to_owned(), function.to_owned(), rest.to_owned());
-    let key = (namespace.clone(), function.clone());
+    let key = (namespace.to_owned(), function.to_owned());
     let pool = gateway.pools.read().get(&key).cloned();
+    let (namespace, function) = key;
     let Some(pool) = pool else {
-        return error(
+        return Err(ErrorResponse::message(
             StatusCode::NOT_FOUND,
             format!("function {namespace}/{function} not found"),
-        );
+        ));
     };
     // The platform's token is the gateway's to check, never the function's to see: it would
     // open every token-protected function.
@@ -151,19 +177,33 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         .as_ref()
         .is_some_and(|b| b.allows(request.headers()));
     if let Some(tokens) = pool.access() {
-        let headers = request.headers();
-        if !platform_call && !tokens.allows(headers) {
-            return error(
+        if !platform_call && !tokens.allows(request.headers()) {
+            return Err(ErrorResponse::message(
                 StatusCode::UNAUTHORIZED,
                 format!("function {namespace}/{function} needs a bearer token"),
-            );
+            ));
         }
     }
-    let mut path_and_query = rest;
+    let mut path_and_query = rest.to_owned();
     if let Some(query) = request.uri().query() {
         path_and_query.push('?');
         path_and_query.push_str(query);
     }
+    let call = Call {
+        namespace,
+        function,
+        path_and_query,
+        platform_call,
+    };
+    Ok((pool, call))
+}
+
+/// Reads the body (within the gateway's limits) and sets the headers the function sees.
+async fn read_request(
+    gateway: &Gateway,
+    request: Request,
+    platform_call: bool,
+) -> Result<(http::request::Parts, Bytes), ErrorResponse> {
     let (mut parts, body) = request.into_parts();
     if platform_call {
         parts.headers.remove(header::AUTHORIZATION);
@@ -173,22 +213,22 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     let body = match collected {
         Ok(Ok(body)) => body,
         Err(_) | Ok(Err(BodyError::Stalled)) => {
-            return error(
+            return Err(ErrorResponse::message(
                 StatusCode::REQUEST_TIMEOUT,
                 "the request body did not arrive in time",
-            );
+            ));
         }
         Ok(Err(BodyError::TooLarge)) => {
-            return error(
+            return Err(ErrorResponse::message(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body is over {} bytes", gateway.max_body),
-            );
+            ));
         }
         Ok(Err(BodyError::Unreadable(problem))) => {
-            return error(
+            return Err(ErrorResponse::message(
                 StatusCode::BAD_REQUEST,
                 format!("cannot read the request body: {problem}"),
-            );
+            ));
         }
     };
     let original_host = parts.headers.get(header::HOST).cloned();
@@ -202,19 +242,34 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
+    Ok((parts, body))
+}
 
+/// Sends the request to a ready instance (starting one if needed) and streams its answer back;
+/// an instance that refuses the connection is replaced by another, one that does not answer in
+/// time is suspected (and replaced when it fails its probes).
+async fn forward(
+    gateway: &Gateway,
+    pool: &Arc<Pool>,
+    call: &Call,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Response {
     let answer_timeout = pool
         .answer_timeout()
         .map_or(gateway.request_timeout, |t| t.min(gateway.request_timeout));
     let deadline = Instant::now() + gateway.activation_timeout;
     let mut refused = 0;
     loop {
-        let lease = match acquire(&pool, deadline).await {
+        let lease = match acquire(pool, deadline).await {
             Ok(lease) => lease,
             Err(response) => return response,
         };
-        let uri = match format!("http://127.0.0.1:{}{path_and_query}", lease.instance.port)
-            .parse::<Uri>()
+        let uri = match format!(
+            "http://127.0.0.1:{}{}",
+            lease.instance.port, call.path_and_query
+        )
+        .parse::<Uri>()
         {
             Ok(uri) => uri,
             Err(_) => return error(StatusCode::BAD_REQUEST, "invalid path"),
@@ -247,6 +302,7 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Ok(Err(problem)) => {
+                let (namespace, function) = (&call.namespace, &call.function);
                 tracing::warn!(function = %format!("{namespace}/{function}"), %problem, "instance failed");
                 return error(
                     StatusCode::BAD_GATEWAY,

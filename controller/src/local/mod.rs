@@ -12,6 +12,7 @@ pub mod pool;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use parking_lot::Mutex;
+use tracing::Instrument as _;
 
 use crate::status::condition;
 use eddy_model::conditions::{ConditionType, Reason};
@@ -224,7 +225,12 @@ impl LocalController {
                 previous.cancel();
             }
         }
-        tokio::spawn(self.clone().reconcile(function, tracked, cancel));
+        let span = tracing::info_span!("reconcile", function = %format!("{}/{}", function.key().0, function.key().1), generation);
+        tokio::spawn(
+            self.clone()
+                .reconcile(function, tracked, cancel)
+                .instrument(span),
+        );
     }
 
     fn update_status(tracked: &Tracked, change: impl FnOnce(&mut FunctionStatus)) {
@@ -235,18 +241,37 @@ impl LocalController {
         tracked.status_changed.notify_one();
     }
 
+    /// Validates, builds and (re)deploys one generation of a Function; runs inside a span
+    /// naming the function, so its log lines need not repeat it.
     async fn reconcile(
         self: Arc<Self>,
         function: Function,
         tracked: Arc<Tracked>,
         cancel: CancellationToken,
     ) {
-        let (namespace, name) = function.key();
         let generation = function.metadata.generation.unwrap_or(1);
-        let url = format!("{}/{namespace}/{name}", self.gateway_url);
-        let errors = validate_function(&function);
+        if !self.accept_spec(&function, &tracked, generation) {
+            return;
+        }
+        let Some(inline) = function.spec.source.inline.as_ref() else {
+            return;
+        };
+        let built = tokio::select! {
+            built = build::build(&self.build_config, function.spec.runtime, &inline.source, &inline.dependencies) => built,
+            () = cancel.cancelled() => return,
+        };
+        match built {
+            Err(failure) => Self::build_failed(&tracked, failure, generation),
+            Ok(_) if cancel.is_cancelled() => {}
+            Ok(build) => Self::deploy(&function, &tracked, build, generation),
+        }
+    }
+
+    /// Checks the spec and says so in status; true when it is valid and a build starts.
+    fn accept_spec(&self, function: &Function, tracked: &Tracked, generation: i64) -> bool {
+        let errors = validate_function(function);
         if !errors.is_empty() {
-            Self::update_status(&tracked, |status| {
+            Self::update_status(tracked, |status| {
                 set_condition(
                     &mut status.conditions,
                     condition(
@@ -258,9 +283,11 @@ impl LocalController {
                 );
                 status.observed_generation = Some(generation);
             });
-            return;
+            return false;
         }
-        Self::update_status(&tracked, |status| {
+        let (namespace, name) = function.key();
+        let url = format!("{}/{namespace}/{name}", self.gateway_url);
+        Self::update_status(tracked, |status| {
             set_condition(
                 &mut status.conditions,
                 condition(
@@ -279,45 +306,38 @@ impl LocalController {
                     "building the function",
                 ),
             );
-            status.url = Some(url.clone());
+            status.url = Some(url);
         });
-        let Some(inline) = function.spec.source.inline.as_ref() else {
-            return;
-        };
-        let built = tokio::select! {
-            built = build::build(&self.build_config, function.spec.runtime, &inline.source, &inline.dependencies) => built,
-            () = cancel.cancelled() => return,
-        };
-        let build = match built {
-            Ok(build) => build,
-            Err(failure) => {
-                tracing::warn!(function = %format!("{namespace}/{name}"), reason = %failure.reason, "build failed");
-                if !tracked.pool.has_revision() {
-                    tracked
-                        .pool
-                        .set_unavailable(Some(format!("build failed ({})", failure.reason)));
-                }
-                Self::update_status(&tracked, |status| {
-                    set_condition(
-                        &mut status.conditions,
-                        condition(
-                            ConditionType::BuildReady,
-                            Some(false),
-                            failure.reason,
-                            failure.message,
-                        ),
-                    );
-                    status.observed_generation = Some(generation);
-                });
-                return;
-            }
-        };
-        if cancel.is_cancelled() {
-            return;
+        true
+    }
+
+    /// A failed build: said in status; requests wait no longer when nothing else can run.
+    fn build_failed(tracked: &Tracked, failure: build::BuildFailure, generation: i64) {
+        tracing::warn!(reason = %failure.reason, "build failed");
+        if !tracked.pool.has_revision() {
+            tracked
+                .pool
+                .set_unavailable(Some(format!("build failed ({})", failure.reason)));
         }
-        tracing::info!(function = %format!("{namespace}/{name}"), build = %build.hash, fresh = build.fresh, "build ready");
+        Self::update_status(tracked, |status| {
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    ConditionType::BuildReady,
+                    Some(false),
+                    failure.reason,
+                    failure.message,
+                ),
+            );
+            status.observed_generation = Some(generation);
+        });
+    }
+
+    /// Hands a successful build to the pool as the new revision (old instances serve until new
+    /// ones are ready) and says so in status.
+    fn deploy(function: &Function, tracked: &Tracked, build: build::Build, generation: i64) {
+        tracing::info!(build = %build.hash, fresh = build.fresh, "build ready");
         let (min, max) = function.spec.replica_bounds();
-        let timeout_seconds = function.spec.timeout().as_secs();
         // `replicas: 0` switches the function off: answer at once rather than hold requests.
         tracked.pool.set_unavailable(
             (max == 0).then(|| "the function is switched off (replicas: 0)".to_owned()),
@@ -333,7 +353,7 @@ impl LocalController {
                     .iter()
                     .map(|var| (var.name.clone(), var.value.clone()))
                     .collect(),
-                timeout_seconds,
+                timeout_seconds: function.spec.timeout().as_secs(),
             },
             usize::try_from(min).unwrap_or(0),
             usize::try_from(max).unwrap_or(1),
@@ -343,7 +363,7 @@ impl LocalController {
         } else {
             Reason::BuildReused
         };
-        Self::update_status(&tracked, |status| {
+        Self::update_status(tracked, |status| {
             set_condition(
                 &mut status.conditions,
                 condition(
