@@ -16,8 +16,8 @@ use parking_lot::Mutex;
 use eddy_model::backoff::Backoff;
 use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
-    Function, SinkPolicy, Subscription, SubscriptionStatus, describe_errors, parse_function_sink,
-    set_condition, validate_function, validate_subscription,
+    Function, FunctionStatus, SinkPolicy, Subscription, SubscriptionStatus, describe_errors,
+    parse_function_sink, set_condition, validate_function, validate_subscription,
 };
 use eddy_platform::shutdown::CancellationToken;
 use futures::StreamExt as _;
@@ -383,14 +383,13 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
     let errors = validate_function(function);
     let action = if !errors.is_empty() {
         // The CRD's rules refuse these; an object stored before a rule existed ends here.
-        let message = describe_errors(&errors);
         set_condition(
             &mut status.conditions,
             condition(
                 ConditionType::ConfigurationReady,
                 Some(false),
                 Reason::ValidationFailed,
-                message,
+                describe_errors(&errors),
             ),
         );
         Action::await_change()
@@ -406,116 +405,155 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
             ),
         );
         status.url = Some(render::function_url(&namespace, &name));
+        let target = Target {
+            client,
+            namespace: &namespace,
+            name: &name,
+            rendered: &rendered,
+        };
         let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
         let job_name = rendered.job.metadata.name.clone().unwrap_or_default();
-        let state = jobs.get_opt(&job_name).await?.as_ref().map(build_state);
-        match state {
-            None | Some(BuildState::Running) => {
-                if state.is_none() {
-                    tracing::info!(%namespace, function = %name, image = %rendered.image, "building");
-                    apply(client, &rendered.config_map).await?;
-                    apply(client, &rendered.job).await?;
-                }
-                set_condition(
-                    &mut status.conditions,
-                    condition(
-                        ConditionType::BuildReady,
-                        None,
-                        Reason::BuildRunning,
-                        format!("building {}", rendered.image),
-                    ),
-                );
-                if !status.conditions.iter().any(|c| c.type_ == "Running") {
-                    set_condition(
-                        &mut status.conditions,
-                        condition(
-                            ConditionType::Running,
-                            None,
-                            Reason::Building,
-                            "waiting for the first build",
-                        ),
-                    );
-                }
-                Action::requeue(RESYNC)
-            }
+        match jobs.get_opt(&job_name).await?.as_ref().map(build_state) {
+            None => target.build(&mut status, true).await?,
+            Some(BuildState::Running) => target.build(&mut status, false).await?,
             Some(BuildState::Failed(reason)) => {
-                let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-                let selector = format!("batch.kubernetes.io/job-name={job_name}");
-                let log = build_log_tail(
-                    &pods
-                        .list(&ListParams::default().labels(&selector))
-                        .await?
-                        .items,
-                );
-                let message = match log {
-                    Some(log) => format!("{reason}\n{log}"),
-                    None => reason,
-                };
-                tracing::warn!(%namespace, function = %name, %message, "build failed");
-                set_condition(
-                    &mut status.conditions,
-                    condition(
-                        ConditionType::BuildReady,
-                        Some(false),
-                        Reason::BuildFailed,
-                        message,
-                    ),
-                );
-                if !status.conditions.iter().any(|c| c.type_ == "Running") {
-                    set_condition(
-                        &mut status.conditions,
-                        condition(
-                            ConditionType::Running,
-                            Some(false),
-                            Reason::BuildFailed,
-                            "no image to run",
-                        ),
-                    );
-                }
-                // Same inputs, same failure: wait for the code to change.
-                Action::await_change()
+                target.build_failed(&mut status, &job_name, reason).await?
             }
-            Some(BuildState::Succeeded) => {
-                set_condition(
-                    &mut status.conditions,
-                    condition(
-                        ConditionType::BuildReady,
-                        Some(true),
-                        Reason::BuildSucceeded,
-                        format!("image {}", rendered.image),
-                    ),
-                );
-                let deployment = apply(client, &rendered.deployment).await?;
-                apply(client, &rendered.service).await?;
-                match &rendered.autoscaler {
-                    Some(autoscaler) => {
-                        apply(client, autoscaler).await?;
-                    }
-                    None => {
-                        let autoscalers: Api<HorizontalPodAutoscaler> =
-                            Api::namespaced(client.clone(), &namespace);
-                        ignore_not_found(
-                            autoscalers
-                                .delete(&name, &DeleteParams::default())
-                                .await
-                                .map(drop),
-                        )?;
-                    }
-                }
-                delete_superseded(client, &namespace, &name, &rendered.hash).await?;
-                let (ok, reason, message, replicas) =
-                    running_condition(&deployment, render::scaling(function));
-                set_condition(
-                    &mut status.conditions,
-                    condition(ConditionType::Running, ok, reason, message),
-                );
-                status.replicas = replicas;
-                Action::requeue(RESYNC)
-            }
+            Some(BuildState::Succeeded) => target.deploy(&mut status, function).await?,
         }
     };
     write_status(client, function, previous.as_ref(), &status).await?;
     Ok(action)
+}
+
+/// One valid Function's rendered objects, and where they go.
+struct Target<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    name: &'a str,
+    rendered: &'a Rendered,
+}
+
+impl Target<'_> {
+    /// A build runs (`start`: starts it first).
+    async fn build(&self, status: &mut FunctionStatus, start: bool) -> Result<Action> {
+        let rendered = self.rendered;
+        if start {
+            tracing::info!(namespace = %self.namespace, function = %self.name, image = %rendered.image, "building");
+            apply(self.client, &rendered.config_map).await?;
+            apply(self.client, &rendered.job).await?;
+        }
+        set_condition(
+            &mut status.conditions,
+            condition(
+                ConditionType::BuildReady,
+                None,
+                Reason::BuildRunning,
+                format!("building {}", rendered.image),
+            ),
+        );
+        if !has_condition(status, ConditionType::Running) {
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    ConditionType::Running,
+                    None,
+                    Reason::Building,
+                    "waiting for the first build",
+                ),
+            );
+        }
+        Ok(Action::requeue(RESYNC))
+    }
+
+    /// The build failed: its reason and the tail of its log go into status; the same inputs
+    /// would fail the same way, so nothing is retried until the code changes.
+    async fn build_failed(
+        &self,
+        status: &mut FunctionStatus,
+        job_name: &str,
+        reason: String,
+    ) -> Result<Action> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.namespace);
+        let selector = format!("batch.kubernetes.io/job-name={job_name}");
+        let log = build_log_tail(
+            &pods
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .items,
+        );
+        let message = match log {
+            Some(log) => format!("{reason}\n{log}"),
+            None => reason,
+        };
+        tracing::warn!(namespace = %self.namespace, function = %self.name, %message, "build failed");
+        set_condition(
+            &mut status.conditions,
+            condition(
+                ConditionType::BuildReady,
+                Some(false),
+                Reason::BuildFailed,
+                message,
+            ),
+        );
+        if !has_condition(status, ConditionType::Running) {
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    ConditionType::Running,
+                    Some(false),
+                    Reason::BuildFailed,
+                    "no image to run",
+                ),
+            );
+        }
+        Ok(Action::await_change())
+    }
+
+    /// The image exists: apply the Deployment, Service and HPA (or delete an HPA no longer
+    /// wanted), clear superseded builds, and report how the rollout goes.
+    async fn deploy(&self, status: &mut FunctionStatus, function: &Function) -> Result<Action> {
+        let rendered = self.rendered;
+        set_condition(
+            &mut status.conditions,
+            condition(
+                ConditionType::BuildReady,
+                Some(true),
+                Reason::BuildSucceeded,
+                format!("image {}", rendered.image),
+            ),
+        );
+        let deployment = apply(self.client, &rendered.deployment).await?;
+        apply(self.client, &rendered.service).await?;
+        match &rendered.autoscaler {
+            Some(autoscaler) => {
+                apply(self.client, autoscaler).await?;
+            }
+            None => {
+                let autoscalers: Api<HorizontalPodAutoscaler> =
+                    Api::namespaced(self.client.clone(), self.namespace);
+                ignore_not_found(
+                    autoscalers
+                        .delete(self.name, &DeleteParams::default())
+                        .await
+                        .map(drop),
+                )?;
+            }
+        }
+        delete_superseded(self.client, self.namespace, self.name, &rendered.hash).await?;
+        let (ok, reason, message, replicas) =
+            running_condition(&deployment, render::scaling(function));
+        set_condition(
+            &mut status.conditions,
+            condition(ConditionType::Running, ok, reason, message),
+        );
+        status.replicas = replicas;
+        Ok(Action::requeue(RESYNC))
+    }
+}
+
+fn has_condition(status: &FunctionStatus, type_: ConditionType) -> bool {
+    status.conditions.iter().any(|c| c.type_ == type_.as_str())
 }
 
 /// Validates a Subscription (its sink must be a Service in its namespace, or an allowed URL)
