@@ -487,38 +487,20 @@ impl Pool {
         }
     }
 
+    /// Brings the instances in line with the load: how many are wanted, start what is
+    /// missing, drain the surplus and older generations, stop what drained.
     fn reconcile(self: &Arc<Self>) {
         let mut inner = self.inner.lock();
         inner.instances.retain(|i| i.state() != InstanceState::Gone);
         let now = Instant::now();
-        let in_flight: usize = inner.instances.iter().map(|i| i.in_flight()).sum();
-        let waiting = self.waiting.load(Ordering::Acquire);
-        inner.load.push_back((now, in_flight + waiting));
-        let window = self.config.scale_down_window;
-        while inner
-            .load
-            .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > window)
-        {
-            inner.load.pop_front();
-        }
-        let peak_load = inner.load.iter().map(|(_, load)| *load).max().unwrap_or(0);
-        let idle_for = now.duration_since(*self.last_request.lock());
         let Some(revision) = inner.revision.clone() else {
+            let waiting = self.waiting.load(Ordering::Acquire);
+            self.record_load(&mut inner, now, waiting);
             self.publish_status(&inner);
             return;
         };
-        let desired = desired_replicas(ScaleInput {
-            min: inner.min,
-            max: inner.max,
-            target: self.config.target_concurrency,
-            peak_load,
-            waiting,
-            idle_for,
-            scale_to_zero_after: self.config.scale_to_zero_after,
-        });
+        let desired = self.desired(&mut inner, now);
         inner.desired = desired;
-
         let current: Vec<Arc<Instance>> = inner
             .instances
             .iter()
@@ -531,30 +513,7 @@ impl Pool {
         // Start what is missing (after the crash backoff).
         if current.len() < desired && now >= inner.not_before {
             for _ in current.len()..desired {
-                let id = inner.next_id;
-                inner.next_id += 1;
-                match free_port() {
-                    Ok(port) => {
-                        // Hex digits: always a valid header value.
-                        let secret = uuid::Uuid::new_v4().simple().to_string();
-                        let instance = Arc::new(Instance {
-                            id,
-                            generation: revision.generation,
-                            port,
-                            in_flight: AtomicUsize::new(0),
-                            state: AtomicState::new(InstanceState::Starting),
-                            stop: self.shutdown.child_token(),
-                            kill: std::sync::atomic::AtomicBool::new(false),
-                            pid: AtomicU64::new(0),
-                            secret: secret.clone(),
-                            secret_header: http::HeaderValue::from_str(&secret)
-                                .unwrap_or_else(|_| http::HeaderValue::from_static("-")),
-                        });
-                        inner.instances.push(instance.clone());
-                        tokio::spawn(self.clone().run_instance(instance, revision.clone()));
-                    }
-                    Err(error) => inner.last_error = Some(format!("no free port: {error}")),
-                }
+                self.start_instance(&mut inner, &revision);
             }
         }
         // Too many of the current generation: drain the least busy.
@@ -587,6 +546,67 @@ impl Pool {
             instance.stop.cancel();
         }
         self.publish_status(&inner);
+    }
+
+    /// Remembers the load now (requests in flight and waiting) and forgets what is older than
+    /// the scale-down window; returns the peak over the window.
+    fn record_load(&self, inner: &mut Inner, now: Instant, waiting: usize) -> usize {
+        let in_flight: usize = inner.instances.iter().map(|i| i.in_flight()).sum();
+        inner.load.push_back((now, in_flight + waiting));
+        let window = self.config.scale_down_window;
+        while inner
+            .load
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > window)
+        {
+            inner.load.pop_front();
+        }
+        inner.load.iter().map(|(_, load)| *load).max().unwrap_or(0)
+    }
+
+    /// How many instances the load calls for (see [`desired_replicas`]).
+    fn desired(&self, inner: &mut Inner, now: Instant) -> usize {
+        let waiting = self.waiting.load(Ordering::Acquire);
+        let peak_load = self.record_load(inner, now, waiting);
+        desired_replicas(ScaleInput {
+            min: inner.min,
+            max: inner.max,
+            target: self.config.target_concurrency,
+            peak_load,
+            waiting,
+            idle_for: now.duration_since(*self.last_request.lock()),
+            scale_to_zero_after: self.config.scale_to_zero_after,
+        })
+    }
+
+    /// Starts one instance of `revision` on a free port.
+    fn start_instance(self: &Arc<Self>, inner: &mut Inner, revision: &Arc<Revision>) {
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let port = match free_port() {
+            Ok(port) => port,
+            Err(error) => {
+                inner.last_error = Some(format!("no free port: {error}"));
+                return;
+            }
+        };
+        // Hex digits: always a valid header value.
+        let secret = uuid::Uuid::new_v4().simple().to_string();
+        let instance = Arc::new(Instance {
+            id,
+            generation: revision.generation,
+            port,
+            in_flight: AtomicUsize::new(0),
+            state: AtomicState::new(InstanceState::Starting),
+            stop: self.shutdown.child_token(),
+            kill: std::sync::atomic::AtomicBool::new(false),
+            pid: AtomicU64::new(0),
+            secret_header: http::HeaderValue::from_str(&secret)
+                .unwrap_or_else(|_| http::HeaderValue::from_static("-")),
+            secret,
+        });
+        inner.instances.push(instance.clone());
+        tokio::spawn(self.clone().run_instance(instance, revision.clone()));
     }
 
     fn record_failure(&self, message: String) {
