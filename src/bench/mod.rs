@@ -9,6 +9,10 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use eddy_model::{
+    conditions::{ConditionType, Reason},
+    resources::{Condition, Function},
+};
 use serde_json::{Value, json};
 
 use crate::up::{self, Platform};
@@ -279,7 +283,7 @@ fn handler(runtime: &str, run: usize) -> anyhow::Result<String> {
     })
 }
 
-async fn function(http: &reqwest::Client, api: &str, name: &str) -> anyhow::Result<Value> {
+async fn function(http: &reqwest::Client, api: &str, name: &str) -> anyhow::Result<Function> {
     Ok(http
         .get(format!(
             "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/functions/{name}"
@@ -290,17 +294,14 @@ async fn function(http: &reqwest::Client, api: &str, name: &str) -> anyhow::Resu
         .await?)
 }
 
-fn running_reason(function: &Value) -> Option<(String, String)> {
-    function["status"]["conditions"]
-        .as_array()?
+/// The Function's `Running` condition, when it has one.
+fn running(function: &Function) -> Option<&Condition> {
+    function
+        .status
+        .as_ref()?
+        .conditions
         .iter()
-        .find(|c| c["type"] == "Running")
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or("").to_owned(),
-                c["reason"].as_str().unwrap_or("").to_owned(),
-            )
-        })
+        .find(|c| c.type_ == ConditionType::Running.as_str())
 }
 
 async fn wait_for(
@@ -308,7 +309,7 @@ async fn wait_for(
     api: &str,
     name: &str,
     what: &str,
-    done: impl Fn(&Value) -> bool,
+    done: impl Fn(&Function) -> bool,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -318,8 +319,8 @@ async fn wait_for(
         }
         if Instant::now() > deadline {
             bail!(
-                "{name} did not become {what} within 120s: {}",
-                current["status"]
+                "{name} did not become {what} within 120s: {:?}",
+                current.status
             );
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -415,14 +416,14 @@ async fn measure_coldstart(
                 );
             }
             wait_for(&http, api, &name, "ready", |f| {
-                f["status"]["replicas"].as_i64().unwrap_or(0) >= 1
-                    && running_reason(f).is_some_and(|(status, _)| status == "True")
+                f.status.as_ref().is_some_and(|s| s.replicas >= 1)
+                    && running(f).is_some_and(|c| c.status == "True")
             })
             .await?;
             deploys.push(started.elapsed());
 
             wait_for(&http, api, &name, "scaled to zero", |f| {
-                running_reason(f).is_some_and(|(_, reason)| reason == "ScaledToZero")
+                running(f).is_some_and(|c| c.reason == Reason::ScaledToZero.as_str())
             })
             .await?;
             let started = Instant::now();

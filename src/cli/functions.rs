@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context as _, bail};
+use eddy_model::resources::Function;
 use serde_json::Value;
 use std::io::Write as _;
 
@@ -82,8 +83,11 @@ pub async fn invoke(api: &ApiArgs, args: InvokeArgs) -> anyhow::Result<()> {
     if !response.status().is_success() {
         bail!("function {name} not found in namespace {}", api.namespace);
     }
-    let function: Value = response.json().await?;
-    let Some(base) = function["status"]["url"].as_str() else {
+    let function: Function = response
+        .json()
+        .await
+        .context("the API answered something else than a function")?;
+    let Some(base) = function.status.and_then(|status| status.url) else {
         bail!("function {name} has no URL yet: see `eddy get functions {name}`");
     };
     let method = method.unwrap_or_else(|| if data.is_some() { "POST" } else { "GET" }.to_owned());

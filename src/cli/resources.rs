@@ -3,6 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
+use eddy_model::{
+    conditions::ConditionType,
+    resources::{Condition, Function, Subscription},
+};
 use serde_json::Value;
 
 /// Where the API is and which namespace to use.
@@ -297,35 +301,47 @@ pub async fn get(
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&body)?),
         Output::Yaml => print!("{}", serde_yaml::to_string(&body)?),
-        Output::Table => {
-            let items = match body["items"].as_array() {
-                Some(items) => items.clone(),
-                None => vec![body],
-            };
-            print!("{}", table(kind, &items));
-        }
+        Output::Table => print!("{}", table(kind, body)?),
     }
     Ok(())
 }
 
-fn condition(resource: &Value, type_: &str) -> String {
-    resource["status"]["conditions"]
-        .as_array()
-        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
+/// One resource or a list of them, as the API answers.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum OneOrList<T> {
+    List { items: Vec<T> },
+    One(Box<T>),
+}
+
+impl<T> OneOrList<T> {
+    fn into_items(self) -> Vec<T> {
+        match self {
+            Self::List { items } => items,
+            Self::One(item) => vec![*item],
+        }
+    }
+}
+
+/// `True`, or the status and its reason.
+fn condition(conditions: &[Condition], type_: ConditionType) -> String {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_.as_str())
         .map(|c| {
-            let status = c["status"].as_str().unwrap_or("Unknown");
-            if status == "True" {
+            if c.status == "True" {
                 "True".to_owned()
             } else {
-                format!("{status} ({})", c["reason"].as_str().unwrap_or(""))
+                format!("{} ({})", c.status, c.reason)
             }
         })
         .unwrap_or_else(|| "Unknown".to_owned())
 }
 
-/// The table `eddy get` prints.
-pub fn table(kind: Kind, items: &[Value]) -> String {
+/// The table `eddy get` prints, from what the API answered (one resource or a list).
+pub fn table(kind: Kind, body: Value) -> anyhow::Result<String> {
     let mut rows: Vec<Vec<String>> = Vec::new();
+    let text = |value: &Option<String>| value.clone().unwrap_or_default();
     match kind {
         Kind::Functions => {
             rows.push(
@@ -341,18 +357,18 @@ pub fn table(kind: Kind, items: &[Value]) -> String {
                 .map(String::from)
                 .to_vec(),
             );
-            for item in items {
+            let functions: OneOrList<Function> = serde_json::from_value(body)
+                .context("the API answered something else than functions")?;
+            for function in functions.into_items() {
+                let status = function.status.unwrap_or_default();
                 rows.push(vec![
-                    item["metadata"]["namespace"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_owned(),
-                    item["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                    item["spec"]["runtime"].as_str().unwrap_or("").to_owned(),
-                    condition(item, "BuildReady"),
-                    condition(item, "Running"),
-                    item["status"]["replicas"].as_i64().unwrap_or(0).to_string(),
-                    item["status"]["url"].as_str().unwrap_or("").to_owned(),
+                    text(&function.metadata.namespace),
+                    text(&function.metadata.name),
+                    function.spec.runtime.as_str().to_owned(),
+                    condition(&status.conditions, ConditionType::BuildReady),
+                    condition(&status.conditions, ConditionType::Running),
+                    status.replicas.to_string(),
+                    text(&status.url),
                 ]);
             }
         }
@@ -362,25 +378,21 @@ pub fn table(kind: Kind, items: &[Value]) -> String {
                     .map(String::from)
                     .to_vec(),
             );
-            for item in items {
-                let types: Vec<&str> = item["spec"]["types"]
-                    .as_array()
-                    .map(|t| t.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
+            let subscriptions: OneOrList<Subscription> = serde_json::from_value(body)
+                .context("the API answered something else than subscriptions")?;
+            for subscription in subscriptions.into_items() {
+                let status = subscription.status.unwrap_or_default();
                 rows.push(vec![
-                    item["metadata"]["namespace"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_owned(),
-                    item["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                    condition(item, "Ready"),
-                    item["spec"]["sink"].as_str().unwrap_or("").to_owned(),
-                    types.join(","),
+                    text(&subscription.metadata.namespace),
+                    text(&subscription.metadata.name),
+                    condition(&status.conditions, ConditionType::Ready),
+                    subscription.spec.sink.clone(),
+                    subscription.spec.types.join(","),
                 ]);
             }
         }
     }
-    format_rows(&rows)
+    Ok(format_rows(&rows))
 }
 
 /// Left-aligned columns separated by three spaces.
