@@ -93,8 +93,26 @@ pub struct Args {
     #[arg(long = "apply", short = 'f', env = "EDDY_APPLY", value_delimiter = ',')]
     pub apply: Vec<PathBuf>,
     /// Idle time after which a Function with minReplicas 0 runs no instance.
-    #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = eddy_controller::DEFAULT_SCALE_TO_ZERO_AFTER, value_parser = humantime::parse_duration)]
     pub scale_to_zero_after: Duration,
+    /// How long load is remembered before scaling down.
+    #[arg(long = "scale-down-window", env = "EDDY_SCALE_DOWN_WINDOW", default_value = eddy_controller::DEFAULT_SCALE_DOWN_WINDOW, value_parser = humantime::parse_duration)]
+    pub scale_down_window: Duration,
+    /// In-flight requests per instance the autoscaler aims for.
+    #[arg(
+        long = "target-concurrency",
+        env = "EDDY_TARGET_CONCURRENCY",
+        default_value_t = eddy_controller::DEFAULT_TARGET_CONCURRENCY
+    )]
+    pub target_concurrency: usize,
+    /// How long a delivery may go without an ack before JetStream gives the event to another
+    /// dispatcher.
+    #[arg(long = "ack-wait", env = "EDDY_ACK_WAIT", default_value = eddy_dispatcher::DEFAULT_ACK_WAIT, value_parser = humantime::parse_duration)]
+    pub ack_wait: Duration,
+    /// Run no dispatcher in this process: deliveries are left to `eddy dispatcher` processes
+    /// started separately (to scale delivery, or restart it alone).
+    #[arg(long = "no-dispatcher", env = "EDDY_NO_DISPATCHER")]
+    pub no_dispatcher: bool,
     /// Sink URLs Subscriptions may use besides functions (comma-separated), compared as URLs:
     /// `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
     #[arg(
@@ -155,6 +173,11 @@ pub struct Platform {
     pub nats_url: String,
     /// The users of the nats-server started here (none with `--nats-url`).
     nats_users: Option<crate::nats_auth::NatsUsers>,
+    /// The local controller (its pools and instances), once started.
+    pub local_controller: Option<std::sync::Arc<eddy_controller::local::LocalController>>,
+    /// The token the gateway accepts for every function (new each run); a dispatcher started
+    /// separately against this platform needs it for token-protected functions.
+    pub platform_token: String,
     components: Vec<Component>,
     token: CancellationToken,
     nats: Option<NatsChild>,
@@ -198,6 +221,8 @@ impl Platform {
             api_token: args.api_auth.api_tokens.first().cloned(),
             nats_url: nats_url.clone(),
             nats_users,
+            local_controller: None,
+            platform_token: String::new(),
             components: Vec::new(),
             token: shutdown.child_token(),
             nats,
@@ -267,7 +292,10 @@ impl Platform {
         self.bus_url = format!("http://{bus_local}");
         say(format!("event-bus   ready  {}/publish", self.bus_url));
 
-        let (dispatcher_listener, dispatcher_local) = bind(args.dispatcher_addr).await?;
+        let dispatcher = match args.no_dispatcher {
+            true => None,
+            false => Some(bind(args.dispatcher_addr).await?),
+        };
         let (api_listener, api_local) = bind(args.api_addr).await?;
         let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
         let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
@@ -276,7 +304,11 @@ impl Platform {
         controller_args.allowed_sinks = args.allowed_sinks.clone();
         controller_args.local.bus_url = self.bus_url.clone();
         controller_args.local.scale_to_zero_after = args.scale_to_zero_after;
-        controller_args.local.dispatcher_url = Some(format!("http://{dispatcher_local}"));
+        controller_args.local.scale_down_window = args.scale_down_window;
+        controller_args.local.target_concurrency = args.target_concurrency;
+        controller_args.local.dispatcher_url = dispatcher
+            .as_ref()
+            .map(|(_, local)| format!("http://{local}"));
         controller_args.api_auth = args.api_auth.clone();
         controller_args.local.function_publisher_token = function_publish_token;
         controller_args.serve = args.serve.clone();
@@ -290,6 +322,8 @@ impl Platform {
             self.token.child_token(),
         )
         .await?;
+        self.local_controller = Some(controller.backend());
+        self.platform_token.clone_from(&platform_token);
         self.components.push((
             "controller",
             tokio::spawn(
@@ -304,7 +338,11 @@ impl Platform {
             self.gateway_url
         ));
 
+        let Some((dispatcher_listener, dispatcher_local)) = dispatcher else {
+            return Ok(());
+        };
         let mut dispatcher_args = eddy_dispatcher::Args::new(dispatcher_local, nats_url);
+        dispatcher_args.ack_wait = args.ack_wait;
         dispatcher_args.nats = self.nats_args(args, User::Dispatcher);
         dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
         dispatcher_args.api_auth = args.api_auth.clone();

@@ -94,6 +94,9 @@ impl Error {
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Default of `--ack-wait` (here and in `eddy up`).
+pub const DEFAULT_ACK_WAIT: &str = "30s";
+
 /// Flags of `eddy dispatcher`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -137,7 +140,7 @@ pub struct Args {
     pub sink_resolution: sinks::Resolution,
     /// How long a delivery may go without an ack before JetStream gives the event to another
     /// dispatcher; in-progress acks keep longer deliveries alive.
-    #[arg(long = "ack-wait", env = "EDDY_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long = "ack-wait", env = "EDDY_ACK_WAIT", default_value = DEFAULT_ACK_WAIT, value_parser = humantime::parse_duration)]
     pub ack_wait: Duration,
     /// Largest reply event read from a sink's answer and stored (data plus headers, as the
     /// event-bus's `--max-event-size`).

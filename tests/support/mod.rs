@@ -25,9 +25,6 @@ use eddy_platform::shutdown::CancellationToken;
 use eddy_testing::{NatsServer, eventually};
 use serde_json::{Value, json};
 
-/// The token the test platform's dispatcher reaches token-protected functions with.
-pub const PLATFORM_TOKEN: &str = "platform-token-for-tests";
-
 /// Options of [`Platform::start`].
 pub struct Options {
     pub ack_wait: Duration,
@@ -61,8 +58,11 @@ pub struct Platform {
     pub dispatcher: String,
     pub http: reqwest::Client,
     pub js: jetstream::Context,
+    /// The token the platform's gateway accepts for every function (new each run).
+    pub platform_token: String,
     shutdown: CancellationToken,
     dispatchers: Mutex<Vec<CancellationToken>>,
+    _up: eddy::up::Platform,
 }
 
 async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
@@ -76,55 +76,46 @@ impl Platform {
         Self::start_with(Options::default()).await
     }
 
+    /// The platform as `eddy up` puts it together (the same code), against the test's
+    /// nats-server; dispatchers are started beside it so tests can stop and add them.
     pub async fn start_with(options: Options) -> Self {
         let nats = NatsServer::start().unwrap();
         let shutdown = CancellationToken::new();
-
-        let (bus_listener, bus_addr) = listener().await;
-        let bus = eddy_event_bus::EventBus::new(
-            eddy_event_bus::Args::new(bus_addr, nats.url()),
-            shutdown.child_token(),
-        )
-        .await
-        .unwrap();
-        tokio::spawn(bus.serve(bus_listener));
-
-        let (api_listener, api_addr) = listener().await;
-        let (gateway_listener, gateway_addr) = listener().await;
         let data_dir = tempfile::tempdir().unwrap();
-        let mut controller_args = eddy_controller::Args::new(api_addr, nats.url());
-        controller_args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
-        controller_args.local.bus_url = format!("http://{bus_addr}");
-        controller_args.local.data_dir = data_dir.path().to_path_buf();
-        controller_args.local.scale_to_zero_after = options.scale_to_zero_after;
-        controller_args.local.scale_down_window = options.scale_down_window;
-        controller_args.local.target_concurrency = options.target_concurrency;
-        controller_args.local.platform_token = Some(PLATFORM_TOKEN.to_owned());
-        let controller = eddy_controller::Controller::new(
-            controller_args,
-            format!("http://{gateway_addr}"),
-            shutdown.child_token(),
-        )
-        .await
-        .unwrap();
-        let backend = controller.backend();
-        tokio::spawn(controller.serve(api_listener, gateway_listener));
-
+        let local = SocketAddr::from(([127, 0, 0, 1], 0));
+        let args = eddy::up::Args {
+            data_dir: data_dir.path().to_path_buf(),
+            nats_url: Some(nats.url()),
+            bus_addr: local,
+            gateway_addr: local,
+            api_addr: local,
+            dispatcher_addr: local,
+            allowed_sinks: vec!["http://127.0.0.1:".to_owned()],
+            scale_to_zero_after: options.scale_to_zero_after,
+            scale_down_window: options.scale_down_window,
+            target_concurrency: options.target_concurrency,
+            no_dispatcher: true,
+            ..eddy_platform::flags::defaults()
+        };
+        let up = eddy::up::Platform::start(&args, false, &shutdown)
+            .await
+            .unwrap();
         let client = async_nats::connect(nats.url()).await.unwrap();
-        let platform = Self {
+        let mut platform = Self {
             nats,
-            bus: format!("http://{bus_addr}"),
-            api: format!("http://{api_addr}"),
-            gateway: format!("http://{gateway_addr}"),
-            backend,
+            bus: up.bus_url.clone(),
+            api: up.api_url.clone(),
+            gateway: up.gateway_url.clone(),
+            backend: up.local_controller.clone().unwrap(),
+            platform_token: up.platform_token.clone(),
             data_dir,
             dispatcher: String::new(),
             http: reqwest::Client::new(),
             js: jetstream::new(client),
             dispatchers: Mutex::default(),
             shutdown,
+            _up: up,
         };
-        let mut platform = platform;
         platform
             .wait_ready(&format!("{}/readyz", platform.bus))
             .await;
@@ -140,7 +131,7 @@ impl Platform {
         let mut args = eddy_dispatcher::Args::new(addr, self.nats.url());
         args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
         args.ack_wait = ack_wait;
-        args.platform_token = Some(PLATFORM_TOKEN.to_owned());
+        args.platform_token = Some(self.platform_token.clone());
         let token = self.shutdown.child_token();
         self.dispatchers.lock().unwrap().push(token.clone());
         let dispatcher = eddy_dispatcher::Dispatcher::new(args, token).await.unwrap();
@@ -314,7 +305,7 @@ impl Platform {
             ])
             .env("EDDY_ALLOWED_SINKS", "http://127.0.0.1:")
             .env("EDDY_ACK_WAIT", ack_wait)
-            .env("EDDY_PLATFORM_TOKEN", PLATFORM_TOKEN)
+            .env("EDDY_PLATFORM_TOKEN", &self.platform_token)
             .env("EDDY_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
