@@ -113,6 +113,14 @@ pub struct Args {
     /// started separately (to scale delivery, or restart it alone).
     #[arg(long = "no-dispatcher", env = "EDDY_NO_DISPATCHER")]
     pub no_dispatcher: bool,
+    /// The token the gateway accepts for every function and the dispatcher sends (new for each
+    /// run when not given); give separately started dispatchers the same.
+    #[arg(
+        long = "platform-token",
+        env = "EDDY_PLATFORM_TOKEN",
+        hide_env_values = true
+    )]
+    pub platform_token: Option<String>,
     /// Sink URLs Subscriptions may use besides functions (comma-separated), compared as URLs:
     /// `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
     #[arg(
@@ -313,8 +321,11 @@ impl Platform {
         controller_args.local.function_publisher_token = function_publish_token;
         controller_args.serve = args.serve.clone();
         // The dispatcher reaches functions with `access.mode: token` with a token of its own,
-        // new for each run.
-        let platform_token = uuid::Uuid::new_v4().simple().to_string();
+        // new for each run unless one is given.
+        let platform_token = args
+            .platform_token
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         controller_args.local.platform_token = Some(platform_token.clone());
         let controller = eddy_controller::Controller::new(
             controller_args,
