@@ -206,3 +206,19 @@ fn controller_render_prints_the_kubernetes_objects_of_the_shop() {
             && stdout.contains("name: subscriptions.eddy.dev")
     );
 }
+
+/// `eddy token digest` prints the form `spec.access.tokenDigests` takes: `sha256:` and the
+/// SHA-256 of the token in hex (the token itself is never stored).
+#[tokio::test]
+async fn token_digest_prints_the_sha256_of_the_token() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["token", "digest", "abc"])
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n"
+    );
+}

@@ -793,3 +793,127 @@ async fn dead_letters_can_be_redriven_and_events_replayed() {
     assert_eq!(sink.count(), 9);
     assert_eq!(bystander.count(), 3);
 }
+
+/// A sink's redirect is not followed: the event is dead-lettered as `http_3xx` and the place the
+/// redirect names receives nothing.
+#[tokio::test]
+async fn redirects_are_not_followed() {
+    let platform = Platform::start().await;
+    let elsewhere = Sink::ok().await;
+    let location = elsewhere.url.clone();
+    let redirecting = Sink::start(
+        Duration::ZERO,
+        Arc::new(move |_, _| {
+            (
+                StatusCode::FOUND,
+                [("location", location.as_str())],
+                "moved",
+            )
+                .into_response()
+        }),
+    )
+    .await;
+    platform
+        .subscribe(
+            "bounced",
+            json!({"sink": redirecting.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "r-1", json!({}))
+        .await;
+    platform.wait_settled("bounced").await;
+    let letters = platform.dead_letters("bounced").await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["reason"], "http_3xx");
+    assert_eq!(letters[0]["status"], 302);
+    assert_eq!(redirecting.count(), 1);
+    assert_eq!(elsewhere.count(), 0, "the redirect was followed");
+}
+
+/// A reply that is not a valid event is dropped, counted as `reply_refused`, and the event it
+/// answers is delivered (acked, not retried); the delivery metrics say so.
+#[tokio::test]
+async fn an_invalid_reply_is_refused_counted_and_the_event_still_delivered() {
+    let platform = Platform::start().await;
+    let replier = Sink::start(
+        Duration::ZERO,
+        Arc::new(|_, _| {
+            // Binary mode without ce-type: not a valid CloudEvent.
+            (
+                StatusCode::OK,
+                [
+                    ("ce-specversion", "1.0"),
+                    ("ce-id", "broken-reply"),
+                    ("ce-source", "stock-service"),
+                ],
+                "{}",
+            )
+                .into_response()
+        }),
+    )
+    .await;
+    platform
+        .subscribe(
+            "answers",
+            json!({"sink": replier.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "q-1", json!({}))
+        .await;
+    platform.wait_settled("answers").await;
+    assert_eq!(replier.attempts("q-1"), 1, "delivered once, not retried");
+    assert!(platform.dead_letters("answers").await.is_empty());
+    // The gauges follow on the worker's next look at its consumer: poll for them.
+    let settled_metrics = || async {
+        let Ok(response) = platform
+            .http
+            .get(format!("{}/metrics", platform.dispatcher))
+            .send()
+            .await
+        else {
+            return false;
+        };
+        let metrics = response.text().await.unwrap_or_default();
+        let has = |line: &str| metrics.lines().any(|l| l == line);
+        has(
+            "eddy_dispatcher_failures_total{subscription=\"default/answers\",reason=\"reply_refused\"} 1",
+        ) && has("eddy_dispatcher_delivered_total{subscription=\"default/answers\"} 1")
+            && has("eddy_dispatcher_pending_events{subscription=\"default/answers\"} 0")
+            && has("eddy_dispatcher_in_flight{subscription=\"default/answers\"} 0")
+    };
+    eventually(
+        "the metrics to show the refused reply",
+        Duration::from_secs(20),
+        settled_metrics,
+    )
+    .await
+    .unwrap();
+    // Nothing from the broken reply reached the stream: it holds the one published event.
+    let mut stream = platform.js.get_stream("EDDY_EVENTS").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+}
+
+/// A new Subscription sees events published after it exists, not the ones stored before
+/// (deliver policy "new"; `eddy replay` is how to get older ones).
+#[tokio::test]
+async fn a_new_subscription_starts_with_new_events() {
+    let platform = Platform::start().await;
+    platform
+        .publish("shop", "order.created.v1", "before", json!({}))
+        .await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe(
+            "latecomer",
+            json!({"sink": sink.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "after", json!({}))
+        .await;
+    sink.wait_for(1).await;
+    platform.wait_settled("latecomer").await;
+    assert_eq!(sink.ids(), vec!["after"]);
+}
