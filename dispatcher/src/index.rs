@@ -11,6 +11,7 @@ use std::{
 use eddy_model::resources::{
     SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription,
 };
+use eddy_platform::store::StoredResource as _;
 
 use crate::{consumer::ConsumerPlan, worker::Target};
 
@@ -76,7 +77,7 @@ impl SubscriptionIndex {
 
     /// A Subscription was created or changed.
     pub fn apply(&mut self, subscription: &Subscription) -> Vec<Action> {
-        let key = key_of(subscription);
+        let key = subscription.key();
         self.known.insert(key.clone());
         match plan_for(subscription, &self.sinks, self.ack_wait) {
             Err(problems) => {
@@ -125,20 +126,11 @@ impl SubscriptionIndex {
     }
 
     /// The Subscriptions delivered for, by key.
-    pub fn targets(&self) -> impl Iterator<Item = &Arc<Target>> {
-        self.delivering.values().map(|(target, _)| target)
+    pub fn targets(&self) -> impl Iterator<Item = (&Key, &Arc<Target>)> {
+        self.delivering
+            .iter()
+            .map(|(key, (target, _))| (key, target))
     }
-}
-
-fn key_of(subscription: &Subscription) -> Key {
-    (
-        subscription
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned()),
-        subscription.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 /// The target and consumer plan of a valid Subscription.
@@ -151,7 +143,7 @@ pub fn plan_for(
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
-    let (namespace, name) = key_of(subscription);
+    let (namespace, name) = subscription.key();
     let policy = subscription
         .spec
         .delivery_policy()

@@ -305,10 +305,7 @@ impl Manager {
         let targets = self
             .index
             .targets()
-            .map(|target| {
-                let key = (target.namespace.clone(), target.name.clone());
-                (key, target.clone())
-            })
+            .map(|(key, target)| (key.clone(), target.clone()))
             .collect();
         self.view.send_replace(View {
             targets: Arc::new(targets),
