@@ -8,12 +8,12 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use parking_lot::Mutex;
 
-use crate::status::condition;
+use crate::status::{self, condition_at};
 use async_nats::jetstream;
 use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
-    Condition, Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name,
-    describe_errors, parse_function_sink, set_condition, validate_subscription,
+    Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name, describe_errors,
+    parse_function_sink, set_condition, validate_subscription,
 };
 use eddy_platform::{
     nats::EVENTS_STREAM,
@@ -59,15 +59,13 @@ pub fn desired_status(
     status.observed_generation = subscription.metadata.generation;
     set_condition(
         &mut status.conditions,
-        Condition {
-            last_transition_time: now.to_owned(),
-            ..condition(
-                ConditionType::Ready,
-                Some(status.ready),
-                readiness.reason(),
-                message,
-            )
-        },
+        condition_at(
+            ConditionType::Ready,
+            Some(status.ready),
+            readiness.reason(),
+            message,
+            now.to_owned(),
+        ),
     );
     status
 }
@@ -155,7 +153,7 @@ async fn reconcile(
             .ok()
             .flatten(),
     };
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = status::now();
     let status = desired_status(subscription, previous.as_ref(), readiness, message, &now);
     let written = if previous.as_ref() == Some(&status) {
         true
