@@ -112,6 +112,16 @@ impl EventHeaders {
         self.entries.into_iter()
     }
 
+    /// The size NATS gives them in a message: the header preamble and each `name: value`.
+    pub fn encoded_size(&self) -> usize {
+        let lines: usize = self
+            .entries
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 4)
+            .sum();
+        "NATS/1.0\r\n\r\n".len() + lines
+    }
+
     pub(crate) fn push(&mut self, name: Cow<'static, str>, value: String) {
         self.entries.push((name, value));
     }
@@ -262,17 +272,15 @@ impl TraceContext {
     }
 }
 
-/// Accumulates the stored headers and their encoded size (as NATS writes them).
+/// Accumulates the stored headers, refusing names and values NATS could not carry.
 struct HeaderBuilder {
     headers: EventHeaders,
-    size: usize,
 }
 
 impl HeaderBuilder {
     fn new() -> Self {
         Self {
             headers: EventHeaders::default(),
-            size: "NATS/1.0\r\n\r\n".len(),
         }
     }
 
@@ -305,7 +313,6 @@ impl HeaderBuilder {
                 "given more than once",
             ));
         }
-        self.size += name.len() + value.len() + 4;
         self.headers.push(name, value.to_owned());
         Ok(())
     }
@@ -316,7 +323,6 @@ impl HeaderBuilder {
             (names::TRACESTATE, &trace.tracestate),
         ] {
             if let Some(value) = value {
-                self.size += name.len() + value.len() + 4;
                 self.headers.push(Cow::Borrowed(name), value.clone());
             }
         }
@@ -404,7 +410,7 @@ fn finish(
     payload: Bytes,
     limits: &Limits,
 ) -> Result<OutgoingEvent, EventError> {
-    let size = builder.size + payload.len();
+    let size = builder.headers.encoded_size() + payload.len();
     if size > limits.max_event_size {
         return Err(EventError::too_large(size, limits.max_event_size));
     }

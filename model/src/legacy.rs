@@ -163,8 +163,6 @@ pub fn from_legacy(
     let payload = Bytes::copy_from_slice(data.get().as_bytes());
 
     let mut headers = EventHeaders::default();
-    // Counted as the other modes count it: the NATS header preamble, each header, the data.
-    let mut size = "NATS/1.0\r\n\r\n".len() + payload.len();
     for (name, value) in [
         ("ce-specversion", "1.0"),
         ("ce-id", id.as_str()),
@@ -180,9 +178,10 @@ pub fn from_legacy(
                 "a value contains control characters",
             )]);
         }
-        size += name.len() + value.len() + 4;
         headers.push(Cow::Borrowed(name), value.to_owned());
     }
+    // Counted as the other modes count it: the NATS header preamble, each header, the data.
+    let size = headers.encoded_size() + payload.len();
     if size > limits.max_event_size {
         return Err(vec![LegacyFieldError {
             field: "data",
