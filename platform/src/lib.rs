@@ -1,5 +1,7 @@
-//! The vocabulary every eddy component shares: the NATS layout (streams, subjects, message ids),
-//! the header names, connection and logging flags, and the shutdown signal.
+//! What eddy's services share at run time: NATS connection and streams, the JetStream publisher,
+//! the resource store, serving HTTP (timeouts, caps, drain, error answers, body limits), auth,
+//! flag defaults, shutdown, process supervision and telemetry. The rules themselves (resource
+//! types, subjects, event parsing) are `eddy-model`'s.
 //!
 //! Services depend on this crate and never on each other, so a component can be rebuilt, scaled
 //! or replaced alone.

@@ -1,4 +1,5 @@
-//! The NATS layout: connection flags, the events stream and its settings, and message ids.
+//! The NATS layout: connection flags, the streams and their settings, finding nats-server.
+//! (Subjects and message ids are the model's: `eddy_model::subject`.)
 
 use std::{path::PathBuf, time::Duration};
 

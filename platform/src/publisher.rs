@@ -7,7 +7,6 @@
 //! stored once.
 
 use std::{
-    borrow::Cow,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -209,10 +208,7 @@ fn ack_context(client: &async_nats::Client, acks: AckLimits) -> jetstream::Conte
 pub fn nats_headers(headers: EventHeaders) -> Result<async_nats::HeaderMap, PublishFailure> {
     let mut map = async_nats::HeaderMap::new();
     for (name, value) in headers.into_entries() {
-        let name = match name {
-            Cow::Borrowed(name) => async_nats::HeaderName::try_from(name),
-            Cow::Owned(name) => async_nats::HeaderName::try_from(name.as_str()),
-        };
+        let name = async_nats::HeaderName::try_from(name.as_ref());
         let (Ok(name), false) = (name, value.contains(['\r', '\n'])) else {
             tracing::warn!(reason = "invalid_header", "publish refused");
             return Err(PublishFailure::Refused);
