@@ -18,6 +18,7 @@ use axum::{
 };
 use serde_json::json;
 use tokio::sync::Semaphore;
+use tracing::Instrument as _;
 
 use eddy_model::{
     event::{
@@ -128,7 +129,11 @@ fn route_label(path: Option<&MatchedPath>) -> &'static str {
 async fn track_latency(State(state): Shared, request: Request, next: Next) -> Response {
     let route = route_label(request.extensions().get::<MatchedPath>());
     let started = Instant::now();
-    let response = next.run(request).await;
+    // Lines logged while serving a request carry its route once, from this span.
+    let response = next
+        .run(request)
+        .instrument(tracing::info_span!("request", route))
+        .await;
     state
         .metrics
         .observe_request(route, started.elapsed().as_secs_f64());

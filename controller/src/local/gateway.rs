@@ -26,6 +26,7 @@ use eddy_platform::{
 };
 use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use tracing::Instrument as _;
 
 use super::pool::{INSTANCE_SECRET_HEADER, Lease, Pool};
 
@@ -136,11 +137,17 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         Ok(found) => found,
         Err(refused) => return refused.into_response(),
     };
-    let (parts, body) = match read_request(&gateway, request, call.platform_call).await {
-        Ok(read) => read,
-        Err(refused) => return refused.into_response(),
-    };
-    forward(&gateway, &pool, &call, &parts, body).await
+    // Every line logged while serving this call names the function once, here.
+    let span = tracing::info_span!("call", namespace = %call.namespace, function = %call.function);
+    async {
+        let (parts, body) = match read_request(&gateway, request, call.platform_call).await {
+            Ok(read) => read,
+            Err(refused) => return refused.into_response(),
+        };
+        forward(&gateway, &pool, &call, &parts, body).await
+    }
+    .instrument(span)
+    .await
 }
 
 /// Where a request goes, once routed and allowed.
@@ -302,8 +309,7 @@ async fn forward(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Ok(Err(problem)) => {
-                let (namespace, function) = (&call.namespace, &call.function);
-                tracing::warn!(function = %format!("{namespace}/{function}"), %problem, "instance failed");
+                tracing::warn!(%problem, "instance failed");
                 return error(
                     StatusCode::BAD_GATEWAY,
                     "the function instance failed to answer",
