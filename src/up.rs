@@ -22,6 +22,10 @@ pub struct Args {
     /// Directory for NATS data, builds and logs.
     #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
     pub data_dir: PathBuf,
+    /// Where the runtimes' own libraries are installed once and shared by every build
+    /// (default: `<data-dir>/runtimes`).
+    #[arg(long = "runtimes-dir", env = "EDDY_RUNTIMES_DIR")]
+    pub runtimes_dir: Option<PathBuf>,
     /// Use this NATS server instead of starting one.
     #[arg(long = "nats-url", env = "EDDY_NATS_URL")]
     pub nats_url: Option<String>,
@@ -309,6 +313,7 @@ impl Platform {
         let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
         controller_args.nats = self.nats_args(args, User::Controller);
         controller_args.local.data_dir = args.data_dir.clone();
+        controller_args.local.runtimes_dir = args.runtimes_dir.clone();
         controller_args.allowed_sinks = args.allowed_sinks.clone();
         controller_args.local.bus_url = self.bus_url.clone();
         controller_args.local.scale_to_zero_after = args.scale_to_zero_after;

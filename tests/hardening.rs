@@ -535,9 +535,10 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
         .unwrap()
         .path();
 
-    let env: Value =
-        serde_json::from_slice(&std::fs::read(build_dir.join("install-env.json")).unwrap())
-            .unwrap();
+    let env: Value = serde_json::from_slice(
+        &std::fs::read(build_dir.join("function/install-env.json")).unwrap(),
+    )
+    .unwrap();
     let leaked: Vec<&String> = env
         .as_object()
         .unwrap()
@@ -549,7 +550,7 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
         .collect();
     assert!(leaked.is_empty(), "the install saw {leaked:?}");
 
-    let leftover: i32 = std::fs::read_to_string(build_dir.join("leftover.pid"))
+    let leftover: i32 = std::fs::read_to_string(build_dir.join("function/leftover.pid"))
         .unwrap()
         .trim()
         .parse()
@@ -587,7 +588,7 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
     .await
     .unwrap();
     std::fs::write(
-        build_dir.join("handler.js"),
+        build_dir.join("function/handler.js"),
         r#"module.exports = { main: () => "tampered" };"#,
     )
     .unwrap();
@@ -744,7 +745,8 @@ async fn functions_publish_with_their_own_token_and_sinks_are_compared_as_urls()
 
     let emitter = r#"
 module.exports = { main: async (event) => {
-  const id = await event.emitCloudEvent("emitted.v1", "emitter", { ok: true });
+  const id = `emitted-${Date.now()}`;
+  await event.emitCloudEvent("emitted.v1", "emitter", { ok: true }, { id });
   return { id, sawToken: Object.keys(process.env).includes("EDDY_PUBLISHER_TOKEN") };
 } };
 "#;
@@ -761,6 +763,10 @@ module.exports = { main: async (event) => {
     assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
     let answer: Value = answer.json().await.unwrap();
     assert!(answer["id"].is_string(), "{answer}");
+    assert_eq!(
+        answer["sawToken"], false,
+        "the publish token stays in the runtime, out of the function's env"
+    );
 
     let base = format!(
         "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions",

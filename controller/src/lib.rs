@@ -201,10 +201,11 @@ pub struct LocalArgs {
     /// The dispatcher's admin API, for delivery counts on the dashboard.
     #[arg(long = "dispatcher-url", env = "EDDY_DISPATCHER_URL")]
     pub dispatcher_url: Option<String>,
-    /// Node.js, to run nodejs20 functions.
+    /// Node.js, to run the Node.js runtimes of its major version (others are found or installed
+    /// in the tools dir).
     #[arg(long = "node", env = "EDDY_NODE", default_value = "node")]
     pub node: PathBuf,
-    /// npm, to install nodejs20 dependencies.
+    /// npm, to install Node.js dependencies.
     #[arg(long = "npm", env = "EDDY_NPM", default_value = "npm")]
     pub npm: PathBuf,
     /// Python 3.11, to run python311 functions and install their dependencies.
@@ -242,6 +243,15 @@ pub struct LocalArgs {
     /// Directory for builds and logs.
     #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
     pub data_dir: PathBuf,
+    /// Where the runtimes' own libraries are installed once and shared by every build
+    /// (default: `<data-dir>/runtimes`).
+    #[arg(long = "runtimes-dir", env = "EDDY_RUNTIMES_DIR")]
+    pub runtimes_dir: Option<PathBuf>,
+    /// Where Node.js versions the host lacks are found and installed (default: the nearest
+    /// `.tools` above the working directory, where `scripts/setup` puts them, else
+    /// `<data-dir>/tools`).
+    #[arg(long = "tools-dir", env = "EDDY_TOOLS_DIR")]
+    pub tools_dir: Option<PathBuf>,
     /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
     /// sends it with deliveries (give both the same).
     #[arg(
@@ -288,6 +298,19 @@ pub struct Controller {
     shutdown: CancellationToken,
 }
 
+/// The nearest `.tools` above the working directory (a checkout's, filled by `scripts/setup`),
+/// else `<data_dir>/tools`.
+fn default_tools_dir(data_dir: &std::path::Path) -> PathBuf {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| {
+            cwd.ancestors()
+                .map(|dir| dir.join(".tools"))
+                .find(|tools| tools.is_dir())
+        })
+        .unwrap_or_else(|| data_dir.join("tools"))
+}
+
 impl Controller {
     /// Connects to NATS, opens the store and starts the reconcilers. `gateway_url` is where
     /// callers reach the gateway (it goes into Function status).
@@ -317,6 +340,8 @@ impl Controller {
                     startup_timeout,
                     max_request_size,
                     data_dir,
+                    runtimes_dir,
+                    tools_dir,
                     platform_token,
                     function_publisher_token,
                 },
@@ -346,8 +371,6 @@ impl Controller {
         let logs_dir = data_dir.join("logs").join("functions");
         let pools: local::gateway::Pools = Arc::default();
         let pool_config = local::pool::PoolConfig {
-            node: node.clone(),
-            python: python.clone(),
             logs_dir: logs_dir.clone(),
             publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
             publisher_token: function_publisher_token,
@@ -359,9 +382,15 @@ impl Controller {
         };
         let build_config = local::build::BuildConfig {
             builds_dir: data_dir.join("builds"),
-            node,
+            toolchain: local::toolchain::Toolchain::new(
+                node,
+                npm.clone(),
+                python,
+                tools_dir.unwrap_or_else(|| default_tools_dir(&data_dir)),
+                runtimes_dir.unwrap_or_else(|| data_dir.join("runtimes")),
+                build_timeout,
+            ),
             npm,
-            python,
             timeout: build_timeout,
         };
         let backend = Arc::new(local::LocalController::new(

@@ -4,13 +4,17 @@
 use eddy_model::resources::Runtime;
 use sha2::{Digest, Sha256};
 
-/// Node.js 20 server.
-pub const NODEJS20_SERVER: &str = include_str!("../runtimes/nodejs20/server.js");
+/// The Node.js runtimes' server (nodejs20, nodejs22 and nodejs24 share it).
+pub const NODEJS_SERVER: &str = include_str!("../runtimes/nodejs/server.mjs");
+/// The Node.js runtimes' own libraries, with their versions pinned by the lockfile below.
+pub const NODEJS_PACKAGE: &str = include_str!("../runtimes/nodejs/package.json");
+/// The lockfile of [`NODEJS_PACKAGE`].
+pub const NODEJS_PACKAGE_LOCK: &str = include_str!("../runtimes/nodejs/package-lock.json");
 /// Python 3.11 server.
 pub const PYTHON311_SERVER: &str = include_str!("../runtimes/python311/server.py");
 
-/// Node.js 20 image recipe.
-pub const NODEJS20_DOCKERFILE: &str = include_str!("../runtimes/nodejs20/Dockerfile");
+/// The Node.js image recipe (`NODE_MAJOR` picks the Node.js version).
+pub const NODEJS_DOCKERFILE: &str = include_str!("../runtimes/nodejs/Dockerfile");
 /// Python 3.11 image recipe.
 pub const PYTHON311_DOCKERFILE: &str = include_str!("../runtimes/python311/Dockerfile");
 
@@ -27,17 +31,25 @@ pub struct RuntimeFiles {
     pub dependencies_file: &'static str,
     /// The container image recipe.
     pub dockerfile: &'static str,
+    /// The files that pin the runtime's own libraries (name, contents): installed once per
+    /// runtime and shared by every function of it. In an image's build context each name gets
+    /// the prefix `runtime-`, so it cannot meet the function's own files.
+    pub libraries: &'static [(&'static str, &'static str)],
 }
 
 /// The files of `runtime`.
 pub fn files(runtime: Runtime) -> RuntimeFiles {
     match runtime {
-        Runtime::Nodejs20 => RuntimeFiles {
-            server_file: "server.js",
-            server: NODEJS20_SERVER,
+        Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 => RuntimeFiles {
+            server_file: "server.mjs",
+            server: NODEJS_SERVER,
             handler_file: "handler.js",
             dependencies_file: "package.json",
-            dockerfile: NODEJS20_DOCKERFILE,
+            dockerfile: NODEJS_DOCKERFILE,
+            libraries: &[
+                ("package.json", NODEJS_PACKAGE),
+                ("package-lock.json", NODEJS_PACKAGE_LOCK),
+            ],
         },
         Runtime::Python311 => RuntimeFiles {
             server_file: "server.py",
@@ -45,8 +57,29 @@ pub fn files(runtime: Runtime) -> RuntimeFiles {
             handler_file: "handler.py",
             dependencies_file: "requirements.txt",
             dockerfile: PYTHON311_DOCKERFILE,
+            libraries: &[],
         },
     }
+}
+
+/// A key for a runtime's libraries (16 hex digits): the same pinned files give the same key.
+pub fn libraries_key(files: &RuntimeFiles) -> String {
+    let mut hasher = Sha256::new();
+    for (name, contents) in files.libraries {
+        hash_part(&mut hasher, name);
+        hash_part(&mut hasher, contents);
+    }
+    hex(&hasher.finalize()[..8])
+}
+
+/// Length-prefixed, so moving bytes from one part to the next changes the hash.
+fn hash_part(hasher: &mut Sha256, part: &str) {
+    hasher.update((part.len() as u64).to_be_bytes());
+    hasher.update(part.as_bytes());
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// The build key of a function's code (20 hex digits): equal inputs give equal keys, so
@@ -60,14 +93,11 @@ pub fn build_hash(runtime: Runtime, source: &str, dependencies: &str) -> String 
         files.server,
         source,
         dependencies,
-    ] {
-        // Length-prefixed, so moving bytes from one part to the next changes the key.
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part.as_bytes());
+    ]
+    .into_iter()
+    .chain(files.libraries.iter().map(|(_, contents)| *contents))
+    {
+        hash_part(&mut hasher, part);
     }
-    let digest = hasher.finalize();
-    digest[..10]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    hex(&hasher.finalize()[..10])
 }

@@ -92,20 +92,46 @@ pub fn set_condition(conditions: &mut Vec<Condition>, mut condition: Condition) 
 /// Function runtimes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum Runtime {
-    /// Node.js 20, `handler.js` exporting `main(event, context)`.
+    /// Node.js 20, `handler.js` exporting `main(event, context, sendResponse)`.
     #[serde(rename = "nodejs20")]
     Nodejs20,
+    /// Node.js 22, the same contract as nodejs20.
+    #[serde(rename = "nodejs22")]
+    Nodejs22,
+    /// Node.js 24, the same contract as nodejs20.
+    #[serde(rename = "nodejs24")]
+    Nodejs24,
     /// Python 3.11, `handler.py` defining `main(event, context)`.
     #[serde(rename = "python311")]
     Python311,
 }
 
 impl Runtime {
+    /// Every runtime, in the order manifests and help texts list them.
+    pub const ALL: [Runtime; 4] = [
+        Self::Nodejs20,
+        Self::Nodejs22,
+        Self::Nodejs24,
+        Self::Python311,
+    ];
+
     /// The name used in manifests and paths.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Nodejs20 => "nodejs20",
+            Self::Nodejs22 => "nodejs22",
+            Self::Nodejs24 => "nodejs24",
             Self::Python311 => "python311",
+        }
+    }
+
+    /// The Node.js major version a Node.js runtime runs on (`None` for Python).
+    pub fn node_major(self) -> Option<u32> {
+        match self {
+            Self::Nodejs20 => Some(20),
+            Self::Nodejs22 => Some(22),
+            Self::Nodejs24 => Some(24),
+            Self::Python311 => None,
         }
     }
 }
@@ -128,7 +154,7 @@ impl Runtime {
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FunctionSpec {
-    /// `nodejs20` or `python311`.
+    /// `nodejs20`, `nodejs22`, `nodejs24` or `python311`.
     pub runtime: Runtime,
     /// Where the code comes from (exactly one kind).
     #[x_kube(validation = Rule::new("has(self.inline)").message("exactly one source kind is required: inline"))]

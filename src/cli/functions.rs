@@ -142,9 +142,9 @@ def main(event, context):
 /// The manifest `eddy init` writes. Pure.
 pub fn init_manifest(name: &str, runtime: &str, namespace: &str) -> anyhow::Result<String> {
     let source = match runtime {
-        "nodejs20" => NODE_TEMPLATE,
+        "nodejs20" | "nodejs22" | "nodejs24" => NODE_TEMPLATE,
         "python311" => PYTHON_TEMPLATE,
-        other => bail!("unknown runtime {other:?}: use nodejs20 or python311"),
+        other => bail!("unknown runtime {other:?}: use nodejs20, nodejs22, nodejs24 or python311"),
     };
     if !eddy_model::resources::is_dns1035_label(name) {
         bail!(

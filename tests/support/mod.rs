@@ -85,6 +85,10 @@ impl Platform {
         let local = SocketAddr::from(([127, 0, 0, 1], 0));
         let args = eddy::up::Args {
             data_dir: data_dir.path().to_path_buf(),
+            // Installed once for the whole suite, as a user's data dir keeps them.
+            runtimes_dir: Some(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/eddy-runtimes"),
+            ),
             nats_url: Some(nats.url()),
             bus_addr: local,
             gateway_addr: local,

@@ -43,6 +43,8 @@ impl Up {
             ])
             .args(extra)
             .env("EDDY_LOG", "warn")
+            // The runtimes' libraries are installed once for the whole suite.
+            .env("EDDY_RUNTIMES_DIR", repo().join("target/eddy-runtimes"))
             .current_dir(repo())
             .stdout(Stdio::piped())
             .kill_on_drop(true);

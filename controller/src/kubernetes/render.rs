@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use eddy_model::resources::{DEFAULT_TIMEOUT_SECONDS, Function, InlineSource, PROFILES, Resources};
+use eddy_model::resources::{
+    DEFAULT_TIMEOUT_SECONDS, Function, InlineSource, PROFILES, Resources, Runtime,
+};
 use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment},
@@ -250,7 +252,7 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
     let scaling = scaling(function);
     Ok(Rendered {
         config_map: build_context(&owned, function, inline),
-        job: build_job(&owned, config, &image),
+        job: build_job(&owned, config, &image, runtime),
         deployment: deployment(&owned, function, config, &image, scaling),
         service: service(&owned),
         autoscaler: autoscaler(&owned, scaling),
@@ -267,6 +269,9 @@ fn build_context(owned: &Owned<'_>, function: &Function, inline: &InlineSource) 
         (files.server_file.to_owned(), files.server.to_owned()),
         (files.handler_file.to_owned(), inline.source.clone()),
     ]);
+    for (name, contents) in files.libraries {
+        data.insert(format!("runtime-{name}"), (*contents).to_owned());
+    }
     if !inline.dependencies.trim().is_empty() {
         data.insert(
             files.dependencies_file.to_owned(),
@@ -284,7 +289,7 @@ fn build_context(owned: &Owned<'_>, function: &Function, inline: &InlineSource) 
 }
 
 /// The build Job: Kaniko turns the build context into the function's image.
-fn build_job(owned: &Owned<'_>, config: &RenderConfig, image: &str) -> Job {
+fn build_job(owned: &Owned<'_>, config: &RenderConfig, image: &str, runtime: Runtime) -> Job {
     let mut args = vec![
         "--context=dir:///workspace".to_owned(),
         "--dockerfile=/workspace/Dockerfile".to_owned(),
@@ -292,6 +297,9 @@ fn build_job(owned: &Owned<'_>, config: &RenderConfig, image: &str) -> Job {
         "--snapshot-mode=redo".to_owned(),
         "--use-new-run".to_owned(),
     ];
+    if let Some(major) = runtime.node_major() {
+        args.push(format!("--build-arg=NODE_MAJOR={major}"));
+    }
     if config.insecure_registry {
         args.push("--insecure".to_owned());
         args.push("--skip-tls-verify".to_owned());

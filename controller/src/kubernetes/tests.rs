@@ -316,9 +316,18 @@ async fn first_reconcile_creates_the_config_map_and_the_build_job() {
     assert!(
         data["Dockerfile"]
             .as_str()
-            .is_some_and(|d| d.contains("FROM node:20"))
+            .is_some_and(|d| d.contains("FROM node:${NODE_MAJOR}-alpine"))
     );
-    assert!(data["server.js"].is_string());
+    assert!(data["server.mjs"].is_string());
+    assert!(data["runtime-package.json"].is_string());
+    assert!(data["runtime-package-lock.json"].is_string());
+    let job_args = &bodies[2]["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        job_args
+            .as_array()
+            .is_some_and(|args| args.contains(&json!("--build-arg=NODE_MAJOR=20"))),
+        "{job_args}"
+    );
     assert_eq!(data["handler.js"], "module.exports = { main: () => 'ok' }");
     assert!(
         data.get("package.json").is_none(),

@@ -1,6 +1,12 @@
 //! Local builds: a Function's source and dependencies in a directory keyed by a hash of
-//! (runtime, runtime server, source, dependencies), with the dependencies installed. A directory
-//! that finished building is never built again, so an unchanged function is never rebuilt.
+//! (runtime, runtime server, runtime libraries, source, dependencies), with the dependencies
+//! installed. A directory that finished building is never built again, so an unchanged function
+//! is never rebuilt.
+//!
+//! A Node.js build is laid out as the runtime image is: `server.mjs` and a link to the
+//! runtime's shared libraries (`node_modules`) at the top, the function in `function/` with its
+//! own `node_modules`. Node.js resolves a handler's imports from `function/node_modules`, then
+//! from the runtime's libraries, and nowhere else that eddy puts there.
 
 use std::{
     path::{Path, PathBuf},
@@ -12,22 +18,21 @@ pub use crate::runtimes::build_hash;
 use eddy_model::{conditions::Reason, resources::Runtime};
 use eddy_platform::process;
 
+use super::toolchain::Toolchain;
 use crate::runtimes;
 
 /// Marks a finished build.
 const DONE_MARKER: &str = ".eddy-built";
 
 /// Tools and limits of local builds.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct BuildConfig {
     /// Root of all builds.
     pub builds_dir: PathBuf,
-    /// `node` (also runs the instances).
-    pub node: PathBuf,
-    /// `npm`.
+    /// The interpreters and the runtimes' shared libraries.
+    pub toolchain: Toolchain,
+    /// `npm`, to install a Node.js function's dependencies.
     pub npm: PathBuf,
-    /// `python3` (also runs the instances).
-    pub python: PathBuf,
     /// Longest a dependency install may take.
     pub timeout: Duration,
 }
@@ -35,8 +40,12 @@ pub struct BuildConfig {
 /// A finished build.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Build {
-    /// The directory to run instances in.
+    /// The directory to run instances in (it holds the runtime's server).
     pub dir: PathBuf,
+    /// Where the function's own files are (`FUNC_DIR`).
+    pub function_dir: PathBuf,
+    /// The interpreter that runs the server: `node` of the runtime's major version, `python3`.
+    pub program: PathBuf,
     /// The build key.
     pub hash: String,
     /// Whether this call built it (false: it was already there).
@@ -53,6 +62,16 @@ pub struct BuildFailure {
     pub message: String,
 }
 
+impl BuildFailure {
+    /// A failure to read or write a build's files.
+    pub fn io(what: &str, path: &Path, error: &std::io::Error) -> Self {
+        Self {
+            reason: Reason::BuildFailed,
+            message: format!("cannot {what} {}: {error}", path.display()),
+        }
+    }
+}
+
 /// The last `lines` lines of `text`.
 pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
@@ -66,64 +85,80 @@ pub async fn build(
     source: &str,
     dependencies: &str,
 ) -> Result<Build, BuildFailure> {
+    let program = config.toolchain.interpreter(runtime).await?;
+    let libraries = config.toolchain.libraries(runtime).await?;
     let hash = build_hash(runtime, source, dependencies);
     let dir = config
         .builds_dir
         .join(format!("{}-{hash}", runtime.as_str()));
+    let function_dir = match libraries {
+        Some(_) => dir.join("function"),
+        None => dir.clone(),
+    };
+    let built = |fresh| Build {
+        dir: dir.clone(),
+        function_dir: function_dir.clone(),
+        program: program.clone(),
+        hash: hash.clone(),
+        fresh,
+    };
     if let Ok(marker) = tokio::fs::read_to_string(dir.join(DONE_MARKER)).await {
         // Reused only when its files are still the ones built: a build directory changed on
         // disk (by a function, or anyone with access to the data dir) is built again.
         let (built_hash, built_tree) = marker.split_once(' ').unwrap_or((marker.as_str(), ""));
         let tree = tree_digest_of(&dir).await;
         if built_hash == hash && tree.as_deref() == Some(built_tree) {
-            return Ok(Build {
-                dir,
-                hash,
-                fresh: false,
-            });
+            return Ok(built(false));
         }
         tracing::warn!(dir = %dir.display(), "build directory changed since it was built; building it again");
     }
-    let io_failure = |error: std::io::Error| BuildFailure {
-        reason: Reason::BuildFailed,
-        message: format!(
-            "cannot write the build directory {}: {error}",
-            dir.display()
-        ),
+    let write = |path: PathBuf, contents: String| async move {
+        tokio::fs::write(&path, contents)
+            .await
+            .map_err(|error| BuildFailure::io("write", &path, &error))
     };
     // A half-finished earlier attempt is started over.
     let _ = tokio::fs::remove_dir_all(&dir).await;
-    tokio::fs::create_dir_all(&dir).await.map_err(io_failure)?;
+    tokio::fs::create_dir_all(&function_dir)
+        .await
+        .map_err(|error| BuildFailure::io("create", &function_dir, &error))?;
     let files = runtimes::files(runtime);
-    tokio::fs::write(dir.join(files.server_file), files.server)
-        .await
-        .map_err(io_failure)?;
-    tokio::fs::write(dir.join(files.handler_file), source)
-        .await
-        .map_err(io_failure)?;
-    if !dependencies.trim().is_empty() {
-        tokio::fs::write(dir.join(files.dependencies_file), dependencies)
+    write(dir.join(files.server_file), files.server.to_owned()).await?;
+    if let Some(libraries) = &libraries {
+        // Ends Node.js's search for the nearest package.json here, so nothing above the build
+        // decides whether handler.js is CommonJS or an ES module.
+        write(dir.join("package.json"), "{\"private\": true}\n".to_owned()).await?;
+        let link = dir.join("node_modules");
+        tokio::fs::symlink(libraries.join("node_modules"), &link)
             .await
-            .map_err(io_failure)?;
-        install(config, runtime, &dir).await?;
+            .map_err(|error| BuildFailure::io("link", &link, &error))?;
+    }
+    write(function_dir.join(files.handler_file), source.to_owned()).await?;
+    if !dependencies.trim().is_empty() {
+        write(
+            function_dir.join(files.dependencies_file),
+            dependencies.to_owned(),
+        )
+        .await?;
+        install(config, runtime, &program, &function_dir).await?;
     }
     let tree = tree_digest_of(&dir).await.ok_or_else(|| BuildFailure {
         reason: Reason::BuildFailed,
         message: format!("cannot read back the build directory {}", dir.display()),
     })?;
-    tokio::fs::write(dir.join(DONE_MARKER), format!("{hash} {tree}"))
-        .await
-        .map_err(io_failure)?;
-    Ok(Build {
-        dir,
-        hash,
-        fresh: true,
-    })
+    write(dir.join(DONE_MARKER), format!("{hash} {tree}")).await?;
+    Ok(built(true))
 }
 
-async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(), BuildFailure> {
-    let mut command = match runtime {
-        Runtime::Nodejs20 => {
+/// Installs a function's own dependencies into its directory.
+async fn install(
+    config: &BuildConfig,
+    runtime: Runtime,
+    python: &Path,
+    dir: &Path,
+) -> Result<(), BuildFailure> {
+    let command = match runtime {
+        Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 => {
             let mut command = tokio::process::Command::new(&config.npm);
             command.args([
                 "install",
@@ -136,7 +171,7 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
             command
         }
         Runtime::Python311 => {
-            let mut command = tokio::process::Command::new(&config.python);
+            let mut command = tokio::process::Command::new(python);
             command.args([
                 "-m",
                 "pip",
@@ -151,15 +186,23 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
             command
         }
     };
+    run_installer(command, dir, config.timeout, "installing dependencies").await
+}
+
+/// Runs an installer in `dir` with a filtered environment, its output in `dir/build.log`, within
+/// `timeout`; a failure says `what` failed, with the end of the log.
+pub async fn run_installer(
+    mut command: tokio::process::Command,
+    dir: &Path,
+    timeout: Duration,
+    what: &str,
+) -> Result<(), BuildFailure> {
     let log_path = dir.join("build.log");
-    let log = std::fs::File::create(&log_path).map_err(|error| BuildFailure {
-        reason: Reason::BuildFailed,
-        message: format!("cannot create {}: {error}", log_path.display()),
-    })?;
-    let log_err = log.try_clone().map_err(|error| BuildFailure {
-        reason: Reason::BuildFailed,
-        message: format!("cannot open {}: {error}", log_path.display()),
-    })?;
+    let log = std::fs::File::create(&log_path)
+        .map_err(|error| BuildFailure::io("create", &log_path, &error))?;
+    let log_err = log
+        .try_clone()
+        .map_err(|error| BuildFailure::io("open", &log_path, &error))?;
     command
         .current_dir(dir)
         .env_clear()
@@ -174,15 +217,17 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
         }
     }
     process::supervise(&mut command);
+    let program = command
+        .as_std()
+        .get_program()
+        .to_string_lossy()
+        .into_owned();
     let mut child = command.spawn().map_err(|error| BuildFailure {
         reason: Reason::BuildToolMissing,
-        message: format!(
-            "cannot run the dependency installer for {}: {error}",
-            runtime.as_str()
-        ),
+        message: format!("{what}: cannot run {program}: {error}"),
     })?;
     let group = process::group_of(&child);
-    let outcome = tokio::time::timeout(config.timeout, child.wait()).await;
+    let outcome = tokio::time::timeout(timeout, child.wait()).await;
     // Whatever the installer started and left running goes with it.
     if let Some(group) = group {
         process::kill_group(group);
@@ -192,21 +237,17 @@ async fn install(config: &BuildConfig, runtime: Runtime, dir: &Path) -> Result<(
         Ok(Ok(status)) if status.success() => Ok(()),
         Ok(Ok(status)) => Err(BuildFailure {
             reason: Reason::DependencyInstallFailed,
-            message: format!("installing dependencies failed ({status}):\n{}", read_log()),
+            message: format!("{what} failed ({status}):\n{}", read_log()),
         }),
         Ok(Err(error)) => Err(BuildFailure {
             reason: Reason::BuildFailed,
-            message: format!("the installer failed: {error}"),
+            message: format!("{what}: the installer failed: {error}"),
         }),
         Err(_) => {
             process::kill(&mut child).await;
             Err(BuildFailure {
                 reason: Reason::BuildTimeout,
-                message: format!(
-                    "installing dependencies took longer than {:?}:\n{}",
-                    config.timeout,
-                    read_log()
-                ),
+                message: format!("{what} took longer than {timeout:?}:\n{}", read_log()),
             })
         }
     }
@@ -355,11 +396,18 @@ mod tests {
     #[tokio::test]
     async fn builds_are_reused_and_failures_explained() {
         let dir = tempfile::tempdir().unwrap();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let config = BuildConfig {
             builds_dir: dir.path().to_path_buf(),
-            node: "node".into(),
+            toolchain: Toolchain::new(
+                "node".into(),
+                "npm".into(),
+                "python3".into(),
+                workspace.join(".tools"),
+                workspace.join("target/eddy-runtimes"),
+                Duration::from_secs(300),
+            ),
             npm: "npm".into(),
-            python: "python3".into(),
             timeout: Duration::from_secs(60),
         };
         let first = build(
@@ -371,7 +419,16 @@ mod tests {
         .await
         .unwrap();
         assert!(first.fresh);
-        assert!(first.dir.join("handler.js").is_file() && first.dir.join("server.js").is_file());
+        assert!(first.dir.join("server.mjs").is_file());
+        assert_eq!(first.function_dir, first.dir.join("function"));
+        assert!(first.function_dir.join("handler.js").is_file());
+        assert!(
+            first
+                .dir
+                .join("node_modules/express/package.json")
+                .is_file(),
+            "the runtime's libraries are linked beside the server"
+        );
         let again = build(
             &config,
             Runtime::Nodejs20,

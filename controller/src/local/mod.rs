@@ -8,6 +8,7 @@
 pub mod build;
 pub mod gateway;
 pub mod pool;
+pub mod toolchain;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -347,6 +348,8 @@ impl LocalController {
                 generation,
                 runtime: function.spec.runtime,
                 dir: build.dir,
+                function_dir: build.function_dir,
+                program: build.program,
                 env: function
                     .spec
                     .env

@@ -23,10 +23,6 @@ use tokio::sync::{Notify, watch};
 /// Settings shared by every pool.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
-    /// `node`.
-    pub node: PathBuf,
-    /// `python3`.
-    pub python: PathBuf,
     /// Where instance logs go (`<dir>/<namespace>/<name>.log`).
     pub logs_dir: PathBuf,
     /// `…/publish` of the event-bus, given to functions as `PUBLISHER_PROXY_ADDRESS`.
@@ -54,6 +50,10 @@ pub struct Revision {
     pub runtime: Runtime,
     /// The build directory.
     pub dir: PathBuf,
+    /// The function's own files (`FUNC_DIR`).
+    pub function_dir: PathBuf,
+    /// The interpreter that runs the runtime's server.
+    pub program: PathBuf,
     /// The user's env.
     pub env: Vec<(String, String)>,
     /// Handler timeout, seconds.
@@ -65,6 +65,7 @@ impl Revision {
     pub fn runs_like(&self, other: &Self) -> bool {
         self.runtime == other.runtime
             && self.dir == other.dir
+            && self.program == other.program
             && self.env == other.env
             && self.timeout_seconds == other.timeout_seconds
     }
@@ -683,10 +684,8 @@ impl Pool {
         instance: &Instance,
         revision: &Revision,
     ) -> Result<tokio::process::Child, String> {
-        let (program, server) = match revision.runtime {
-            Runtime::Nodejs20 => (&self.config.node, "server.js"),
-            Runtime::Python311 => (&self.config.python, "server.py"),
-        };
+        let program = &revision.program;
+        let server = crate::runtimes::files(revision.runtime).server_file;
         let log_dir = self.config.logs_dir.join(&self.namespace);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
@@ -717,10 +716,14 @@ impl Pool {
             .env("HOME", &revision.dir)
             .env("FUNC_NAME", &self.name)
             .env("FUNC_NAMESPACE", &self.namespace)
+            .env("SERVICE_NAMESPACE", &self.namespace)
             .env("FUNC_RUNTIME", revision.runtime.as_str())
+            .env("FUNC_HANDLER", "main")
+            .env("MOD_NAME", "handler")
             .env("FUNC_PORT", instance.port.to_string())
             .env("FUNC_TIMEOUT", revision.timeout_seconds.to_string())
-            .env("FUNC_DIR", &revision.dir)
+            .env("FUNC_DIR", &revision.function_dir)
+            .env("NODE_ENV", "production")
             .env("EDDY_INSTANCE_SECRET", &instance.secret)
             .env("PUBLISHER_PROXY_ADDRESS", &self.config.publisher_url)
             .env("PYTHONUNBUFFERED", "1")

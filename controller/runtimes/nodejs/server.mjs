@@ -1,0 +1,318 @@
+// eddy's Node.js runtime (nodejs20, nodejs22, nodejs24): serves a function's handler.js over
+// HTTP with Kyma Serverless's contract (docs/functions.md). Express 5 and body-parser parse the
+// request, the CloudEvents SDK reads events, prom-client counts calls, and OpenTelemetry traces
+// them; the tracing SDK and its exporter load only when TRACE_COLLECTOR_ENDPOINT is set.
+//
+// An .mjs file, so a function's own `"type": "module"` cannot change how this server loads.
+import crypto from "node:crypto";
+import path from "node:path";
+import process from "node:process";
+import { pathToFileURL } from "node:url";
+
+import { context as otelContext, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
+import bodyParser from "body-parser";
+import { CloudEvent, HTTP } from "cloudevents";
+import express from "express";
+import promClient from "prom-client";
+
+// An error thrown later in a function's async callback must not take the instance down.
+process.on("uncaughtException", (error) => console.error("uncaught exception:", error));
+process.on("unhandledRejection", (reason) => console.error("unhandled rejection:", reason));
+
+const env = process.env;
+const functionName = env.FUNC_NAME || "";
+const namespace = env.SERVICE_NAMESPACE || env.FUNC_NAMESPACE || "";
+const runtime = env.FUNC_RUNTIME || "";
+const port = Number(env.FUNC_PORT || 8080);
+const host = env.FUNC_HOST || "127.0.0.1";
+const timeoutSeconds = positiveNumber(env.FUNC_TIMEOUT, 180);
+const bodyLimitMb = positiveNumber(env.REQ_MB_LIMIT, 1);
+const functionDir = env.FUNC_DIR || path.join(path.dirname(new URL(import.meta.url).pathname), "function");
+const handlerModule = (env.MOD_NAME || "handler") + ".js";
+const handlerName = env.FUNC_HANDLER || "main";
+const publisherAddress = env.PUBLISHER_PROXY_ADDRESS || "";
+
+// Locally the gateway sends this secret with every request, so an instance's loopback port cannot
+// be called around the gateway's access checks. Kept out of the function's sight.
+const instanceSecret = Buffer.from(env.EDDY_INSTANCE_SECRET || "");
+delete env.EDDY_INSTANCE_SECRET;
+const secretHeader = "x-eddy-instance-secret";
+// A publish-only token for emitCloudEvent when the event-bus requires one; also kept hidden.
+const publisherToken = env.EDDY_PUBLISHER_TOKEN || "";
+delete env.EDDY_PUBLISHER_TOKEN;
+
+function positiveNumber(text, fallback) {
+  const value = Number(text);
+  return Number.isFinite(value) && value > 0 ? value : fallback;
+}
+
+// ---- tracing -------------------------------------------------------------------------------
+
+const tracingProvider = env.TRACE_COLLECTOR_ENDPOINT ? await startTracing(env.TRACE_COLLECTOR_ENDPOINT) : null;
+const tracer = trace.getTracer(functionName || "function");
+
+async function startTracing(endpoint) {
+  const [{ NodeTracerProvider, BatchSpanProcessor }, { OTLPTraceExporter }, { B3Propagator, B3InjectEncoding }, core, { resourceFromAttributes }] =
+    await Promise.all([
+      import("@opentelemetry/sdk-trace-node"),
+      import("@opentelemetry/exporter-trace-otlp-http"),
+      import("@opentelemetry/propagator-b3"),
+      import("@opentelemetry/core"),
+      import("@opentelemetry/resources"),
+    ]);
+  const provider = new NodeTracerProvider({
+    resource: resourceFromAttributes({ "service.name": `${functionName}.${namespace}` }),
+    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter({ url: endpoint }))],
+  });
+  provider.register({
+    propagator: new core.CompositePropagator({
+      propagators: [new core.W3CTraceContextPropagator(), new B3Propagator({ injectEncoding: B3InjectEncoding.MULTI_HEADER })],
+    }),
+  });
+  return provider;
+}
+
+// ---- metrics -------------------------------------------------------------------------------
+
+const metrics = new promClient.Registry();
+const callsTotal = new promClient.Counter({ name: "function_calls_total", help: "Calls of the function.", registers: [metrics] });
+const failuresTotal = new promClient.Counter({ name: "function_failures_total", help: "Calls that failed.", registers: [metrics] });
+// Kyma's spelling of the name, so existing dashboards keep working.
+const durationMs = new promClient.Histogram({
+  name: "function_duration_miliseconds",
+  help: "Time from request to answer, in milliseconds.",
+  buckets: [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000],
+  registers: [metrics],
+});
+
+// ---- the function --------------------------------------------------------------------------
+
+let userFunction;
+try {
+  const loaded = await import(pathToFileURL(path.join(functionDir, handlerModule)).href);
+  // ES modules export `main`; CommonJS exports arrive as `default` (and usually as `main` too).
+  const candidate = loaded[handlerName] ?? loaded.default?.[handlerName];
+  if (typeof candidate === "function") userFunction = candidate;
+  else console.error(`${handlerModule} does not export a function \`${handlerName}\``);
+} catch (error) {
+  console.error(`cannot load ${handlerModule}:`, error);
+}
+
+const functionContext = Object.freeze({
+  "function-name": functionName,
+  namespace,
+  runtime,
+  timeout: timeoutSeconds,
+  "body-size-limit": bodyLimitMb,
+});
+
+const ceAttributes = ["type", "source", "id", "time", "specversion", "eventtypeversion", "datacontenttype"];
+
+/** Percent-decodes a binary-mode attribute (the HTTP binding encodes them). */
+function decodeAttribute(value) {
+  if (typeof value !== "string" || !value.includes("%")) return value;
+  try {
+    return decodeURIComponent(value);
+  } catch {
+    return value;
+  }
+}
+
+function isCloudEvent(req) {
+  return req.is("application/cloudevents+json") || (req.headers["ce-type"] !== undefined && req.headers["ce-source"] !== undefined);
+}
+
+/** The `event` a function receives. Throws when the request claims to be an invalid CloudEvent. */
+function buildEvent(req, res) {
+  const event = {
+    extensions: { request: req, response: res },
+    setResponseHeader: (name, value) => res.set(name, value),
+    setResponseContentType: (type) => res.type(type),
+    setResponseStatus: (status) => res.status(status),
+    emitCloudEvent,
+    publishCloudEvent,
+    buildResponseCloudEvent,
+    tracer,
+  };
+  if (req.is("multipart/*")) return event;
+  if (!isCloudEvent(req)) {
+    event.data = req.body;
+    return event;
+  }
+  const body = Buffer.isBuffer(req.body) ? req.body : req.body === undefined ? "" : req.body;
+  const cloudEvent = HTTP.toEvent({ headers: req.headers, body });
+  for (const [name, value] of Object.entries(cloudEvent)) {
+    if (name !== "data" && name !== "data_base64") event[`ce-${name}`] = decodeAttribute(value);
+  }
+  for (const name of ceAttributes) {
+    if (cloudEvent[name] !== undefined) event[`ce-${name}`] = decodeAttribute(cloudEvent[name]);
+  }
+  event.data = cloudEvent.data;
+  return event;
+}
+
+/** Posts a structured CloudEvent to the event publisher; resolves to axios's response. */
+async function postCloudEvent(cloudEvent) {
+  if (!publisherAddress) throw new Error("PUBLISHER_PROXY_ADDRESS is not set");
+  const message = HTTP.structured(cloudEvent);
+  const headers = { ...message.headers };
+  if (publisherToken) headers.authorization = `Bearer ${publisherToken}`;
+  propagation.inject(otelContext.active(), headers);
+  // axios loads on first use: most functions never emit events.
+  const { default: axios } = await import("axios");
+  return axios.post(publisherAddress, message.body, { headers });
+}
+
+async function emitCloudEvent(type, source, data, optionalAttributes) {
+  const attributes = { ...(optionalAttributes || {}) };
+  if (attributes.datacontenttype === undefined && data !== undefined && data !== null) {
+    attributes.datacontenttype = typeof data === "string" ? "text/plain" : "application/json";
+  }
+  return postCloudEvent(new CloudEvent({ ...attributes, type, source, data, id: attributes.id || crypto.randomUUID() }));
+}
+
+/** Deprecated in Kyma, kept for functions that still call it. */
+function publishCloudEvent(cloudEvent) {
+  return postCloudEvent(cloudEvent instanceof CloudEvent ? cloudEvent : new CloudEvent(cloudEvent));
+}
+
+/** Deprecated in Kyma, kept for functions that still call it. */
+function buildResponseCloudEvent(id, type, data) {
+  return new CloudEvent({ id, type, source: functionName, data });
+}
+
+/** Kyma's answer rules: objects as JSON, strings and bytes as they are, nothing as an empty 200. */
+function makeSendResponse(res) {
+  return (body, status, headers) => {
+    if (res.headersSent) return;
+    for (const [name, value] of Object.entries(headers || {})) res.set(name, value);
+    if (status) res.status(status);
+    if (body === undefined || body === null || body === "" || body === false) {
+      if (status) res.sendStatus(status);
+      else res.end();
+    } else if (Buffer.isBuffer(body)) {
+      if (!res.get("content-type")) res.type("application/octet-stream");
+      res.end(body);
+    } else if (typeof body === "object") {
+      res.json(body);
+    } else {
+      if (!res.get("content-type")) res.type("text/plain; charset=utf-8");
+      res.end(String(body));
+    }
+  };
+}
+
+/** A thrown or rejected string is the answer's body; anything else stays in the log. */
+function answerError(error, span, sendResponse) {
+  const message = typeof error === "string" ? error : "Internal server error";
+  console.error("function failed:", error);
+  span.setStatus({ code: SpanStatusCode.ERROR, message: typeof error === "string" ? error : String(error?.message ?? error) });
+  sendResponse(message, 500);
+}
+
+async function callFunction(req, res) {
+  callsTotal.inc();
+  const started = performance.now();
+  res.once("finish", () => durationMs.observe(performance.now() - started));
+  if (!userFunction) {
+    failuresTotal.inc();
+    res.status(500).type("text/plain").send("User function not loaded");
+    return;
+  }
+  const parent = propagation.extract(ROOT_CONTEXT, req.headers);
+  const span = tracer.startSpan(`${req.method} ${req.path}`, { kind: SpanKind.SERVER }, parent);
+  const sendResponse = makeSendResponse(res);
+  const timer = setTimeout(() => {
+    if (res.headersSent) return;
+    console.error(`function did not answer within ${timeoutSeconds}s`);
+    failuresTotal.inc();
+    span.setStatus({ code: SpanStatusCode.ERROR, message: "timeout" });
+    res.sendStatus(408);
+  }, timeoutSeconds * 1000);
+  try {
+    await otelContext.with(trace.setSpan(parent, span), async () => {
+      let event;
+      try {
+        event = buildEvent(req, res);
+      } catch (error) {
+        res.status(400).type("text/plain").send(`invalid CloudEvent: ${error?.message ?? error}`);
+        return;
+      }
+      try {
+        sendResponse(await userFunction(event, functionContext, sendResponse));
+      } catch (error) {
+        failuresTotal.inc();
+        answerError(error, span, sendResponse);
+      }
+    });
+  } finally {
+    clearTimeout(timer);
+    span.setAttribute("http.response.status_code", res.statusCode);
+    span.end();
+  }
+}
+
+// ---- the server ----------------------------------------------------------------------------
+
+const app = express();
+app.disable("x-powered-by");
+app.set("etag", false);
+
+app.use((req, res, next) => {
+  if (instanceSecret.length > 0) {
+    const given = Buffer.from(String(req.headers[secretHeader] || ""));
+    delete req.headers[secretHeader];
+    if (given.length !== instanceSecret.length || !crypto.timingSafeEqual(given, instanceSecret)) {
+      res.status(403).json({ error: "call this function through the eddy gateway" });
+      return;
+    }
+  }
+  next();
+});
+
+const limit = `${bodyLimitMb}mb`;
+app.use(bodyParser.json({ type: ["application/json", "application/cloudevents+json"], limit, strict: false }));
+app.use(bodyParser.text({ type: "text/*", limit }));
+app.use(bodyParser.urlencoded({ limit, extended: true }));
+// Everything else arrives as a Buffer, except multipart, which the function reads itself.
+app.use(bodyParser.raw({ limit, type: (req) => !String(req.headers["content-type"] || "").startsWith("multipart/") }));
+
+app.get("/healthz", (req, res) => res.status(200).type("text/plain").send("OK"));
+app.get("/metrics", async (req, res) => res.type(metrics.contentType).send(await metrics.metrics()));
+app.get("/favicon.ico", (req, res) => res.status(204).end());
+
+app.all("*path", (req, res) => {
+  res.set("Access-Control-Allow-Origin", "*");
+  if (req.method === "OPTIONS") {
+    // A CORS preflight: allow what was asked for, without calling the function.
+    const method = req.headers["access-control-request-method"];
+    const headers = req.headers["access-control-request-headers"];
+    if (method) res.set("Access-Control-Allow-Methods", method);
+    if (headers) res.set("Access-Control-Allow-Headers", headers);
+    res.status(204).end();
+    return;
+  }
+  return callFunction(req, res);
+});
+
+// A body past REQ_MB_LIMIT, malformed JSON: said in plain words with their status.
+app.use((error, req, res, next) => {
+  if (res.headersSent) return next(error);
+  const status = Number(error?.status || error?.statusCode || 500);
+  res.set("Access-Control-Allow-Origin", "*");
+  res.status(status).type("text/plain").send(status < 500 ? String(error.message) : "Internal server error");
+});
+
+const server = app.listen(port, host, () => console.log(`eddy: ${functionName} listening on ${port}`));
+server.keepAliveTimeout = 65000;
+
+function shutdown() {
+  server.close(() => {
+    Promise.resolve(tracingProvider?.shutdown()).finally(() => process.exit(0));
+  });
+  // Idle keep-alive connections would hold close() open.
+  server.closeIdleConnections();
+  setTimeout(() => process.exit(0), 10000).unref();
+}
+process.on("SIGTERM", shutdown);
+process.on("SIGINT", shutdown);
