@@ -556,6 +556,21 @@ impl Platform {
         }
     }
 
+    /// What a function's instances wrote to their log so far.
+    pub async fn function_log(&self, name: &str) -> String {
+        self.http
+            .get(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}/log",
+                self.api
+            ))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Invokes a function through the gateway.
     pub fn invoke(&self, name: &str, path: &str) -> reqwest::RequestBuilder {
         self.http

@@ -5,9 +5,11 @@
 //
 // An .mjs file, so a function's own `"type": "module"` cannot change how this server loads.
 import crypto from "node:crypto";
+import fs from "node:fs";
+import Module, { register } from "node:module";
 import path from "node:path";
 import process from "node:process";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 import { context as otelContext, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
 import bodyParser from "body-parser";
@@ -84,6 +86,34 @@ const durationMs = new promClient.Histogram({
   buckets: [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000],
   registers: [metrics],
 });
+
+// ---- isolation -----------------------------------------------------------------------------
+
+// A function sees its own node_modules and the runtime's libraries, never packages that happen
+// to sit in a directory above it (a project's node_modules, a global install).
+const runtimeDir = path.dirname(fileURLToPath(import.meta.url));
+const allowedRoots = [runtimeDir, path.dirname(fs.realpathSync(path.join(runtimeDir, "node_modules")))].map(
+  (root) => root + path.sep,
+);
+const nodeModulePaths = Module._nodeModulePaths;
+Module._nodeModulePaths = (from) => nodeModulePaths(from).filter((dir) => allowedRoots.some((root) => dir.startsWith(root)));
+Module.globalPaths.length = 0;
+register(
+  "data:text/javascript," +
+    encodeURIComponent(`
+      import { fileURLToPath } from "node:url";
+      let roots = [];
+      export function initialize(data) { roots = data.roots; }
+      export async function resolve(specifier, context, next) {
+        const resolved = await next(specifier, context);
+        const bare = !/^(\\.|\\/|[a-z][a-z0-9+.-]*:)/i.test(specifier);
+        if (bare && resolved.url.startsWith("file:") && !roots.some((root) => fileURLToPath(resolved.url).startsWith(root))) {
+          throw Object.assign(new Error("Cannot find package '" + specifier + "'"), { code: "ERR_MODULE_NOT_FOUND" });
+        }
+        return resolved;
+      }`),
+  { data: { roots: allowedRoots } },
+);
 
 // ---- the function --------------------------------------------------------------------------
 
