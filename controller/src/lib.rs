@@ -300,7 +300,7 @@ pub struct Controller {
 
 /// The nearest `.tools` above the working directory (a checkout's, filled by `scripts/setup`),
 /// else `<data_dir>/tools`.
-fn default_tools_dir(data_dir: &std::path::Path) -> PathBuf {
+pub fn default_tools_dir(data_dir: &std::path::Path) -> PathBuf {
     std::env::current_dir()
         .ok()
         .and_then(|cwd| {

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use eddy_model::{
     conditions::{ConditionType, Reason},
-    resources::{Condition, Function},
+    resources::{Condition, Function, Runtime},
 };
 use serde_json::{Value, json};
 
@@ -90,7 +90,7 @@ pub enum Scenario {
         #[arg(
             long = "runtime",
             value_delimiter = ',',
-            default_value = "nodejs20,python311"
+            default_value = "nodejs20,nodejs22,nodejs24,python311"
         )]
         runtimes: Vec<String>,
         /// Also write the figures as JSON here.
@@ -277,7 +277,9 @@ pub fn summarize(samples: &[Duration]) -> Summary {
 fn handler(runtime: &str, run: usize) -> anyhow::Result<String> {
     // A comment with the run number makes every deploy a fresh build.
     Ok(match runtime {
-        "nodejs20" => format!("// run {run}\nmodule.exports = {{ main: async () => 'ok' }};\n"),
+        "nodejs20" | "nodejs22" | "nodejs24" => {
+            format!("// run {run}\nmodule.exports = {{ main: async () => 'ok' }};\n")
+        }
         "python311" => format!("# run {run}\ndef main(event, context):\n    return 'ok'\n"),
         other => bail!("unknown runtime {other:?}"),
     })
@@ -345,7 +347,7 @@ async fn coldstart(
         ..eddy_platform::flags::defaults()
     };
     let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
-    let result = measure_coldstart(&platform, runs, runtimes).await;
+    let result = measure_coldstart(&platform, data_dir.path(), runs, runtimes).await;
     platform.stop(false).await;
     let figures = result?;
     println!(
@@ -353,19 +355,34 @@ async fn coldstart(
         std::thread::available_parallelism().map_or(0, usize::from)
     );
     println!(
-        "{:<11} {:>22} {:>22}",
-        "runtime", "deploy→ready p50 (min–max)", "from zero p50 (min–max)"
+        "{:<10} {:>22} {:>22} {:>22} {:>7}",
+        "runtime",
+        "deploy→ready p50 (min–max)",
+        "from zero p50 (min–max)",
+        "bare runtime p50 (min–max)",
+        "ratio"
     );
-    for (runtime, deploy, zero) in &figures {
+    for figure in &figures {
+        let (deploy, zero, floor) = (&figure.deploy, &figure.from_zero, &figure.floor);
         println!(
-            "{runtime:<11} {:>9.0} ms ({:.0}–{:.0}) {:>10.0} ms ({:.0}–{:.0})",
-            deploy.p50_ms, deploy.min_ms, deploy.max_ms, zero.p50_ms, zero.min_ms, zero.max_ms
+            "{:<10} {:>9.0} ms ({:.0}–{:.0}) {:>10.0} ms ({:.0}–{:.0}) {:>10.0} ms ({:.0}–{:.0}) {:>6.1}×",
+            figure.runtime,
+            deploy.p50_ms,
+            deploy.min_ms,
+            deploy.max_ms,
+            zero.p50_ms,
+            zero.min_ms,
+            zero.max_ms,
+            floor.p50_ms,
+            floor.min_ms,
+            floor.max_ms,
+            zero.p50_ms / floor.p50_ms.max(f64::MIN_POSITIVE)
         );
     }
     if let Some(out) = out {
         let json: Vec<Value> = figures
             .iter()
-            .map(|(runtime, deploy, zero)| json!({"runtime": runtime, "deployToReady": deploy, "firstResponseFromZero": zero}))
+            .map(|f| json!({"runtime": f.runtime, "deployToReady": f.deploy, "firstResponseFromZero": f.from_zero, "bareRuntime": f.floor}))
             .collect();
         std::fs::write(
             &out,
@@ -379,15 +396,45 @@ async fn coldstart(
     Ok(())
 }
 
+/// One runtime's cold start figures.
+struct Coldstart {
+    runtime: String,
+    deploy: Summary,
+    from_zero: Summary,
+    /// The same interpreter with a minimal HTTP server: spawn → first response.
+    floor: Summary,
+}
+
 async fn measure_coldstart(
     platform: &Platform,
+    data_dir: &std::path::Path,
     runs: usize,
     runtimes: &[String],
-) -> anyhow::Result<Vec<(String, Summary, Summary)>> {
+) -> anyhow::Result<Vec<Coldstart>> {
+    let toolchain = eddy_controller::local::toolchain::Toolchain::new(
+        "node".into(),
+        "npm".into(),
+        "python3".into(),
+        eddy_controller::default_tools_dir(data_dir),
+        data_dir.join("runtimes"),
+        Duration::from_secs(300),
+    );
     let http = reqwest::Client::new();
     let api = platform.api_url.as_str();
     let mut figures = Vec::new();
     for runtime in runtimes {
+        let parsed: Runtime = serde_json::from_value(json!(runtime))
+            .with_context(|| format!("unknown runtime {runtime:?}"))?;
+        // Found (or installed) before the clock runs, as they are on any machine after its
+        // first build: the interpreter and the runtime's libraries.
+        let program = toolchain
+            .interpreter(parsed)
+            .await
+            .map_err(|failure| anyhow::anyhow!("{failure}"))?;
+        toolchain
+            .libraries(parsed)
+            .await
+            .map_err(|failure| anyhow::anyhow!("{failure}"))?;
         let mut deploys = Vec::with_capacity(runs);
         let mut from_zero = Vec::with_capacity(runs);
         for run in 0..runs {
@@ -443,9 +490,65 @@ async fn measure_coldstart(
             .send()
             .await?;
         }
-        figures.push((runtime.clone(), summarize(&deploys), summarize(&from_zero)));
+        let mut floor = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            floor.push(bare_runtime(&http, &program, parsed).await?);
+        }
+        figures.push(Coldstart {
+            runtime: runtime.clone(),
+            deploy: summarize(&deploys),
+            from_zero: summarize(&from_zero),
+            floor: summarize(&floor),
+        });
     }
     Ok(figures)
+}
+
+/// Spawn → first response of `program` running a minimal HTTP server: what no platform can beat.
+async fn bare_runtime(
+    http: &reqwest::Client,
+    program: &std::path::Path,
+    runtime: Runtime,
+) -> anyhow::Result<Duration> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut command = tokio::process::Command::new(program);
+    if runtime.node_major().is_some() {
+        command.arg("-e").arg(format!(
+            "require('http').createServer((q, s) => s.end('ok')).listen({port}, '127.0.0.1')"
+        ));
+    } else {
+        command.arg("-c").arg(format!(
+            "import http.server as h\n\
+             class H(h.BaseHTTPRequestHandler):\n    \
+             def do_GET(self):\n        \
+             self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n\
+             h.HTTPServer(('127.0.0.1', {port}), H).serve_forever()"
+        ));
+    }
+    command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("cannot run {}", program.display()))?;
+    let url = format!("http://127.0.0.1:{port}/");
+    let answered = loop {
+        if let Ok(response) = http.get(&url).send().await {
+            if response.status().is_success() {
+                break started.elapsed();
+            }
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("{} did not answer within 30 s", program.display());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let _ = child.kill().await;
+    Ok(answered)
 }
 
 #[cfg(test)]
