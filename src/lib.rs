@@ -142,7 +142,7 @@ pub enum Command {
     Init {
         /// The function's name.
         name: String,
-        /// nodejs20, nodejs22, nodejs24 or python311.
+        /// nodejs20, nodejs22, nodejs24, python311 or python312.
         #[arg(long, default_value = "nodejs20")]
         runtime: String,
         /// Namespace written into the manifest.

@@ -71,7 +71,9 @@ def main(event, context):
         event["extensions"]["response"].headers["x-custom"] = "yes"
         return {"created": True}
     if request.path == "/emit":
-        return {"id": event.emitCloudEvent("order.emitted.v1", "python-fn", {"from": "python"})}
+        event_id = "emitted-%d" % time.time_ns()
+        event.emitCloudEvent("order.emitted.v1", "python-fn", {"from": "python"}, {"id": event_id})
+        return {"id": event_id}
     names = ["GREETING", "FUNC_NAME", "FUNC_NAMESPACE", "FUNC_RUNTIME", "FUNC_PORT", "FUNC_TIMEOUT",
              "PUBLISHER_PROXY_ADDRESS", "CARGO_PKG_NAME"]
     return {
@@ -80,7 +82,7 @@ def main(event, context):
         "subject": event.get("ce-subject"),
         "context": context,
         "method": request.method, "path": request.path,
-        "query": "?" + "&".join(k + "=" + v[0] for k, v in request.query.items()) if request.query else "",
+        "query": "?" + "&".join(k + "=" + v for k, v in request.query.items()) if request.query else "",
         "header": request.headers.get("x-test"),
         "env": {name: os.environ.get(name) for name in names},
     }
@@ -137,7 +139,7 @@ async fn check_runtime(platform: &Platform, name: &str, runtime: &str, source: &
     assert_eq!(body["header"], "kept");
     assert_eq!(body["context"]["function-name"], name);
     assert_eq!(body["context"]["namespace"], "default");
-    assert_eq!(body["context"]["timeout"], 2);
+    assert_eq!(body["context"]["timeout"].as_f64(), Some(2.0));
     assert_eq!(body["context"]["runtime"], runtime);
     let env = &body["env"];
     assert_eq!(env["GREETING"], "hi");
@@ -163,11 +165,17 @@ async fn check_runtime(platform: &Platform, name: &str, runtime: &str, source: &
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+    // A string answer: Kyma's Python runtime sends it as bottle does (text/html).
+    let text_type = if runtime.starts_with("nodejs") {
+        "text/plain"
+    } else {
+        "text/html"
+    };
     assert!(
         response.headers()["content-type"]
             .to_str()
             .unwrap()
-            .starts_with("text/plain")
+            .starts_with(text_type)
     );
     assert_eq!(response.text().await.unwrap(), "hello eddy");
 
@@ -182,13 +190,8 @@ async fn check_runtime(platform: &Platform, name: &str, runtime: &str, source: &
     let response = platform.invoke(name, "/throw").send().await.unwrap();
     assert_eq!(response.status(), 500);
     let response = platform.invoke(name, "/sleep").send().await.unwrap();
-    // Kyma's Node.js runtimes answer a call past FUNC_TIMEOUT with 408.
-    let timed_out = if runtime.starts_with("nodejs") {
-        408
-    } else {
-        504
-    };
-    assert_eq!(response.status(), timed_out);
+    // Kyma's runtimes answer a call past FUNC_TIMEOUT with 408.
+    assert_eq!(response.status(), 408);
 
     // The handler's error went to the function's log.
     let log = platform

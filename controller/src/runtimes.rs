@@ -10,13 +10,15 @@ pub const NODEJS_SERVER: &str = include_str!("../runtimes/nodejs/server.mjs");
 pub const NODEJS_PACKAGE: &str = include_str!("../runtimes/nodejs/package.json");
 /// The lockfile of [`NODEJS_PACKAGE`].
 pub const NODEJS_PACKAGE_LOCK: &str = include_str!("../runtimes/nodejs/package-lock.json");
-/// Python 3.11 server.
-pub const PYTHON311_SERVER: &str = include_str!("../runtimes/python311/server.py");
+/// The Python runtimes' server (python311 and python312 share it).
+pub const PYTHON_SERVER: &str = include_str!("../runtimes/python/server.py");
+/// The Python runtimes' own libraries, pinned with hashes.
+pub const PYTHON_REQUIREMENTS: &str = include_str!("../runtimes/python/requirements.txt");
 
 /// The Node.js image recipe (`NODE_MAJOR` picks the Node.js version).
 pub const NODEJS_DOCKERFILE: &str = include_str!("../runtimes/nodejs/Dockerfile");
-/// Python 3.11 image recipe.
-pub const PYTHON311_DOCKERFILE: &str = include_str!("../runtimes/python311/Dockerfile");
+/// The Python image recipe (`PYTHON_VERSION` picks the Python version).
+pub const PYTHON_DOCKERFILE: &str = include_str!("../runtimes/python/Dockerfile");
 
 /// File names and contents of one runtime.
 #[derive(Debug, Clone, Copy)]
@@ -51,13 +53,13 @@ pub fn files(runtime: Runtime) -> RuntimeFiles {
                 ("package-lock.json", NODEJS_PACKAGE_LOCK),
             ],
         },
-        Runtime::Python311 => RuntimeFiles {
+        Runtime::Python311 | Runtime::Python312 => RuntimeFiles {
             server_file: "server.py",
-            server: PYTHON311_SERVER,
+            server: PYTHON_SERVER,
             handler_file: "handler.py",
             dependencies_file: "requirements.txt",
-            dockerfile: PYTHON311_DOCKERFILE,
-            libraries: &[],
+            dockerfile: PYTHON_DOCKERFILE,
+            libraries: &[("requirements.txt", PYTHON_REQUIREMENTS)],
         },
     }
 }

@@ -104,15 +104,19 @@ pub enum Runtime {
     /// Python 3.11, `handler.py` defining `main(event, context)`.
     #[serde(rename = "python311")]
     Python311,
+    /// Python 3.12, the same contract as python311.
+    #[serde(rename = "python312")]
+    Python312,
 }
 
 impl Runtime {
     /// Every runtime, in the order manifests and help texts list them.
-    pub const ALL: [Runtime; 4] = [
+    pub const ALL: [Runtime; 5] = [
         Self::Nodejs20,
         Self::Nodejs22,
         Self::Nodejs24,
         Self::Python311,
+        Self::Python312,
     ];
 
     /// The name used in manifests and paths.
@@ -122,6 +126,7 @@ impl Runtime {
             Self::Nodejs22 => "nodejs22",
             Self::Nodejs24 => "nodejs24",
             Self::Python311 => "python311",
+            Self::Python312 => "python312",
         }
     }
 
@@ -131,7 +136,16 @@ impl Runtime {
             Self::Nodejs20 => Some(20),
             Self::Nodejs22 => Some(22),
             Self::Nodejs24 => Some(24),
-            Self::Python311 => None,
+            Self::Python311 | Self::Python312 => None,
+        }
+    }
+
+    /// The Python minor version (3.x) a Python runtime runs on (`None` for Node.js).
+    pub fn python_minor(self) -> Option<u32> {
+        match self {
+            Self::Python311 => Some(11),
+            Self::Python312 => Some(12),
+            _ => None,
         }
     }
 }
@@ -154,7 +168,7 @@ impl Runtime {
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FunctionSpec {
-    /// `nodejs20`, `nodejs22`, `nodejs24` or `python311`.
+    /// `nodejs20`, `nodejs22`, `nodejs24`, `python311` or `python312`.
     pub runtime: Runtime,
     /// Where the code comes from (exactly one kind).
     #[x_kube(validation = Rule::new("has(self.inline)").message("exactly one source kind is required: inline"))]

@@ -90,7 +90,7 @@ pub enum Scenario {
         #[arg(
             long = "runtime",
             value_delimiter = ',',
-            default_value = "nodejs20,nodejs22,nodejs24,python311"
+            default_value = "nodejs20,nodejs22,nodejs24,python311,python312"
         )]
         runtimes: Vec<String>,
         /// Also write the figures as JSON here.
@@ -280,7 +280,9 @@ fn handler(runtime: &str, run: usize) -> anyhow::Result<String> {
         "nodejs20" | "nodejs22" | "nodejs24" => {
             format!("// run {run}\nmodule.exports = {{ main: async () => 'ok' }};\n")
         }
-        "python311" => format!("# run {run}\ndef main(event, context):\n    return 'ok'\n"),
+        "python311" | "python312" => {
+            format!("# run {run}\ndef main(event, context):\n    return 'ok'\n")
+        }
         other => bail!("unknown runtime {other:?}"),
     })
 }
@@ -428,13 +430,10 @@ async fn measure_coldstart(
         // Found (or installed) before the clock runs, as they are on any machine after its
         // first build: the interpreter and the runtime's libraries.
         let program = toolchain
-            .interpreter(parsed)
+            .prepare(parsed)
             .await
-            .map_err(|failure| anyhow::anyhow!("{failure}"))?;
-        toolchain
-            .libraries(parsed)
-            .await
-            .map_err(|failure| anyhow::anyhow!("{failure}"))?;
+            .map_err(|failure| anyhow::anyhow!("{failure}"))?
+            .program;
         let mut deploys = Vec::with_capacity(runs);
         let mut from_zero = Vec::with_capacity(runs);
         for run in 0..runs {

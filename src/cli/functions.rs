@@ -143,8 +143,10 @@ def main(event, context):
 pub fn init_manifest(name: &str, runtime: &str, namespace: &str) -> anyhow::Result<String> {
     let source = match runtime {
         "nodejs20" | "nodejs22" | "nodejs24" => NODE_TEMPLATE,
-        "python311" => PYTHON_TEMPLATE,
-        other => bail!("unknown runtime {other:?}: use nodejs20, nodejs22, nodejs24 or python311"),
+        "python311" | "python312" => PYTHON_TEMPLATE,
+        other => bail!(
+            "unknown runtime {other:?}: use nodejs20, nodejs22, nodejs24, python311 or python312"
+        ),
     };
     if !eddy_model::resources::is_dns1035_label(name) {
         bail!(

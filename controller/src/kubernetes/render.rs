@@ -300,6 +300,9 @@ fn build_job(owned: &Owned<'_>, config: &RenderConfig, image: &str, runtime: Run
     if let Some(major) = runtime.node_major() {
         args.push(format!("--build-arg=NODE_MAJOR={major}"));
     }
+    if let Some(minor) = runtime.python_minor() {
+        args.push(format!("--build-arg=PYTHON_VERSION=3.{minor}"));
+    }
     if config.insecure_registry {
         args.push("--insecure".to_owned());
         args.push("--skip-tls-verify".to_owned());

@@ -18,7 +18,7 @@ pub use crate::runtimes::build_hash;
 use eddy_model::{conditions::Reason, resources::Runtime};
 use eddy_platform::process;
 
-use super::toolchain::Toolchain;
+use super::toolchain::{Prepared, Toolchain};
 use crate::runtimes;
 
 /// Marks a finished build.
@@ -85,16 +85,12 @@ pub async fn build(
     source: &str,
     dependencies: &str,
 ) -> Result<Build, BuildFailure> {
-    let program = config.toolchain.interpreter(runtime).await?;
-    let libraries = config.toolchain.libraries(runtime).await?;
+    let Prepared { program, libraries } = config.toolchain.prepare(runtime).await?;
     let hash = build_hash(runtime, source, dependencies);
     let dir = config
         .builds_dir
         .join(format!("{}-{hash}", runtime.as_str()));
-    let function_dir = match libraries {
-        Some(_) => dir.join("function"),
-        None => dir.clone(),
-    };
+    let function_dir = dir.join("function");
     let built = |fresh| Build {
         dir: dir.clone(),
         function_dir: function_dir.clone(),
@@ -124,7 +120,7 @@ pub async fn build(
         .map_err(|error| BuildFailure::io("create", &function_dir, &error))?;
     let files = runtimes::files(runtime);
     write(dir.join(files.server_file), files.server.to_owned()).await?;
-    if let Some(libraries) = &libraries {
+    if runtime.node_major().is_some() {
         // Ends Node.js's search for the nearest package.json here, so nothing above the build
         // decides whether handler.js is CommonJS or an ES module.
         write(dir.join("package.json"), "{\"private\": true}\n".to_owned()).await?;
@@ -150,7 +146,7 @@ pub async fn build(
     Ok(built(true))
 }
 
-/// Installs a function's own dependencies into its directory.
+/// Installs a function's own dependencies into its directory (`python` is the runtime's).
 async fn install(
     config: &BuildConfig,
     runtime: Runtime,
@@ -170,7 +166,7 @@ async fn install(
             ]);
             command
         }
-        Runtime::Python311 => {
+        Runtime::Python311 | Runtime::Python312 => {
             let mut command = tokio::process::Command::new(python);
             command.args([
                 "-m",

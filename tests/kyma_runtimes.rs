@@ -1,5 +1,6 @@
-//! Kyma's Node.js function contract, line by line (docs/functions.md): handlers written as Kyma's
-//! docs write them, deployed locally and called through the gateway, on the real runtimes.
+//! Kyma's function contract, line by line (docs/functions.md): handlers written as Kyma's docs
+//! write them, deployed locally and called through the gateway, on the real Node.js and Python
+//! runtimes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -16,7 +17,12 @@ use support::{Options, Platform, Sink};
 
 /// Deploys `source` as a nodejs20 function named `name`, with `extra` merged into the spec.
 async fn deploy(platform: &Platform, name: &str, source: &str, extra: Value) {
-    let mut spec = json!({"runtime": "nodejs20", "source": {"inline": {"source": source}}});
+    deploy_on(platform, "nodejs20", name, source, extra).await;
+}
+
+/// Deploys `source` on `runtime` as `name`, with `extra` merged into the spec.
+async fn deploy_on(platform: &Platform, runtime: &str, name: &str, source: &str, extra: Value) {
+    let mut spec = json!({"runtime": runtime, "source": {"inline": {"source": source}}});
     if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
         for (key, value) in extra {
             if key == "dependencies" {
@@ -411,8 +417,9 @@ async fn collect(State(collector): State<Collector>, body: Bytes) -> &'static st
     "{}"
 }
 
-#[tokio::test]
-async fn tracer_spans_reach_the_collector_and_continue_the_callers_trace() {
+/// Deploys `source` (which starts a span named `reserve-stock`) with tracing on, calls it inside
+/// a caller's trace, and waits for the span at a test OTLP/HTTP collector.
+async fn check_tracing(runtime: &str, source: &str) {
     let platform = Platform::start().await;
     let collector = Collector::default();
     let app = Router::new()
@@ -421,16 +428,9 @@ async fn tracer_spans_reach_the_collector_and_continue_the_callers_trace() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}/v1/traces", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let source = r#"
-module.exports = { main: (event) => {
-  const span = event.tracer.startSpan("reserve-stock");
-  span.setAttribute("order", "7");
-  span.end();
-  return "traced";
-} };
-"#;
-    deploy(
+    deploy_on(
         &platform,
+        runtime,
         "traced",
         source,
         json!({"env": [
@@ -450,19 +450,37 @@ module.exports = { main: (event) => {
     )
     .await;
     assert_eq!(status, 200);
+    // OTLP/HTTP carries JSON (Node.js) or protobuf (Python): the trace id appears as hex or as
+    // its 16 raw bytes.
+    let raw_id: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&trace_id[i * 2..i * 2 + 2], 16).unwrap())
+        .collect();
     eventually(
         "the span at the collector",
         Duration::from_secs(20),
         || async {
             let bodies = collector.0.lock().unwrap().clone();
             bodies.iter().any(|body| {
-                let text = String::from_utf8_lossy(body);
-                text.contains("reserve-stock") && text.contains(trace_id)
+                let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+                has(b"reserve-stock") && (has(trace_id.as_bytes()) || has(&raw_id))
             })
         },
     )
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn tracer_spans_reach_the_collector_and_continue_the_callers_trace() {
+    let source = r#"
+module.exports = { main: (event) => {
+  const span = event.tracer.startSpan("reserve-stock");
+  span.setAttribute("order", "7");
+  span.end();
+  return "traced";
+} };
+"#;
+    check_tracing("nodejs20", source).await;
 }
 
 #[tokio::test]
@@ -526,5 +544,329 @@ async fn each_nodejs_runtime_runs_on_its_own_major_version() {
             answer["version"].as_str().unwrap().starts_with(major),
             "{runtime}: {answer}"
         );
+    }
+}
+
+// ---- Python ------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn python_functions_get_bottles_request_and_answer_as_bottle_does() {
+    let platform = Platform::start().await;
+    let source = r#"
+from bottle import HTTPResponse
+
+
+def main(event, context):
+    request = event["extensions"]["request"]
+    if request.path == "/made":
+        return HTTPResponse(body="made", status=201, headers={"x-made": "1"})
+    if request.path == "/words":
+        return "some words"
+    return {
+        "query": request.query.get("name"), "json": request.json, "method": request.method,
+        "path": request.path, "header": request.headers.get("X-CUSTOM"),
+        "get_header": request.get_header("x-custom"), "data": event["data"],
+        "context": sorted(context.keys()),
+    }
+"#;
+    deploy_on(&platform, "python312", "bottled", source, json!({})).await;
+    let body: Value = platform
+        .invoke("bottled", "/orders?name=kyma")
+        .header("x-custom", "given")
+        .json(&json!({"a": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        body,
+        json!({"query": "kyma", "json": {"a": 1}, "method": "POST", "path": "/orders",
+               "header": "given", "get_header": "given", "data": {"a": 1},
+               "context": ["body-size-limit", "function-name", "memory-limit", "namespace", "runtime", "timeout"]})
+    );
+    let made = platform.invoke("bottled", "/made").send().await.unwrap();
+    assert_eq!(made.status(), 201);
+    assert_eq!(made.headers()["x-made"], "1");
+    assert_eq!(made.text().await.unwrap(), "made");
+    let words = platform.invoke("bottled", "/words").send().await.unwrap();
+    assert!(
+        words.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert_eq!(words.text().await.unwrap(), "some words");
+}
+
+#[tokio::test]
+async fn python_failures_timeouts_and_load_errors_are_answered_as_kyma_does() {
+    let platform = Platform::start().await;
+    let source = r#"
+import time
+
+
+def main(event, context):
+    path = event["extensions"]["request"].path
+    if path == "/fail":
+        raise ValueError("a secret detail")
+    if path == "/slow":
+        time.sleep(10)
+    return "fine"
+"#;
+    deploy_on(
+        &platform,
+        "python312",
+        "strict",
+        source,
+        json!({"timeoutSeconds": 1}),
+    )
+    .await;
+    deploy_on(
+        &platform,
+        "python312",
+        "unloadable",
+        "import no_such_module\n",
+        json!({}),
+    )
+    .await;
+    let call = |name: &'static str, path: &'static str| {
+        let request = platform.invoke(name, path);
+        async move { text(request.send().await.unwrap()).await }
+    };
+    assert_eq!(
+        call("strict", "/fail").await,
+        (500, "Internal server error".to_owned())
+    );
+    assert_eq!(call("strict", "/slow").await.0, 408);
+    assert_eq!(call("strict", "/").await, (200, "fine".to_owned()));
+    assert!(
+        platform
+            .function_log("strict")
+            .await
+            .contains("a secret detail")
+    );
+    assert_eq!(
+        call("unloadable", "/").await,
+        (500, "User function not loaded".to_owned())
+    );
+    let url = |path: &str| format!("{}/default/strict{path}", platform.gateway);
+    let favicon = platform.http.get(url("/favicon.ico")).send().await.unwrap();
+    assert_eq!(favicon.status(), 204);
+    let metrics = platform
+        .http
+        .get(url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        sample(&metrics, "function_calls_total{method=\"POST\"}"),
+        3.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "function_failures_total{method=\"POST\"}"),
+        2.0
+    );
+    assert_eq!(
+        sample(&metrics, "function_duration_seconds_count{method=\"POST\"}"),
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn python_cloud_events_fill_ce_headers_in_both_modes() {
+    let platform = Platform::start().await;
+    let source = r#"
+def main(event, context):
+    headers = event.ceHeaders
+    return {name: headers.get(name) for name in
+            ["data", "ce-type", "ce-source", "ce-id", "ce-specversion", "ce-eventtypeversion", "ce-subject"]}
+"#;
+    deploy_on(&platform, "python312", "pyevents", source, json!({})).await;
+    let binary: Value = platform
+        .invoke("pyevents", "/")
+        .header("ce-specversion", "1.0")
+        .header("ce-type", "order.created")
+        .header("ce-source", "shop")
+        .header("ce-id", "b-1")
+        .header("ce-eventtypeversion", "v1")
+        .header("ce-subject", "a%20b")
+        .json(&json!({"sku": "A"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        binary,
+        json!({"data": {"sku": "A"}, "ce-type": "order.created", "ce-source": "shop", "ce-id": "b-1",
+               "ce-specversion": "1.0", "ce-eventtypeversion": "v1", "ce-subject": "a b"})
+    );
+    let structured: Value = platform
+        .invoke("pyevents", "/")
+        .header("content-type", "application/cloudevents+json")
+        .body(
+            json!({"specversion": "1.0", "type": "order.paid", "source": "pay", "id": "s-1",
+                   "data": {"amount": 5}})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(structured["data"], json!({"amount": 5}), "unwrapped");
+    assert_eq!(structured["ce-type"], "order.paid");
+    assert_eq!(structured["ce-id"], "s-1");
+}
+
+#[tokio::test]
+async fn python_emit_cloud_event_reaches_a_subscriber() {
+    let platform = Platform::start_with(Options::default()).await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe(
+            "py-emitted",
+            json!({"sink": sink.url, "types": ["order.packed.v1"]}),
+        )
+        .await;
+    let source = r#"
+def main(event, context):
+    event.emitCloudEvent("order.packed.v1", "packer", {"order": 8}, {"id": "pack-8"})
+    return "emitted"
+"#;
+    deploy_on(&platform, "python312", "pyemitter", source, json!({})).await;
+    let (status, body) = text(platform.invoke("pyemitter", "/").send().await.unwrap()).await;
+    assert_eq!((status, body.as_str()), (200, "emitted"));
+    sink.wait_for(1).await;
+    let received = &sink.received()[0];
+    assert_eq!(received.header("ce-id"), "pack-8");
+    assert_eq!(received.header("ce-source"), "packer");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&received.body).unwrap(),
+        json!({"order": 8})
+    );
+}
+
+#[tokio::test]
+async fn python_tracer_spans_reach_the_collector() {
+    let source = r#"
+def main(event, context):
+    with event.tracer.start_as_current_span("reserve-stock"):
+        pass
+    return "traced"
+"#;
+    check_tracing("python312", source).await;
+}
+
+#[tokio::test]
+async fn a_python_function_sees_only_the_runtimes_and_its_own_packages() {
+    let platform = Platform::start().await;
+    let source = r#"
+import sys
+
+
+def main(event, context):
+    import requests, bottle, cloudevents, opentelemetry, prometheus_client
+    import six_for_eddy_test
+    return {"prefix": sys.prefix, "base": sys.base_prefix, "path": sys.path,
+            "no_user_site": bool(sys.flags.no_user_site or not __import__("site").ENABLE_USER_SITE),
+            "own": six_for_eddy_test.__name__}
+"#;
+    // Its own requirements.txt: a local package, so no index is needed.
+    let package = platform.data_dir.path().join("six_for_eddy_test");
+    std::fs::create_dir_all(package.join("six_for_eddy_test")).unwrap();
+    std::fs::write(package.join("six_for_eddy_test/__init__.py"), "").unwrap();
+    std::fs::write(
+        package.join("pyproject.toml"),
+        "[project]\nname = \"six_for_eddy_test\"\nversion = \"1.0\"\n[build-system]\nrequires = []\nbuild-backend = \"backend\"\nbackend-path = [\".\"]\n",
+    )
+    .unwrap();
+    std::fs::write(package.join("backend.py"), WHEEL_BACKEND).unwrap();
+    deploy_on(
+        &platform,
+        "python312",
+        "pyisolated",
+        source,
+        json!({"dependencies": format!("{}\n", package.display())}),
+    )
+    .await;
+    let answer: Value = platform
+        .invoke("pyisolated", "/")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let prefix = answer["prefix"].as_str().unwrap();
+    let base = answer["base"].as_str().unwrap();
+    assert_ne!(prefix, base, "a virtual environment: {answer}");
+    assert_eq!(answer["own"], "six_for_eddy_test");
+    assert_eq!(answer["no_user_site"], true);
+    for entry in answer["path"].as_array().unwrap() {
+        let entry = entry.as_str().unwrap();
+        assert!(
+            !(entry.starts_with(base) && entry.contains("-packages")),
+            "the host's {entry} is on the function's path: {answer}"
+        );
+    }
+}
+
+/// A PEP 517 backend small enough to inline: builds a wheel of the package beside it.
+const WHEEL_BACKEND: &str = r#"
+import base64, hashlib, os, zipfile
+
+NAME, VERSION = "six_for_eddy_test", "1.0"
+DIST = f"{NAME}-{VERSION}.dist-info"
+
+
+def _record(entries):
+    lines = []
+    for path, data in entries:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines.append(f"{path},sha256={digest},{len(data)}")
+    lines.append(f"{DIST}/RECORD,,")
+    return "\n".join(lines) + "\n"
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    entries = [
+        (f"{NAME}/__init__.py", b""),
+        (f"{DIST}/METADATA", f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {VERSION}\n".encode()),
+        (f"{DIST}/WHEEL", b"Wheel-Version: 1.0\nGenerator: eddy-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"),
+    ]
+    name = f"{NAME}-{VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        for path, data in entries:
+            wheel.writestr(path, data)
+        wheel.writestr(f"{DIST}/RECORD", _record(entries))
+    return name
+"#;
+
+#[tokio::test]
+async fn each_python_runtime_runs_on_its_own_minor_version() {
+    let platform = Platform::start().await;
+    let source = "import sys\n\ndef main(event, context):\n    return {'version': '%d.%d' % sys.version_info[:2], 'runtime': context['runtime']}\n";
+    for runtime in ["python311", "python312"] {
+        deploy_on(&platform, runtime, runtime, source, json!({})).await;
+    }
+    for (runtime, version) in [("python311", "3.11"), ("python312", "3.12")] {
+        let answer: Value = platform
+            .invoke(runtime, "/")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer, json!({"version": version, "runtime": runtime}));
     }
 }

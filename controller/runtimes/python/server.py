@@ -1,0 +1,280 @@
+"""eddy's Python runtime (python311, python312): serves a function's handler.py over HTTP with
+Kyma Serverless's contract (docs/functions.md). bottle on cheroot serves it, the CloudEvents SDK
+reads events, prometheus_client counts calls, and OpenTelemetry traces them; the tracing SDK and
+its exporter load only when TRACE_COLLECTOR_ENDPOINT is set.
+"""
+
+import hmac
+import importlib
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from urllib.parse import unquote
+
+import bottle
+import prometheus_client as prom
+from cheroot import wsgi
+from cloudevents.conversion import to_structured
+from cloudevents.http import CloudEvent, from_http
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+
+env = os.environ
+function_name = env.get("FUNC_NAME", "")
+namespace = env.get("SERVICE_NAMESPACE") or env.get("FUNC_NAMESPACE", "")
+runtime = env.get("FUNC_RUNTIME", "")
+port = int(env.get("FUNC_PORT", "8080"))
+host = env.get("FUNC_HOST", "127.0.0.1")
+timeout = float(env.get("FUNC_TIMEOUT", "180"))
+function_dir = env.get("FUNC_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "function")
+module_name = env.get("MOD_NAME", "handler")
+handler_name = env.get("FUNC_HANDLER", "main")
+publisher_address = env.get("PUBLISHER_PROXY_ADDRESS", "")
+bottle.BaseRequest.MEMFILE_MAX = int(env.get("FUNC_MEMFILE_MAX", str(100 * 1024 * 1024)))
+
+# Locally the gateway sends this secret with every request, so an instance's loopback port cannot
+# be called around the gateway's access checks. Kept out of the function's sight, as is the
+# publish-only token emitCloudEvent sends.
+instance_secret = env.pop("EDDY_INSTANCE_SECRET", "").encode()
+publisher_token = env.pop("EDDY_PUBLISHER_TOKEN", "")
+SECRET_ENVIRON_KEY = "HTTP_X_EDDY_INSTANCE_SECRET"
+
+
+def log(*parts):
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# ---- tracing ------------------------------------------------------------------------------------
+
+
+def start_tracing(endpoint):
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.propagators.b3 import B3MultiFormat
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    provider = TracerProvider(resource=Resource.create({"service.name": f"{function_name}.{namespace}"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    trace.set_tracer_provider(provider)
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), B3MultiFormat()]))
+    return provider
+
+
+tracing_provider = start_tracing(env["TRACE_COLLECTOR_ENDPOINT"]) if env.get("TRACE_COLLECTOR_ENDPOINT") else None
+tracer = trace.get_tracer(function_name or "function")
+
+# ---- metrics ------------------------------------------------------------------------------------
+
+calls_total = prom.Counter("function_calls_total", "Calls of the function.", ["method"])
+failures_total = prom.Counter("function_failures_total", "Calls that failed.", ["method"])
+duration_seconds = prom.Histogram("function_duration_seconds", "Time the function took, in seconds.", ["method"])
+
+# ---- the function -------------------------------------------------------------------------------
+
+sys.path.insert(0, function_dir)
+sys.path.insert(1, os.path.join(function_dir, "deps"))
+user_function = None
+try:
+    user_function = getattr(importlib.import_module(module_name), handler_name)
+    if not callable(user_function):
+        log(f"{module_name}.{handler_name} is not a function")
+        user_function = None
+except Exception:  # noqa: BLE001 - any failure to load is reported the same way
+    log(f"cannot load {module_name}.py:\n{traceback.format_exc()}")
+
+function_context = {
+    "function-name": function_name,
+    "namespace": namespace,
+    "runtime": runtime,
+    "timeout": timeout,
+    "memory-limit": env.get("FUNC_MEMORY_LIMIT"),
+    "body-size-limit": bottle.BaseRequest.MEMFILE_MAX,
+}
+
+CE_ATTRIBUTES = ("type", "source", "id", "time", "specversion", "eventtypeversion", "datacontenttype")
+
+
+def is_cloud_event(request):
+    content_type = request.content_type.split(";")[0].strip().lower()
+    return content_type == "application/cloudevents+json" or (
+        "ce-type" in request.headers and "ce-source" in request.headers
+    )
+
+
+class Event(dict):
+    """What a function receives: a dict (`event['data']`, `event['ce-type']`, …) with Kyma's
+    helpers. `event.ceHeaders` is the dict itself."""
+
+    def __init__(self, request, response):
+        super().__init__()
+        self["extensions"] = {"request": request, "response": response}
+        self.tracer = tracer
+        if request.content_type.startswith("multipart/"):
+            return
+        if is_cloud_event(request):
+            cloud_event = from_http(dict(request.headers), request.body.read())
+            for name, value in cloud_event.get_attributes().items():
+                # Binary-mode attributes arrive percent-encoded (the HTTP binding).
+                self["ce-" + name] = unquote(value) if isinstance(value, str) and "%" in value else value
+            self["data"] = cloud_event.get_data()
+        elif request.content_type.split(";")[0].strip().lower() == "application/json":
+            self["data"] = request.json
+
+    @property
+    def ceHeaders(self):  # noqa: N802 - Kyma's name
+        return self
+
+    def emitCloudEvent(self, type, source, data, optionalCloudEventAttributes=None):  # noqa: A002,N802,N803
+        """Posts a structured CloudEvent to the event publisher; raises on a non-2xx answer."""
+        attributes = dict(optionalCloudEventAttributes or {})
+        attributes.setdefault("id", str(uuid.uuid4()))
+        if data is not None and "datacontenttype" not in attributes:
+            attributes["datacontenttype"] = "text/plain" if isinstance(data, str) else "application/json"
+        attributes.update({"type": type, "source": source})
+        post_cloud_event(CloudEvent(attributes, data))
+
+    def publishCloudEvent(self, cloud_event):  # noqa: N802 - Kyma's name, deprecated there
+        post_cloud_event(cloud_event if isinstance(cloud_event, CloudEvent) else CloudEvent(cloud_event))
+
+    def buildResponseCloudEvent(self, event_id, event_type, data):  # noqa: N802 - Kyma's name
+        return CloudEvent({"id": event_id, "type": event_type, "source": function_name}, data)
+
+
+def post_cloud_event(cloud_event):
+    if not publisher_address:
+        raise RuntimeError("PUBLISHER_PROXY_ADDRESS is not set")
+    import requests  # loaded on first use: most functions never emit events
+
+    headers, body = to_structured(cloud_event)
+    if publisher_token:
+        headers["authorization"] = f"Bearer {publisher_token}"
+    propagate.inject(headers)
+    requests.post(publisher_address, data=body, headers=headers, timeout=timeout).raise_for_status()
+
+
+def call_user_function(environ, parent, answer):
+    """Runs the function in its own thread, with bottle's request and response bound to it."""
+    token = otel_context.attach(parent)
+    try:
+        bottle.request.bind(environ)
+        bottle.response.bind()
+        with tracer.start_as_current_span(f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO', '/')}", kind=trace.SpanKind.SERVER) as span:
+            try:
+                event = Event(bottle.request, bottle.response)
+            except Exception as error:  # noqa: BLE001 - a bad CloudEvent is the caller's mistake
+                answer.put(("invalid", str(error), None))
+                return
+            try:
+                result = user_function(event, function_context)
+                answer.put(("ok", result, bottle.response.copy()))
+            except bottle.HTTPResponse as response:
+                answer.put(("ok", response, bottle.response.copy()))
+            except Exception as error:  # noqa: BLE001 - the function's failure, answered 500
+                span.set_status(trace.StatusCode.ERROR, str(error))
+                log(f"function failed:\n{traceback.format_exc()}")
+                answer.put(("failed", error, None))
+    finally:
+        otel_context.detach(token)
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+app = bottle.Bottle()
+
+
+@app.hook("before_request")
+def from_gateway():
+    if not instance_secret:
+        return
+    given = bottle.request.environ.pop(SECRET_ENVIRON_KEY, "").encode()
+    if not hmac.compare_digest(given, instance_secret):
+        raise bottle.HTTPResponse('{"error": "call this function through the eddy gateway"}', 403, {"Content-Type": "application/json"})
+
+
+@app.get("/favicon.ico")
+def favicon():
+    return bottle.HTTPResponse(status=204)
+
+
+@app.get("/healthz")
+def healthz():
+    return "OK"
+
+
+@app.get("/metrics")
+def metrics():
+    bottle.response.content_type = prom.CONTENT_TYPE_LATEST
+    return prom.generate_latest(prom.REGISTRY)
+
+
+@app.error(500)
+def internal_error(error):
+    return "Internal server error"
+
+
+@app.route("/<:re:.*>", method=["GET", "POST", "PUT", "PATCH", "DELETE"])
+def handle():
+    method = bottle.request.method
+    calls_total.labels(method).inc()
+    started = time.perf_counter()
+    try:
+        return answer_call(method)
+    finally:
+        duration_seconds.labels(method).observe(time.perf_counter() - started)
+
+
+def answer_call(method):
+    if user_function is None:
+        failures_total.labels(method).inc()
+        return bottle.HTTPResponse("User function not loaded", 500, {"Content-Type": "text/plain"})
+    parent = propagate.extract({name.lower(): value for name, value in bottle.request.headers.items()})
+    answer = queue.Queue(maxsize=1)
+    worker = threading.Thread(
+        target=call_user_function, args=(bottle.request.environ, parent, answer), daemon=True
+    )
+    worker.start()
+    try:
+        outcome, value, response = answer.get(timeout=timeout)
+    except queue.Empty:
+        failures_total.labels(method).inc()
+        log(f"function did not answer within {timeout:g}s")
+        return bottle.HTTPResponse("Timeout while processing the function", 408)
+    if outcome == "invalid":
+        return bottle.HTTPResponse(f"invalid CloudEvent: {value}", 400, {"Content-Type": "text/plain"})
+    if outcome == "failed":
+        failures_total.labels(method).inc()
+        return bottle.HTTPResponse("Internal server error", 500, {"Content-Type": "text/plain"})
+    # What the function set on bottle.response in its thread, then bottle's rules for the value.
+    bottle.response.status = response.status_line
+    for name, header_value in response.headerlist:
+        bottle.response.set_header(name, header_value)
+    return value
+
+
+def main():
+    server = wsgi.Server((host, port), app, numthreads=int(env.get("CHERRYPY_NUMTHREADS", "50")))
+
+    def stop(signum, frame):
+        threading.Thread(target=server.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.prepare()
+    log(f"eddy: {function_name} listening on {port}")
+    try:
+        server.serve()
+    finally:
+        if tracing_provider is not None:
+            tracing_provider.shutdown()
+
+
+if __name__ == "__main__":
+    main()
