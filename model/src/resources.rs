@@ -285,7 +285,7 @@ pub struct EnvVar {
     /// Name (a C identifier; names the platform sets are reserved).
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
-    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_PORT', 'FUNC_TIMEOUT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message("is set by the platform"))]
+    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'FUNC_TIMEOUT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message("is set by the platform"))]
     pub name: String,
     /// Value.
     #[serde(default)]
@@ -369,10 +369,13 @@ pub const PROFILES: [(&str, &str, &str, &str, &str); 5] = [
 ];
 
 /// Environment variables the platform sets; users may not set them.
-pub const RESERVED_ENV: [&str; 8] = [
+pub const RESERVED_ENV: [&str; 11] = [
     "FUNC_NAME",
     "FUNC_NAMESPACE",
+    "SERVICE_NAMESPACE",
     "FUNC_RUNTIME",
+    "FUNC_HANDLER",
+    "MOD_NAME",
     "FUNC_PORT",
     "FUNC_TIMEOUT",
     "PUBLISHER_PROXY_ADDRESS",

@@ -413,7 +413,10 @@ fn deployment(
     let mut env = vec![
         var("FUNC_NAME", name.to_owned()),
         var("FUNC_NAMESPACE", owned.namespace.clone()),
+        var("SERVICE_NAMESPACE", owned.namespace.clone()),
         var("FUNC_RUNTIME", function.spec.runtime.as_str().to_owned()),
+        var("FUNC_HANDLER", "main".to_owned()),
+        var("MOD_NAME", "handler".to_owned()),
         var("FUNC_PORT", FUNCTION_PORT.to_string()),
         var("FUNC_TIMEOUT", timeout.to_string()),
         var("PUBLISHER_PROXY_ADDRESS", config.publisher_url.clone()),

@@ -1084,7 +1084,10 @@ fn function_env_is_the_platform_s_then_the_user_s() {
     let expected: Vec<(String, String)> = [
         ("FUNC_NAME", "reserve-stock"),
         ("FUNC_NAMESPACE", "shop"),
+        ("SERVICE_NAMESPACE", "shop"),
         ("FUNC_RUNTIME", "nodejs20"),
+        ("FUNC_HANDLER", "main"),
+        ("MOD_NAME", "handler"),
         ("FUNC_PORT", "8080"),
         ("FUNC_TIMEOUT", "42"),
         (
