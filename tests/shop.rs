@@ -237,7 +237,7 @@ async fn the_shop_runs_end_to_end_and_survives_a_restart() {
         "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
         "metadata": {"name": "late-handler", "namespace": "default"},
         "spec": {"runtime": "python311", "source": {"inline": {"source":
-            "SEEN = set()\n\ndef main(event, context):\n    if event.get('ce-id'):\n        SEEN.add(event['ce-id'])\n    return sorted(SEEN)\n"}}}
+            "SEEN = set()\n\ndef main(event, context):\n    if event.get('ce-id'):\n        SEEN.add(event['ce-id'])\n    return {'seen': sorted(SEEN)}\n"}}}
     }))
     .await;
     let late = format!("{}/default/late-handler", up.gateway);
@@ -248,7 +248,7 @@ async fn the_shop_runs_end_to_end_and_survives_a_restart() {
             match reqwest::get(&late).await {
                 Ok(response) if response.status() == 200 => {
                     response.json::<Value>().await.unwrap_or_default()
-                        == json!(["late-1", "late-2"])
+                        == json!({"seen": ["late-1", "late-2"]})
                 }
                 _ => false,
             }

@@ -4,9 +4,12 @@
 // them; the tracing SDK and its exporter load only when TRACE_COLLECTOR_ENDPOINT is set.
 //
 // An .mjs file, so a function's own `"type": "module"` cannot change how this server loads.
+// Installs bundle it with its libraries into one file (package.json's `bundle`): one file to
+// read and compile starts much faster than hundreds.
 import crypto from "node:crypto";
 import fs from "node:fs";
-import Module, { register } from "node:module";
+import http from "node:http";
+import Module, * as moduleApi from "node:module";
 import path from "node:path";
 import process from "node:process";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -89,6 +92,9 @@ const durationMs = new promClient.Histogram({
 
 // ---- isolation -----------------------------------------------------------------------------
 
+// `registerHooks` exists from Node.js 22.15 on; read off the namespace so Node.js 20 loads this.
+const { register, registerHooks } = moduleApi;
+
 // A function sees its own node_modules and the runtime's libraries, never packages that happen
 // to sit in a directory above it (a project's node_modules, a global install).
 const runtimeDir = path.dirname(fileURLToPath(import.meta.url));
@@ -98,22 +104,36 @@ const allowedRoots = [runtimeDir, path.dirname(fs.realpathSync(path.join(runtime
 const nodeModulePaths = Module._nodeModulePaths;
 Module._nodeModulePaths = (from) => nodeModulePaths(from).filter((dir) => allowedRoots.some((root) => dir.startsWith(root)));
 Module.globalPaths.length = 0;
-register(
-  "data:text/javascript," +
-    encodeURIComponent(`
-      import { fileURLToPath } from "node:url";
-      let roots = [];
-      export function initialize(data) { roots = data.roots; }
-      export async function resolve(specifier, context, next) {
-        const resolved = await next(specifier, context);
-        const bare = !/^(\\.|\\/|[a-z][a-z0-9+.-]*:)/i.test(specifier);
-        if (bare && resolved.url.startsWith("file:") && !roots.some((root) => fileURLToPath(resolved.url).startsWith(root))) {
-          throw Object.assign(new Error("Cannot find package '" + specifier + "'"), { code: "ERR_MODULE_NOT_FOUND" });
-        }
-        return resolved;
-      }`),
-  { data: { roots: allowedRoots } },
-);
+/** A bare specifier resolved outside the allowed roots is reported as not found. */
+function checkResolved(specifier, resolved) {
+  const bare = !/^(\.|\/|[a-z][a-z0-9+.-]*:)/i.test(specifier);
+  if (bare && resolved.url.startsWith("file:") && !allowedRoots.some((root) => fileURLToPath(resolved.url).startsWith(root))) {
+    throw Object.assign(new Error(`Cannot find package '${specifier}'`), { code: "ERR_MODULE_NOT_FOUND" });
+  }
+  return resolved;
+}
+if (typeof registerHooks === "function") {
+  // Node.js 22.15 and later: hooks on this thread, for import() and require() alike.
+  registerHooks({ resolve: (specifier, context, next) => checkResolved(specifier, next(specifier, context)) });
+} else {
+  // Node.js 20: hooks on a worker thread (slower to start), for import() only.
+  register(
+    "data:text/javascript," +
+      encodeURIComponent(`
+        import { fileURLToPath } from "node:url";
+        let roots = [];
+        export function initialize(data) { roots = data.roots; }
+        export async function resolve(specifier, context, next) {
+          const resolved = await next(specifier, context);
+          const bare = !/^(\\.|\\/|[a-z][a-z0-9+.-]*:)/i.test(specifier);
+          if (bare && resolved.url.startsWith("file:") && !roots.some((root) => fileURLToPath(resolved.url).startsWith(root))) {
+            throw Object.assign(new Error("Cannot find package '" + specifier + "'"), { code: "ERR_MODULE_NOT_FOUND" });
+          }
+          return resolved;
+        }`),
+    { data: { roots: allowedRoots } },
+  );
+}
 
 // ---- the function --------------------------------------------------------------------------
 
@@ -149,7 +169,7 @@ function decodeAttribute(value) {
 }
 
 function isCloudEvent(req) {
-  return req.is("application/cloudevents+json") || (req.headers["ce-type"] !== undefined && req.headers["ce-source"] !== undefined);
+  return mediaType(req) === "application/cloudevents+json" || (req.headers["ce-type"] !== undefined && req.headers["ce-source"] !== undefined);
 }
 
 /** The `event` a function receives. Throws when the request claims to be an invalid CloudEvent. */
@@ -164,13 +184,22 @@ function buildEvent(req, res) {
     buildResponseCloudEvent,
     tracer,
   };
-  if (req.is("multipart/*")) return event;
+  if (mediaType(req).startsWith("multipart/")) return event;
   if (!isCloudEvent(req)) {
     event.data = req.body;
     return event;
   }
   const body = Buffer.isBuffer(req.body) ? req.body : req.body === undefined ? "" : req.body;
-  const cloudEvent = HTTP.toEvent({ headers: req.headers, body });
+  // The SDK builds its errors before it knows it needs them; without stacks to capture, reading
+  // an event costs a fraction (only an error's message is used here).
+  const stackTraceLimit = Error.stackTraceLimit;
+  Error.stackTraceLimit = 0;
+  let cloudEvent;
+  try {
+    cloudEvent = HTTP.toEvent({ headers: req.headers, body });
+  } finally {
+    Error.stackTraceLimit = stackTraceLimit;
+  }
   for (const [name, value] of Object.entries(cloudEvent)) {
     if (name !== "data" && name !== "data_base64") event[`ce-${name}`] = decodeAttribute(value);
   }
@@ -284,34 +313,80 @@ async function callFunction(req, res) {
 
 // ---- the server ----------------------------------------------------------------------------
 
+// The function gets Express's request and response, and bodies parsed by body-parser as
+// Express apps parse them. The routing around them is four fixed routes, so requests go to them
+// straight from Node's HTTP server, without Express's router and middleware chain in the way.
 const app = express();
 app.disable("x-powered-by");
 app.set("etag", false);
 
-app.use((req, res, next) => {
-  if (instanceSecret.length > 0) {
-    const given = Buffer.from(String(req.headers[secretHeader] || ""));
-    delete req.headers[secretHeader];
-    if (given.length !== instanceSecret.length || !crypto.timingSafeEqual(given, instanceSecret)) {
-      res.status(403).json({ error: "call this function through the eddy gateway" });
-      return;
+const limit = `${bodyLimitMb}mb`;
+const parseJson = bodyParser.json({ type: () => true, limit, strict: false });
+const parseText = bodyParser.text({ type: () => true, limit });
+const parseForm = bodyParser.urlencoded({ type: () => true, limit, extended: true });
+const parseRaw = bodyParser.raw({ type: () => true, limit });
+
+/**
+ * The request's media type, lower case without parameters ("" without a content type). Read
+ * once per request: the three places that need it would otherwise each parse the header.
+ */
+function mediaType(req) {
+  if (req.eddyMediaType === undefined) {
+    const header = req.headers["content-type"] || "";
+    const end = header.indexOf(";");
+    req.eddyMediaType = (end === -1 ? header : header.slice(0, end)).trim().toLowerCase();
+  }
+  return req.eddyMediaType;
+}
+
+/** The body parser for a request's content type; multipart is left to the function. */
+function bodyParserFor(req) {
+  const type = mediaType(req);
+  if (type === "application/json" || type === "application/cloudevents+json") return parseJson;
+  if (type.startsWith("text/")) return parseText;
+  if (type === "application/x-www-form-urlencoded") return parseForm;
+  if (type.startsWith("multipart/")) return null;
+  // body-parser reads nothing from a request without a body.
+  return parseRaw;
+}
+
+function readBody(req, res) {
+  const parse = bodyParserFor(req);
+  if (!parse) return Promise.resolve();
+  return new Promise((resolve, reject) => parse(req, res, (error) => (error ? reject(error) : resolve())));
+}
+
+function fromGateway(req) {
+  if (instanceSecret.length === 0) return true;
+  const given = Buffer.from(String(req.headers[secretHeader] || ""));
+  delete req.headers[secretHeader];
+  return given.length === instanceSecret.length && crypto.timingSafeEqual(given, instanceSecret);
+}
+
+async function serve(req, res) {
+  // What Express does to every request before its router: its request and response methods.
+  Object.setPrototypeOf(req, app.request);
+  Object.setPrototypeOf(res, app.response);
+  req.res = res;
+  res.req = req;
+  res.locals = Object.create(null);
+  if (!fromGateway(req)) {
+    res.status(403).json({ error: "call this function through the eddy gateway" });
+    return;
+  }
+  if (req.method === "GET") {
+    switch (req.path) {
+      case "/healthz":
+        res.status(200).type("text/plain").send("OK");
+        return;
+      case "/metrics":
+        res.type(metrics.contentType).send(await metrics.metrics());
+        return;
+      case "/favicon.ico":
+        res.status(204).end();
+        return;
     }
   }
-  next();
-});
-
-const limit = `${bodyLimitMb}mb`;
-app.use(bodyParser.json({ type: ["application/json", "application/cloudevents+json"], limit, strict: false }));
-app.use(bodyParser.text({ type: "text/*", limit }));
-app.use(bodyParser.urlencoded({ limit, extended: true }));
-// Everything else arrives as a Buffer, except multipart, which the function reads itself.
-app.use(bodyParser.raw({ limit, type: (req) => !String(req.headers["content-type"] || "").startsWith("multipart/") }));
-
-app.get("/healthz", (req, res) => res.status(200).type("text/plain").send("OK"));
-app.get("/metrics", async (req, res) => res.type(metrics.contentType).send(await metrics.metrics()));
-app.get("/favicon.ico", (req, res) => res.status(204).end());
-
-app.all("*path", (req, res) => {
   res.set("Access-Control-Allow-Origin", "*");
   if (req.method === "OPTIONS") {
     // A CORS preflight: allow what was asked for, without calling the function.
@@ -322,19 +397,25 @@ app.all("*path", (req, res) => {
     res.status(204).end();
     return;
   }
-  return callFunction(req, res);
-});
+  req.params = { path: req.path.split("/").filter(Boolean) };
+  await readBody(req, res);
+  await callFunction(req, res);
+}
 
-// A body past REQ_MB_LIMIT, malformed JSON: said in plain words with their status.
-app.use((error, req, res, next) => {
-  if (res.headersSent) return next(error);
-  const status = Number(error?.status || error?.statusCode || 500);
-  res.set("Access-Control-Allow-Origin", "*");
-  res.status(status).type("text/plain").send(status < 500 ? String(error.message) : "Internal server error");
+const server = http.createServer((req, res) => {
+  serve(req, res).catch((error) => {
+    // A body past REQ_MB_LIMIT, malformed JSON: said in plain words with their status.
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    const status = Number(error?.status || error?.statusCode || 500);
+    if (status >= 500) console.error("request failed:", error);
+    res.status(status).type("text/plain").send(status < 500 ? String(error.message) : "Internal server error");
+  });
 });
-
-const server = app.listen(port, host, () => console.log(`eddy: ${functionName} listening on ${port}`));
 server.keepAliveTimeout = 65000;
+server.listen(port, host, () => console.log(`eddy: ${functionName} listening on ${port}`));
 
 function shutdown() {
   server.close(() => {

@@ -119,7 +119,16 @@ pub async fn build(
         .await
         .map_err(|error| BuildFailure::io("create", &function_dir, &error))?;
     let files = runtimes::files(runtime);
-    write(dir.join(files.server_file), files.server.to_owned()).await?;
+    let server = match files.bundled_server {
+        Some(bundle) => {
+            let path = libraries.join(bundle);
+            tokio::fs::read_to_string(&path)
+                .await
+                .map_err(|error| BuildFailure::io("read", &path, &error))?
+        }
+        None => files.server.to_owned(),
+    };
+    write(dir.join(files.server_file), server).await?;
     if runtime.node_major().is_some() {
         // Ends Node.js's search for the nearest package.json here, so nothing above the build
         // decides whether handler.js is CommonJS or an ES module.

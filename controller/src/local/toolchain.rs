@@ -242,7 +242,10 @@ impl Toolchain {
         );
         let started = Instant::now();
         let staging = staging_dir(target)?;
-        for (name, contents) in files.libraries {
+        let bundled = files
+            .bundled_server
+            .map(|_| (files.server_file, files.server));
+        for (name, contents) in files.libraries.iter().chain(bundled.iter()) {
             let path = staging.join(name);
             tokio::fs::write(&path, contents)
                 .await
@@ -271,16 +274,16 @@ impl Toolchain {
                     failed => failed,
                 }
             }
+            // The pinned set, then the server bundled with it (package.json's `bundle`).
             None => {
                 let mut npm = tokio::process::Command::new(&self.npm);
-                npm.args([
-                    "ci",
-                    "--omit=dev",
-                    "--no-audit",
-                    "--no-fund",
-                    "--loglevel=error",
-                ]);
-                run_installer(npm, &staging, self.timeout, what).await
+                npm.args(["ci", "--no-audit", "--no-fund", "--loglevel=error"]);
+                let mut bundle = tokio::process::Command::new(&self.npm);
+                bundle.args(["run", "--silent", "bundle"]);
+                match run_installer(npm, &staging, self.timeout, what).await {
+                    Ok(()) => run_installer(bundle, &staging, self.timeout, what).await,
+                    failed => failed,
+                }
             }
         };
         if installed.is_ok() {
