@@ -49,6 +49,82 @@ fn sample(metrics: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
 }
 
+/// What function `name`'s `/metrics` shows.
+async fn function_metrics(platform: &Platform, name: &str) -> String {
+    let url = format!("{}/default/{name}/metrics", platform.gateway);
+    platform
+        .http
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The JSON a request's answer carries.
+async fn json_answer(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+/// Sends function `name` a binary-mode CloudEvent (its subject percent-encoded); its answer.
+async fn send_binary_event(platform: &Platform, name: &str) -> Value {
+    json_answer(
+        platform
+            .invoke(name, "/")
+            .header("ce-specversion", "1.0")
+            .header("ce-type", "order.created")
+            .header("ce-source", "shop")
+            .header("ce-id", "b-1")
+            .header("ce-eventtypeversion", "v1")
+            .header("ce-subject", "a%20b")
+            .json(&json!({"sku": "A"})),
+    )
+    .await
+}
+
+/// Sends function `name` a structured-mode CloudEvent whose data is `{"amount": 5}`; its answer.
+async fn send_structured_event(platform: &Platform, name: &str) -> Value {
+    json_answer(
+        platform
+            .invoke(name, "/")
+            .header("content-type", "application/cloudevents+json")
+            .body(
+                json!({"specversion": "1.0", "type": "order.paid", "source": "pay", "id": "s-1",
+                       "time": "2026-11-23T10:00:00Z", "datacontenttype": "application/json",
+                       "data": {"amount": 5}})
+                .to_string(),
+            ),
+    )
+    .await
+}
+
+/// Deploys `source`, which emits `order.shipped.v1` from `warehouse` with id `ship-7` and data
+/// `{"order": 7}`, calls it and waits for the event at a subscribed sink. The call's answer.
+async fn check_emit(runtime: &str, source: &str) -> (u16, String) {
+    let platform = Platform::start_with(Options::default()).await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe(
+            "emitted",
+            json!({"sink": sink.url, "types": ["order.shipped.v1"]}),
+        )
+        .await;
+    deploy_on(&platform, runtime, "emitter", source, json!({})).await;
+    let answer = text(platform.invoke("emitter", "/").send().await.unwrap()).await;
+    sink.wait_for(1).await;
+    let received = &sink.received()[0];
+    assert_eq!(received.header("ce-id"), "ship-7");
+    assert_eq!(received.header("ce-type"), "order.shipped.v1");
+    assert_eq!(received.header("ce-source"), "warehouse");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&received.body).unwrap(),
+        json!({"order": 7})
+    );
+    answer
+}
+
 #[tokio::test]
 async fn the_express_request_and_response_are_the_functions_to_use() {
     let platform = Platform::start().await;
@@ -282,15 +358,7 @@ module.exports = { main: (event) => { if (event.extensions.request.path === "/fa
     for path in ["/a", "/b", "/fail"] {
         platform.invoke("routes", path).send().await.unwrap();
     }
-    let metrics = platform
-        .http
-        .get(url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = function_metrics(&platform, "routes").await;
     // The preflight and the favicon did not call the function.
     assert_eq!(sample(&metrics, "function_calls_total"), 3.0, "{metrics}");
     assert_eq!(sample(&metrics, "function_failures_total"), 1.0);
@@ -308,21 +376,7 @@ module.exports = { main: (event) => ({
 }) };
 "#;
     deploy(&platform, "events", source, json!({})).await;
-    let binary: Value = platform
-        .invoke("events", "/")
-        .header("ce-specversion", "1.0")
-        .header("ce-type", "order.created")
-        .header("ce-source", "shop")
-        .header("ce-id", "b-1")
-        .header("ce-eventtypeversion", "v1")
-        .header("ce-subject", "a%20b")
-        .json(&json!({"sku": "A"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let binary = send_binary_event(&platform, "events").await;
     assert_eq!(binary["data"], json!({"sku": "A"}));
     assert_eq!(binary["type"], "order.created");
     assert_eq!(binary["source"], "shop");
@@ -331,21 +385,7 @@ module.exports = { main: (event) => ({
     assert_eq!(binary["eventtypeversion"], "v1");
     assert_eq!(binary["subject"], "a b", "attributes are percent-decoded");
 
-    let structured: Value = platform
-        .invoke("events", "/")
-        .header("content-type", "application/cloudevents+json")
-        .body(
-            json!({"specversion": "1.0", "type": "order.paid", "source": "pay", "id": "s-1",
-                   "time": "2026-11-23T10:00:00Z", "datacontenttype": "application/json",
-                   "data": {"amount": 5}})
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let structured = send_structured_event(&platform, "events").await;
     assert_eq!(structured["data"], json!({"amount": 5}), "unwrapped");
     assert_eq!(structured["type"], "order.paid");
     assert_eq!(structured["id"], "s-1");
@@ -353,58 +393,32 @@ module.exports = { main: (event) => ({
     assert_eq!(structured["datacontenttype"], "application/json");
 
     // A plain request is no event: data is the parsed body, form or text.
-    let plain: Value = platform
-        .invoke("events", "/")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("a=1")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let plain: Value = json_answer(
+        platform
+            .invoke("events", "/")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("a=1"),
+    )
+    .await;
     assert_eq!(plain, json!({"data": {"a": "1"}}));
 }
 
 #[tokio::test]
 async fn emit_cloud_event_reaches_a_subscriber() {
-    let platform = Platform::start_with(Options::default()).await;
-    let sink = Sink::ok().await;
-    platform
-        .subscribe(
-            "emitted",
-            json!({"sink": sink.url, "types": ["order.shipped.v1"]}),
-        )
-        .await;
     let source = r#"
 module.exports = { main: async (event) => {
   const answer = await event.emitCloudEvent("order.shipped.v1", "warehouse", { order: 7 }, { id: "ship-7" });
   return { status: answer.status };
 } };
 "#;
-    deploy(&platform, "emitter", source, json!({})).await;
-    let answer: Value = platform
-        .invoke("emitter", "/")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, body) = check_emit("nodejs20", source).await;
+    assert_eq!(status, 200);
+    let answer: Value = serde_json::from_str(&body).unwrap();
     assert!(
         answer["status"]
             .as_u64()
             .is_some_and(|s| (200..300).contains(&s)),
         "axios resolves to the event-bus's answer: {answer}"
-    );
-    sink.wait_for(1).await;
-    let received = &sink.received()[0];
-    assert_eq!(received.header("ce-id"), "ship-7");
-    assert_eq!(received.header("ce-type"), "order.shipped.v1");
-    assert_eq!(received.header("ce-source"), "warehouse");
-    assert_eq!(
-        serde_json::from_slice::<Value>(&received.body).unwrap(),
-        json!({"order": 7})
     );
 }
 
@@ -500,14 +514,7 @@ module.exports = { main: async () => {
 } };
 "#;
     deploy(&platform, "isolated", source, json!({})).await;
-    let answer: Value = platform
-        .invoke("isolated", "/")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = json_answer(platform.invoke("isolated", "/")).await;
     assert_eq!(
         answer,
         json!({"require": "MODULE_NOT_FOUND", "import": "ERR_MODULE_NOT_FOUND", "express": "function"})
@@ -531,14 +538,7 @@ async fn each_nodejs_runtime_runs_on_its_own_major_version() {
         ("nodejs22", "v22."),
         ("nodejs24", "v24."),
     ] {
-        let answer: Value = platform
-            .invoke(runtime, "/")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer: Value = json_answer(platform.invoke(runtime, "/")).await;
         assert_eq!(answer["runtime"], runtime);
         assert!(
             answer["version"].as_str().unwrap().starts_with(major),
@@ -570,16 +570,13 @@ def main(event, context):
     }
 "#;
     deploy_on(&platform, "python312", "bottled", source, json!({})).await;
-    let body: Value = platform
-        .invoke("bottled", "/orders?name=kyma")
-        .header("x-custom", "given")
-        .json(&json!({"a": 1}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: Value = json_answer(
+        platform
+            .invoke("bottled", "/orders?name=kyma")
+            .header("x-custom", "given")
+            .json(&json!({"a": 1})),
+    )
+    .await;
     assert_eq!(
         body,
         json!({"query": "kyma", "json": {"a": 1}, "method": "POST", "path": "/orders",
@@ -654,15 +651,7 @@ def main(event, context):
     let url = |path: &str| format!("{}/default/strict{path}", platform.gateway);
     let favicon = platform.http.get(url("/favicon.ico")).send().await.unwrap();
     assert_eq!(favicon.status(), 204);
-    let metrics = platform
-        .http
-        .get(url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = function_metrics(&platform, "strict").await;
     assert_eq!(
         sample(&metrics, "function_calls_total{method=\"POST\"}"),
         3.0,
@@ -688,40 +677,13 @@ def main(event, context):
             ["data", "ce-type", "ce-source", "ce-id", "ce-specversion", "ce-eventtypeversion", "ce-subject"]}
 "#;
     deploy_on(&platform, "python312", "pyevents", source, json!({})).await;
-    let binary: Value = platform
-        .invoke("pyevents", "/")
-        .header("ce-specversion", "1.0")
-        .header("ce-type", "order.created")
-        .header("ce-source", "shop")
-        .header("ce-id", "b-1")
-        .header("ce-eventtypeversion", "v1")
-        .header("ce-subject", "a%20b")
-        .json(&json!({"sku": "A"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let binary = send_binary_event(&platform, "pyevents").await;
     assert_eq!(
         binary,
         json!({"data": {"sku": "A"}, "ce-type": "order.created", "ce-source": "shop", "ce-id": "b-1",
                "ce-specversion": "1.0", "ce-eventtypeversion": "v1", "ce-subject": "a b"})
     );
-    let structured: Value = platform
-        .invoke("pyevents", "/")
-        .header("content-type", "application/cloudevents+json")
-        .body(
-            json!({"specversion": "1.0", "type": "order.paid", "source": "pay", "id": "s-1",
-                   "data": {"amount": 5}})
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let structured = send_structured_event(&platform, "pyevents").await;
     assert_eq!(structured["data"], json!({"amount": 5}), "unwrapped");
     assert_eq!(structured["ce-type"], "order.paid");
     assert_eq!(structured["ce-id"], "s-1");
@@ -729,29 +691,14 @@ def main(event, context):
 
 #[tokio::test]
 async fn python_emit_cloud_event_reaches_a_subscriber() {
-    let platform = Platform::start_with(Options::default()).await;
-    let sink = Sink::ok().await;
-    platform
-        .subscribe(
-            "py-emitted",
-            json!({"sink": sink.url, "types": ["order.packed.v1"]}),
-        )
-        .await;
     let source = r#"
 def main(event, context):
-    event.emitCloudEvent("order.packed.v1", "packer", {"order": 8}, {"id": "pack-8"})
+    event.emitCloudEvent("order.shipped.v1", "warehouse", {"order": 7}, {"id": "ship-7"})
     return "emitted"
 "#;
-    deploy_on(&platform, "python312", "pyemitter", source, json!({})).await;
-    let (status, body) = text(platform.invoke("pyemitter", "/").send().await.unwrap()).await;
-    assert_eq!((status, body.as_str()), (200, "emitted"));
-    sink.wait_for(1).await;
-    let received = &sink.received()[0];
-    assert_eq!(received.header("ce-id"), "pack-8");
-    assert_eq!(received.header("ce-source"), "packer");
     assert_eq!(
-        serde_json::from_slice::<Value>(&received.body).unwrap(),
-        json!({"order": 8})
+        check_emit("python312", source).await,
+        (200, "emitted".to_owned())
     );
 }
 
@@ -798,14 +745,7 @@ def main(event, context):
         json!({"dependencies": format!("{}\n", package.display())}),
     )
     .await;
-    let answer: Value = platform
-        .invoke("pyisolated", "/")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer: Value = json_answer(platform.invoke("pyisolated", "/")).await;
     let prefix = answer["prefix"].as_str().unwrap();
     let base = answer["base"].as_str().unwrap();
     assert_ne!(prefix, base, "a virtual environment: {answer}");
@@ -859,14 +799,7 @@ async fn each_python_runtime_runs_on_its_own_minor_version() {
         deploy_on(&platform, runtime, runtime, source, json!({})).await;
     }
     for (runtime, version) in [("python311", "3.11"), ("python312", "3.12")] {
-        let answer: Value = platform
-            .invoke(runtime, "/")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let answer: Value = json_answer(platform.invoke(runtime, "/")).await;
         assert_eq!(answer, json!({"version": version, "runtime": runtime}));
     }
 }
