@@ -194,18 +194,7 @@ async fn check_runtime(platform: &Platform, name: &str, runtime: &str, source: &
     assert_eq!(response.status(), 408);
 
     // The handler's error went to the function's log.
-    let log = platform
-        .http
-        .get(format!(
-            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}/log",
-            platform.api
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let log = platform.function_log(name).await;
     assert!(log.contains("boom"), "{log}");
 
     // emitCloudEvent publishes through the event-bus into JetStream.

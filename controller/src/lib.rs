@@ -384,14 +384,12 @@ impl Controller {
             builds_dir: data_dir.join("builds"),
             toolchain: local::toolchain::Toolchain::new(
                 node,
-                npm.clone(),
+                npm,
                 python,
                 tools_dir.unwrap_or_else(|| default_tools_dir(&data_dir)),
                 runtimes_dir.unwrap_or_else(|| data_dir.join("runtimes")),
                 build_timeout,
             ),
-            npm,
-            timeout: build_timeout,
         };
         let backend = Arc::new(local::LocalController::new(
             store.clone(),

@@ -102,9 +102,13 @@ function_context = {
 CE_ATTRIBUTES = ("type", "source", "id", "time", "specversion", "eventtypeversion", "datacontenttype")
 
 
-def is_cloud_event(request):
-    content_type = request.content_type.split(";")[0].strip().lower()
-    return content_type == "application/cloudevents+json" or (
+def media_type(request):
+    """The request's media type, lower case without parameters ("" without a content type)."""
+    return request.content_type.split(";")[0].strip().lower()
+
+
+def is_cloud_event(request, media):
+    return media == "application/cloudevents+json" or (
         "ce-type" in request.headers and "ce-source" in request.headers
     )
 
@@ -117,15 +121,16 @@ class Event(dict):
         super().__init__()
         self["extensions"] = {"request": request, "response": response}
         self.tracer = tracer
-        if request.content_type.startswith("multipart/"):
+        media = media_type(request)
+        if media.startswith("multipart/"):
             return
-        if is_cloud_event(request):
+        if is_cloud_event(request, media):
             cloud_event = from_http(dict(request.headers), request.body.read())
             for name, value in cloud_event.get_attributes().items():
                 # Binary-mode attributes arrive percent-encoded (the HTTP binding).
                 self["ce-" + name] = unquote(value) if isinstance(value, str) and "%" in value else value
             self["data"] = cloud_event.get_data()
-        elif request.content_type.split(";")[0].strip().lower() == "application/json":
+        elif media == "application/json":
             self["data"] = request.json
 
     @property

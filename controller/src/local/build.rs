@@ -29,12 +29,8 @@ const DONE_MARKER: &str = ".eddy-built";
 pub struct BuildConfig {
     /// Root of all builds.
     pub builds_dir: PathBuf,
-    /// The interpreters and the runtimes' shared libraries.
+    /// The interpreters, `npm`, the runtimes' shared libraries and the install timeout.
     pub toolchain: Toolchain,
-    /// `npm`, to install a Node.js function's dependencies.
-    pub npm: PathBuf,
-    /// Longest a dependency install may take.
-    pub timeout: Duration,
 }
 
 /// A finished build.
@@ -164,7 +160,7 @@ async fn install(
 ) -> Result<(), BuildFailure> {
     let command = match runtime {
         Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 => {
-            let mut command = tokio::process::Command::new(&config.npm);
+            let mut command = tokio::process::Command::new(&config.toolchain.npm);
             command.args([
                 "install",
                 "--omit=dev",
@@ -191,7 +187,13 @@ async fn install(
             command
         }
     };
-    run_installer(command, dir, config.timeout, "installing dependencies").await
+    run_installer(
+        command,
+        dir,
+        config.toolchain.timeout,
+        "installing dependencies",
+    )
+    .await
 }
 
 /// Runs an installer in `dir` with a filtered environment, its output in `dir/build.log`, within
@@ -412,8 +414,6 @@ mod tests {
                 workspace.join("target/eddy-runtimes"),
                 Duration::from_secs(300),
             ),
-            npm: "npm".into(),
-            timeout: Duration::from_secs(60),
         };
         let first = build(
             &config,
