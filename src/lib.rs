@@ -89,9 +89,15 @@ pub enum Command {
         #[command(flatten)]
         api: cli::resources::ApiArgs,
     },
+    /// Print the eddy-native form of Kyma manifests (other manifests unchanged).
+    Convert {
+        /// A YAML/JSON file (several documents allowed) or a directory of them.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
     /// Show resources.
     Get {
-        /// functions or subscriptions.
+        /// functions, subscriptions, secrets or configmaps.
         kind: cli::resources::Kind,
         /// One resource; all when left out.
         name: Option<String>,
@@ -107,7 +113,7 @@ pub enum Command {
     },
     /// Delete resources, by name or by manifest.
     Delete {
-        /// functions or subscriptions.
+        /// functions, subscriptions, secrets or configmaps.
         kind: Option<cli::resources::Kind>,
         /// The resource.
         name: Option<String>,
@@ -267,6 +273,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Up(args) => up::run(args).await?,
         Command::Publish(args) => cli::publish::run(args).await?,
         Command::Apply { file, api } => cli::resources::apply(&api, &file).await?,
+        Command::Convert { file } => print!("{}", cli::resources::convert(&file)?),
         Command::Get {
             kind,
             name,

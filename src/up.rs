@@ -102,6 +102,9 @@ pub struct Args {
     /// How long load is remembered before scaling down.
     #[arg(long = "scale-down-window", env = "EDDY_SCALE_DOWN_WINDOW", default_value = eddy_controller::DEFAULT_SCALE_DOWN_WINDOW, value_parser = humantime::parse_duration)]
     pub scale_down_window: Duration,
+    /// How often the reference of a Function's Git source is checked for a new commit.
+    #[arg(long = "git-poll-interval", env = "EDDY_GIT_POLL_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub git_poll_interval: Duration,
     /// In-flight requests per instance the autoscaler aims for.
     #[arg(
         long = "target-concurrency",
@@ -318,6 +321,7 @@ impl Platform {
         controller_args.local.bus_url = self.bus_url.clone();
         controller_args.local.scale_to_zero_after = args.scale_to_zero_after;
         controller_args.local.scale_down_window = args.scale_down_window;
+        controller_args.local.git_poll_interval = args.git_poll_interval;
         controller_args.local.target_concurrency = args.target_concurrency;
         controller_args.local.dispatcher_url = dispatcher
             .as_ref()

@@ -9,22 +9,6 @@ use axum::{http::StatusCode, response::IntoResponse};
 use serde_json::Value;
 use support::{Platform, Sink};
 
-async fn eddy(platform: &Platform, args: &[&str]) -> (bool, String, String) {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args(args)
-        .env("EDDY_SERVER", &platform.api)
-        .env("EDDY_BUS_URL", &platform.bus)
-        .env("EDDY_DISPATCHER_URL", &platform.dispatcher)
-        .output()
-        .await
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 #[tokio::test]
 async fn apply_get_publish_dlq_redrive_replay_delete() {
     let platform = Platform::start().await;
@@ -52,15 +36,19 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
     )
     .unwrap();
 
-    let (ok, out, err) = eddy(&platform, &["apply", "-f", manifest.to_str().unwrap()]).await;
+    let (ok, out, err) = platform
+        .eddy(&["apply", "-f", manifest.to_str().unwrap()])
+        .await;
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "subscription.eddy.dev/cli-sub created");
-    let (ok, out, _) = eddy(&platform, &["apply", "-f", dir.path().to_str().unwrap()]).await;
+    let (ok, out, _) = platform
+        .eddy(&["apply", "-f", dir.path().to_str().unwrap()])
+        .await;
     assert!(ok);
     assert_eq!(out.trim(), "subscription.eddy.dev/cli-sub unchanged");
     platform.wait_subscription_ready("cli-sub").await;
 
-    let (ok, out, _) = eddy(&platform, &["get", "subscriptions"]).await;
+    let (ok, out, _) = platform.eddy(&["get", "subscriptions"]).await;
     assert!(ok);
     assert!(
         out.lines().next().unwrap().starts_with("NAMESPACE"),
@@ -70,7 +58,9 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
         out.contains("cli-sub") && out.contains("True") && out.contains("order.created.v1"),
         "{out}"
     );
-    let (ok, out, _) = eddy(&platform, &["get", "subscription", "cli-sub", "-o", "json"]).await;
+    let (ok, out, _) = platform
+        .eddy(&["get", "subscription", "cli-sub", "-o", "json"])
+        .await;
     assert!(ok);
     let resource: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
@@ -78,9 +68,8 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
         "eddy.events.*.order.created.v1"
     );
 
-    let (ok, out, err) = eddy(
-        &platform,
-        &[
+    let (ok, out, err) = platform
+        .eddy(&[
             "publish",
             "--type",
             "order.created.v1",
@@ -88,15 +77,14 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
             "shop",
             "--data",
             r#"{"sku":"A"}"#,
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert!(ok, "{err}");
     let id = out.trim().to_owned();
     assert_eq!(id.len(), 36, "a UUID is printed: {out}");
     platform.wait_settled("cli-sub").await;
 
-    let (ok, out, _) = eddy(&platform, &["dlq", "list", "cli-sub"]).await;
+    let (ok, out, _) = platform.eddy(&["dlq", "list", "cli-sub"]).await;
     assert!(ok);
     assert!(
         out.contains("http_5xx") && out.contains(&id) && out.contains("default/cli-sub"),
@@ -104,13 +92,13 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
     );
 
     healthy.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (ok, out, err) = eddy(&platform, &["dlq", "redrive", "cli-sub"]).await;
+    let (ok, out, err) = platform.eddy(&["dlq", "redrive", "cli-sub"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("1 delivered, 0 failed"), "{out}");
-    let (_, out, _) = eddy(&platform, &["dlq", "list", "cli-sub"]).await;
+    let (_, out, _) = platform.eddy(&["dlq", "list", "cli-sub"]).await;
     assert_eq!(out.trim(), "no dead letters");
 
-    let (ok, out, err) = eddy(&platform, &["replay", "cli-sub", "--since", "1h"]).await;
+    let (ok, out, err) = platform.eddy(&["replay", "cli-sub", "--since", "1h"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("replaying 1 stored event(s)"), "{out}");
     sink.wait_for(3).await;
@@ -118,14 +106,16 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
 
     // Bad manifests are refused with the field named, and nothing changes.
     std::fs::write(&manifest, "apiVersion: eddy.dev/v1alpha1\nkind: Subscription\nmetadata:\n  name: cli-sub\nspec:\n  sink: http://10.0.0.1/\n  types: [a]\n").unwrap();
-    let (ok, _, err) = eddy(&platform, &["apply", "-f", manifest.to_str().unwrap()]).await;
+    let (ok, _, err) = platform
+        .eddy(&["apply", "-f", manifest.to_str().unwrap()])
+        .await;
     assert!(!ok);
     assert!(err.contains("spec.sink"), "{err}");
 
-    let (ok, out, _) = eddy(&platform, &["delete", "subscriptions", "cli-sub"]).await;
+    let (ok, out, _) = platform.eddy(&["delete", "subscriptions", "cli-sub"]).await;
     assert!(ok);
     assert_eq!(out.trim(), "subscription.eddy.dev/cli-sub deleted");
-    let (ok, _, err) = eddy(&platform, &["get", "subscriptions", "cli-sub"]).await;
+    let (ok, _, err) = platform.eddy(&["get", "subscriptions", "cli-sub"]).await;
     assert!(!ok);
     assert!(err.contains("not found"), "{err}");
 }

@@ -13,10 +13,14 @@ use axum::{
     routing::get,
 };
 use eddy_model::resources::{
-    self, API_VERSION, FieldError, Function, SinkPolicy, Subscription, describe_errors,
+    self, API_VERSION, APPLIED_AS_ANNOTATION, FieldError, Function, KYMA_FUNCTION_API_VERSION,
+    KYMA_SUBSCRIPTION_API_VERSION, SinkPolicy, Subscription, describe_errors, is_config_key,
 };
 use eddy_platform::store::{Store, StoreError, StoredResource};
-use serde::de::DeserializeOwned;
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{ConfigMap, Secret},
+};
 use serde_json::{Value, json};
 
 /// What the API handlers share.
@@ -27,6 +31,8 @@ pub struct ApiState {
     pub sinks: SinkPolicy,
     /// Function logs (`<dir>/<namespace>/<name>.log`).
     pub logs_dir: std::path::PathBuf,
+    /// The local backend, for the instances of each function.
+    pub backend: Option<Arc<crate::local::LocalController>>,
 }
 
 type Shared = State<Arc<ApiState>>;
@@ -36,7 +42,51 @@ pub const API_PREFIX: &str = "/apis/eddy.dev/v1alpha1";
 
 /// The API routes (merged into the controller's router).
 pub fn router(state: Arc<ApiState>) -> Router {
+    let kyma_functions = "/apis/serverless.kyma-project.io/v1alpha2";
+    let kyma_subscriptions = "/apis/eventing.kyma-project.io/v1alpha2";
     Router::new()
+        .route(
+            &format!("{kyma_functions}/namespaces/{{namespace}}/functions"),
+            get(list::<Function>),
+        )
+        .route(
+            &format!("{kyma_functions}/namespaces/{{namespace}}/functions/{{name}}"),
+            get(read::<Function>)
+                .put(apply::<Function>)
+                .delete(remove::<Function>),
+        )
+        .route(
+            &format!("{kyma_subscriptions}/namespaces/{{namespace}}/subscriptions"),
+            get(list::<Subscription>),
+        )
+        .route(
+            &format!("{kyma_subscriptions}/namespaces/{{namespace}}/subscriptions/{{name}}"),
+            get(read::<Subscription>)
+                .put(apply::<Subscription>)
+                .delete(remove::<Subscription>),
+        )
+        .route("/api/v1/secrets", get(list_all::<Secret>))
+        .route("/api/v1/configmaps", get(list_all::<ConfigMap>))
+        .route(
+            "/api/v1/namespaces/{namespace}/secrets",
+            get(list::<Secret>),
+        )
+        .route(
+            "/api/v1/namespaces/{namespace}/configmaps",
+            get(list::<ConfigMap>),
+        )
+        .route(
+            "/api/v1/namespaces/{namespace}/secrets/{name}",
+            get(read::<Secret>)
+                .put(apply::<Secret>)
+                .delete(remove::<Secret>),
+        )
+        .route(
+            "/api/v1/namespaces/{namespace}/configmaps/{name}",
+            get(read::<ConfigMap>)
+                .put(apply::<ConfigMap>)
+                .delete(remove::<ConfigMap>),
+        )
         .route(
             &format!("{API_PREFIX}/functions"),
             get(list_all::<Function>),
@@ -62,6 +112,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route(
             &format!("{API_PREFIX}/namespaces/{{namespace}}/functions/{{name}}/log"),
             get(function_log),
+        )
+        .route(
+            &format!("{API_PREFIX}/namespaces/{{namespace}}/functions/{{name}}/instances"),
+            get(function_instances),
         )
         .route(
             &format!("{API_PREFIX}/namespaces/{{namespace}}/subscriptions/{{name}}"),
@@ -98,7 +152,7 @@ fn store_failure(error: &StoreError) -> Response {
     }
 }
 
-fn invalid<R: StoredResource>(name: &str, errors: &[FieldError]) -> Response {
+fn invalid<R: ApiResource>(name: &str, errors: &[FieldError]) -> Response {
     let causes: Vec<Value> = errors
         .iter()
         .map(|error| json!({"reason": "FieldValueInvalid", "field": error.field, "message": error.message}))
@@ -111,31 +165,34 @@ fn invalid<R: StoredResource>(name: &str, errors: &[FieldError]) -> Response {
             R::KIND,
             describe_errors(errors)
         ),
-        Some(json!({"name": name, "group": resources::GROUP, "kind": R::KIND, "causes": causes})),
+        Some(json!({"name": name, "group": R::GROUP, "kind": R::KIND, "causes": causes})),
     )
 }
 
-async fn list_all<R: StoredResource>(state: Shared) -> Response {
+async fn list_all<R: ApiResource>(state: Shared) -> Response {
     list_in::<R>(&state, None).await
 }
 
-async fn list<R: StoredResource>(state: Shared, Path(namespace): Path<String>) -> Response {
+async fn list<R: ApiResource>(state: Shared, Path(namespace): Path<String>) -> Response {
     if !resources::is_dns1123_label(&namespace) {
         // No resource can live there.
         return Json(json!({
-            "apiVersion": API_VERSION, "kind": format!("{}List", R::KIND), "metadata": {}, "items": [],
+            "apiVersion": R::API_VERSION, "kind": format!("{}List", R::KIND), "metadata": {}, "items": [],
         }))
         .into_response();
     }
     list_in::<R>(&state, Some(&namespace)).await
 }
 
-async fn list_in<R: StoredResource>(state: &ApiState, namespace: Option<&str>) -> Response {
+async fn list_in<R: ApiResource>(state: &ApiState, namespace: Option<&str>) -> Response {
     match state.store.list::<R>(namespace).await {
-        Ok(items) => Json(json!({
-            "apiVersion": API_VERSION, "kind": format!("{}List", R::KIND), "metadata": {}, "items": items,
-        }))
-        .into_response(),
+        Ok(items) => {
+            let items: Vec<Value> = items.iter().map(R::shown).collect();
+            Json(json!({
+                "apiVersion": R::API_VERSION, "kind": format!("{}List", R::KIND), "metadata": {}, "items": items,
+            }))
+            .into_response()
+        }
         Err(error) => store_failure(&error),
     }
 }
@@ -150,7 +207,7 @@ fn storable(namespace: &str, name: &str) -> bool {
     resources::is_dns1123_label(namespace) && resources::is_dns1123_label(name)
 }
 
-async fn read<R: StoredResource>(
+async fn read<R: ApiResource>(
     state: Shared,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
@@ -158,22 +215,22 @@ async fn read<R: StoredResource>(
         return not_found::<R>(&name);
     }
     match state.store.get::<R>(&namespace, &name).await {
-        Ok(Some(resource)) => Json(resource).into_response(),
+        Ok(Some(resource)) => Json(R::shown(&resource)).into_response(),
         Ok(None) => not_found::<R>(&name),
         Err(error) => store_failure(&error),
     }
 }
 
-fn not_found<R: StoredResource>(name: &str) -> Response {
+fn not_found<R: ApiResource>(name: &str) -> Response {
     status(
         StatusCode::NOT_FOUND,
         "NotFound",
         &format!("{} \"{name}\" not found", R::PLURAL),
-        Some(json!({"name": name, "group": resources::GROUP, "kind": R::PLURAL})),
+        Some(json!({"name": name, "group": R::GROUP, "kind": R::PLURAL})),
     )
 }
 
-async fn remove<R: StoredResource>(
+async fn remove<R: ApiResource>(
     state: Shared,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
@@ -183,7 +240,7 @@ async fn remove<R: StoredResource>(
     match state.store.delete::<R>(&namespace, &name).await {
         Ok(true) => Json(json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-            "details": {"name": name, "group": resources::GROUP, "kind": R::PLURAL},
+            "details": {"name": name, "group": R::GROUP, "kind": R::PLURAL},
         }))
         .into_response(),
         Ok(false) => not_found::<R>(&name),
@@ -191,21 +248,25 @@ async fn remove<R: StoredResource>(
     }
 }
 
-/// Decodes a resource body, naming the field at fault when it does not fit the schema.
-pub fn decode_resource<R: DeserializeOwned + StoredResource>(
-    body: &[u8],
-) -> Result<R, Vec<FieldError>> {
-    let value: Value = serde_json::from_slice(body).map_err(|error| {
+/// Decodes a resource body, naming the field at fault when it does not fit the schema. Returns
+/// the resource and the `apiVersion` it was written with (one of [`ApiResource::API_VERSIONS`]).
+pub fn decode_resource<R: ApiResource>(body: &[u8]) -> Result<(R, &'static str), Vec<FieldError>> {
+    let mut value: Value = serde_json::from_slice(body).map_err(|error| {
         vec![FieldError {
             field: "body".into(),
             message: format!("not valid JSON: {error}"),
         }]
     })?;
     let mut errors = Vec::new();
-    if value.get("apiVersion").and_then(Value::as_str) != Some(API_VERSION) {
+    let given = value.get("apiVersion").and_then(Value::as_str);
+    let api_version = R::API_VERSIONS
+        .iter()
+        .copied()
+        .find(|known| Some(*known) == given);
+    if api_version.is_none() {
         errors.push(FieldError {
             field: "apiVersion".into(),
-            message: format!("must be {API_VERSION}"),
+            message: format!("must be {}", R::API_VERSIONS.join(" or ")),
         });
     }
     if value.get("kind").and_then(Value::as_str) != Some(R::KIND) {
@@ -214,38 +275,217 @@ pub fn decode_resource<R: DeserializeOwned + StoredResource>(
             message: format!("must be {}", R::KIND),
         });
     }
-    if !errors.is_empty() {
+    let Some(api_version) = api_version.filter(|_| errors.is_empty()) else {
         return Err(errors);
+    };
+    // The typed resources carry their own apiVersion; the one given was checked above.
+    if let Some(object) = value.as_object_mut() {
+        object.insert("apiVersion".into(), Value::from(R::API_VERSION));
     }
-    serde_path_to_error::deserialize::<_, R>(value).map_err(|error| {
-        let path = error.path().to_string();
-        let field = if path == "." { "spec".to_owned() } else { path };
-        vec![FieldError {
-            field,
-            message: error.into_inner().to_string(),
-        }]
-    })
+    serde_path_to_error::deserialize::<_, R>(value)
+        .map(|resource| (resource, api_version))
+        .map_err(|error| {
+            let path = error.path().to_string();
+            let field = if path == "." { "spec".to_owned() } else { path };
+            vec![FieldError {
+                field,
+                message: error.into_inner().to_string(),
+            }]
+        })
 }
 
-/// Validation shared by the API and `eddy apply --dry-run`.
-pub trait Validate {
+/// What the API needs of each kind it serves.
+pub trait ApiResource: StoredResource {
+    /// The `apiVersion` it is stored and listed under.
+    const API_VERSION: &'static str;
+    /// Every `apiVersion` accepted on writes (the first is [`Self::API_VERSION`]).
+    const API_VERSIONS: &'static [&'static str];
+    /// The API group named in errors.
+    const GROUP: &'static str;
+
     /// Every problem with the resource.
     fn validate(&self, sinks: &SinkPolicy) -> Vec<FieldError>;
+
+    /// Readies a decoded resource for the store: records the `apiVersion` it came in with, or
+    /// folds `stringData` into `data`.
+    fn prepare(&mut self, applied_as: &str);
+
+    /// The resource as the API shows it.
+    fn shown(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// Warnings for the client (`Warning` headers), such as fields local mode ignores.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
-impl Validate for Function {
+/// Records the Kyma `apiVersion` a Function or Subscription was applied with (or forgets it
+/// when the eddy form was applied).
+fn record_applied_as(meta: &mut resources::ObjectMeta, applied_as: &str) {
+    let annotations = meta.annotations.get_or_insert_with(Default::default);
+    if applied_as == API_VERSION {
+        annotations.remove(APPLIED_AS_ANNOTATION);
+    } else {
+        annotations.insert(APPLIED_AS_ANNOTATION.to_owned(), applied_as.to_owned());
+    }
+    if annotations.is_empty() {
+        meta.annotations = None;
+    }
+}
+
+/// A Function or Subscription in the form it was applied: Kyma's `apiVersion` when it came as
+/// Kyma's.
+fn in_applied_form<R: StoredResource>(resource: &R, accepted: &[&str]) -> Value {
+    let mut value = serde_json::to_value(resource).unwrap_or(Value::Null);
+    let applied_as = resource
+        .meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(APPLIED_AS_ANNOTATION))
+        .filter(|given| accepted.contains(&given.as_str()))
+        .cloned();
+    if let (Some(applied_as), Some(object)) = (applied_as, value.as_object_mut()) {
+        object.insert("apiVersion".into(), Value::from(applied_as));
+    }
+    value
+}
+
+impl ApiResource for Function {
+    const API_VERSION: &'static str = API_VERSION;
+    const API_VERSIONS: &'static [&'static str] = &[API_VERSION, KYMA_FUNCTION_API_VERSION];
+    const GROUP: &'static str = resources::GROUP;
+
     fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
         resources::validate_function(self)
     }
-}
 
-impl Validate for Subscription {
-    fn validate(&self, sinks: &SinkPolicy) -> Vec<FieldError> {
-        resources::validate_subscription(self, sinks)
+    fn prepare(&mut self, applied_as: &str) {
+        record_applied_as(&mut self.metadata, applied_as);
+    }
+
+    fn shown(&self) -> Value {
+        in_applied_form(self, Self::API_VERSIONS)
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.spec
+            .kubernetes_only_fields()
+            .into_iter()
+            .map(|field| format!("{field} is ignored in local mode; it applies on Kubernetes"))
+            .collect()
     }
 }
 
-async fn apply<R: StoredResource + Validate>(
+impl ApiResource for Subscription {
+    const API_VERSION: &'static str = API_VERSION;
+    const API_VERSIONS: &'static [&'static str] = &[API_VERSION, KYMA_SUBSCRIPTION_API_VERSION];
+    const GROUP: &'static str = resources::GROUP;
+
+    fn validate(&self, sinks: &SinkPolicy) -> Vec<FieldError> {
+        resources::validate_subscription(self, sinks)
+    }
+
+    fn prepare(&mut self, applied_as: &str) {
+        record_applied_as(&mut self.metadata, applied_as);
+    }
+
+    fn shown(&self) -> Value {
+        in_applied_form(self, Self::API_VERSIONS)
+    }
+}
+
+/// Most bytes of data one Secret or ConfigMap holds, as on Kubernetes.
+const MAX_DATA_BYTES: usize = 1024 * 1024;
+
+fn validate_data<'a>(
+    name_field: &str,
+    keys: impl Iterator<Item = (&'a String, usize)>,
+    errors: &mut Vec<FieldError>,
+) {
+    let mut total = 0;
+    for (key, size) in keys {
+        total += size;
+        if !is_config_key(key) {
+            errors.push(FieldError {
+                field: format!("{name_field}[{key}]"),
+                message: "a key is letters, digits, '-', '_' and '.', at most 253".into(),
+            });
+        }
+    }
+    if total > MAX_DATA_BYTES {
+        errors.push(FieldError {
+            field: name_field.to_owned(),
+            message: format!("holds {total} bytes; at most {MAX_DATA_BYTES}"),
+        });
+    }
+}
+
+impl ApiResource for Secret {
+    const API_VERSION: &'static str = "v1";
+    const API_VERSIONS: &'static [&'static str] = &["v1"];
+    const GROUP: &'static str = "";
+
+    fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        if let Some(data) = &self.data {
+            validate_data(
+                "data",
+                data.iter().map(|(k, v)| (k, v.0.len())),
+                &mut errors,
+            );
+        }
+        errors
+    }
+
+    fn prepare(&mut self, _applied_as: &str) {
+        // As Kubernetes does: stringData is written into data, and only data is kept.
+        if let Some(strings) = self.string_data.take() {
+            let data = self.data.get_or_insert_with(Default::default);
+            for (key, value) in strings {
+                data.insert(key, ByteString(value.into_bytes()));
+            }
+        }
+        self.type_.get_or_insert_with(|| "Opaque".to_owned());
+    }
+
+    /// Never the values: the keys only, each with its size.
+    fn shown(&self) -> Value {
+        let keys: serde_json::Map<String, Value> = self
+            .data
+            .iter()
+            .flatten()
+            .map(|(key, value)| (key.clone(), json!(format!("({} bytes)", value.0.len()))))
+            .collect();
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": self.metadata,
+            "type": self.type_, "dataKeys": keys,
+        })
+    }
+}
+
+impl ApiResource for ConfigMap {
+    const API_VERSION: &'static str = "v1";
+    const API_VERSIONS: &'static [&'static str] = &["v1"];
+    const GROUP: &'static str = "";
+
+    fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let text = self.data.iter().flatten().map(|(k, v)| (k, v.len()));
+        let binary = self
+            .binary_data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k, v.0.len()));
+        validate_data("data", text.chain(binary), &mut errors);
+        errors
+    }
+
+    fn prepare(&mut self, _applied_as: &str) {}
+}
+
+async fn apply<R: ApiResource>(
     state: Shared,
     Path((namespace, name)): Path<(String, String)>,
     headers: HeaderMap,
@@ -285,10 +525,11 @@ async fn apply<R: StoredResource + Validate>(
             }],
         );
     }
-    let mut resource: R = match decode_resource(&body) {
-        Ok(resource) => resource,
+    let (mut resource, applied_as): (R, _) = match decode_resource(&body) {
+        Ok(decoded) => decoded,
         Err(errors) => return invalid::<R>(&name, &errors),
     };
+    resource.prepare(applied_as);
     let meta = resource.meta_mut();
     let mut errors = Vec::new();
     match meta.name.as_deref() {
@@ -319,9 +560,33 @@ async fn apply<R: StoredResource + Validate>(
                 StatusCode::OK
             };
             tracing::info!(kind = R::KIND, %namespace, %name, created, "resource applied");
-            (code, Json(stored)).into_response()
+            let mut response = (code, Json(R::shown(&stored))).into_response();
+            for warning in stored.warnings() {
+                // RFC 7234 warn-code 299, as the Kubernetes API server sends warnings.
+                let text = format!("299 - \"{}\"", warning.replace('"', "'"));
+                if let Ok(value) = http::HeaderValue::from_str(&text) {
+                    response.headers_mut().append(http::header::WARNING, value);
+                }
+            }
+            response
         }
         Err(error) => store_failure(&error),
+    }
+}
+
+/// `GET .../functions/{name}/instances`: the function's running instances as a `PodList`, each
+/// with the Function's labels and annotations.
+async fn function_instances(
+    state: Shared,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Response {
+    match state
+        .backend
+        .as_ref()
+        .and_then(|backend| backend.instances(&namespace, &name))
+    {
+        Some(list) => Json(list).into_response(),
+        None => not_found::<Function>(&name),
     }
 }
 

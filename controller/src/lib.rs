@@ -48,6 +48,9 @@ pub enum Error {
     /// An object lacks what the API server always sets.
     #[error("the object has no {0}")]
     Incomplete(&'static str),
+    /// The spec asks for something this backend does not build yet.
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// YAML could not be written.
     #[error("cannot write YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),
@@ -214,6 +217,9 @@ pub struct LocalArgs {
     /// Longest a dependency install may take.
     #[arg(long = "build-timeout", env = "EDDY_BUILD_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub build_timeout: Duration,
+    /// How often the reference of a Function's Git source is checked for a new commit.
+    #[arg(long = "git-poll-interval", env = "EDDY_GIT_POLL_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub git_poll_interval: Duration,
     /// In-flight requests per instance the autoscaler aims for.
     #[arg(
         long = "target-concurrency",
@@ -333,6 +339,7 @@ impl Controller {
                     npm,
                     python,
                     build_timeout,
+                    git_poll_interval,
                     target_concurrency,
                     scale_to_zero_after,
                     scale_down_window,
@@ -391,11 +398,20 @@ impl Controller {
                 build_timeout,
             ),
         };
+        let sources = local::Sources {
+            git: local::git::GitConfig {
+                dir: data_dir.join("git"),
+                timeout: build_timeout,
+            },
+            git_poll_interval,
+            mounts_dir: data_dir.join("secret-mounts"),
+        };
         let backend = Arc::new(local::LocalController::new(
             store.clone(),
             pools.clone(),
             pool_config,
             build_config,
+            sources,
             gateway_url,
             shutdown.child_token(),
         ));
@@ -421,6 +437,7 @@ impl Controller {
             store,
             sinks,
             logs_dir,
+            backend: Some(backend.clone()),
         });
         let api = eddy_platform::auth::protect(
             api::router(state).merge(dashboard::router(dashboard)),

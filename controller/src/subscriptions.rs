@@ -12,8 +12,8 @@ use crate::status::{self, condition_at};
 use async_nats::jetstream;
 use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
-    Function, SinkPolicy, Subscription, SubscriptionStatus, consumer_name, describe_errors,
-    parse_function_sink, set_condition, validate_subscription,
+    Function, SinkPolicy, Subscription, SubscriptionBackend, SubscriptionStatus, consumer_name,
+    describe_errors, parse_function_sink, set_condition, validate_subscription,
 };
 use eddy_platform::{
     nats::EVENTS_STREAM,
@@ -55,6 +55,12 @@ pub fn desired_status(
 ) -> SubscriptionStatus {
     let mut status = previous.cloned().unwrap_or_default();
     status.types = subscription.spec.type_subjects().unwrap_or_default();
+    let (namespace, name) = subscription.key();
+    status.backend = Some(SubscriptionBackend {
+        type_: "nats-jetstream".to_owned(),
+        stream_name: EVENTS_STREAM.to_owned(),
+        consumer_name: consumer_name(&namespace, &name),
+    });
     status.ready = readiness == Readiness::Ready;
     status.observed_generation = subscription.metadata.generation;
     set_condition(

@@ -34,6 +34,8 @@ pub enum Reason {
     ConfigurationValid,
     /// The spec did not (the message names the fields).
     ValidationFailed,
+    /// A Secret or ConfigMap (or one of its keys) the spec reads is missing (local).
+    ReferenceNotFound,
     // BuildReady
     /// A build runs.
     BuildRunning,
@@ -49,6 +51,8 @@ pub enum Reason {
     BuildToolMissing,
     /// Installing the dependencies failed (local).
     DependencyInstallFailed,
+    /// The Git repository could not be read at the reference (local).
+    SourceUnavailable,
     // Running
     /// Nothing to run yet: waiting for the first build.
     Building,
@@ -87,6 +91,7 @@ impl Reason {
         match self {
             Self::ConfigurationValid => "ConfigurationValid",
             Self::ValidationFailed => "ValidationFailed",
+            Self::ReferenceNotFound => "ReferenceNotFound",
             Self::BuildRunning => "BuildRunning",
             Self::BuildSucceeded => "BuildSucceeded",
             Self::BuildReused => "BuildReused",
@@ -94,6 +99,7 @@ impl Reason {
             Self::BuildTimeout => "BuildTimeout",
             Self::BuildToolMissing => "BuildToolMissing",
             Self::DependencyInstallFailed => "DependencyInstallFailed",
+            Self::SourceUnavailable => "SourceUnavailable",
             Self::Building => "Building",
             Self::ScaledToZero => "ScaledToZero",
             Self::Starting => "Starting",

@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod conditions;
 pub mod event;
 pub mod headers;
+pub mod kyma;
 pub mod legacy;
 pub mod resources;
 pub mod subject;

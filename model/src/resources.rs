@@ -24,6 +24,13 @@ pub const GROUP: &str = "eddy.dev";
 pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` as written in manifests.
 pub const API_VERSION: &str = "eddy.dev/v1alpha1";
+/// `apiVersion` of Kyma's Function, accepted as written.
+pub const KYMA_FUNCTION_API_VERSION: &str = "serverless.kyma-project.io/v1alpha2";
+/// `apiVersion` of Kyma's Subscription, accepted as written.
+pub const KYMA_SUBSCRIPTION_API_VERSION: &str = "eventing.kyma-project.io/v1alpha2";
+/// Annotation recording the `apiVersion` a resource was applied with, so it is shown back in
+/// that form.
+pub const APPLIED_AS_ANNOTATION: &str = "eddy.dev/applied-as";
 
 /// One problem with a resource, named by its JSON path (`spec.types[1]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -171,7 +178,7 @@ pub struct FunctionSpec {
     /// `nodejs20`, `nodejs22`, `nodejs24`, `python311` or `python312`.
     pub runtime: Runtime,
     /// Where the code comes from (exactly one kind).
-    #[x_kube(validation = Rule::new("has(self.inline)").message("exactly one source kind is required: inline"))]
+    #[x_kube(validation = Rule::new("has(self.inline) != has(self.gitRepository)").message("exactly one source kind is required: inline or gitRepository"))]
     pub source: FunctionSource,
     /// Environment variables given to every instance.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -196,6 +203,39 @@ pub struct FunctionSpec {
     #[schemars(extend("default" = 180))]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("must be between 1 and 3600"))]
     pub timeout_seconds: Option<i32>,
+    /// Secrets whose keys appear as files under `mountPath` in every instance.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub secret_mounts: Vec<SecretMount>,
+    /// Labels added to the function's instances (pods on Kubernetes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to the function's instances (pods on Kubernetes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// An image to run instead of the runtime's (Kubernetes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub runtime_image_override: Option<String>,
+    /// The pod's security context (Kubernetes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security_context: Option<k8s_openapi::api::core::v1::PodSecurityContext>,
+    /// The function container's security context (Kubernetes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_security_context: Option<k8s_openapi::api::core::v1::SecurityContext>,
+}
+
+/// A Secret shown to the function as files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretMount {
+    /// The Secret, in the Function's namespace.
+    #[schemars(length(max = 253))]
+    pub secret_name: String,
+    /// Absolute directory the Secret's keys appear in, one file per key.
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("must be an absolute path without '..'"))]
+    pub mount_path: String,
 }
 
 /// Who may invoke a Function through the gateway.
@@ -262,6 +302,54 @@ pub struct FunctionSource {
     /// Code given inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inline: Option<InlineSource>,
+    /// Code in a Git repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_repository: Option<GitRepositorySource>,
+}
+
+/// A directory of a Git repository at a branch, tag or commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GitRepositorySource {
+    /// `https://…`, `http://…`, `ssh://…`, `git@host:path` or `file://…`.
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new("self.matches('^(https?://|ssh://|file://|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:)')").message("must be an https, http, ssh, file or git@host:path URL"))]
+    pub url: String,
+    /// Branch, tag or commit.
+    #[schemars(length(max = 256))]
+    #[x_kube(validation = Rule::new("self.matches('^[^-\\s][^\\s]*$')").message("must be a branch, tag or commit: no spaces, not starting with '-'"))]
+    pub reference: String,
+    /// Directory of the function in the repository (default: the top).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new("!self.matches('(^|/)[.][.](/|$)')").message("must stay inside the repository: no '..'"))]
+    pub base_dir: Option<String>,
+    /// Credentials, from a Secret in the Function's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<RepositoryAuth>,
+}
+
+/// How to authenticate to a Git repository.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RepositoryAuth {
+    /// `basic` (Secret keys `username`, `password`) or `key` (Secret keys `key` and, for an
+    /// encrypted key, `password`).
+    #[serde(rename = "type")]
+    pub type_: RepositoryAuthType,
+    /// The Secret holding the credentials.
+    #[schemars(length(max = 253))]
+    pub secret_name: String,
+}
+
+/// Git credential kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum RepositoryAuthType {
+    /// User name and password (or token) over HTTP.
+    Basic,
+    /// An SSH private key.
+    Key,
 }
 
 /// Inline code and dependencies.
@@ -285,11 +373,63 @@ pub struct EnvVar {
     /// Name (a C identifier; names the platform sets are reserved).
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
-    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'FUNC_TIMEOUT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message("is set by the platform"))]
+    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message("is set by the platform"))]
     pub name: String,
     /// Value.
     #[serde(default)]
     pub value: String,
+    /// The value, from a Secret or ConfigMap key in the Function's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+/// Where an environment variable's value comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("has(self.secretKeyRef) != has(self.configMapKeyRef)").message("set exactly one of secretKeyRef and configMapKeyRef"))]
+pub struct EnvVarSource {
+    /// A key of a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeySelector>,
+    /// A key of a ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeySelector>,
+}
+
+/// One key of a Secret or ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeySelector {
+    /// The Secret or ConfigMap.
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// The key.
+    #[schemars(length(max = 253))]
+    pub key: String,
+    /// When true, a missing object or key leaves the variable unset instead of holding the
+    /// function back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// Which kind of object a [`KeySelector`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    /// A `v1` Secret.
+    Secret,
+    /// A `v1` ConfigMap.
+    ConfigMap,
+}
+
+impl EnvVarSource {
+    /// The object kind and key selected.
+    pub fn selector(&self) -> Option<(KeySource, &KeySelector)> {
+        match (&self.secret_key_ref, &self.config_map_key_ref) {
+            (Some(secret), None) => Some((KeySource::Secret, secret)),
+            (None, Some(config_map)) => Some((KeySource::ConfigMap, config_map)),
+            _ => None,
+        }
+    }
 }
 
 /// Autoscaling bounds.
@@ -312,6 +452,23 @@ pub struct ResourceConfiguration {
     /// The function's own container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<ResourceRequest>,
+    /// The build Job (Kubernetes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<BuildResourceRequest>,
+}
+
+/// A build preset or explicit resources, never both.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!(has(self.profile) && has(self.resources))").message("set profile or resources, not both"))]
+pub struct BuildResourceRequest {
+    /// `local-dev`, `slow`, `normal` or `fast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['local-dev', 'slow', 'normal', 'fast']").message("must be one of local-dev, slow, normal, fast"))]
+    pub profile: Option<String>,
+    /// Explicit requests and limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
 }
 
 /// A preset or explicit resources, never both.
@@ -356,6 +513,12 @@ pub struct FunctionStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The runtime the running instances use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// Label selector of the function's instances (`eddy.dev/function=NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<String>,
 }
 
 /// Presets of `resourceConfiguration.function.profile`: (cpu request, memory request, cpu limit,
@@ -369,7 +532,7 @@ pub const PROFILES: [(&str, &str, &str, &str, &str); 5] = [
 ];
 
 /// Environment variables the platform sets; users may not set them.
-pub const RESERVED_ENV: [&str; 11] = [
+pub const RESERVED_ENV: [&str; 10] = [
     "FUNC_NAME",
     "FUNC_NAMESPACE",
     "SERVICE_NAMESPACE",
@@ -377,7 +540,6 @@ pub const RESERVED_ENV: [&str; 11] = [
     "FUNC_HANDLER",
     "MOD_NAME",
     "FUNC_PORT",
-    "FUNC_TIMEOUT",
     "PUBLISHER_PROXY_ADDRESS",
     "EDDY_INSTANCE_SECRET",
     "EDDY_PUBLISHER_TOKEN",
@@ -396,29 +558,109 @@ impl FunctionSpec {
         }
     }
 
-    /// The handler timeout.
+    /// The handler timeout: `timeoutSeconds`, or `FUNC_TIMEOUT` in `env` as Kyma users set it.
     pub fn timeout(&self) -> Duration {
-        let seconds = self.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+        let from_env = self
+            .env_value(FUNC_TIMEOUT_ENV)
+            .and_then(|text| text.trim().parse::<i32>().ok());
+        let seconds = self
+            .timeout_seconds
+            .or(from_env)
+            .unwrap_or(DEFAULT_TIMEOUT_SECONDS);
         Duration::from_secs(u64::try_from(seconds).unwrap_or(1))
     }
+
+    /// The literal value of an `env` entry (not one from `valueFrom`).
+    pub fn env_value(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|var| var.name == name && var.value_from.is_none())
+            .map(|var| var.value.as_str())
+    }
+
+    /// The Secrets and ConfigMaps the spec reads, each once: env `valueFrom`, `secretMounts`
+    /// and the Git credentials.
+    pub fn referenced_objects(&self) -> Vec<(KeySource, &str)> {
+        let mut found: Vec<(KeySource, &str)> = Vec::new();
+        for var in &self.env {
+            if let Some((kind, selector)) = var.value_from.as_ref().and_then(EnvVarSource::selector)
+            {
+                found.push((kind, selector.name.as_str()));
+            }
+        }
+        for mount in &self.secret_mounts {
+            found.push((KeySource::Secret, mount.secret_name.as_str()));
+        }
+        if let Some(auth) = self
+            .source
+            .git_repository
+            .as_ref()
+            .and_then(|git| git.auth.as_ref())
+        {
+            found.push((KeySource::Secret, auth.secret_name.as_str()));
+        }
+        let mut unique = Vec::with_capacity(found.len());
+        for item in found {
+            if !unique.contains(&item) {
+                unique.push(item);
+            }
+        }
+        unique
+    }
+
+    /// Fields that matter only on Kubernetes and that this spec sets (local mode reports them
+    /// as ignored).
+    pub fn kubernetes_only_fields(&self) -> Vec<&'static str> {
+        let mut fields = Vec::new();
+        if self.runtime_image_override.is_some() {
+            fields.push("spec.runtimeImageOverride");
+        }
+        if self.pod_security_context.is_some() {
+            fields.push("spec.podSecurityContext");
+        }
+        if self.container_security_context.is_some() {
+            fields.push("spec.containerSecurityContext");
+        }
+        if self
+            .resource_configuration
+            .as_ref()
+            .is_some_and(|r| r.build.is_some())
+        {
+            fields.push("spec.resourceConfiguration.build");
+        }
+        if self
+            .resource_configuration
+            .as_ref()
+            .is_some_and(|r| r.function.is_some())
+        {
+            fields.push("spec.resourceConfiguration.function");
+        }
+        fields
+    }
 }
+
+/// The environment variable Kyma users set the handler timeout with.
+pub const FUNC_TIMEOUT_ENV: &str = "FUNC_TIMEOUT";
+/// The environment variable Kyma users set the Node.js body limit (MiB) with.
+pub const REQ_MB_LIMIT_ENV: &str = "REQ_MB_LIMIT";
 
 /// Checks a Function; every problem is reported.
 pub fn validate_function(function: &Function) -> Vec<FieldError> {
     let mut errors = validate_metadata(&function.metadata, true);
     let spec = &function.spec;
-    match &spec.source.inline {
-        None => errors.push(FieldError::new(
+    match (&spec.source.inline, &spec.source.git_repository) {
+        (None, None) | (Some(_), Some(_)) => errors.push(FieldError::new(
             "spec.source",
-            "exactly one source kind is required: inline",
+            "exactly one source kind is required: inline or gitRepository",
         )),
-        Some(inline) if inline.source.bytes().all(|b| b.is_ascii_whitespace()) => {
+        (Some(inline), None) if inline.source.bytes().all(|b| b.is_ascii_whitespace()) => {
             errors.push(FieldError::new(
                 "spec.source.inline.source",
                 "must not be empty",
             ));
         }
-        Some(_) => {}
+        (Some(_), None) => {}
+        (None, Some(git)) => validate_git_source(git, &mut errors),
     }
     for (index, var) in spec.env.iter().enumerate() {
         let field = format!("spec.env[{index}].name");
@@ -440,6 +682,29 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
                 field,
                 format!("{} is given more than once", var.name),
             ));
+        }
+        validate_env_value(spec, index, var, &mut errors);
+    }
+    validate_secret_mounts(&spec.secret_mounts, &mut errors);
+    validate_pod_metadata("spec.labels", &spec.labels, true, &mut errors);
+    validate_pod_metadata("spec.annotations", &spec.annotations, false, &mut errors);
+    if let Some(build) = spec
+        .resource_configuration
+        .as_ref()
+        .and_then(|r| r.build.as_ref())
+    {
+        match (&build.profile, &build.resources) {
+            (Some(_), Some(_)) => errors.push(FieldError::new(
+                "spec.resourceConfiguration.build",
+                "set profile or resources, not both",
+            )),
+            (Some(profile), None) if !BUILD_PROFILES.contains(&profile.as_str()) => {
+                errors.push(FieldError::new(
+                    "spec.resourceConfiguration.build.profile",
+                    "must be one of local-dev, slow, normal, fast",
+                ))
+            }
+            _ => {}
         }
     }
     if let Some(replicas) = spec.replicas {
@@ -519,6 +784,220 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
         }
     }
     errors
+}
+
+/// Presets of `resourceConfiguration.build.profile`, as Kyma names them.
+pub const BUILD_PROFILES: [&str; 4] = ["local-dev", "slow", "normal", "fast"];
+
+fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) {
+    let url = git.url.as_str();
+    let scp_like = url
+        .split_once(':')
+        .and_then(|(user_host, _)| user_host.split_once('@'))
+        .is_some_and(|(user, host)| {
+            !user.is_empty()
+                && !host.is_empty()
+                && !user.starts_with('-')
+                && user_host_chars(user)
+                && user_host_chars(host)
+        });
+    let known_scheme = ["https://", "http://", "ssh://", "file://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme));
+    if !(known_scheme || scp_like) || url.chars().any(char::is_whitespace) {
+        errors.push(FieldError::new(
+            "spec.source.gitRepository.url",
+            "must be an https, http, ssh, file or git@host:path URL",
+        ));
+    }
+    if git.reference.is_empty()
+        || git.reference.starts_with('-')
+        || git
+            .reference
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        errors.push(FieldError::new(
+            "spec.source.gitRepository.reference",
+            "must be a branch, tag or commit: no spaces, not starting with '-'",
+        ));
+    }
+    if let Some(base_dir) = &git.base_dir {
+        if base_dir.split('/').any(|segment| segment == "..") || base_dir.contains('\0') {
+            errors.push(FieldError::new(
+                "spec.source.gitRepository.baseDir",
+                "must stay inside the repository: no '..'",
+            ));
+        }
+    }
+    if let Some(auth) = &git.auth {
+        if !is_dns1123_subdomain(&auth.secret_name) {
+            errors.push(FieldError::new(
+                "spec.source.gitRepository.auth.secretName",
+                "must name a Secret: a DNS-1123 subdomain",
+            ));
+        }
+    }
+}
+
+fn user_host_chars(text: &str) -> bool {
+    text.chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn validate_env_value(
+    spec: &FunctionSpec,
+    index: usize,
+    var: &EnvVar,
+    errors: &mut Vec<FieldError>,
+) {
+    let field = format!("spec.env[{index}]");
+    if let Some(source) = &var.value_from {
+        if !var.value.is_empty() {
+            errors.push(FieldError::new(
+                format!("{field}.valueFrom"),
+                "set value or valueFrom, not both",
+            ));
+        }
+        match source.selector() {
+            None => errors.push(FieldError::new(
+                format!("{field}.valueFrom"),
+                "set exactly one of secretKeyRef and configMapKeyRef",
+            )),
+            Some((kind, selector)) => {
+                let at = match kind {
+                    KeySource::Secret => format!("{field}.valueFrom.secretKeyRef"),
+                    KeySource::ConfigMap => format!("{field}.valueFrom.configMapKeyRef"),
+                };
+                if !is_dns1123_subdomain(&selector.name) {
+                    errors.push(FieldError::new(
+                        format!("{at}.name"),
+                        "must be a DNS-1123 subdomain",
+                    ));
+                }
+                if !is_config_key(&selector.key) {
+                    errors.push(FieldError::new(
+                        format!("{at}.key"),
+                        "must be a key: letters, digits, '-', '_' and '.'",
+                    ));
+                }
+            }
+        }
+    }
+    let whole_number = |max: i64| {
+        var.value_from.is_none()
+            && var
+                .value
+                .trim()
+                .parse::<i64>()
+                .is_ok_and(|n| (1..=max).contains(&n))
+    };
+    match var.name.as_str() {
+        FUNC_TIMEOUT_ENV if !whole_number(3600) => errors.push(FieldError::new(
+            format!("{field}.value"),
+            "FUNC_TIMEOUT must be a whole number of seconds between 1 and 3600",
+        )),
+        FUNC_TIMEOUT_ENV if spec.timeout_seconds.is_some() => errors.push(FieldError::new(
+            field,
+            "FUNC_TIMEOUT and spec.timeoutSeconds both set the timeout; keep one",
+        )),
+        REQ_MB_LIMIT_ENV if !whole_number(1024) => errors.push(FieldError::new(
+            format!("{field}.value"),
+            "REQ_MB_LIMIT must be a whole number of MiB between 1 and 1024",
+        )),
+        _ => {}
+    }
+}
+
+fn validate_secret_mounts(mounts: &[SecretMount], errors: &mut Vec<FieldError>) {
+    for (index, mount) in mounts.iter().enumerate() {
+        let field = format!("spec.secretMounts[{index}]");
+        if !is_dns1123_subdomain(&mount.secret_name) {
+            errors.push(FieldError::new(
+                format!("{field}.secretName"),
+                "must name a Secret: a DNS-1123 subdomain",
+            ));
+        }
+        let path = mount.mount_path.trim_end_matches('/');
+        if !mount.mount_path.starts_with('/')
+            || path.is_empty()
+            || path
+                .split('/')
+                .any(|segment| segment == ".." || segment == ".")
+            || path.contains('\0')
+        {
+            errors.push(FieldError::new(
+                format!("{field}.mountPath"),
+                "must be an absolute directory other than /, without '.' or '..'",
+            ));
+        } else if mounts[..index]
+            .iter()
+            .any(|earlier| earlier.mount_path.trim_end_matches('/') == path)
+        {
+            errors.push(FieldError::new(
+                format!("{field}.mountPath"),
+                "is mounted more than once",
+            ));
+        }
+    }
+}
+
+/// Checks label or annotation keys (and label values) as Kubernetes does; `eddy.dev/` keys are
+/// the platform's.
+fn validate_pod_metadata(
+    field: &str,
+    entries: &BTreeMap<String, String>,
+    labels: bool,
+    errors: &mut Vec<FieldError>,
+) {
+    for (key, value) in entries {
+        let (prefix, name) = match key.rsplit_once('/') {
+            Some((prefix, name)) => (Some(prefix), name),
+            None => (None, key.as_str()),
+        };
+        if !prefix.is_none_or(is_dns1123_subdomain) || !is_qualified_name_part(name) {
+            errors.push(FieldError::new(
+                format!("{field}.{key}"),
+                "must be a qualified name: [prefix/]name, the name at most 63 letters, digits, '-', '_' or '.'",
+            ));
+        } else if prefix == Some("eddy.dev") {
+            errors.push(FieldError::new(
+                format!("{field}.{key}"),
+                "eddy.dev/ keys are set by the platform",
+            ));
+        } else if labels && !(value.is_empty() || is_qualified_name_part(value)) {
+            errors.push(FieldError::new(
+                format!("{field}.{key}"),
+                "a label value is at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            ));
+        }
+    }
+}
+
+fn is_qualified_name_part(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 63
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && text.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// A Secret or ConfigMap key: letters, digits, `-`, `_`, `.`; at most 253.
+pub fn is_config_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key != "."
+        && key != ".."
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// DNS-1123 subdomain: dot-separated DNS-1123 labels, at most 253 characters.
+pub fn is_dns1123_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns1123_label)
 }
 
 fn is_c_identifier(name: &str) -> bool {
@@ -632,6 +1111,10 @@ pub struct SubscriptionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = {}))]
     pub delivery: Option<DeliverySpec>,
+    /// An identifier of the user's choosing (Kyma's `id`), kept as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub id: Option<String>,
 }
 
 /// Flow control of a Subscription.
@@ -715,6 +1198,12 @@ pub struct TypeStatus {
     pub type_: String,
     /// The NATS subject filter it resolves to.
     pub subject: String,
+    /// The type as written (Kyma's name for it).
+    #[serde(rename = "originalType", default)]
+    pub original_type: String,
+    /// The type as matched: eddy matches types as written, so the same as `originalType`.
+    #[serde(rename = "cleanType", default)]
+    pub clean_type: String,
 }
 
 /// Observed state of a Subscription.
@@ -730,9 +1219,25 @@ pub struct SubscriptionStatus {
     /// Each type and its subject filter.
     #[serde(default)]
     pub types: Vec<TypeStatus>,
+    /// Where the events come from: the JetStream stream and the Subscription's consumer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<SubscriptionBackend>,
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// The JetStream objects behind a Subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionBackend {
+    /// `nats-jetstream`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The events stream.
+    pub stream_name: String,
+    /// The Subscription's durable consumer.
+    pub consumer_name: String,
 }
 
 /// CEL rule for duration fields: Go duration syntax (which both CEL's `duration()` and
@@ -1123,6 +1628,8 @@ impl SubscriptionSpec {
                         resolved.push(TypeStatus {
                             type_: ty.clone(),
                             subject,
+                            original_type: ty.clone(),
+                            clean_type: ty.clone(),
                         });
                     }
                 }

@@ -20,6 +20,7 @@ use eddy_model::backoff::Backoff;
 use eddy_model::resources::{
     Function, FunctionStatus, ObjectMeta, Subscription, SubscriptionStatus,
 };
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::{nats::RESOURCES_BUCKET, shutdown::CancellationToken};
 
@@ -130,6 +131,55 @@ impl StoredResource for Subscription {
     }
 }
 
+impl StoredResource for Secret {
+    type Status = NoStatus;
+    const PLURAL: &'static str = "secrets";
+    const KIND: &'static str = "Secret";
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn take_status(&mut self) -> Option<NoStatus> {
+        None
+    }
+    fn set_status(&mut self, _status: Option<NoStatus>) {}
+    fn same_spec(&self, other: &Self) -> bool {
+        self.data == other.data
+            && self.string_data == other.string_data
+            && self.type_ == other.type_
+            && self.metadata.labels == other.metadata.labels
+            && self.metadata.annotations == other.metadata.annotations
+    }
+}
+
+impl StoredResource for ConfigMap {
+    type Status = NoStatus;
+    const PLURAL: &'static str = "configmaps";
+    const KIND: &'static str = "ConfigMap";
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn take_status(&mut self) -> Option<NoStatus> {
+        None
+    }
+    fn set_status(&mut self, _status: Option<NoStatus>) {}
+    fn same_spec(&self, other: &Self) -> bool {
+        self.data == other.data
+            && self.binary_data == other.binary_data
+            && self.metadata.labels == other.metadata.labels
+            && self.metadata.annotations == other.metadata.annotations
+    }
+}
+
+/// The status of kinds that have none (Secret, ConfigMap).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NoStatus {}
+
 /// The key of a resource's spec.
 pub fn spec_key<R: StoredResource>(namespace: &str, name: &str) -> String {
     format!("{}.{namespace}.{name}", R::PLURAL)
@@ -154,6 +204,17 @@ pub enum Change<R> {
     },
     /// Every resource that existed when the watch started has been seen.
     Synced,
+}
+
+impl<R: StoredResource> Change<R> {
+    /// `(namespace, name)` of the resource applied or deleted.
+    pub fn key(&self) -> Option<(String, String)> {
+        match self {
+            Self::Applied(resource) => Some(resource.key()),
+            Self::Deleted { namespace, name } => Some((namespace.clone(), name.clone())),
+            Self::Synced => None,
+        }
+    }
 }
 
 /// The resource store; cheap to clone.

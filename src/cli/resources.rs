@@ -66,6 +66,15 @@ pub enum Kind {
     /// Subscriptions.
     #[value(alias = "subscription", alias = "sub")]
     Subscriptions,
+    /// Secrets (values are never shown).
+    #[value(alias = "secret")]
+    Secrets,
+    /// ConfigMaps.
+    #[value(alias = "configmap", alias = "cm")]
+    Configmaps,
+    /// The running instances of one function (name the function).
+    #[value(alias = "instance", alias = "pods")]
+    Instances,
 }
 
 impl Kind {
@@ -73,6 +82,28 @@ impl Kind {
         match self {
             Self::Functions => "functions",
             Self::Subscriptions => "subscriptions",
+            Self::Secrets => "secrets",
+            Self::Configmaps => "configmaps",
+            Self::Instances => "instances",
+        }
+    }
+
+    /// `function.eddy.dev/NAME`, `secret/NAME`: how `apply` and `delete` name what they did.
+    fn label(self, name: &str) -> String {
+        match self {
+            Self::Functions => format!("function.eddy.dev/{name}"),
+            Self::Subscriptions => format!("subscription.eddy.dev/{name}"),
+            Self::Secrets => format!("secret/{name}"),
+            Self::Configmaps => format!("configmap/{name}"),
+            Self::Instances => format!("instances of {name}"),
+        }
+    }
+
+    /// The API path the kind lives under.
+    fn api_path(self) -> &'static str {
+        match self {
+            Self::Functions | Self::Subscriptions | Self::Instances => "apis/eddy.dev/v1alpha1",
+            Self::Secrets | Self::Configmaps => "api/v1",
         }
     }
 
@@ -80,15 +111,26 @@ impl Kind {
         match kind {
             "Function" => Some(Self::Functions),
             "Subscription" => Some(Self::Subscriptions),
+            "Secret" => Some(Self::Secrets),
+            "ConfigMap" => Some(Self::Configmaps),
             _ => None,
         }
     }
 }
 
 fn resource_url(server: &str, namespace: &str, kind: Kind, name: Option<&str>) -> String {
+    if kind == Kind::Instances {
+        return format!(
+            "{}/{}/namespaces/{namespace}/functions/{}/instances",
+            server.trim_end_matches('/'),
+            kind.api_path(),
+            name.unwrap_or_default()
+        );
+    }
     let base = format!(
-        "{}/apis/eddy.dev/v1alpha1/namespaces/{namespace}/{}",
+        "{}/{}/namespaces/{namespace}/{}",
         server.trim_end_matches('/'),
+        kind.api_path(),
         kind.plural()
     );
     match name {
@@ -184,7 +226,9 @@ fn check_nesting(text: &str) -> anyhow::Result<()> {
 fn identify(manifest: &Value, default_namespace: &str) -> anyhow::Result<(Kind, String, String)> {
     let kind_text = manifest["kind"].as_str().unwrap_or_default();
     let kind = Kind::from_manifest(kind_text).with_context(|| {
-        format!("unknown kind {kind_text:?}: eddy knows Function and Subscription")
+        format!(
+            "unknown kind {kind_text:?}: eddy knows Function, Subscription, Secret and ConfigMap"
+        )
     })?;
     let name = manifest["metadata"]["name"]
         .as_str()
@@ -247,8 +291,13 @@ pub async fn apply(api: &ApiArgs, path: &Path) -> anyhow::Result<()> {
             .send()
             .await
             .with_context(|| format!("cannot reach {url}"))?;
-        let label = format!("{}.eddy.dev/{name}", kind.plural().trim_end_matches('s'));
+        let label = kind.label(&name);
         if response.status().is_success() {
+            for warning in response.headers().get_all(reqwest::header::WARNING) {
+                if let Ok(text) = warning.to_str() {
+                    eprintln!("Warning: {label}: {}", warning_text(text));
+                }
+            }
             let stored: Value = response.json().await.unwrap_or(Value::Null);
             let verb = match previous {
                 None => "created",
@@ -271,6 +320,14 @@ pub async fn apply(api: &ApiArgs, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The text of a `Warning` header (`299 - "text"`).
+fn warning_text(header: &str) -> &str {
+    header
+        .splitn(3, ' ')
+        .nth(2)
+        .map_or(header, |text| text.trim_matches('"'))
+}
+
 /// `eddy get KIND [NAME]`.
 pub async fn get(
     api: &ApiArgs,
@@ -279,10 +336,14 @@ pub async fn get(
     all_namespaces: bool,
     output: Output,
 ) -> anyhow::Result<()> {
+    if kind == Kind::Instances && name.is_none() {
+        bail!("name the function: `eddy get instances FUNCTION`");
+    }
     let url = if all_namespaces && name.is_none() {
         format!(
-            "{}/apis/eddy.dev/v1alpha1/{}",
+            "{}/{}/{}",
             api.server.trim_end_matches('/'),
+            kind.api_path(),
             kind.plural()
         )
     } else {
@@ -372,6 +433,69 @@ pub fn table(kind: Kind, body: Value) -> anyhow::Result<String> {
                 ]);
             }
         }
+        Kind::Instances => {
+            rows.push(
+                ["NAME", "PHASE", "PID", "PORT", "IN-FLIGHT", "LABELS"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            for item in body["items"].as_array().into_iter().flatten() {
+                let labels: Vec<String> = item["metadata"]["labels"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(key, value)| format!("{key}={}", value.as_str().unwrap_or_default()))
+                    .collect();
+                rows.push(vec![
+                    item["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    item["status"]["phase"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    item["status"]["pid"].to_string(),
+                    item["status"]["port"].to_string(),
+                    item["status"]["inFlight"].to_string(),
+                    labels.join(","),
+                ]);
+            }
+        }
+        Kind::Secrets | Kind::Configmaps => {
+            let (header, data_field): (&[&str], &[&str]) = if kind == Kind::Secrets {
+                (&["NAMESPACE", "NAME", "TYPE", "DATA"], &["dataKeys"])
+            } else {
+                (&["NAMESPACE", "NAME", "DATA"], &["data", "binaryData"])
+            };
+            rows.push(header.iter().map(|h| (*h).to_owned()).collect());
+            let items = match body.get("items").and_then(Value::as_array) {
+                Some(items) => items.clone(),
+                None => vec![body],
+            };
+            for item in items {
+                let mut row = vec![
+                    item["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    item["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ];
+                if kind == Kind::Secrets {
+                    row.push(item["type"].as_str().unwrap_or("Opaque").to_owned());
+                }
+                let count: usize = data_field
+                    .iter()
+                    .filter_map(|field| item[*field].as_object())
+                    .map(serde_json::Map::len)
+                    .sum();
+                row.push(count.to_string());
+                rows.push(row);
+            }
+        }
         Kind::Subscriptions => {
             rows.push(
                 ["NAMESPACE", "NAME", "READY", "SINK", "TYPES"]
@@ -447,7 +571,7 @@ pub async fn delete(
             .send()
             .await
             .with_context(|| format!("cannot reach {url}"))?;
-        let label = format!("{}.eddy.dev/{name}", kind.plural().trim_end_matches('s'));
+        let label = kind.label(&name);
         if response.status().is_success() {
             println!("{label} deleted");
         } else {
@@ -485,6 +609,27 @@ pub fn render(path: &Path, kubernetes: &eddy_controller::KubernetesArgs) -> anyh
     }
     if functions == 0 {
         anyhow::bail!("{} holds no Function", path.display());
+    }
+    Ok(out)
+}
+
+/// `eddy convert -f FILE|DIR`: the eddy-native form of every manifest, as YAML documents.
+pub fn convert(path: &Path) -> anyhow::Result<String> {
+    let manifests = read_manifests(path)?;
+    if manifests.is_empty() {
+        bail!("no manifests in {}", path.display());
+    }
+    let mut out = String::new();
+    for manifest in manifests {
+        let converted = eddy_model::kyma::to_native(manifest).map_err(|errors| {
+            anyhow::anyhow!(
+                "{}: {}",
+                path.display(),
+                eddy_model::resources::describe_errors(&errors)
+            )
+        })?;
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&converted)?);
     }
     Ok(out)
 }

@@ -31,6 +31,7 @@ pub struct Options {
     pub scale_to_zero_after: Duration,
     pub scale_down_window: Duration,
     pub target_concurrency: usize,
+    pub git_poll_interval: Duration,
     /// Run a dispatcher in-process (tests that kill it run `eddy dispatcher` themselves).
     pub dispatcher: bool,
 }
@@ -42,6 +43,7 @@ impl Default for Options {
             scale_to_zero_after: Duration::from_secs(60),
             scale_down_window: Duration::from_secs(30),
             target_concurrency: 10,
+            git_poll_interval: Duration::from_secs(60),
             dispatcher: true,
         }
     }
@@ -98,6 +100,7 @@ impl Platform {
             scale_to_zero_after: options.scale_to_zero_after,
             scale_down_window: options.scale_down_window,
             target_concurrency: options.target_concurrency,
+            git_poll_interval: options.git_poll_interval,
             no_dispatcher: true,
             ..eddy_platform::flags::defaults()
         };
@@ -504,9 +507,38 @@ impl Platform {
     }
 
     pub async fn function(&self, name: &str) -> Value {
+        self.function_at("default", name).await
+    }
+
+    /// The status of one condition of a Function (`True`, `False`, `Unknown`, or "").
+    pub async fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
+        condition_of(&self.function(name).await, type_)
+    }
+
+    /// Runs the eddy CLI against this platform; returns (success, stdout, stderr).
+    pub async fn eddy(&self, args: &[&str]) -> (bool, String, String) {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args(args)
+            .env("EDDY_SERVER", &self.api)
+            .env("EDDY_BUS_URL", &self.bus)
+            .env("EDDY_DISPATCHER_URL", &self.dispatcher)
+            .env_remove("EDDY_NAMESPACE")
+            .env_remove("EDDY_TOKEN")
+            .output()
+            .await
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Function `name` in `namespace`, as the API shows it.
+    pub async fn function_at(&self, namespace: &str, name: &str) -> Value {
         self.http
             .get(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}",
+                "{}/apis/eddy.dev/v1alpha1/namespaces/{namespace}/functions/{name}",
                 self.api
             ))
             .send()
@@ -517,43 +549,32 @@ impl Platform {
             .unwrap()
     }
 
-    /// The status of one condition of a Function (`True`, `False`, `Unknown`, or "").
-    pub async fn condition(&self, name: &str, type_: &str) -> (String, String, String) {
-        let function = self.function(name).await;
-        let found = function["status"]["conditions"]
-            .as_array()
-            .and_then(|all| all.iter().find(|c| c["type"] == type_).cloned())
-            .unwrap_or(Value::Null);
-        (
-            found["status"].as_str().unwrap_or("").to_owned(),
-            found["reason"].as_str().unwrap_or("").to_owned(),
-            found["message"].as_str().unwrap_or("").to_owned(),
+    /// Waits until function `name` in `namespace` runs an instance of its current generation;
+    /// returns it.
+    pub async fn wait_running_at(&self, namespace: &str, name: &str) -> Value {
+        let waited = eventually(
+            &format!("function {namespace}/{name} to run"),
+            Duration::from_secs(180),
+            || async {
+                let function = self.function_at(namespace, name).await;
+                condition_of(&function, "Running").0 == "True"
+                    && function["status"]["observedGeneration"]
+                        == function["metadata"]["generation"]
+            },
         )
+        .await;
+        let function = self.function_at(namespace, name).await;
+        if let Err(error) = waited {
+            panic!("{error}: {function}");
+        }
+        function
     }
 
     /// Deploys a Function and waits until it runs an instance of this generation.
     pub async fn deploy(&self, name: &str, spec: Value) {
         let (status, body) = self.put_function(name, spec).await;
         assert!(status == 200 || status == 201, "{status}: {body}");
-        let generation = body["metadata"]["generation"].clone();
-        let waited = eventually(
-            &format!("function {name} to run"),
-            Duration::from_secs(120),
-            || async {
-                let function = self.function(name).await;
-                let running = function["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|all| {
-                        all.iter()
-                            .any(|c| c["type"] == "Running" && c["status"] == "True")
-                    });
-                running && function["status"]["observedGeneration"] == generation
-            },
-        )
-        .await;
-        if let Err(error) = waited {
-            panic!("{error}: {}", self.function(name).await);
-        }
+        self.wait_running_at("default", name).await;
     }
 
     /// What a function's instances wrote to their log so far.
@@ -580,4 +601,17 @@ impl Platform {
     pub fn pids(&self, name: &str) -> Vec<u32> {
         self.backend.pids("default", name)
     }
+}
+
+/// The status, reason and message of one condition of a resource (empty when it has none).
+pub fn condition_of(resource: &Value, type_: &str) -> (String, String, String) {
+    let found = resource["status"]["conditions"]
+        .as_array()
+        .and_then(|all| all.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null);
+    (
+        found["status"].as_str().unwrap_or("").to_owned(),
+        found["reason"].as_str().unwrap_or("").to_owned(),
+        found["message"].as_str().unwrap_or("").to_owned(),
+    )
 }

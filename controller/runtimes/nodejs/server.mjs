@@ -135,6 +135,39 @@ if (typeof registerHooks === "function") {
   );
 }
 
+// ---- secret mounts -------------------------------------------------------------------------
+
+// Locally a Secret cannot be mounted at the path the manifest names (it may be /etc/secrets, and
+// there is no container): the files are in a private directory, and reads of the mount path
+// through node:fs are sent there. On Kubernetes the Secret is a volume and this is unused.
+if (env.EDDY_SECRET_MOUNTS) {
+  const mounts = Object.entries(JSON.parse(env.EDDY_SECRET_MOUNTS)).map(([mountPath, dir]) => [
+    path.resolve(mountPath).replace(/\/+$/, ""),
+    dir,
+  ]);
+  delete env.EDDY_SECRET_MOUNTS;
+  const remap = (target) => {
+    const text = target instanceof URL ? (target.protocol === "file:" ? fileURLToPath(target) : null) : typeof target === "string" ? target : null;
+    if (text === null) return target;
+    const absolute = path.resolve(text);
+    for (const [mountPath, dir] of mounts) {
+      if (absolute === mountPath || absolute.startsWith(mountPath + "/")) return dir + absolute.slice(mountPath.length);
+    }
+    return target;
+  };
+  const wrap = (api, names) => {
+    for (const name of names) {
+      const original = api[name];
+      if (typeof original === "function") api[name] = (target, ...rest) => original(remap(target), ...rest);
+    }
+  };
+  const reads = ["access", "lstat", "stat", "open", "readFile", "readdir", "realpath", "opendir"];
+  wrap(fs, [...reads, ...reads.map((name) => name + "Sync"), "exists", "existsSync", "createReadStream", "watch", "watchFile"]);
+  wrap(fs.promises, reads);
+  // `import { readFileSync } from "node:fs"` sees the wrapped functions too.
+  moduleApi.syncBuiltinESMExports();
+}
+
 // ---- the function --------------------------------------------------------------------------
 
 let userFunction;

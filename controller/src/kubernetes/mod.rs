@@ -93,7 +93,7 @@ pub fn is_permanent(error: &Error) -> bool {
         Error::Kube(kube::Error::Api(status)) => {
             matches!(status.code, 400 | 403 | 405 | 413 | 415 | 422)
         }
-        Error::Incomplete(_) => true,
+        Error::Incomplete(_) | Error::Unsupported(_) => true,
         _ => false,
     }
 }

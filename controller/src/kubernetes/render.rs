@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use eddy_model::resources::{
-    DEFAULT_TIMEOUT_SECONDS, Function, InlineSource, PROFILES, Resources, Runtime,
+    DEFAULT_TIMEOUT_SECONDS, FUNC_TIMEOUT_ENV, Function, InlineSource, PROFILES, Resources, Runtime,
 };
 use k8s_openapi::{
     api::{
@@ -17,11 +17,11 @@ use k8s_openapi::{
         },
         batch::v1::{Job, JobSpec},
         core::v1::{
-            Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
-            EmptyDirVolumeSource, EnvVar, HTTPGetAction, KeyToPath, LocalObjectReference,
-            PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-            SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-            Volume, VolumeMount,
+            Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container,
+            ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
+            LocalObjectReference, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+            ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource,
+            SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
         },
     },
     apimachinery::pkg::{
@@ -43,7 +43,7 @@ pub const BUILD_HASH_LABEL: &str = "eddy.dev/build-hash";
 /// The port function containers listen on.
 pub const FUNCTION_PORT: i32 = 8080;
 /// The default resource profile.
-pub const DEFAULT_PROFILE: &str = "S";
+pub const DEFAULT_PROFILE: &str = "L";
 /// CPU utilization the HPA aims for, in percent of the request.
 pub const TARGET_CPU_UTILIZATION: i32 = 50;
 
@@ -239,7 +239,10 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
         .source
         .inline
         .as_ref()
-        .ok_or(Error::Incomplete("spec.source.inline"))?;
+        .ok_or(Error::Unsupported(
+            "spec.source.gitRepository: on Kubernetes eddy builds inline sources only so far; \
+             Git sources are built in local mode",
+        ))?;
     let runtime = function.spec.runtime;
     let hash = runtimes::build_hash(runtime, &inline.source, &inline.dependencies);
     let image = image(&config.registry, &namespace, name, &hash);
@@ -401,10 +404,8 @@ fn deployment(
     scaling: Scaling,
 ) -> Deployment {
     let name = owned.name;
-    let timeout = function
-        .spec
-        .timeout_seconds
-        .unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    let timeout =
+        i32::try_from(function.spec.timeout().as_secs()).unwrap_or(DEFAULT_TIMEOUT_SECONDS);
     let var = |name: &str, value: String| EnvVar {
         name: name.to_owned(),
         value: Some(value),
@@ -421,14 +422,65 @@ fn deployment(
         var("FUNC_TIMEOUT", timeout.to_string()),
         var("PUBLISHER_PROXY_ADDRESS", config.publisher_url.clone()),
     ];
+    // FUNC_TIMEOUT in the spec's env is already in `timeout`.
     env.extend(
         function
             .spec
             .env
             .iter()
-            .map(|user| var(&user.name, user.value.clone())),
+            .filter(|user| user.name != FUNC_TIMEOUT_ENV)
+            .map(|user| EnvVar {
+                name: user.name.clone(),
+                value: user.value_from.is_none().then(|| user.value.clone()),
+                value_from: user.value_from.as_ref().map(|from| EnvVarSource {
+                    secret_key_ref: from.secret_key_ref.as_ref().map(|key| SecretKeySelector {
+                        name: key.name.clone(),
+                        key: key.key.clone(),
+                        optional: key.optional,
+                    }),
+                    config_map_key_ref: from.config_map_key_ref.as_ref().map(|key| {
+                        ConfigMapKeySelector {
+                            name: key.name.clone(),
+                            key: key.key.clone(),
+                            optional: key.optional,
+                        }
+                    }),
+                    ..EnvVarSource::default()
+                }),
+            }),
     );
-    let mut pod_labels = owned.labels();
+    let mut volume_mounts = vec![VolumeMount {
+        name: "tmp".into(),
+        mount_path: "/tmp".into(),
+        ..VolumeMount::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("256Mi".into())),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    for (index, mount) in function.spec.secret_mounts.iter().enumerate() {
+        let volume = format!("secret-{index}");
+        volume_mounts.push(VolumeMount {
+            name: volume.clone(),
+            mount_path: mount.mount_path.clone(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: volume,
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(mount.secret_name.clone()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    let mut pod_labels = function.spec.labels.clone();
+    pod_labels.extend(owned.labels());
     pod_labels.insert(BUILD_HASH_LABEL.into(), owned.hash.clone());
     pod_labels.insert("sidecar.istio.io/inject".into(), "true".into());
     let resources = container_resources(function);
@@ -451,7 +503,13 @@ fn deployment(
     };
     let container = Container {
         name: "function".into(),
-        image: Some(image.to_owned()),
+        image: Some(
+            function
+                .spec
+                .runtime_image_override
+                .clone()
+                .unwrap_or_else(|| image.to_owned()),
+        ),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: FUNCTION_PORT,
@@ -464,25 +522,23 @@ fn deployment(
             limits: (!resources.limits.is_empty()).then_some(resources.limits),
             ..ResourceRequirements::default()
         }),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Capabilities::default()
-            }),
-            seccomp_profile: runtime_default(),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(function.spec.container_security_context.clone().unwrap_or(
+            SecurityContext {
+                run_as_non_root: Some(true),
+                allow_privilege_escalation: Some(false),
+                privileged: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    ..Capabilities::default()
+                }),
+                seccomp_profile: runtime_default(),
+                ..SecurityContext::default()
+            },
+        )),
         readiness_probe: Some(health(2, 2, None)),
         liveness_probe: Some(health(10, 3, Some(2))),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(volume_mounts),
         ..Container::default()
     };
     Deployment {
@@ -508,20 +564,24 @@ fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
+                    annotations: (!function.spec.annotations.is_empty())
+                        .then(|| function.spec.annotations.clone()),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(i64::from(timeout.min(300)) + 5),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(1000),
-                        run_as_group: Some(1000),
-                        fs_group: Some(1000),
-                        seccomp_profile: runtime_default(),
-                        ..PodSecurityContext::default()
-                    }),
+                    security_context: Some(function.spec.pod_security_context.clone().unwrap_or(
+                        PodSecurityContext {
+                            run_as_non_root: Some(true),
+                            run_as_user: Some(1000),
+                            run_as_group: Some(1000),
+                            fs_group: Some(1000),
+                            seccomp_profile: runtime_default(),
+                            ..PodSecurityContext::default()
+                        },
+                    )),
                     image_pull_secrets: Some(
                         config
                             .registry_secret
@@ -532,14 +592,7 @@ fn deployment(
                             .collect(),
                     ),
                     containers: vec![container],
-                    volumes: Some(vec![Volume {
-                        name: "tmp".into(),
-                        empty_dir: Some(EmptyDirVolumeSource {
-                            size_limit: Some(Quantity("256Mi".into())),
-                            ..EmptyDirVolumeSource::default()
-                        }),
-                        ..Volume::default()
-                    }]),
+                    volumes: Some(volumes),
                     ..PodSpec::default()
                 }),
             },

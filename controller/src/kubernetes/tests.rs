@@ -844,8 +844,10 @@ async fn a_subscription_to_an_existing_service_is_ready_with_its_subjects() {
     assert_eq!(status["ready"], true);
     assert_eq!(
         status["types"],
-        json!([{"type": "order.created.v1", "subject": "eddy.events.shop.order.created.v1"}])
+        json!([{"type": "order.created.v1", "subject": "eddy.events.shop.order.created.v1",
+                "originalType": "order.created.v1", "cleanType": "order.created.v1"}])
     );
+    assert_eq!(status["backend"]["consumerName"], "sub_shop_on-order");
     assert_eq!(status["observedGeneration"], 3);
 }
 
@@ -1050,8 +1052,13 @@ fn resources_come_from_the_profile_or_are_given_explicitly() {
     };
     assert_eq!(
         resources_of(json!({})),
-        ("100m".into(), "128Mi".into(), "200m".into(), "256Mi".into()),
-        "default profile S"
+        (
+            "400m".into(),
+            "512Mi".into(),
+            "800m".into(),
+            "1024Mi".into()
+        ),
+        "default profile L, as Kyma's"
     );
     assert_eq!(
         resources_of(json!({"resourceConfiguration": {"function": {"profile": "L"}}})),

@@ -74,15 +74,39 @@ pub fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A function's code, as a build takes it.
+#[derive(Debug, Clone, Copy)]
+pub enum Code<'a> {
+    /// The handler and the dependency file, as text.
+    Inline {
+        /// `handler.js` or `handler.py`.
+        source: &'a str,
+        /// `package.json` or `requirements.txt`; empty for none.
+        dependencies: &'a str,
+    },
+    /// A directory of a Git checkout: every file in it is the function's.
+    Directory {
+        /// The directory (the repository's `baseDir`).
+        dir: &'a Path,
+        /// What identifies its contents: URL, commit and base directory.
+        identity: &'a str,
+    },
+}
+
 /// Builds (or finds) the build of a function.
 pub async fn build(
     config: &BuildConfig,
     runtime: Runtime,
-    source: &str,
-    dependencies: &str,
+    code: Code<'_>,
 ) -> Result<Build, BuildFailure> {
     let Prepared { program, libraries } = config.toolchain.prepare(runtime).await?;
-    let hash = build_hash(runtime, source, dependencies);
+    let hash = match code {
+        Code::Inline {
+            source,
+            dependencies,
+        } => build_hash(runtime, source, dependencies),
+        Code::Directory { identity, .. } => build_hash(runtime, identity, ""),
+    };
     let dir = config
         .builds_dir
         .join(format!("{}-{hash}", runtime.as_str()));
@@ -134,13 +158,45 @@ pub async fn build(
             .await
             .map_err(|error| BuildFailure::io("link", &link, &error))?;
     }
-    write(function_dir.join(files.handler_file), source.to_owned()).await?;
-    if !dependencies.trim().is_empty() {
-        write(
-            function_dir.join(files.dependencies_file),
-            dependencies.to_owned(),
-        )
-        .await?;
+    let has_dependencies = match code {
+        Code::Inline {
+            source,
+            dependencies,
+        } => {
+            write(function_dir.join(files.handler_file), source.to_owned()).await?;
+            if !dependencies.trim().is_empty() {
+                write(
+                    function_dir.join(files.dependencies_file),
+                    dependencies.to_owned(),
+                )
+                .await?;
+            }
+            !dependencies.trim().is_empty()
+        }
+        Code::Directory {
+            dir: source_dir, ..
+        } => {
+            let (from, to) = (source_dir.to_owned(), function_dir.clone());
+            tokio::task::spawn_blocking(move || copy_tree(&from, &to))
+                .await
+                .map_err(|error| BuildFailure {
+                    reason: Reason::BuildFailed,
+                    message: format!("copying the source failed: {error}"),
+                })?
+                .map_err(|error| BuildFailure::io("copy", source_dir, &error))?;
+            if !function_dir.join(files.handler_file).is_file() {
+                return Err(BuildFailure {
+                    reason: Reason::BuildFailed,
+                    message: format!(
+                        "the repository has no {} in its base directory",
+                        files.handler_file
+                    ),
+                });
+            }
+            function_dir.join(files.dependencies_file).is_file()
+        }
+    };
+    if has_dependencies {
         install(config, runtime, &program, &function_dir).await?;
     }
     let tree = tree_digest_of(&dir).await.ok_or_else(|| BuildFailure {
@@ -258,6 +314,33 @@ pub async fn run_installer(
             })
         }
     }
+}
+
+/// Copies the files and directories under `from` into `to`, leaving out `.git`, installed
+/// dependencies (`node_modules`, `deps`, `__pycache__`) and symbolic links (which could point
+/// anywhere on this machine).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut pending = vec![(from.to_owned(), to.to_owned())];
+    while let Some((source, target)) = pending.pop() {
+        std::fs::create_dir_all(&target)?;
+        for entry in std::fs::read_dir(&source)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if matches!(
+                name.to_str(),
+                Some(".git" | "node_modules" | "deps" | "__pycache__")
+            ) {
+                continue;
+            }
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                pending.push((entry.path(), target.join(&name)));
+            } else if kind.is_file() {
+                std::fs::copy(entry.path(), target.join(&name))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`tree_digest`] off the async threads (dependency trees have thousands of files).
@@ -418,8 +501,10 @@ mod tests {
         let first = build(
             &config,
             Runtime::Nodejs20,
-            "module.exports={main:()=>1}",
-            "",
+            Code::Inline {
+                source: "module.exports={main:()=>1}",
+                dependencies: "",
+            },
         )
         .await
         .unwrap();
@@ -437,8 +522,10 @@ mod tests {
         let again = build(
             &config,
             Runtime::Nodejs20,
-            "module.exports={main:()=>1}",
-            "",
+            Code::Inline {
+                source: "module.exports={main:()=>1}",
+                dependencies: "",
+            },
         )
         .await
         .unwrap();
@@ -448,8 +535,10 @@ mod tests {
         let failed = build(
             &config,
             Runtime::Python311,
-            "def main(e, c): pass",
-            "=== this is not a requirement\n",
+            Code::Inline {
+                source: "def main(e, c): pass",
+                dependencies: "=== this is not a requirement\n",
+            },
         )
         .await
         .unwrap_err();

@@ -7,6 +7,8 @@
 
 pub mod build;
 pub mod gateway;
+pub mod git;
+pub mod inputs;
 pub mod pool;
 pub mod toolchain;
 
@@ -18,17 +20,20 @@ use tracing::Instrument as _;
 use crate::status::condition;
 use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
-    Function, FunctionStatus, describe_errors, set_condition, validate_function,
+    Function, FunctionStatus, KeySource, describe_errors, set_condition, validate_function,
 };
 use eddy_platform::{
     shutdown::CancellationToken,
     store::{Change, Store, StoredResource as _},
 };
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use tokio::sync::Notify;
 
 use self::{
-    build::BuildConfig,
+    build::{BuildConfig, Code},
     gateway::Pools,
+    git::GitConfig,
+    inputs::Inputs,
     pool::{Pool, PoolConfig, PoolStatus, Revision},
 };
 
@@ -44,6 +49,10 @@ struct Tracked {
     reconcile: Mutex<Option<CancellationToken>>,
     /// Stops the status writer.
     stop: CancellationToken,
+    /// The Function as last applied, to reconcile again when what it reads changes.
+    function: Mutex<Option<Function>>,
+    /// The commit of a Git source that the current revision was built from.
+    deployed_commit: Mutex<Option<String>>,
 }
 
 /// The local backend.
@@ -53,8 +62,20 @@ pub struct LocalController {
     tracked: Mutex<HashMap<Key, Arc<Tracked>>>,
     pool_config: Arc<PoolConfig>,
     build_config: Arc<BuildConfig>,
+    sources: Arc<Sources>,
     gateway_url: String,
     shutdown: CancellationToken,
+}
+
+/// Where a Function's Git sources and mounted Secrets are kept locally.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// Checkouts of Git sources and their settings.
+    pub git: GitConfig,
+    /// How often a Git source's reference is checked for a new commit.
+    pub git_poll_interval: Duration,
+    /// `secretMounts` files, one directory per function (private to this user).
+    pub mounts_dir: std::path::PathBuf,
 }
 
 /// The Running condition and replica count for what the pool reports. Pure.
@@ -110,6 +131,7 @@ impl LocalController {
         pools: Pools,
         pool_config: PoolConfig,
         build_config: BuildConfig,
+        sources: Sources,
         gateway_url: String,
         shutdown: CancellationToken,
     ) -> Self {
@@ -119,29 +141,123 @@ impl LocalController {
             tracked: Mutex::default(),
             pool_config: Arc::new(pool_config),
             build_config: Arc::new(build_config),
+            sources: Arc::new(sources),
             gateway_url: gateway_url.trim_end_matches('/').to_owned(),
             shutdown,
         }
     }
 
-    /// Follows the stored Functions until shutdown; then stops every instance.
+    /// Follows the stored Functions (and the Secrets and ConfigMaps they read) until shutdown;
+    /// then stops every instance.
     pub async fn run(self: Arc<Self>) {
         let store = self.store.clone();
-        store
-            .follow::<Function, _, _>(&self.shutdown, |change| {
-                match change {
-                    Change::Applied(function) => self.apply(function),
-                    Change::Deleted { namespace, name } => {
-                        // Stopping instances takes a moment; do not hold up other changes.
-                        let backend = self.clone();
-                        tokio::spawn(async move { backend.remove(&namespace, &name).await });
-                    }
-                    Change::Synced => {}
+        let functions = store.follow::<Function, _, _>(&self.shutdown, |change| {
+            match change {
+                Change::Applied(function) => self.apply(function),
+                Change::Deleted { namespace, name } => {
+                    // Stopping instances takes a moment; do not hold up other changes.
+                    let backend = self.clone();
+                    tokio::spawn(async move { backend.remove(&namespace, &name).await });
                 }
-                std::future::ready(())
-            })
-            .await;
+                Change::Synced => {}
+            }
+            std::future::ready(())
+        });
+        let secrets = store.follow::<Secret, _, _>(&self.shutdown, |change| {
+            self.object_changed(KeySource::Secret, change.key());
+            std::future::ready(())
+        });
+        let config_maps = store.follow::<ConfigMap, _, _>(&self.shutdown, |change| {
+            self.object_changed(KeySource::ConfigMap, change.key());
+            std::future::ready(())
+        });
+        tokio::join!(
+            functions,
+            secrets,
+            config_maps,
+            self.clone().poll_git_sources()
+        );
         self.stop_everything().await;
+    }
+
+    /// Reconciles again every function that reads the Secret or ConfigMap that changed.
+    fn object_changed(self: &Arc<Self>, kind: KeySource, key: Option<(String, String)>) {
+        let Some((namespace, name)) = key else { return };
+        let readers: Vec<(Function, Arc<Tracked>)> = self
+            .tracked
+            .lock()
+            .iter()
+            .filter(|((ns, _), _)| *ns == namespace)
+            .filter_map(|(_, tracked)| {
+                let function = tracked.function.lock().clone()?;
+                function
+                    .spec
+                    .referenced_objects()
+                    .contains(&(kind, name.as_str()))
+                    .then(|| (function, tracked.clone()))
+            })
+            .collect();
+        for (function, tracked) in readers {
+            self.start_reconcile(function, tracked);
+        }
+    }
+
+    /// Checks every Git source's reference now and then; a moved reference is built and rolled
+    /// out.
+    async fn poll_git_sources(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.sources.git_poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.shutdown.cancelled() => return,
+            }
+            let watched: Vec<(Function, Arc<Tracked>)> = self
+                .tracked
+                .lock()
+                .values()
+                .filter_map(|tracked| {
+                    let function = tracked.function.lock().clone()?;
+                    function
+                        .spec
+                        .source
+                        .git_repository
+                        .is_some()
+                        .then(|| (function, tracked.clone()))
+                })
+                .collect();
+            for (function, tracked) in watched {
+                let Some(deployed) = tracked.deployed_commit.lock().clone() else {
+                    continue;
+                };
+                let Some(git) = &function.spec.source.git_repository else {
+                    continue;
+                };
+                let (namespace, _) = function.key();
+                let credentials =
+                    match inputs::resolve(&self.store, &namespace, &function.spec).await {
+                        Ok(Ok(inputs)) => inputs.git_credentials,
+                        _ => continue,
+                    };
+                match git::resolve(
+                    &self.sources.git,
+                    &git.url,
+                    &git.reference,
+                    credentials.as_ref(),
+                )
+                .await
+                {
+                    Ok(commit) if commit != deployed => {
+                        tracing::info!(function = %format!("{}/{}", function.key().0, function.key().1), %commit, "the Git reference moved; building it");
+                        self.start_reconcile(function, tracked);
+                    }
+                    Ok(_) => {}
+                    Err(failure) => {
+                        tracing::warn!(function = %format!("{}/{}", function.key().0, function.key().1), reason = %failure.reason, "cannot check the Git reference")
+                    }
+                }
+            }
+        }
     }
 
     async fn stop_everything(&self) {
@@ -193,6 +309,8 @@ impl LocalController {
             status_changed: Notify::new(),
             reconcile: Mutex::new(None),
             stop: self.shutdown.child_token(),
+            function: Mutex::new(None),
+            deployed_commit: Mutex::new(None),
         });
         tokio::spawn(self.clone().write_status(
             namespace.to_owned(),
@@ -214,11 +332,18 @@ impl LocalController {
             .map(eddy_platform::auth::Tokens::from_digests);
         let tracked = self.tracked(&namespace, &name, access.clone());
         tracked.pool.set_access(access);
+        *tracked.function.lock() = Some(function.clone());
         let generation = function.metadata.generation.unwrap_or(1);
         let observed = tracked.status.lock().observed_generation;
         if observed == Some(generation) {
             return;
         }
+        self.start_reconcile(function, tracked);
+    }
+
+    /// Reconciles `function` in the background, cancelling a reconcile still running for it.
+    fn start_reconcile(self: &Arc<Self>, function: Function, tracked: Arc<Tracked>) {
+        let generation = function.metadata.generation.unwrap_or(1);
         let cancel = self.shutdown.child_token();
         {
             let mut running = tracked.reconcile.lock();
@@ -254,40 +379,208 @@ impl LocalController {
         if !self.accept_spec(&function, &tracked, generation) {
             return;
         }
-        let Some(inline) = function.spec.source.inline.as_ref() else {
-            return;
+        let (namespace, _) = function.key();
+        let inputs = match inputs::resolve(&self.store, &namespace, &function.spec).await {
+            Ok(Ok(inputs)) => inputs,
+            Ok(Err(missing)) => {
+                Self::held_back(&tracked, Reason::ReferenceNotFound, missing, generation);
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the Secrets and ConfigMaps the function reads");
+                Self::held_back(
+                    &tracked,
+                    Reason::ReferenceNotFound,
+                    "the resource store is unavailable; retried when a Secret or ConfigMap changes"
+                        .to_owned(),
+                    generation,
+                );
+                return;
+            }
         };
         let built = tokio::select! {
-            built = build::build(&self.build_config, function.spec.runtime, &inline.source, &inline.dependencies) => built,
+            built = self.build(&function, &inputs) => built,
             () = cancel.cancelled() => return,
         };
         match built {
             Err(failure) => Self::build_failed(&tracked, failure, generation),
             Ok(_) if cancel.is_cancelled() => {}
-            Ok(build) => Self::deploy(&function, &tracked, build, generation),
+            Ok((build, commit)) => match self.write_mounts(&function, &inputs).await {
+                Ok(mounts) => {
+                    *tracked.deployed_commit.lock() = commit;
+                    Self::deploy(&function, &tracked, build, generation, inputs, mounts);
+                }
+                Err(failure) => Self::build_failed(&tracked, failure, generation),
+            },
         }
+    }
+
+    /// Builds the function's code: inline, or the Git source's reference checked out (the
+    /// commit is returned too).
+    async fn build(
+        &self,
+        function: &Function,
+        inputs: &Inputs,
+    ) -> Result<(build::Build, Option<String>), build::BuildFailure> {
+        let runtime = function.spec.runtime;
+        if let Some(inline) = &function.spec.source.inline {
+            let code = Code::Inline {
+                source: &inline.source,
+                dependencies: &inline.dependencies,
+            };
+            return Ok((build::build(&self.build_config, runtime, code).await?, None));
+        }
+        let Some(repository) = &function.spec.source.git_repository else {
+            return Err(build::BuildFailure {
+                reason: Reason::BuildFailed,
+                message: "the spec has no source".to_owned(),
+            });
+        };
+        let credentials = inputs.git_credentials.as_ref();
+        let git = &self.sources.git;
+        let commit = git::resolve(git, &repository.url, &repository.reference, credentials).await?;
+        let checkout = git::checkout(git, &repository.url, &commit, credentials).await?;
+        let base_dir = repository
+            .base_dir
+            .as_deref()
+            .unwrap_or("")
+            .trim_matches('/');
+        let dir = checkout.join(base_dir);
+        // A base directory that leaves the checkout through a symbolic link is refused.
+        let inside = tokio::fs::canonicalize(&dir)
+            .await
+            .ok()
+            .zip(tokio::fs::canonicalize(&checkout).await.ok())
+            .is_some_and(|(dir, checkout)| dir.starts_with(checkout) && dir.is_dir());
+        if !inside {
+            return Err(build::BuildFailure {
+                reason: Reason::SourceUnavailable,
+                message: format!("the repository has no directory {base_dir:?} at {commit}"),
+            });
+        }
+        let identity = format!("git {} {commit} {base_dir}", repository.url);
+        let code = Code::Directory {
+            dir: &dir,
+            identity: &identity,
+        };
+        Ok((
+            build::build(&self.build_config, runtime, code).await?,
+            Some(commit),
+        ))
+    }
+
+    /// Writes the `secretMounts` files: a directory per mount holding a file per key, private to
+    /// this user, named by a digest of the contents so running instances keep theirs until they
+    /// are replaced. Returns (mount path, directory) pairs.
+    async fn write_mounts(
+        &self,
+        function: &Function,
+        inputs: &Inputs,
+    ) -> Result<Vec<(String, std::path::PathBuf)>, build::BuildFailure> {
+        use sha2::{Digest as _, Sha256};
+        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+        if inputs.mounts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (namespace, name) = function.key();
+        let mut digest = Sha256::new();
+        for (path, data) in &inputs.mounts {
+            digest.update(path.as_bytes());
+            for (key, value) in data {
+                digest.update((key.len() as u64).to_be_bytes());
+                digest.update(key.as_bytes());
+                digest.update((value.len() as u64).to_be_bytes());
+                digest.update(value);
+            }
+        }
+        let version: String = digest.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let root = self
+            .sources
+            .mounts_dir
+            .join(&namespace)
+            .join(&name)
+            .join(version);
+        let mounts = inputs.mounts.clone();
+        let target = root.clone();
+        tokio::task::spawn_blocking(
+            move || -> std::io::Result<Vec<(String, std::path::PathBuf)>> {
+                let mut written = Vec::new();
+                for (index, (mount_path, data)) in mounts.iter().enumerate() {
+                    let dir = target.join(index.to_string());
+                    std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(&dir)?;
+                    for (key, value) in data {
+                        let file = dir.join(key);
+                        let mut out = std::fs::OpenOptions::new()
+                            .write(true)
+                            .create(true)
+                            .truncate(true)
+                            .mode(0o600)
+                            .open(&file)?;
+                        std::io::Write::write_all(&mut out, value)?;
+                    }
+                    written.push((mount_path.clone(), dir));
+                }
+                Ok(written)
+            },
+        )
+        .await
+        .map_err(|error| build::BuildFailure {
+            reason: Reason::BuildFailed,
+            message: format!("writing the secret mounts failed: {error}"),
+        })?
+        .map_err(|error| build::BuildFailure::io("write the secret mounts under", &root, &error))
+    }
+
+    /// The spec is invalid or something it reads is missing: said in ConfigurationReady; requests
+    /// wait no longer when nothing else can run.
+    fn held_back(tracked: &Tracked, reason: Reason, message: String, generation: i64) {
+        tracing::warn!(%reason, %message, "the function is held back");
+        if !tracked.pool.has_revision() {
+            tracked.pool.set_unavailable(Some(message.clone()));
+        }
+        Self::update_status(tracked, |status| {
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    ConditionType::ConfigurationReady,
+                    Some(false),
+                    reason,
+                    message,
+                ),
+            );
+            status.observed_generation = Some(generation);
+        });
     }
 
     /// Checks the spec and says so in status; true when it is valid and a build starts.
     fn accept_spec(&self, function: &Function, tracked: &Tracked, generation: i64) -> bool {
         let errors = validate_function(function);
         if !errors.is_empty() {
-            Self::update_status(tracked, |status| {
-                set_condition(
-                    &mut status.conditions,
-                    condition(
-                        ConditionType::ConfigurationReady,
-                        Some(false),
-                        Reason::ValidationFailed,
-                        describe_errors(&errors),
-                    ),
-                );
-                status.observed_generation = Some(generation);
-            });
+            Self::held_back(
+                tracked,
+                Reason::ValidationFailed,
+                describe_errors(&errors),
+                generation,
+            );
             return false;
         }
         let (namespace, name) = function.key();
         let url = format!("{}/{namespace}/{name}", self.gateway_url);
+        let ignored = function.spec.kubernetes_only_fields();
+        let message = if ignored.is_empty() {
+            "the spec is valid".to_owned()
+        } else {
+            format!(
+                "the spec is valid; ignored in local mode (they apply on Kubernetes): {}",
+                ignored.join(", ")
+            )
+        };
         Self::update_status(tracked, |status| {
             set_condition(
                 &mut status.conditions,
@@ -295,7 +588,7 @@ impl LocalController {
                     ConditionType::ConfigurationReady,
                     Some(true),
                     Reason::ConfigurationValid,
-                    "the spec is valid",
+                    message,
                 ),
             );
             set_condition(
@@ -336,7 +629,14 @@ impl LocalController {
 
     /// Hands a successful build to the pool as the new revision (old instances serve until new
     /// ones are ready) and says so in status.
-    fn deploy(function: &Function, tracked: &Tracked, build: build::Build, generation: i64) {
+    fn deploy(
+        function: &Function,
+        tracked: &Tracked,
+        build: build::Build,
+        generation: i64,
+        inputs: Inputs,
+        secret_mounts: Vec<(String, std::path::PathBuf)>,
+    ) {
         tracing::info!(build = %build.hash, fresh = build.fresh, "build ready");
         let (min, max) = function.spec.replica_bounds();
         // `replicas: 0` switches the function off: answer at once rather than hold requests.
@@ -346,16 +646,13 @@ impl LocalController {
         tracked.pool.set_revision(
             Revision {
                 generation,
+                rollout: 0,
                 runtime: function.spec.runtime,
                 dir: build.dir,
                 function_dir: build.function_dir,
                 program: build.program,
-                env: function
-                    .spec
-                    .env
-                    .iter()
-                    .map(|var| (var.name.clone(), var.value.clone()))
-                    .collect(),
+                env: inputs.env,
+                secret_mounts,
                 timeout_seconds: function.spec.timeout().as_secs(),
             },
             usize::try_from(min).unwrap_or(0),
@@ -377,6 +674,8 @@ impl LocalController {
                 ),
             );
             status.observed_generation = Some(generation);
+            status.runtime = Some(function.spec.runtime.as_str().to_owned());
+            status.pod_selector = Some(format!("eddy.dev/function={}", function.key().1));
         });
     }
 
@@ -442,9 +741,63 @@ impl LocalController {
             }
             tracing::info!(function = %format!("{namespace}/{name}"), "function removed");
         }
+        let mounts = self.sources.mounts_dir.join(namespace).join(name);
+        if let Err(error) = tokio::fs::remove_dir_all(&mounts).await {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(%error, dir = %mounts.display(), "cannot remove the function's secret mounts");
+            }
+        }
         if let Err(error) = self.store.delete_status::<Function>(namespace, name).await {
             tracing::warn!(%error, %namespace, %name, "cannot remove function status");
         }
+    }
+
+    /// A function's instances as a Kubernetes-style `PodList`: each carries the Function's
+    /// `labels` and `annotations` beside `eddy.dev/function`, so `status.podSelector` selects
+    /// them. `None` when the function is not known.
+    pub fn instances(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
+        let tracked = self
+            .tracked
+            .lock()
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()?;
+        let function = tracked.function.lock().clone();
+        let mut labels = function
+            .as_ref()
+            .map(|f| f.spec.labels.clone())
+            .unwrap_or_default();
+        labels.insert("eddy.dev/function".to_owned(), name.to_owned());
+        let annotations = function.map(|f| f.spec.annotations).unwrap_or_default();
+        let items: Vec<serde_json::Value> = tracked
+            .pool
+            .instances()
+            .into_iter()
+            .map(|instance| {
+                let phase = match instance.state {
+                    pool::InstanceState::Starting => "Pending",
+                    pool::InstanceState::Ready => "Running",
+                    pool::InstanceState::Draining => "Terminating",
+                    pool::InstanceState::Gone => "Succeeded",
+                };
+                serde_json::json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {
+                        "name": format!("{name}-{}-{}", instance.rollout, instance.id),
+                        "namespace": namespace,
+                        "labels": labels,
+                        "annotations": annotations,
+                    },
+                    "status": {
+                        "phase": phase, "ready": instance.state == pool::InstanceState::Ready,
+                        "pid": instance.pid, "port": instance.port,
+                        "generation": instance.generation, "inFlight": instance.in_flight,
+                    },
+                })
+            })
+            .collect();
+        Some(
+            serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}),
+        )
     }
 
     /// Process ids of a function's instances (for tests and `eddy` diagnostics).

@@ -46,6 +46,9 @@ pub struct PoolConfig {
 pub struct Revision {
     /// The Function's generation.
     pub generation: i64,
+    /// Which rollout of the pool this is (set by [`Pool::set_revision`]): a new one when the
+    /// code or settings change, within one generation too (a Secret or a Git branch moved).
+    pub rollout: u64,
     /// The runtime.
     pub runtime: Runtime,
     /// The build directory.
@@ -56,6 +59,8 @@ pub struct Revision {
     pub program: PathBuf,
     /// The user's env.
     pub env: Vec<(String, String)>,
+    /// `secretMounts`: each mount path and the directory holding its files.
+    pub secret_mounts: Vec<(String, PathBuf)>,
     /// Handler timeout, seconds.
     pub timeout_seconds: u64,
 }
@@ -67,6 +72,7 @@ impl Revision {
             && self.dir == other.dir
             && self.program == other.program
             && self.env == other.env
+            && self.secret_mounts == other.secret_mounts
             && self.timeout_seconds == other.timeout_seconds
     }
 }
@@ -108,6 +114,25 @@ impl AtomicState {
     }
 }
 
+/// What can be shown of one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceView {
+    /// Unique within the pool.
+    pub id: u64,
+    /// The Function generation it runs.
+    pub generation: i64,
+    /// The rollout it belongs to.
+    pub rollout: u64,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Its process id (0 while it is being started).
+    pub pid: u32,
+    /// Where it is in its life.
+    pub state: InstanceState,
+    /// Requests it is serving.
+    pub in_flight: usize,
+}
+
 /// One running instance.
 #[derive(Debug)]
 pub struct Instance {
@@ -115,6 +140,8 @@ pub struct Instance {
     pub id: u64,
     /// The generation it runs.
     pub generation: i64,
+    /// The rollout it belongs to.
+    pub rollout: u64,
     /// Its port on 127.0.0.1.
     pub port: u16,
     in_flight: AtomicUsize,
@@ -306,7 +333,7 @@ impl Pool {
     }
 
     /// Runs `revision` with these bounds (a new generation rolls out; the same one rescales).
-    pub fn set_revision(&self, revision: Revision, min: usize, max: usize) {
+    pub fn set_revision(&self, mut revision: Revision, min: usize, max: usize) {
         {
             let mut inner = self.inner.lock();
             // A new generation that runs the same thing (only the scale changed) keeps the
@@ -316,6 +343,10 @@ impl Pool {
                 .as_deref()
                 .is_none_or(|current| !current.runs_like(&revision));
             if changed {
+                revision.rollout = inner
+                    .revision
+                    .as_ref()
+                    .map_or(1, |current| current.rollout + 1);
                 self.timeout_seconds
                     .store(revision.timeout_seconds, Ordering::Release);
                 inner.revision = Some(Arc::new(revision));
@@ -374,11 +405,11 @@ impl Pool {
     /// The least-loaded ready instance (the current generation's first), leased for one request.
     pub fn pick(self: &Arc<Self>) -> Option<Lease> {
         let inner = self.inner.lock();
-        let current = inner.revision.as_ref().map(|r| r.generation);
+        let current = inner.revision.as_ref().map(|r| r.rollout);
         let ready = inner.instances.iter().filter(|i| i.is_ready());
         let newest = ready
             .clone()
-            .filter(|i| Some(i.generation) == current)
+            .filter(|i| Some(i.rollout) == current)
             .min_by_key(|i| i.in_flight());
         let chosen = newest
             .or_else(|| ready.min_by_key(|i| i.in_flight()))?
@@ -441,6 +472,29 @@ impl Pool {
     }
 
     /// Process ids of the running instances (tests kill them).
+    /// The instances that have not exited, newest rollout first.
+    pub fn instances(&self) -> Vec<InstanceView> {
+        let mut views: Vec<InstanceView> = self
+            .inner
+            .lock()
+            .instances
+            .iter()
+            .filter(|i| i.state() != InstanceState::Gone)
+            .map(|i| InstanceView {
+                id: i.id,
+                generation: i.generation,
+                rollout: i.rollout,
+                port: i.port,
+                pid: i.pid(),
+                state: i.state(),
+                in_flight: i.in_flight(),
+            })
+            .collect();
+        views.sort_by_key(|view| (std::cmp::Reverse(view.rollout), view.id));
+        views
+    }
+
+    /// Process ids of the instances that have not exited.
     pub fn pids(&self) -> Vec<u32> {
         self.inner
             .lock()
@@ -506,7 +560,7 @@ impl Pool {
             .instances
             .iter()
             .filter(|i| {
-                i.generation == revision.generation
+                i.rollout == revision.rollout
                     && matches!(i.state(), InstanceState::Starting | InstanceState::Ready)
             })
             .cloned()
@@ -531,7 +585,7 @@ impl Pool {
             for instance in inner
                 .instances
                 .iter()
-                .filter(|i| i.generation != revision.generation)
+                .filter(|i| i.rollout != revision.rollout)
             {
                 if instance.state() != InstanceState::Gone {
                     instance.state.store(InstanceState::Draining);
@@ -596,6 +650,7 @@ impl Pool {
         let instance = Arc::new(Instance {
             id,
             generation: revision.generation,
+            rollout: revision.rollout,
             port,
             in_flight: AtomicUsize::new(0),
             state: AtomicState::new(InstanceState::Starting),
@@ -735,6 +790,18 @@ impl Pool {
         }
         for (name, value) in &revision.env {
             command.env(name, value);
+        }
+        if !revision.secret_mounts.is_empty() {
+            // The runtime server shows these directories to the handler at the mount paths.
+            let mounts: serde_json::Map<String, serde_json::Value> = revision
+                .secret_mounts
+                .iter()
+                .map(|(path, dir)| (path.clone(), dir.to_string_lossy().into_owned().into()))
+                .collect();
+            command.env(
+                "EDDY_SECRET_MOUNTS",
+                serde_json::Value::Object(mounts).to_string(),
+            );
         }
         process::supervise(&mut command);
         command

@@ -1,0 +1,254 @@
+//! What a Function reads from Secrets and ConfigMaps in local mode: `env[].valueFrom`,
+//! `secretMounts` and the Git credentials. Resolved from the resource store before each
+//! deploy; a missing object or key holds the function back with a status naming it, as a pod
+//! waits on Kubernetes, and the function goes on when the object is applied.
+
+use std::collections::BTreeMap;
+
+use eddy_model::resources::{FunctionSpec, KeySource};
+use eddy_platform::store::{Store, StoreError};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+
+use super::git::GitCredentials;
+
+/// The keys and values of one Secret or ConfigMap.
+pub type Data = BTreeMap<String, Vec<u8>>;
+
+/// What a Function's spec reads from Secrets and ConfigMaps, resolved.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// Every `env` entry with its value (entries whose optional source is missing left out).
+    pub env: Vec<(String, String)>,
+    /// Each `secretMounts` entry: the mount path and the Secret's keys and values.
+    pub mounts: Vec<(String, Data)>,
+    /// The Git credentials, when the source names a Secret.
+    pub git_credentials: Option<GitCredentials>,
+}
+
+impl std::fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Names only: values may be secret.
+        f.debug_struct("Inputs")
+            .field(
+                "env",
+                &self.env.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            )
+            .field(
+                "mounts",
+                &self.mounts.iter().map(|(path, _)| path).collect::<Vec<_>>(),
+            )
+            .field("git_credentials", &self.git_credentials)
+            .finish()
+    }
+}
+
+/// Resolves the spec's references with `lookup` (the object's data, or `None` when there is no
+/// such object). The error names the field and what is missing. Pure.
+pub fn resolve_with(
+    spec: &FunctionSpec,
+    lookup: impl Fn(KeySource, &str) -> Option<Data>,
+) -> Result<Inputs, String> {
+    let describe = |kind: KeySource| match kind {
+        KeySource::Secret => "Secret",
+        KeySource::ConfigMap => "ConfigMap",
+    };
+    let mut inputs = Inputs::default();
+    for (index, var) in spec.env.iter().enumerate() {
+        let Some((kind, selector)) = var.value_from.as_ref().and_then(|from| from.selector())
+        else {
+            inputs.env.push((var.name.clone(), var.value.clone()));
+            continue;
+        };
+        let optional = selector.optional.unwrap_or(false);
+        let value = match lookup(kind, &selector.name) {
+            None if optional => continue,
+            None => {
+                return Err(format!(
+                    "spec.env[{index}] ({}): {} {} not found",
+                    var.name,
+                    describe(kind),
+                    selector.name
+                ));
+            }
+            Some(data) => match data.get(&selector.key) {
+                None if optional => continue,
+                None => {
+                    return Err(format!(
+                        "spec.env[{index}] ({}): {} {} has no key {}",
+                        var.name,
+                        describe(kind),
+                        selector.name,
+                        selector.key
+                    ));
+                }
+                Some(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            },
+        };
+        inputs.env.push((var.name.clone(), value));
+    }
+    for (index, mount) in spec.secret_mounts.iter().enumerate() {
+        let data = lookup(KeySource::Secret, &mount.secret_name).ok_or_else(|| {
+            format!(
+                "spec.secretMounts[{index}]: Secret {} not found",
+                mount.secret_name
+            )
+        })?;
+        inputs.mounts.push((mount.mount_path.clone(), data));
+    }
+    if let Some(git) = &spec.source.git_repository {
+        if let Some(auth) = &git.auth {
+            let data = lookup(KeySource::Secret, &auth.secret_name).ok_or_else(|| {
+                format!(
+                    "spec.source.gitRepository.auth: Secret {} not found",
+                    auth.secret_name
+                )
+            })?;
+            let credentials = GitCredentials::from_secret(auth.type_, &data).map_err(|key| {
+                format!(
+                    "spec.source.gitRepository.auth: Secret {} has no key {key}",
+                    auth.secret_name
+                )
+            })?;
+            inputs.git_credentials = Some(credentials);
+        }
+    }
+    Ok(inputs)
+}
+
+/// Resolves the spec's references from the store.
+pub async fn resolve(
+    store: &Store,
+    namespace: &str,
+    spec: &FunctionSpec,
+) -> Result<Result<Inputs, String>, StoreError> {
+    let mut found: Vec<((KeySource, String), Option<Data>)> = Vec::new();
+    for (kind, name) in spec.referenced_objects() {
+        let data = match kind {
+            KeySource::Secret => store
+                .get::<Secret>(namespace, name)
+                .await?
+                .map(|secret| secret_data(&secret)),
+            KeySource::ConfigMap => store
+                .get::<ConfigMap>(namespace, name)
+                .await?
+                .map(|config_map| config_map_data(&config_map)),
+        };
+        found.push(((kind, name.to_owned()), data));
+    }
+    Ok(resolve_with(spec, |kind, name| {
+        found
+            .iter()
+            .find(|((k, n), _)| *k == kind && n == name)
+            .and_then(|(_, data)| data.clone())
+    }))
+}
+
+/// A Secret's keys and values (`stringData` was folded into `data` when it was applied).
+pub fn secret_data(secret: &Secret) -> Data {
+    let mut data: Data = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(key, value)| (key.clone(), value.0.clone()))
+        .collect();
+    for (key, value) in secret.string_data.iter().flatten() {
+        data.insert(key.clone(), value.clone().into_bytes());
+    }
+    data
+}
+
+/// A ConfigMap's keys and values, text and binary.
+pub fn config_map_data(config_map: &ConfigMap) -> Data {
+    let mut data: Data = config_map
+        .data
+        .iter()
+        .flatten()
+        .map(|(key, value)| (key.clone(), value.clone().into_bytes()))
+        .collect();
+    for (key, value) in config_map.binary_data.iter().flatten() {
+        data.insert(key.clone(), value.0.clone());
+    }
+    data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(value: serde_json::Value) -> FunctionSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn lookup(kind: KeySource, name: &str) -> Option<Data> {
+        match (kind, name) {
+            (KeySource::Secret, "db") => Some([("password".to_owned(), b"s3cret".to_vec())].into()),
+            (KeySource::ConfigMap, "settings") => {
+                Some([("greeting".to_owned(), b"hello".to_vec())].into())
+            }
+            (KeySource::Secret, "git") => Some(
+                [
+                    ("username".to_owned(), b"u".to_vec()),
+                    ("password".to_owned(), b"p".to_vec()),
+                ]
+                .into(),
+            ),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn env_values_come_from_secrets_and_config_maps_in_order() {
+        let spec = spec(json!({
+            "runtime": "nodejs22", "source": {"inline": {"source": "x"}},
+            "env": [
+                {"name": "A", "value": "1"},
+                {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+                {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "greeting"}}},
+                {"name": "MAYBE", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k", "optional": true}}},
+            ],
+            "secretMounts": [{"secretName": "db", "mountPath": "/etc/db"}],
+        }));
+        let inputs = resolve_with(&spec, lookup).unwrap();
+        assert_eq!(
+            inputs.env,
+            vec![
+                ("A".to_owned(), "1".to_owned()),
+                ("PASSWORD".to_owned(), "s3cret".to_owned()),
+                ("GREETING".to_owned(), "hello".to_owned()),
+            ]
+        );
+        assert_eq!(inputs.mounts[0].0, "/etc/db");
+        assert_eq!(inputs.mounts[0].1["password"], b"s3cret");
+        assert!(!format!("{inputs:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_missing_object_or_key_is_named() {
+        let missing_key = spec(json!({
+            "runtime": "nodejs22", "source": {"inline": {"source": "x"}},
+            "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "user"}}}],
+        }));
+        assert_eq!(
+            resolve_with(&missing_key, lookup).unwrap_err(),
+            "spec.env[0] (P): Secret db has no key user"
+        );
+        let missing_mount = spec(json!({
+            "runtime": "nodejs22", "source": {"inline": {"source": "x"}},
+            "secretMounts": [{"secretName": "nope", "mountPath": "/etc/x"}],
+        }));
+        assert_eq!(
+            resolve_with(&missing_mount, lookup).unwrap_err(),
+            "spec.secretMounts[0]: Secret nope not found"
+        );
+        let git = spec(json!({
+            "runtime": "nodejs22",
+            "source": {"gitRepository": {"url": "https://example.com/r.git", "reference": "main",
+                                          "auth": {"type": "key", "secretName": "git"}}},
+        }));
+        assert_eq!(
+            resolve_with(&git, lookup).unwrap_err(),
+            "spec.source.gitRepository.auth: Secret git has no key key"
+        );
+    }
+}

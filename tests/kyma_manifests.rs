@@ -1,0 +1,513 @@
+//! Kyma's manifests applied to eddy as Kyma users write them: `examples/kyma` through
+//! `eddy apply`, Secrets and ConfigMaps read by `env[].valueFrom` and `secretMounts`, a Git
+//! source followed as its branch moves, Kubernetes-only fields reported as ignored, and
+//! `eddy convert` output that behaves the same.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::{path::Path, time::Duration};
+
+use eddy_testing::eventually;
+use serde_json::{Value, json};
+use support::{Options, Platform, condition_of};
+
+fn examples() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kyma")
+}
+
+async fn call(
+    platform: &Platform,
+    namespace: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let url = format!("{}/{namespace}/{path}", platform.gateway);
+    let request = match body {
+        Some(body) => platform.http.post(url).json(&body),
+        None => platform.http.get(url),
+    };
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Calls the example functions in `namespace` and checks what each promises.
+async fn examples_behave(platform: &Platform, namespace: &str) {
+    for name in ["greeter", "orders", "audit", "db-info"] {
+        platform.wait_running_at(namespace, name).await;
+    }
+    let (status, body) = call(platform, namespace, "greeter?name=Kyma", None).await;
+    assert_eq!((status, body), (200, json!({"message": "Hello, Kyma!"})));
+
+    let (status, body) = call(platform, namespace, "db-info", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"user": "orders", "currency": "EUR", "passwordLength": "example-only-password".len()})
+    );
+
+    let (status, body) = call(platform, namespace, "orders", Some(json!({}))).await;
+    assert_eq!((status, body), (400, json!("an order needs an item")));
+    let (status, order) = call(platform, namespace, "orders", Some(json!({"item": "A-1"}))).await;
+    assert_eq!(status, 201, "{order}");
+    let id = order["id"].as_str().unwrap().to_owned();
+    let log_url = format!(
+        "{}/apis/eddy.dev/v1alpha1/namespaces/{namespace}/functions/audit/log",
+        platform.api
+    );
+    let expected = format!("audited order.received.v1 {id} item=A-1");
+    let seen = eventually(
+        "the audit function to see the order",
+        Duration::from_secs(60),
+        || async {
+            let log = platform
+                .http
+                .get(&log_url)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            log.contains(&expected)
+        },
+    )
+    .await;
+    if let Err(error) = seen {
+        let log = platform
+            .http
+            .get(&log_url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let orders_log = platform
+            .http
+            .get(log_url.replace("/audit/", "/orders/"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        panic!("{error}\naudit log:\n{log}\norders log:\n{orders_log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kyma_examples_apply_unchanged_and_behave_as_documented() {
+    let platform = Platform::start().await;
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", examples().to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    for applied in [
+        "secret/orders-db created",
+        "configmap/orders-settings created",
+        "function.eddy.dev/greeter created",
+        "subscription.eddy.dev/audit-orders created",
+    ] {
+        assert!(stdout.contains(applied), "{applied} in {stdout}");
+    }
+    // A Kubernetes-only field is taken and reported, not refused.
+    assert!(
+        stderr.contains("Warning: function.eddy.dev/db-info: spec.resourceConfiguration.function is ignored in local mode"),
+        "{stderr}"
+    );
+    examples_behave(&platform, "default").await;
+
+    // Shown back in the form they were applied.
+    let (ok, yaml, _) = platform
+        .eddy(&["get", "functions", "greeter", "-o", "yaml"])
+        .await;
+    assert!(ok);
+    assert!(
+        yaml.starts_with("apiVersion: serverless.kyma-project.io/v1alpha2\n"),
+        "{yaml}"
+    );
+    let function = platform.wait_running_at("default", "db-info").await;
+    assert_eq!(
+        function["apiVersion"],
+        "serverless.kyma-project.io/v1alpha2"
+    );
+    assert_eq!(function["status"]["runtime"], "nodejs22");
+    assert_eq!(
+        function["status"]["podSelector"],
+        "eddy.dev/function=db-info"
+    );
+    let (_, _, message) = condition_of(&function, "ConfigurationReady");
+    assert!(message.contains("ignored in local mode"), "{message}");
+    let subscription: Value = platform
+        .http
+        .get(format!(
+            "{}/apis/eventing.kyma-project.io/v1alpha2/namespaces/default/subscriptions/audit-orders",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        subscription["apiVersion"],
+        "eventing.kyma-project.io/v1alpha2"
+    );
+    assert_eq!(subscription["spec"]["config"]["maxInFlightMessages"], "5");
+    assert_eq!(
+        subscription["status"]["types"][0]["originalType"],
+        "order.received.v1"
+    );
+
+    // The Function's labels and annotations are on its instances.
+    let (ok, table, stderr) = platform.eddy(&["get", "instances", "audit"]).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        table.contains("Running")
+            && table.contains("team=orders")
+            && table.contains("eddy.dev/function=audit"),
+        "{table}"
+    );
+    let instances: Value = platform
+        .http
+        .get(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/audit/instances",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        instances["items"][0]["metadata"]["annotations"]["example.com/owner"],
+        "orders-team"
+    );
+
+    // A Secret's values are never shown.
+    let (ok, table, _) = platform.eddy(&["get", "secrets"]).await;
+    assert!(ok);
+    assert!(
+        table.contains("orders-db") && table.contains("Opaque"),
+        "{table}"
+    );
+    let (ok, yaml, _) = platform
+        .eddy(&["get", "secret", "orders-db", "-o", "yaml"])
+        .await;
+    assert!(ok);
+    assert!(
+        yaml.contains("password") && !yaml.contains("example-only-password"),
+        "{yaml}"
+    );
+    assert!(
+        !yaml.contains(&base64_of("example-only-password")),
+        "{yaml}"
+    );
+
+    // `eddy convert` gives eddy's own form, which applies and behaves the same.
+    let (ok, converted, stderr) = platform
+        .eddy(&["convert", "-f", examples().to_str().unwrap()])
+        .await;
+    assert!(ok, "{stderr}");
+    assert!(!converted.contains("kyma-project.io"), "{converted}");
+    assert!(converted.contains("timeoutSeconds: 10"), "{converted}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("converted.yaml");
+    std::fs::write(
+        &file,
+        converted.replace("audit.default.svc", "audit.converted.svc"),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-n", "converted", "-f", file.to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    examples_behave(&platform, "converted").await;
+    let function = platform.wait_running_at("converted", "greeter").await;
+    assert_eq!(function["apiVersion"], "eddy.dev/v1alpha1");
+    assert_eq!(function["spec"]["timeoutSeconds"], 10);
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+async fn put(platform: &Platform, path: &str, body: Value) -> (u16, Value) {
+    let response = platform
+        .http
+        .put(format!("{}{path}", platform.api))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+async fn put_secret(platform: &Platform, name: &str, data: Value) {
+    let (status, body) = put(
+        platform,
+        &format!("/api/v1/namespaces/default/secrets/{name}"),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data}),
+    )
+    .await;
+    assert!(status == 200 || status == 201, "{status}: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_function_waits_for_its_secret_and_follows_its_changes() {
+    let platform = Platform::start().await;
+    let source = r#"
+        const fs = require("fs");
+        module.exports = { main: () => ({
+            token: process.env.TOKEN,
+            optional: process.env.OPTIONAL ?? null,
+            file: fs.readFileSync("/var/run/secrets/api/token", "utf8"),
+            listed: fs.readdirSync("/var/run/secrets/api").sort(),
+        }) };
+    "#;
+    let function = json!({
+        "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+        "metadata": {"name": "reader"},
+        "spec": {
+            "runtime": "nodejs22",
+            "source": {"inline": {"source": source}},
+            "env": [
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}},
+                {"name": "OPTIONAL", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "x", "optional": true}}},
+            ],
+            "secretMounts": [{"secretName": "api", "mountPath": "/var/run/secrets/api"}],
+        },
+    });
+    let (status, body) = put(
+        &platform,
+        "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/reader",
+        function,
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["apiVersion"], "serverless.kyma-project.io/v1alpha2");
+    eventually(
+        "the missing Secret to be named",
+        Duration::from_secs(30),
+        || async {
+            let (status, reason, message) =
+                platform.condition("reader", "ConfigurationReady").await;
+            status == "False"
+                && reason == "ReferenceNotFound"
+                && message.contains("Secret api not found")
+        },
+    )
+    .await
+    .unwrap();
+    let (status, body) = call(&platform, "default", "reader", None).await;
+    assert_eq!(status, 503, "{body}");
+
+    put_secret(&platform, "api", json!({"token": "first"})).await;
+    platform.wait_running_at("default", "reader").await;
+    let (status, body) = call(&platform, "default", "reader", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"token": "first", "optional": null, "file": "first", "listed": ["token"]})
+    );
+    let log = platform.function_log("reader").await;
+    assert!(!log.contains("first"), "{log}");
+
+    // A changed Secret reaches new instances, as the pods of a restarted Deployment get it.
+    put_secret(&platform, "api", json!({"token": "second", "extra": "x"})).await;
+    eventually("the new Secret to be served", Duration::from_secs(60), || async {
+        let (_, body) = call(&platform, "default", "reader", None).await;
+        body == json!({"token": "second", "optional": null, "file": "second", "listed": ["extra", "token"]})
+    })
+    .await
+    .unwrap();
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let output = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "eddy test")
+        .env("GIT_AUTHOR_EMAIL", "test@example.com")
+        .env("GIT_COMMITTER_NAME", "eddy test")
+        .env("GIT_COMMITTER_EMAIL", "test@example.com")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Commits `handler` (and a helper module it requires) under `hello/` and pushes to `main`.
+fn push_version(work: &Path, version: &str) {
+    let code = work.join("hello");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(
+        code.join("handler.js"),
+        "const { version } = require('./version');\nmodule.exports = { main: () => ({ version }) };\n",
+    )
+    .unwrap();
+    std::fs::write(
+        code.join("version.js"),
+        format!("module.exports = {{ version: '{version}' }};\n"),
+    )
+    .unwrap();
+    git(work, &["add", "."]);
+    git(work, &["commit", "-q", "-m", version]);
+    git(work, &["push", "-q", "origin", "HEAD:main"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
+    let platform = Platform::start_with(Options {
+        git_poll_interval: Duration::from_millis(500),
+        ..Options::default()
+    })
+    .await;
+    let repos = tempfile::tempdir().unwrap();
+    let bare = repos.path().join("functions.git");
+    std::fs::create_dir_all(&bare).unwrap();
+    git(&bare, &["init", "-q", "--bare", "-b", "main"]);
+    let work = repos.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    git(&work, &["remote", "add", "origin", bare.to_str().unwrap()]);
+    push_version(&work, "v1");
+
+    let manifest = std::fs::read_to_string(examples().join("git/function.yaml"))
+        .unwrap()
+        .replace(
+            "https://github.com/your-org/functions.git",
+            &format!("file://{}", bare.display()),
+        );
+    let file = repos.path().join("function.yaml");
+    std::fs::write(&file, manifest).unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", file.to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    platform.wait_running_at("default", "git-hello").await;
+    let (status, body) = call(&platform, "default", "git-hello", None).await;
+    assert_eq!((status, body), (200, json!({"version": "v1"})));
+
+    // The branch moves: the new commit is built and rolled out without a new apply.
+    push_version(&work, "v2");
+    eventually(
+        "the new commit to serve",
+        Duration::from_secs(120),
+        || async {
+            call(&platform, "default", "git-hello", None).await.1 == json!({"version": "v2"})
+        },
+    )
+    .await
+    .unwrap();
+
+    // A reference that names nothing is said in status.
+    let mut function: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    function["spec"]["source"]["gitRepository"]["reference"] = json!("no-such-branch");
+    let (status, body) = put(
+        &platform,
+        "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/git-hello",
+        function,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    eventually(
+        "the bad reference to be reported",
+        Duration::from_secs(30),
+        || async {
+            let (status, reason, message) = platform.condition("git-hello", "BuildReady").await;
+            status == "False" && reason == "SourceUnavailable" && message.contains("no-such-branch")
+        },
+    )
+    .await
+    .unwrap();
+    // The last good revision keeps serving.
+    let (status, body) = call(&platform, "default", "git-hello", None).await;
+    assert_eq!((status, body), (200, json!({"version": "v2"})));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kyma_fields_eddy_cannot_honour_are_refused_by_name() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let refused = |spec: Value| {
+        let platform = &platform;
+        async move {
+            let (status, body) = put(
+                platform,
+                "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/bad",
+                json!({"apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+                       "metadata": {"name": "bad"}, "spec": spec}),
+            )
+            .await;
+            assert_eq!(status, 422, "{body}");
+            body["details"]["causes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|cause| {
+                    format!(
+                        "{}: {}",
+                        cause["field"].as_str().unwrap(),
+                        cause["message"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    let inline = json!({"inline": {"source": "module.exports = {main: () => 1}"}});
+    let causes = refused(json!({"runtime": "nodejs22", "source": inline,
+        "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}))
+    .await;
+    assert!(
+        causes.starts_with("spec.env[0].valueFrom.fieldRef: unknown field `fieldRef`, expected `secretKeyRef` or `configMapKeyRef`"),
+        "{causes}"
+    );
+    let causes = refused(json!({"runtime": "nodejs22", "source": inline,
+        "env": [{"name": "FUNC_TIMEOUT", "value": "soon"}, {"name": "REQ_MB_LIMIT", "value": "0"}]})).await;
+    assert_eq!(
+        causes,
+        "spec.env[0].value: FUNC_TIMEOUT must be a whole number of seconds between 1 and 3600\n\
+         spec.env[1].value: REQ_MB_LIMIT must be a whole number of MiB between 1 and 1024"
+    );
+    let causes = refused(json!({"runtime": "nodejs22", "source": inline,
+        "secretMounts": [{"secretName": "s", "mountPath": "relative/dir"}],
+        "labels": {"eddy.dev/function": "other"}}))
+    .await;
+    assert_eq!(
+        causes,
+        "spec.secretMounts[0].mountPath: must be an absolute directory other than /, without '.' or '..'\n\
+         spec.labels.eddy.dev/function: eddy.dev/ keys are set by the platform"
+    );
+    let causes = refused(json!({"runtime": "nodejs22",
+        "source": {"gitRepository": {"url": "--upload-pack=touch /tmp/x", "reference": "-x"}}}))
+    .await;
+    assert_eq!(
+        causes,
+        "spec.source.gitRepository.url: must be an https, http, ssh, file or git@host:path URL\n\
+         spec.source.gitRepository.reference: must be a branch, tag or commit: no spaces, not starting with '-'"
+    );
+    let causes = refused(json!({"runtime": "nodejs18", "source": inline})).await;
+    assert!(
+        causes.starts_with("spec.runtime: unknown variant `nodejs18`"),
+        "{causes}"
+    );
+}
