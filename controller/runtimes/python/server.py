@@ -17,12 +17,12 @@ import uuid
 from urllib.parse import unquote
 
 import bottle
-import prometheus_client as prom
 from cheroot import wsgi
-from cloudevents.conversion import to_structured
-from cloudevents.http import CloudEvent, from_http
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+
+# Only bottle and cheroot load before the first request is answered. The CloudEvents SDK loads
+# with the first CloudEvent, OpenTelemetry with the first traced request (or at start when
+# TRACE_COLLECTOR_ENDPOINT is set), prometheus_client once the first call is answered: each
+# costs tens of milliseconds of a cold start that a first request need not pay.
 
 env = os.environ
 function_name = env.get("FUNC_NAME", "")
@@ -53,6 +53,7 @@ def log(*parts):
 
 
 def start_tracing(endpoint):
+    from opentelemetry import propagate, trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.propagators.b3 import B3MultiFormat
     from opentelemetry.propagators.composite import CompositePropagator
@@ -69,13 +70,77 @@ def start_tracing(endpoint):
 
 
 tracing_provider = start_tracing(env["TRACE_COLLECTOR_ENDPOINT"]) if env.get("TRACE_COLLECTOR_ENDPOINT") else None
-tracer = trace.get_tracer(function_name or "function")
+TRACE_HEADERS = ("traceparent", "b3", "x-b3-traceid")
+
+
+def get_tracer():
+    from opentelemetry import trace
+
+    return trace.get_tracer(function_name or "function")
+
+
+def trace_parent(headers):
+    """The incoming trace context, or None when there is none to continue and tracing is off
+    (OpenTelemetry then stays unloaded)."""
+    if tracing_provider is None and not any(name in headers for name in TRACE_HEADERS):
+        return None
+    from opentelemetry import propagate
+
+    return propagate.extract({name.lower(): value for name, value in headers.items()})
+
 
 # ---- metrics ------------------------------------------------------------------------------------
 
-calls_total = prom.Counter("function_calls_total", "Calls of the function.", ["method"])
-failures_total = prom.Counter("function_failures_total", "Calls that failed.", ["method"])
-duration_seconds = prom.Histogram("function_duration_seconds", "Time the function took, in seconds.", ["method"])
+
+class Metrics:
+    """Calls, failures and durations by method, in prometheus_client. It loads a moment after the
+    first call is answered (or at the first scrape); calls before that are added when it does."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.pending = []
+        self.loader = None
+        self.prom = None
+
+    def record(self, method, seconds, failed):
+        with self.lock:
+            if self.prom is None:
+                self.pending.append((method, seconds, failed))
+                if self.loader is None:
+                    self.loader = threading.Timer(0.2, self.load)
+                    self.loader.daemon = True
+                    self.loader.start()
+                return
+        self.observe(method, seconds, failed)
+
+    def load(self):
+        import prometheus_client
+
+        with self.lock:
+            if self.prom is not None:
+                return
+            self.calls = prometheus_client.Counter("function_calls_total", "Calls of the function.", ["method"])
+            self.failures = prometheus_client.Counter("function_failures_total", "Calls that failed.", ["method"])
+            self.duration = prometheus_client.Histogram(
+                "function_duration_seconds", "Time the function took, in seconds.", ["method"]
+            )
+            self.prom = prometheus_client
+            pending, self.pending = self.pending, []
+        for record in pending:
+            self.observe(*record)
+
+    def observe(self, method, seconds, failed):
+        self.calls.labels(method).inc()
+        if failed:
+            self.failures.labels(method).inc()
+        self.duration.labels(method).observe(seconds)
+
+    def render(self):
+        self.load()
+        return self.prom.CONTENT_TYPE_LATEST, self.prom.generate_latest(self.prom.REGISTRY)
+
+
+metrics_recorder = Metrics()
 
 # ---- secret mounts ------------------------------------------------------------------------------
 
@@ -166,11 +231,12 @@ class Event(dict):
     def __init__(self, request, response):
         super().__init__()
         self["extensions"] = {"request": request, "response": response}
-        self.tracer = tracer
         media = media_type(request)
         if media.startswith("multipart/"):
             return
         if is_cloud_event(request, media):
+            from cloudevents.http import from_http
+
             cloud_event = from_http(dict(request.headers), request.body.read())
             for name, value in cloud_event.get_attributes().items():
                 # Binary-mode attributes arrive percent-encoded (the HTTP binding).
@@ -183,8 +249,14 @@ class Event(dict):
     def ceHeaders(self):  # noqa: N802 - Kyma's name
         return self
 
+    @property
+    def tracer(self):
+        return get_tracer()
+
     def emitCloudEvent(self, type, source, data, optionalCloudEventAttributes=None):  # noqa: A002,N802,N803
         """Posts a structured CloudEvent to the event publisher; raises on a non-2xx answer."""
+        from cloudevents.http import CloudEvent
+
         attributes = dict(optionalCloudEventAttributes or {})
         attributes.setdefault("id", str(uuid.uuid4()))
         if data is not None and "datacontenttype" not in attributes:
@@ -193,9 +265,13 @@ class Event(dict):
         post_cloud_event(CloudEvent(attributes, data))
 
     def publishCloudEvent(self, cloud_event):  # noqa: N802 - Kyma's name, deprecated there
+        from cloudevents.http import CloudEvent
+
         post_cloud_event(cloud_event if isinstance(cloud_event, CloudEvent) else CloudEvent(cloud_event))
 
     def buildResponseCloudEvent(self, event_id, event_type, data):  # noqa: N802 - Kyma's name
+        from cloudevents.http import CloudEvent
+
         return CloudEvent({"id": event_id, "type": event_type, "source": function_name}, data)
 
 
@@ -203,6 +279,8 @@ def post_cloud_event(cloud_event):
     if not publisher_address:
         raise RuntimeError("PUBLISHER_PROXY_ADDRESS is not set")
     import requests  # loaded on first use: most functions never emit events
+    from cloudevents.conversion import to_structured
+    from opentelemetry import propagate
 
     headers, body = to_structured(cloud_event)
     if publisher_token:
@@ -212,28 +290,43 @@ def post_cloud_event(cloud_event):
 
 
 def call_user_function(environ, parent, answer):
-    """Runs the function in its own thread, with bottle's request and response bound to it."""
+    """Runs the function in its own thread, with bottle's request and response bound to it, in a
+    span when there is a trace to continue or tracing is on."""
+    bottle.request.bind(environ)
+    bottle.response.bind()
+    if parent is None:
+        run_user_function(answer, None)
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
     token = otel_context.attach(parent)
     try:
-        bottle.request.bind(environ)
-        bottle.response.bind()
-        with tracer.start_as_current_span(f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO', '/')}", kind=trace.SpanKind.SERVER) as span:
-            try:
-                event = Event(bottle.request, bottle.response)
-            except Exception as error:  # noqa: BLE001 - a bad CloudEvent is the caller's mistake
-                answer.put(("invalid", str(error), None))
-                return
-            try:
-                result = user_function(event, function_context)
-                answer.put(("ok", result, bottle.response.copy()))
-            except bottle.HTTPResponse as response:
-                answer.put(("ok", response, bottle.response.copy()))
-            except Exception as error:  # noqa: BLE001 - the function's failure, answered 500
-                span.set_status(trace.StatusCode.ERROR, str(error))
-                log(f"function failed:\n{traceback.format_exc()}")
-                answer.put(("failed", error, None))
+        name = f"{environ['REQUEST_METHOD']} {environ.get('PATH_INFO', '/')}"
+        with get_tracer().start_as_current_span(name, kind=trace.SpanKind.SERVER) as span:
+            run_user_function(answer, span)
     finally:
         otel_context.detach(token)
+
+
+def run_user_function(answer, span):
+    try:
+        event = Event(bottle.request, bottle.response)
+    except Exception as error:  # noqa: BLE001 - a bad CloudEvent is the caller's mistake
+        answer.put(("invalid", str(error), None))
+        return
+    try:
+        result = user_function(event, function_context)
+        answer.put(("ok", result, bottle.response.copy()))
+    except bottle.HTTPResponse as response:
+        answer.put(("ok", response, bottle.response.copy()))
+    except Exception as error:  # noqa: BLE001 - the function's failure, answered 500
+        if span is not None:
+            from opentelemetry import trace
+
+            span.set_status(trace.StatusCode.ERROR, str(error))
+        log(f"function failed:\n{traceback.format_exc()}")
+        answer.put(("failed", error, None))
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -262,8 +355,9 @@ def healthz():
 
 @app.get("/metrics")
 def metrics():
-    bottle.response.content_type = prom.CONTENT_TYPE_LATEST
-    return prom.generate_latest(prom.REGISTRY)
+    content_type, text = metrics_recorder.render()
+    bottle.response.content_type = content_type
+    return text
 
 
 @app.error(500)
@@ -274,19 +368,20 @@ def internal_error(error):
 @app.route("/<:re:.*>", method=["GET", "POST", "PUT", "PATCH", "DELETE"])
 def handle():
     method = bottle.request.method
-    calls_total.labels(method).inc()
     started = time.perf_counter()
+    failed = True
     try:
-        return answer_call(method)
+        value, failed = answer_call()
+        return value
     finally:
-        duration_seconds.labels(method).observe(time.perf_counter() - started)
+        metrics_recorder.record(method, time.perf_counter() - started, failed)
 
 
-def answer_call(method):
+def answer_call():
+    """The answer and whether it counts as a failure."""
     if user_function is None:
-        failures_total.labels(method).inc()
-        return bottle.HTTPResponse("User function not loaded", 500, {"Content-Type": "text/plain"})
-    parent = propagate.extract({name.lower(): value for name, value in bottle.request.headers.items()})
+        return bottle.HTTPResponse("User function not loaded", 500, {"Content-Type": "text/plain"}), True
+    parent = trace_parent(bottle.request.headers)
     answer = queue.Queue(maxsize=1)
     worker = threading.Thread(
         target=call_user_function, args=(bottle.request.environ, parent, answer), daemon=True
@@ -295,19 +390,17 @@ def answer_call(method):
     try:
         outcome, value, response = answer.get(timeout=timeout)
     except queue.Empty:
-        failures_total.labels(method).inc()
         log(f"function did not answer within {timeout:g}s")
-        return bottle.HTTPResponse("Timeout while processing the function", 408)
+        return bottle.HTTPResponse("Timeout while processing the function", 408), True
     if outcome == "invalid":
-        return bottle.HTTPResponse(f"invalid CloudEvent: {value}", 400, {"Content-Type": "text/plain"})
+        return bottle.HTTPResponse(f"invalid CloudEvent: {value}", 400, {"Content-Type": "text/plain"}), False
     if outcome == "failed":
-        failures_total.labels(method).inc()
-        return bottle.HTTPResponse("Internal server error", 500, {"Content-Type": "text/plain"})
+        return bottle.HTTPResponse("Internal server error", 500, {"Content-Type": "text/plain"}), True
     # What the function set on bottle.response in its thread, then bottle's rules for the value.
     bottle.response.status = response.status_line
     for name, header_value in response.headerlist:
         bottle.response.set_header(name, header_value)
-    return value
+    return value, False
 
 
 def main():

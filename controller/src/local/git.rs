@@ -405,6 +405,76 @@ mod tests {
         assert!(!is_commit_id("main"));
     }
 
+    /// The environment `git` gets, as (name, value) text.
+    fn env_of(command: &tokio::process::Command) -> Vec<(String, String)> {
+        command
+            .as_std()
+            .get_envs()
+            .filter_map(|(name, value)| {
+                Some((
+                    name.to_string_lossy().into_owned(),
+                    value?.to_string_lossy().into_owned(),
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn credentials_reach_git_through_its_environment_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let config = GitConfig {
+            dir: dir.path().to_owned(),
+            timeout: Duration::from_secs(5),
+        };
+        let scratch = Scratch::new(&config).unwrap();
+        let basic = GitCredentials::Basic {
+            username: "me".into(),
+            password: "pw".into(),
+        };
+        let command = git_command(&config, &scratch, Some(&basic)).unwrap();
+        let env = env_of(&command);
+        assert!(env.contains(&("GIT_CONFIG_KEY_0".into(), "http.extraHeader".into())));
+        // base64("me:pw")
+        assert!(env.contains(&(
+            "GIT_CONFIG_VALUE_0".into(),
+            "Authorization: Basic bWU6cHc=".into()
+        )));
+        assert!(env.contains(&("GIT_TERMINAL_PROMPT".into(), "0".into())));
+        assert_eq!(
+            command.as_std().get_args().count(),
+            0,
+            "no credentials on the command line"
+        );
+
+        let key = GitCredentials::Key {
+            key: "PRIVATE KEY".into(),
+            passphrase: Some("phrase".into()),
+        };
+        let command = git_command(&config, &scratch, Some(&key)).unwrap();
+        let env = env_of(&command);
+        let ssh = &env
+            .iter()
+            .find(|(name, _)| name == "GIT_SSH_COMMAND")
+            .unwrap()
+            .1;
+        assert!(ssh.contains("-o IdentitiesOnly=yes -i "), "{ssh}");
+        let key_file = scratch.0.join("key");
+        assert_eq!(std::fs::read_to_string(&key_file).unwrap(), "PRIVATE KEY\n");
+        assert_eq!(
+            std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(env.contains(&("EDDY_GIT_KEY_PASSPHRASE".into(), "phrase".into())));
+        assert!(env.contains(&("SSH_ASKPASS_REQUIRE".into(), "force".into())));
+        let scratch_dir = scratch.0.clone();
+        drop(scratch);
+        assert!(
+            !scratch_dir.exists(),
+            "the key is removed with the scratch directory"
+        );
+    }
+
     #[test]
     fn credentials_come_from_the_secret_keys_kyma_names() {
         let data: std::collections::BTreeMap<String, Vec<u8>> = [
