@@ -65,38 +65,16 @@ async fn examples_behave(platform: &Platform, namespace: &str) {
         "the audit function to see the order",
         Duration::from_secs(60),
         || async {
-            let log = platform
-                .http
-                .get(&log_url)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let log = platform.get_text(&log_url).await;
             log.contains(&expected)
         },
     )
     .await;
     if let Err(error) = seen {
-        let log = platform
-            .http
-            .get(&log_url)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let log = platform.get_text(&log_url).await;
         let orders_log = platform
-            .http
-            .get(log_url.replace("/audit/", "/orders/"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+            .get_text(&log_url.replace("/audit/", "/orders/"))
+            .await;
         panic!("{error}\naudit log:\n{log}\norders log:\n{orders_log}");
     }
 }
@@ -144,18 +122,10 @@ async fn kyma_examples_apply_unchanged_and_behave_as_documented() {
     );
     let (_, _, message) = condition_of(&function, "ConfigurationReady");
     assert!(message.contains("ignored in local mode"), "{message}");
-    let subscription: Value = platform
-        .http
-        .get(format!(
+    let subscription: Value = platform.get_json(&format!(
             "{}/apis/eventing.kyma-project.io/v1alpha2/namespaces/default/subscriptions/audit-orders",
             platform.api
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        )).await;
     assert_eq!(
         subscription["apiVersion"],
         "eventing.kyma-project.io/v1alpha2"
@@ -176,17 +146,11 @@ async fn kyma_examples_apply_unchanged_and_behave_as_documented() {
         "{table}"
     );
     let instances: Value = platform
-        .http
-        .get(format!(
+        .get_json(&format!(
             "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/audit/instances",
             platform.api
         ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(
         instances["items"][0]["metadata"]["annotations"]["example.com/owner"],
         "orders-team"

@@ -534,19 +534,25 @@ impl Platform {
         )
     }
 
+    /// The body of a GET, as text.
+    pub async fn get_text(&self, url: &str) -> String {
+        let response = self.http.get(url).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
+    /// The body of a GET, as JSON.
+    pub async fn get_json(&self, url: &str) -> Value {
+        let response = self.http.get(url).send().await.unwrap();
+        response.json().await.unwrap()
+    }
+
     /// Function `name` in `namespace`, as the API shows it.
     pub async fn function_at(&self, namespace: &str, name: &str) -> Value {
-        self.http
-            .get(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/{namespace}/functions/{name}",
-                self.api
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.get_json(&format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/{namespace}/functions/{name}",
+            self.api
+        ))
+        .await
     }
 
     /// Waits until function `name` in `namespace` runs an instance of its current generation;
