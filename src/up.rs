@@ -562,8 +562,19 @@ async fn deploy(
                     .and_then(|all| all.iter().find(|c| c["type"] == type_).cloned())
                     .unwrap_or_default()
             };
-            let (build, running) = (condition("BuildReady"), condition("Running"));
-            let state = if build["status"] == "False" {
+            let (configuration, build, running) = (
+                condition("ConfigurationReady"),
+                condition("BuildReady"),
+                condition("Running"),
+            );
+            // A Function held back (an invalid spec, a Secret not applied yet) is said, not
+            // waited for: it goes on by itself once what it reads is applied.
+            let state = if configuration["status"] == "False" {
+                format!(
+                    "held back: {}",
+                    configuration["message"].as_str().unwrap_or("")
+                )
+            } else if build["status"] == "False" {
                 format!("build failed: {}", build["message"].as_str().unwrap_or(""))
             } else if running["status"] == "True" {
                 format!("running ({})", running["reason"].as_str().unwrap_or(""))

@@ -393,8 +393,13 @@ impl Controller {
                 node,
                 npm,
                 python,
-                tools_dir.unwrap_or_else(|| default_tools_dir(&data_dir)),
-                runtimes_dir.unwrap_or_else(|| data_dir.join("runtimes")),
+                // Absolute: instances and installers run in other directories.
+                tools_dir
+                    .map(|dir| std::path::absolute(&dir).unwrap_or(dir))
+                    .unwrap_or_else(|| default_tools_dir(&data_dir)),
+                runtimes_dir
+                    .map(|dir| std::path::absolute(&dir).unwrap_or(dir))
+                    .unwrap_or_else(|| data_dir.join("runtimes")),
                 build_timeout,
             ),
         };
