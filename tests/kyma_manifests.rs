@@ -205,25 +205,10 @@ fn base64_of(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)
 }
 
-async fn put(platform: &Platform, path: &str, body: Value) -> (u16, Value) {
-    let response = platform
-        .http
-        .put(format!("{}{path}", platform.api))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
-}
-
 async fn put_secret(platform: &Platform, name: &str, data: Value) {
-    let (status, body) = put(
-        platform,
-        &format!("/api/v1/namespaces/default/secrets/{name}"),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data}),
-    )
-    .await;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data});
+    let path = format!("/api/v1/namespaces/default/secrets/{name}");
+    let (status, body) = platform.put_json(&path, &secret).await;
     assert!(status == 200 || status == 201, "{status}: {body}");
 }
 
@@ -252,12 +237,12 @@ async fn a_function_waits_for_its_secret_and_follows_its_changes() {
             "secretMounts": [{"secretName": "api", "mountPath": "/var/run/secrets/api"}],
         },
     });
-    let (status, body) = put(
-        &platform,
-        "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/reader",
-        function,
-    )
-    .await;
+    let (status, body) = platform
+        .put_json(
+            "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/reader",
+            &function,
+        )
+        .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["apiVersion"], "serverless.kyma-project.io/v1alpha2");
     eventually(
@@ -382,12 +367,12 @@ async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
     let mut function: Value =
         serde_yaml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     function["spec"]["source"]["gitRepository"]["reference"] = json!("no-such-branch");
-    let (status, body) = put(
-        &platform,
-        "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/git-hello",
-        function,
-    )
-    .await;
+    let (status, body) = platform
+        .put_json(
+            "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/git-hello",
+            &function,
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     eventually(
         "the bad reference to be reported",
@@ -414,13 +399,13 @@ async fn kyma_fields_eddy_cannot_honour_are_refused_by_name() {
     let refused = |spec: Value| {
         let platform = &platform;
         async move {
-            let (status, body) = put(
-                platform,
-                "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/bad",
-                json!({"apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+            let (status, body) = platform
+                .put_json(
+                    "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/bad",
+                    &json!({"apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
                        "metadata": {"name": "bad"}, "spec": spec}),
-            )
-            .await;
+                )
+                .await;
             assert_eq!(status, 422, "{body}");
             body["details"]["causes"]
                 .as_array()

@@ -51,16 +51,9 @@ fn sample(metrics: &str, name: &str) -> f64 {
 
 /// What function `name`'s `/metrics` shows.
 async fn function_metrics(platform: &Platform, name: &str) -> String {
-    let url = format!("{}/default/{name}/metrics", platform.gateway);
     platform
-        .http
-        .get(url)
-        .send()
+        .get_text(&format!("{}/default/{name}/metrics", platform.gateway))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 /// The JSON a request's answer carries.

@@ -163,18 +163,11 @@ impl Platform {
             "metadata": {"name": name, "namespace": "default"},
             "spec": spec,
         });
-        let response = self
-            .http
-            .put(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/{name}",
-                self.api
-            ))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap())
+        self.put_json(
+            &format!("/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/{name}"),
+            &body,
+        )
+        .await
     }
 
     /// PUTs a Subscription and waits until it is Ready.
@@ -185,17 +178,11 @@ impl Platform {
     }
 
     pub async fn subscription(&self, name: &str) -> Value {
-        self.http
-            .get(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/{name}",
-                self.api
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.get_json(&format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/{name}",
+            self.api
+        ))
+        .await
     }
 
     pub async fn wait_subscription_ready(&self, name: &str) {
@@ -492,18 +479,11 @@ impl Platform {
             "metadata": {"name": name, "namespace": "default"},
             "spec": spec,
         });
-        let response = self
-            .http
-            .put(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}",
-                self.api
-            ))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap())
+        self.put_json(
+            &format!("/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}"),
+            &body,
+        )
+        .await
     }
 
     pub async fn function(&self, name: &str) -> Value {
@@ -532,6 +512,19 @@ impl Platform {
             String::from_utf8_lossy(&output.stdout).into_owned(),
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
+    }
+
+    /// PUTs `body` as JSON to the controller API's `path`; returns the status code and body.
+    pub async fn put_json(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .http
+            .put(format!("{}{path}", self.api))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
     }
 
     /// The body of a GET, as text.
@@ -585,17 +578,11 @@ impl Platform {
 
     /// What a function's instances wrote to their log so far.
     pub async fn function_log(&self, name: &str) -> String {
-        self.http
-            .get(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}/log",
-                self.api
-            ))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        self.get_text(&format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}/log",
+            self.api
+        ))
+        .await
     }
 
     /// Invokes a function through the gateway.
