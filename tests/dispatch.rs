@@ -917,3 +917,233 @@ async fn a_new_subscription_starts_with_new_events() {
     platform.wait_settled("latecomer").await;
     assert_eq!(sink.ids(), vec!["after"]);
 }
+
+/// The value of one sample in the dispatcher's `/metrics`, if it is there.
+async fn metric(platform: &Platform, sample: &str) -> Option<f64> {
+    let metrics = platform
+        .get_text(&format!("{}/metrics", platform.dispatcher))
+        .await;
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(sample)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
+/// Sets a stream's message limit (`-1`: none); its discard policy is "new", so a full stream
+/// refuses what comes next.
+async fn limit_messages(platform: &Platform, stream: &str, max_messages: i64) {
+    let mut config = platform
+        .js
+        .get_stream(stream)
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    assert_eq!(
+        config.discard,
+        async_nats::jetstream::stream::DiscardPolicy::New
+    );
+    config.max_messages = max_messages;
+    platform.js.update_stream(config).await.unwrap();
+}
+
+async fn stored_ids(platform: &Platform, stream: &str) -> Vec<String> {
+    let mut stream = platform.js.get_stream(stream).await.unwrap();
+    let state = stream.info().await.unwrap().state.clone();
+    let mut ids = Vec::new();
+    for sequence in state.first_sequence..=state.last_sequence {
+        if let Ok(message) = stream.get_raw_message(sequence).await {
+            ids.push(
+                message
+                    .headers
+                    .get("ce-id")
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    ids
+}
+
+/// A reply JetStream does not store (here: the events stream is full) is not dropped: the
+/// delivery is retried, the failure counted, and the reply stored once the stream takes it.
+#[tokio::test]
+async fn a_reply_that_is_not_stored_retries_the_delivery_until_it_is() {
+    let platform = Platform::start().await;
+    let replier = Sink::start(
+        Duration::ZERO,
+        Arc::new(|_, _| {
+            (
+                StatusCode::OK,
+                [
+                    ("ce-specversion", "1.0"),
+                    ("ce-id", "reserved-1"),
+                    ("ce-source", "stock-service"),
+                    ("ce-type", "stock.reserved.v1"),
+                    ("content-type", "application/json"),
+                ],
+                "{}",
+            )
+                .into_response()
+        }),
+    )
+    .await;
+    platform
+        .subscribe(
+            "answers",
+            json!({"sink": replier.url, "types": ["order.created.v1"],
+                "delivery": {"maxAttempts": 100, "initialDelay": "50ms", "maxDelay": "100ms"}}),
+        )
+        .await;
+    // Room for the event, none for its reply.
+    limit_messages(&platform, "EDDY_EVENTS", 1).await;
+    platform
+        .publish("shop", "order.created.v1", "q-1", json!({}))
+        .await;
+    let not_stored = "eddy_dispatcher_failures_total{subscription=\"default/answers\",reason=\"reply_not_stored\"}";
+    eventually(
+        "the delivery to be retried for its unstored reply",
+        Duration::from_secs(30),
+        || async {
+            replier.attempts("q-1") >= 3 && metric(&platform, not_stored).await >= Some(2.0)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(stored_ids(&platform, "EDDY_EVENTS").await, vec!["q-1"]);
+    assert!(platform.dead_letters("answers").await.is_empty());
+
+    limit_messages(&platform, "EDDY_EVENTS", -1).await;
+    platform.wait_settled("answers").await;
+    assert_eq!(
+        stored_ids(&platform, "EDDY_EVENTS").await,
+        vec!["q-1", "reserved-1"]
+    );
+    assert!(platform.dead_letters("answers").await.is_empty());
+    assert_eq!(
+        metric(
+            &platform,
+            "eddy_dispatcher_delivered_total{subscription=\"default/answers\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+}
+
+/// When the dead letter cannot be written (here: the dead-letter stream is full) the event is
+/// not acknowledged: it stays in the events stream, comes back, and is dead-lettered once the
+/// stream takes it. The failure is counted.
+#[tokio::test]
+async fn an_event_whose_dead_letter_cannot_be_written_is_kept() {
+    let platform = Platform::start().await;
+    let sink = Sink::start(
+        Duration::ZERO,
+        Arc::new(|_, _| StatusCode::BAD_REQUEST.into_response()),
+    )
+    .await;
+    platform
+        .subscribe(
+            "picky",
+            json!({"sink": sink.url, "types": ["order.created.v1"], "delivery": {"maxAttempts": 3}}),
+        )
+        .await;
+    // Fill the dead-letter stream: one message of another subscription, and a limit of one.
+    platform
+        .js
+        .publish(
+            eddy_model::subject::dead_letter_subject("default", "other"),
+            "filler".into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    limit_messages(&platform, "EDDY_DEAD_LETTERS", 1).await;
+    platform
+        .publish("shop", "order.created.v1", "rejected", json!({}))
+        .await;
+    let unavailable = "eddy_dispatcher_failures_total{subscription=\"default/picky\",reason=\"dead_letter_unavailable\"}";
+    eventually(
+        "the failed dead-letter write to be counted and tried again",
+        Duration::from_secs(30),
+        || async { metric(&platform, unavailable).await >= Some(2.0) },
+    )
+    .await
+    .unwrap();
+    let info = platform.consumer_info("picky").await.unwrap();
+    assert_eq!(
+        info.num_pending + info.num_ack_pending as u64,
+        1,
+        "the event is not acknowledged: {info:?}"
+    );
+    assert!(platform.dead_letters("picky").await.is_empty());
+
+    limit_messages(&platform, "EDDY_DEAD_LETTERS", -1).await;
+    platform.wait_settled("picky").await;
+    let letters = platform.dead_letters("picky").await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["id"], "rejected");
+    assert_eq!(letters[0]["reason"], "http_4xx");
+}
+
+/// A consumer whose Subscription was deleted while no dispatcher ran is removed when one
+/// starts; its other consumers and the ones eddy does not own are left alone.
+#[tokio::test]
+async fn consumers_of_deleted_subscriptions_are_removed_at_start() {
+    use async_nats::jetstream::consumer::pull;
+    use futures::StreamExt as _;
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let sink = Sink::ok().await;
+    let (status, body) = platform
+        .put_subscription(
+            "kept",
+            json!({"sink": sink.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let stream = platform.js.get_stream("EDDY_EVENTS").await.unwrap();
+    for name in ["sub_default_gone", "audit-tool"] {
+        stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name.to_owned()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    let dispatcher = platform.start_dispatcher(Duration::from_secs(30)).await;
+    let names = || async {
+        let mut names: Vec<String> = platform
+            .js
+            .get_stream("EDDY_EVENTS")
+            .await
+            .unwrap()
+            .consumer_names()
+            .map(|name| name.unwrap())
+            .collect()
+            .await;
+        names.sort();
+        names
+    };
+    eventually(
+        "the orphan consumer to be removed",
+        Duration::from_secs(20),
+        || async { !names().await.contains(&"sub_default_gone".to_owned()) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(names().await, vec!["audit-tool", "sub_default_kept"]);
+    // The kept Subscription still delivers.
+    platform
+        .publish("shop", "order.created.v1", "o-1", json!({}))
+        .await;
+    sink.wait_for(1).await;
+    assert_eq!(sink.ids(), vec!["o-1"]);
+    drop(dispatcher);
+}

@@ -847,3 +847,125 @@ async fn events_stream_reports_a_store_too_small_for_it() {
         .await
         .unwrap();
 }
+
+/// A structured batch of `count` events of 1 KiB data each, ids `{prefix}-{i}`.
+fn kib_batch(prefix: &str, count: usize) -> String {
+    let events: Vec<Value> = (0..count)
+        .map(|i| {
+            json!({"specversion": "1.0", "id": format!("{prefix}-{i}"), "source": "s",
+                "type": "t", "data": "x".repeat(1024)})
+        })
+        .collect();
+    Value::Array(events).to_string()
+}
+
+#[tokio::test]
+async fn a_batch_stored_in_part_gets_207_and_one_stored_in_none_503() {
+    let nats = NatsServer::start().unwrap();
+    let bus = Bus::start_with(nats, |args| {
+        args.stream.max_bytes = bytesize::ByteSize::kib(16)
+    })
+    .await;
+    let response = bus
+        .post("/publish")
+        .header("content-type", "application/cloudevents-batch+json")
+        .body(kib_batch("part", 30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 207);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "some events were not stored");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 30, "{body}");
+    // The store fills up part way: a run of stored events, then only refusals, each named.
+    let stored = results.iter().take_while(|r| r["status"] == 204).count();
+    assert!(stored > 0 && stored < 30, "{body}");
+    for (i, result) in results.iter().enumerate() {
+        assert_eq!(result["id"], format!("part-{i}"));
+        assert_eq!(result["source"], "s");
+        if i >= stored {
+            assert_eq!(result["status"], 503, "{result}");
+            assert!(result["error"].as_str().is_some_and(|e| !e.is_empty()));
+        }
+    }
+    // Exactly the events answered 204 are in the stream, in order.
+    assert_eq!(bus.stored_count().await, stored as u64);
+    for sequence in 1..=stored as u64 {
+        let expected = format!("part-{}", sequence - 1);
+        assert_eq!(
+            header(&bus.stored(sequence).await, "ce-id"),
+            Some(expected.as_str())
+        );
+    }
+
+    // The store is full now: nothing of the next batch is stored.
+    let response = bus
+        .post("/publish")
+        .header("content-type", "application/cloudevents-batch+json")
+        .body(kib_batch("none", 3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "no event was stored");
+    let statuses: Vec<&Value> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["status"])
+        .collect();
+    assert_eq!(statuses, vec![&json!(503); 3], "{body}");
+    assert_eq!(bus.stored_count().await, stored as u64);
+}
+
+#[tokio::test]
+async fn the_events_stream_is_created_again_when_it_is_gone() {
+    let mut bus = Bus::start().await;
+    let publish = |id: &'static str| bus.binary("s", id, "t").body("{}").send();
+    assert_eq!(publish("first").await.unwrap().status(), 204);
+
+    // Deleted under the running bus: the next publish is refused (not lost silently) and the
+    // bus puts the stream back.
+    bus.js.delete_stream("EDDY_EVENTS").await.unwrap();
+    eventually(
+        "a publish to be stored again after the stream was deleted",
+        Duration::from_secs(20),
+        || async { matches!(publish("after-delete").await, Ok(r) if r.status() == 204) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(eventually_ids(&bus).await, vec!["after-delete".to_owned()]);
+
+    // NATS comes back with an empty store (a new volume, a wiped disk).
+    bus.nats.kill();
+    std::fs::remove_dir_all(bus.nats.store_dir()).unwrap();
+    bus.nats.restart().unwrap();
+    eventually(
+        "a publish to be stored on the NATS that came back empty",
+        Duration::from_secs(30),
+        || async {
+            matches!(bus.binary("s", "after-restart", "t").body("{}").send().await,
+                Ok(r) if r.status() == 204)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(eventually_ids(&bus).await, vec!["after-restart".to_owned()]);
+    let config = bus
+        .js
+        .get_stream("EDDY_EVENTS")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    assert_eq!(
+        config.discard,
+        DiscardPolicy::New,
+        "created with eddy's settings"
+    );
+}
