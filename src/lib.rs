@@ -55,7 +55,7 @@ pub enum ControllerCommand {
 pub enum Command {
     /// Run everything on this machine: nats-server, event-bus, controller (API, dashboard,
     /// builds, gateway) and dispatcher.
-    Up(up::Args),
+    Up(Box<up::Args>),
     /// Run the event-bus: the HTTP publish endpoint in front of JetStream.
     EventBus(eddy_event_bus::Args),
     /// Run the dispatcher: delivers subscribed events to their sinks.
@@ -270,7 +270,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token {
             command: TokenCommand::Digest { token },
         } => println!("{}", eddy_platform::auth::Tokens::digest_text(&token)),
-        Command::Up(args) => up::run(args).await?,
+        Command::Up(args) => up::run(*args).await?,
         Command::Publish(args) => cli::publish::run(args).await?,
         Command::Apply { file, api } => cli::resources::apply(&api, &file).await?,
         Command::Convert { file } => print!("{}", cli::resources::convert(&file)?),
@@ -388,6 +388,6 @@ mod tests {
         let Command::Up(up) = parse(&["eddy", "up"]) else {
             panic!("not up");
         };
-        same(&up, &eddy_platform::flags::defaults::<up::Args>());
+        same(&*up, &eddy_platform::flags::defaults::<up::Args>());
     }
 }

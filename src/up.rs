@@ -22,10 +22,9 @@ pub struct Args {
     /// Directory for NATS data, builds and logs.
     #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
     pub data_dir: PathBuf,
-    /// Where the runtimes' own libraries are installed once and shared by every build
-    /// (default: `<data-dir>/runtimes`).
-    #[arg(long = "runtimes-dir", env = "EDDY_RUNTIMES_DIR")]
-    pub runtimes_dir: Option<PathBuf>,
+    /// How functions are built, run, scaled and reached.
+    #[command(flatten)]
+    pub functions: eddy_controller::FunctionArgs,
     /// Use this NATS server instead of starting one.
     #[arg(long = "nats-url", env = "EDDY_NATS_URL")]
     pub nats_url: Option<String>,
@@ -96,22 +95,6 @@ pub struct Args {
     /// Manifests (files or directories) to apply once the platform is up, e.g. `examples/shop`.
     #[arg(long = "apply", short = 'f', env = "EDDY_APPLY", value_delimiter = ',')]
     pub apply: Vec<PathBuf>,
-    /// Idle time after which a Function with minReplicas 0 runs no instance.
-    #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = eddy_controller::DEFAULT_SCALE_TO_ZERO_AFTER, value_parser = humantime::parse_duration)]
-    pub scale_to_zero_after: Duration,
-    /// How long load is remembered before scaling down.
-    #[arg(long = "scale-down-window", env = "EDDY_SCALE_DOWN_WINDOW", default_value = eddy_controller::DEFAULT_SCALE_DOWN_WINDOW, value_parser = humantime::parse_duration)]
-    pub scale_down_window: Duration,
-    /// How often the reference of a Function's Git source is checked for a new commit.
-    #[arg(long = "git-poll-interval", env = "EDDY_GIT_POLL_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
-    pub git_poll_interval: Duration,
-    /// In-flight requests per instance the autoscaler aims for.
-    #[arg(
-        long = "target-concurrency",
-        env = "EDDY_TARGET_CONCURRENCY",
-        default_value_t = eddy_controller::DEFAULT_TARGET_CONCURRENCY
-    )]
-    pub target_concurrency: usize,
     /// How long a delivery may go without an ack before JetStream gives the event to another
     /// dispatcher.
     #[arg(long = "ack-wait", env = "EDDY_ACK_WAIT", default_value = eddy_dispatcher::DEFAULT_ACK_WAIT, value_parser = humantime::parse_duration)]
@@ -316,13 +299,9 @@ impl Platform {
         let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
         controller_args.nats = self.nats_args(args, User::Controller);
         controller_args.local.data_dir = args.data_dir.clone();
-        controller_args.local.runtimes_dir = args.runtimes_dir.clone();
+        controller_args.local.functions = args.functions.clone();
         controller_args.allowed_sinks = args.allowed_sinks.clone();
         controller_args.local.bus_url = self.bus_url.clone();
-        controller_args.local.scale_to_zero_after = args.scale_to_zero_after;
-        controller_args.local.scale_down_window = args.scale_down_window;
-        controller_args.local.git_poll_interval = args.git_poll_interval;
-        controller_args.local.target_concurrency = args.target_concurrency;
         controller_args.local.dispatcher_url = dispatcher
             .as_ref()
             .map(|(_, local)| format!("http://{local}"));

@@ -666,3 +666,321 @@ async fn init_apply_invoke_and_logs_from_the_command_line() {
         "{out}"
     );
 }
+
+/// `--max-request-size` bounds what the gateway forwards (413, the limit named); the resource
+/// API refuses bodies past its own limit the same way and keeps serving.
+#[tokio::test]
+async fn request_bodies_over_the_limits_get_413() {
+    let platform = Platform::start_with(Options {
+        max_request_size: bytesize::ByteSize::b(1024),
+        ..Options::default()
+    })
+    .await;
+    platform
+        .deploy("small", spec("nodejs20", NODE_HANDLER))
+        .await;
+    let name = "n".repeat(1024 - r#"{"name":""}"#.len());
+    let fits = json!({ "name": name }).to_string();
+    assert_eq!(fits.len(), 1024);
+    let response = platform
+        .invoke("small", "/text")
+        .header("content-type", "application/json")
+        .body(fits)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let too_large = json!({ "name": format!("{name}x") }).to_string();
+    let response = platform
+        .invoke("small", "/text")
+        .header("content-type", "application/json")
+        .body(too_large)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "request body is over 1024 bytes", "{body}");
+
+    // Past the API's request limit (more than a resource may weigh, 768 KiB): 413 before the
+    // body is parsed, and the API answers the next request.
+    let response = platform
+        .http
+        .put(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/huge",
+            platform.api
+        ))
+        .header("content-type", "application/json")
+        .body(vec![b' '; 3 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    assert_eq!(
+        platform.function("small").await["metadata"]["name"],
+        "small"
+    );
+}
+
+/// A request for a function whose instance does not become ready within
+/// `--activation-timeout` gets 503 then, not a hang; once the instance is ready it is served.
+#[tokio::test]
+async fn a_request_waits_at_most_the_activation_timeout() {
+    let platform = Platform::start_with(Options {
+        activation_timeout: Duration::from_secs(1),
+        scale_to_zero_after: Duration::from_secs(1),
+        scale_down_window: Duration::from_secs(1),
+        ..Options::default()
+    })
+    .await;
+    // Ready only after its module has slept 6 s.
+    let source = "import time\ntime.sleep(6)\n\ndef main(event, context):\n    return 'awake'\n";
+    let (status, body) = platform
+        .put_function(
+            "slow-start",
+            json!({"runtime": "python311", "source": {"inline": {"source": source}},
+                "scaleConfig": {"minReplicas": 0, "maxReplicas": 1}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    eventually("the build to finish", Duration::from_secs(120), || async {
+        platform.condition("slow-start", "Running").await.1 == "ScaledToZero"
+    })
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let response = platform.invoke("slow-start", "/").send().await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(response.status(), 503);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("no instance became ready in time")),
+        "{body}"
+    );
+    // It waited for the instance (not refused at once), and gave up well before it was ready.
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(6),
+        "{waited:?}"
+    );
+    eventually(
+        "the started instance to serve",
+        Duration::from_secs(60),
+        || async {
+            match platform.invoke("slow-start", "/").send().await {
+                Ok(response) if response.status() == 200 => {
+                    response.text().await.unwrap_or_default() == "awake"
+                }
+                _ => false,
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// An update whose code does not start leaves the old instances serving, and the status says why.
+#[tokio::test]
+async fn a_failed_update_keeps_the_old_instances_serving() {
+    let platform = Platform::start().await;
+    let v1 = "def main(event, context):\n    return 'v1'\n";
+    platform
+        .deploy(
+            "steady",
+            json!({"runtime": "python311", "source": {"inline": {"source": v1}}}),
+        )
+        .await;
+    let old_pids = platform.pids("steady");
+    assert_eq!(old_pids.len(), 1);
+    let broken =
+        "import sys\nsys.exit('v2 cannot start')\n\ndef main(event, context):\n    return 'v2'\n";
+    let (status, body) = platform
+        .put_function(
+            "steady",
+            json!({"runtime": "python311", "source": {"inline": {"source": broken}}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let failing = eventually(
+        "the status to say the new instances fail",
+        Duration::from_secs(120),
+        || async {
+            let (state, reason, _) = platform.condition("steady", "Running").await;
+            state == "True" && reason == "InstanceFailing"
+        },
+    )
+    .await;
+    if let Err(error) = failing {
+        panic!("{error}: {}", platform.function("steady").await);
+    }
+    let (_, _, message) = platform.condition("steady", "Running").await;
+    assert!(
+        message.starts_with(
+            "the previous version keeps serving with 1 instance(s) ready; the new version does \
+             not start ("
+        ) && message.ends_with(
+            "last: instance exited during start-up (exit status: 1); see `eddy logs steady`"
+        ),
+        "{message}"
+    );
+    assert!(
+        platform
+            .function_log("steady")
+            .await
+            .contains("v2 cannot start"),
+        "the reason is in the function's log"
+    );
+    for _ in 0..5 {
+        let response = platform.invoke("steady", "/").send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.text().await.unwrap(), "v1");
+    }
+    assert!(
+        platform.pids("steady").contains(&old_pids[0]),
+        "the old instance still runs"
+    );
+}
+
+/// An instance that stops accepting connections is passed over: requests go to another
+/// instance at once and none fails; the silent one is replaced.
+#[tokio::test]
+async fn a_refused_connection_is_retried_on_another_instance() {
+    let platform = Platform::start().await;
+    let source = r#"
+module.exports = {
+  main: async (event) => {
+    const req = event.extensions.request;
+    if (req.path === "/stop-listening") {
+      // New connections are refused from now on; this one closes after the answer.
+      req.socket.server.close();
+      event.extensions.response.set("connection", "close");
+      return "closed " + process.pid;
+    }
+    return "served by " + process.pid;
+  },
+};
+"#;
+    platform
+        .deploy(
+            "pair",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": source}},
+                "scaleConfig": {"minReplicas": 2, "maxReplicas": 2}}),
+        )
+        .await;
+    eventually("two instances", Duration::from_secs(60), || async {
+        platform.function("pair").await["status"]["replicas"] == 2
+    })
+    .await
+    .unwrap();
+    let closed = platform
+        .invoke("pair", "/stop-listening")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let closed_pid = closed.strip_prefix("closed ").unwrap().to_owned();
+    for i in 0..20 {
+        let response = platform.invoke("pair", "/").send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, 200, "request {i}: {text}");
+        assert!(text.starts_with("served by "), "{text}");
+        assert_ne!(text, format!("served by {closed_pid}"));
+    }
+    eventually(
+        "the instance that stopped listening to be replaced",
+        Duration::from_secs(30),
+        || async {
+            let pids = platform.pids("pair");
+            pids.len() == 2 && !pids.iter().any(|pid| pid.to_string() == closed_pid)
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// A Node.js function with one dependency, so its build runs the npm installer.
+fn with_dependency() -> Value {
+    json!({"runtime": "nodejs20", "source": {"inline": {
+        "source": "module.exports = { main: () => 'never' };",
+        "dependencies": r#"{"dependencies": {"left-pad": "1.3.0"}}"#}}})
+}
+
+/// An install that outlasts `--build-timeout` is stopped together with what it started, and
+/// the Function says `BuildTimeout` with the log's tail; no instance is started.
+#[tokio::test]
+async fn a_build_over_its_timeout_is_stopped_and_reported() {
+    let tools = tempfile::tempdir().unwrap();
+    let child_pid = tools.path().join("child.pid");
+    // `npm install` (the function's dependencies) hangs with a child of its own; the
+    // runtime's libraries still come from the real npm.
+    let npm = tools.path().join("npm");
+    std::fs::write(
+        &npm,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = install ]; then\n  echo installing slowly\n  sleep 300 &\n  \
+             echo $! > {}\n  wait\nfi\nexec npm \"$@\"\n",
+            child_pid.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&npm, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let platform = Platform::start_with(Options {
+        build_timeout: Duration::from_secs(2),
+        npm,
+        ..Options::default()
+    })
+    .await;
+    let (status, body) = platform.put_function("slow-deps", with_dependency()).await;
+    assert_eq!(status, 201, "{body}");
+    eventually("the build to fail", Duration::from_secs(120), || async {
+        platform.condition("slow-deps", "BuildReady").await.0 == "False"
+    })
+    .await
+    .unwrap();
+    let (_, reason, message) = platform.condition("slow-deps", "BuildReady").await;
+    assert_eq!(reason, "BuildTimeout");
+    assert!(
+        message.starts_with("installing dependencies took longer than 2s")
+            && message.contains("installing slowly"),
+        "{message}"
+    );
+    // What the installer started is gone with it.
+    let pid = std::fs::read_to_string(&child_pid).unwrap();
+    eventually(
+        "the installer's child to be stopped",
+        Duration::from_secs(10),
+        || async { !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists() },
+    )
+    .await
+    .unwrap();
+    assert!(platform.pids("slow-deps").is_empty());
+    let response = platform.invoke("slow-deps", "/").send().await.unwrap();
+    assert_eq!(response.status(), 503);
+}
+
+/// An installer that cannot be run is `BuildToolMissing`, naming it; no instance is started.
+#[tokio::test]
+async fn a_missing_build_tool_is_named() {
+    let platform = Platform::start_with(Options {
+        npm: "/nonexistent/npm".into(),
+        ..Options::default()
+    })
+    .await;
+    let (status, body) = platform.put_function("no-npm", with_dependency()).await;
+    assert_eq!(status, 201, "{body}");
+    eventually("the build to fail", Duration::from_secs(120), || async {
+        platform.condition("no-npm", "BuildReady").await.0 == "False"
+    })
+    .await
+    .unwrap();
+    let (_, reason, message) = platform.condition("no-npm", "BuildReady").await;
+    assert_eq!(reason, "BuildToolMissing");
+    assert!(message.contains("cannot run /nonexistent/npm"), "{message}");
+    assert!(platform.pids("no-npm").is_empty());
+    let (state, running_reason, _) = platform.condition("no-npm", "Running").await;
+    assert_ne!(state, "True", "{running_reason}");
+}

@@ -204,6 +204,35 @@ pub struct LocalArgs {
     /// The dispatcher's admin API, for delivery counts on the dashboard.
     #[arg(long = "dispatcher-url", env = "EDDY_DISPATCHER_URL")]
     pub dispatcher_url: Option<String>,
+    /// How functions are built, run, scaled and reached (shared with `eddy up`).
+    #[command(flatten)]
+    pub functions: FunctionArgs,
+    /// Directory for builds and logs.
+    #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
+    pub data_dir: PathBuf,
+    /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
+    /// sends it with deliveries (give both the same).
+    #[arg(
+        long = "platform-token",
+        env = "EDDY_PLATFORM_TOKEN",
+        hide_env_values = true
+    )]
+    pub platform_token: Option<String>,
+    /// A publish-only token given to function instances (`EDDY_PUBLISHER_TOKEN`), which their
+    /// `emitCloudEvent` sends, for an event-bus that requires tokens.
+    #[arg(
+        long = "function-publisher-token",
+        env = "EDDY_FUNCTION_PUBLISHER_TOKEN",
+        hide_env_values = true
+    )]
+    pub function_publisher_token: Option<String>,
+}
+
+/// Flags of functions in local mode: their toolchains, builds, instances, scaling and the
+/// gateway's limits. `eddy controller` and `eddy up` take the same set.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Functions (local backend)")]
+pub struct FunctionArgs {
     /// Node.js, to run the Node.js runtimes of its major version (others are found or installed
     /// in the tools dir).
     #[arg(long = "node", env = "EDDY_NODE", default_value = "node")]
@@ -246,9 +275,6 @@ pub struct LocalArgs {
         default_value = "16MiB"
     )]
     pub max_request_size: bytesize::ByteSize,
-    /// Directory for builds and logs.
-    #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
-    pub data_dir: PathBuf,
     /// Where the runtimes' own libraries are installed once and shared by every build
     /// (default: `<data-dir>/runtimes`).
     #[arg(long = "runtimes-dir", env = "EDDY_RUNTIMES_DIR")]
@@ -258,22 +284,12 @@ pub struct LocalArgs {
     /// `<data-dir>/tools`).
     #[arg(long = "tools-dir", env = "EDDY_TOOLS_DIR")]
     pub tools_dir: Option<PathBuf>,
-    /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
-    /// sends it with deliveries (give both the same).
-    #[arg(
-        long = "platform-token",
-        env = "EDDY_PLATFORM_TOKEN",
-        hide_env_values = true
-    )]
-    pub platform_token: Option<String>,
-    /// A publish-only token given to function instances (`EDDY_PUBLISHER_TOKEN`), which their
-    /// `emitCloudEvent` sends, for an event-bus that requires tokens.
-    #[arg(
-        long = "function-publisher-token",
-        env = "EDDY_FUNCTION_PUBLISHER_TOKEN",
-        hide_env_values = true
-    )]
-    pub function_publisher_token: Option<String>,
+}
+
+impl Default for FunctionArgs {
+    fn default() -> Self {
+        eddy_platform::flags::defaults()
+    }
 }
 
 impl Default for LocalArgs {
@@ -335,20 +351,23 @@ impl Controller {
                     gateway_url: configured_gateway_url,
                     bus_url,
                     dispatcher_url,
-                    node,
-                    npm,
-                    python,
-                    build_timeout,
-                    git_poll_interval,
-                    target_concurrency,
-                    scale_to_zero_after,
-                    scale_down_window,
-                    activation_timeout,
-                    startup_timeout,
-                    max_request_size,
+                    functions:
+                        FunctionArgs {
+                            node,
+                            npm,
+                            python,
+                            build_timeout,
+                            git_poll_interval,
+                            target_concurrency,
+                            scale_to_zero_after,
+                            scale_down_window,
+                            activation_timeout,
+                            startup_timeout,
+                            max_request_size,
+                            runtimes_dir,
+                            tools_dir,
+                        },
                     data_dir,
-                    runtimes_dir,
-                    tools_dir,
                     platform_token,
                     function_publisher_token,
                 },

@@ -131,7 +131,10 @@ async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
         gateway_addr: local(0),
         api_addr: local(0),
         dispatcher_addr: local(0),
-        scale_to_zero_after: Duration::from_secs(3600),
+        functions: eddy_controller::FunctionArgs {
+            scale_to_zero_after: Duration::from_secs(3600),
+            ..Default::default()
+        },
         ..eddy_platform::flags::defaults()
     };
     let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
@@ -345,7 +348,10 @@ async fn coldstart(
         gateway_addr: local(0),
         api_addr: local(0),
         dispatcher_addr: local(0),
-        scale_to_zero_after: Duration::from_millis(300),
+        functions: eddy_controller::FunctionArgs {
+            scale_to_zero_after: Duration::from_millis(300),
+            ..Default::default()
+        },
         ..eddy_platform::flags::defaults()
     };
     let platform = Platform::start(&args, false, &CancellationToken::new()).await?;

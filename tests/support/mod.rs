@@ -32,6 +32,14 @@ pub struct Options {
     pub scale_down_window: Duration,
     pub target_concurrency: usize,
     pub git_poll_interval: Duration,
+    /// Longest a request waits for an instance (`--activation-timeout`).
+    pub activation_timeout: Duration,
+    /// Largest request body the gateway forwards (`--max-request-size`).
+    pub max_request_size: bytesize::ByteSize,
+    /// Longest a dependency install may take (`--build-timeout`).
+    pub build_timeout: Duration,
+    /// The npm that installs Node.js dependencies (`--npm`).
+    pub npm: std::path::PathBuf,
     /// Run a dispatcher in-process (tests that kill it run `eddy dispatcher` themselves).
     pub dispatcher: bool,
 }
@@ -44,6 +52,10 @@ impl Default for Options {
             scale_down_window: Duration::from_secs(30),
             target_concurrency: 10,
             git_poll_interval: Duration::from_secs(60),
+            activation_timeout: Duration::from_secs(30),
+            max_request_size: bytesize::ByteSize::mib(16),
+            build_timeout: Duration::from_secs(300),
+            npm: "npm".into(),
             dispatcher: true,
         }
     }
@@ -87,20 +99,27 @@ impl Platform {
         let local = SocketAddr::from(([127, 0, 0, 1], 0));
         let args = eddy::up::Args {
             data_dir: data_dir.path().to_path_buf(),
-            // Installed once for the whole suite, as a user's data dir keeps them.
-            runtimes_dir: Some(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/eddy-runtimes"),
-            ),
+            functions: eddy_controller::FunctionArgs {
+                // Installed once for the whole suite, as a user's data dir keeps them.
+                runtimes_dir: Some(
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/eddy-runtimes"),
+                ),
+                scale_to_zero_after: options.scale_to_zero_after,
+                scale_down_window: options.scale_down_window,
+                target_concurrency: options.target_concurrency,
+                git_poll_interval: options.git_poll_interval,
+                activation_timeout: options.activation_timeout,
+                max_request_size: options.max_request_size,
+                build_timeout: options.build_timeout,
+                npm: options.npm.clone(),
+                ..Default::default()
+            },
             nats_url: Some(nats.url()),
             bus_addr: local,
             gateway_addr: local,
             api_addr: local,
             dispatcher_addr: local,
             allowed_sinks: vec!["http://127.0.0.1:".to_owned()],
-            scale_to_zero_after: options.scale_to_zero_after,
-            scale_down_window: options.scale_down_window,
-            target_concurrency: options.target_concurrency,
-            git_poll_interval: options.git_poll_interval,
             no_dispatcher: true,
             ..eddy_platform::flags::defaults()
         };

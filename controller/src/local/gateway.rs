@@ -266,9 +266,10 @@ async fn forward(
         .answer_timeout()
         .map_or(gateway.request_timeout, |t| t.min(gateway.request_timeout));
     let deadline = Instant::now() + gateway.activation_timeout;
-    let mut refused = 0;
+    // Instances that refused the connection: not picked again for this request.
+    let mut refused: Vec<u64> = Vec::new();
     loop {
-        let lease = match acquire(pool, deadline).await {
+        let lease = match acquire(pool, deadline, &refused).await {
             Ok(lease) => lease,
             Err(response) => return response,
         };
@@ -301,12 +302,12 @@ async fn forward(
                     }),
                 );
             }
-            Ok(Err(problem)) if problem.is_connect() && refused < 3 => {
-                // The instance went away between pick and connect; try another.
-                refused += 1;
+            Ok(Err(problem)) if problem.is_connect() && refused.len() < 3 => {
+                // The instance went away (or stopped listening) between pick and connect: try
+                // another, and have this one probed and replaced if it does not answer.
                 tracing::debug!(%problem, "instance refused the connection; trying another");
-                drop(lease);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                refused.push(lease.instance.id);
+                pool.suspect(&lease.instance);
             }
             Ok(Err(problem)) => {
                 tracing::warn!(%problem, "instance failed");
@@ -329,9 +330,10 @@ async fn forward(
     }
 }
 
-/// A ready instance, waiting (and asking for one to be started) up to `deadline`.
-async fn acquire(pool: &Arc<Pool>, deadline: Instant) -> Result<Lease, Response> {
-    if let Some(lease) = pool.pick() {
+/// A ready instance other than `avoid`, waiting (and asking for one to be started) up to
+/// `deadline`.
+async fn acquire(pool: &Arc<Pool>, deadline: Instant, avoid: &[u64]) -> Result<Lease, Response> {
+    if let Some(lease) = pool.pick(avoid) {
         return Ok(lease);
     }
     let _waiting = pool.wait_guard();
@@ -339,7 +341,7 @@ async fn acquire(pool: &Arc<Pool>, deadline: Instant) -> Result<Lease, Response>
         let changed = pool.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        if let Some(lease) = pool.pick() {
+        if let Some(lease) = pool.pick(avoid) {
             return Ok(lease);
         }
         if let Some(reason) = pool.unavailable() {

@@ -92,6 +92,20 @@ pub fn running_condition(pool: &PoolStatus, has_revision: bool) -> (Option<bool>
     if !has_revision {
         return (None, Reason::Building, "waiting for a build".to_owned());
     }
+    if pool.ready > 0 && pool.rolling_out && pool.consecutive_failures > 0 {
+        // Still serving, from the previous version: say so, and why the new one is not.
+        return (
+            Some(true),
+            Reason::InstanceFailing,
+            format!(
+                "the previous version keeps serving with {} instance(s) ready; the new version \
+                 does not start ({} attempt(s)), last: {}",
+                pool.ready,
+                pool.consecutive_failures,
+                pool.last_error.as_deref().unwrap_or("unknown"),
+            ),
+        );
+    }
     if pool.ready > 0 {
         return (
             Some(true),
@@ -835,5 +849,28 @@ mod tests {
         assert_eq!((ok, reason), (Some(false), Reason::InstanceFailing));
         assert!(message.contains("restarted 3 time(s)"));
         assert_eq!(running_condition(&zero, false).1, Reason::Building);
+        let update_failing = PoolStatus {
+            ready: 1,
+            desired: 1,
+            restarts: 2,
+            last_error: Some("instance exited during start-up".into()),
+            rolling_out: true,
+            consecutive_failures: 2,
+            ..Default::default()
+        };
+        let (ok, reason, message) = running_condition(&update_failing, true);
+        assert_eq!((ok, reason), (Some(true), Reason::InstanceFailing));
+        assert!(
+            message
+                == "the previous version keeps serving with 1 instance(s) ready; the new version \
+                    does not start (2 attempt(s)), last: instance exited during start-up",
+            "{message}"
+        );
+        // Rolling out, nothing failed yet: plain Running.
+        let rolling = PoolStatus {
+            consecutive_failures: 0,
+            ..update_failing
+        };
+        assert_eq!(running_condition(&rolling, true).1, Reason::Running);
     }
 }

@@ -195,6 +195,10 @@ pub struct PoolStatus {
     pub restarts: u32,
     /// The last crash or start failure.
     pub last_error: Option<String>,
+    /// Instances of an earlier rollout serve while the current one has none ready.
+    pub rolling_out: bool,
+    /// Starts that failed since the last one that succeeded.
+    pub consecutive_failures: u32,
 }
 
 struct Inner {
@@ -402,11 +406,15 @@ impl Pool {
         self.inner.lock().revision.is_some()
     }
 
-    /// The least-loaded ready instance (the current generation's first), leased for one request.
-    pub fn pick(self: &Arc<Self>) -> Option<Lease> {
+    /// The least-loaded ready instance (the current generation's first), leased for one request;
+    /// never one of `avoid` (instances that just refused this request's connection).
+    pub fn pick(self: &Arc<Self>, avoid: &[u64]) -> Option<Lease> {
         let inner = self.inner.lock();
         let current = inner.revision.as_ref().map(|r| r.rollout);
-        let ready = inner.instances.iter().filter(|i| i.is_ready());
+        let ready = inner
+            .instances
+            .iter()
+            .filter(|i| i.is_ready() && !avoid.contains(&i.id));
         let newest = ready
             .clone()
             .filter(|i| Some(i.rollout) == current)
@@ -514,6 +522,10 @@ impl Pool {
             ready_generation: ready.iter().map(|i| i.generation).max(),
             restarts: inner.restarts,
             last_error: inner.last_error.clone(),
+            rolling_out: inner.revision.as_ref().is_some_and(|current| {
+                !ready.is_empty() && ready.iter().all(|i| i.rollout != current.rollout)
+            }),
+            consecutive_failures: inner.consecutive_failures,
         };
         self.status.send_if_modified(|current| {
             if *current == status {
