@@ -984,3 +984,64 @@ async fn a_missing_build_tool_is_named() {
     let (state, running_reason, _) = platform.condition("no-npm", "Running").await;
     assert_ne!(state, "True", "{running_reason}");
 }
+
+/// `eddy logs NAME -f` prints what the function writes while it runs, as it happens, until
+/// stopped.
+#[tokio::test]
+async fn logs_follow_prints_new_lines_as_they_are_written() {
+    use tokio::io::AsyncBufReadExt as _;
+    let platform = Platform::start().await;
+    let source = r#"
+module.exports = { main: (event) => {
+  console.log("call " + event.extensions.request.query.n);
+  return "logged";
+} };
+"#;
+    platform
+        .deploy(
+            "chatty",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": source}}}),
+        )
+        .await;
+    platform
+        .invoke("chatty", "/?n=before")
+        .send()
+        .await
+        .unwrap();
+    let mut follow = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["logs", "chatty", "-f"])
+        .env("EDDY_SERVER", &platform.api)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut next_line_with = async |wanted: &str| {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.contains(wanted) {
+                    return line;
+                }
+            }
+            panic!("eddy logs -f ended before {wanted:?}");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no {wanted:?} from eddy logs -f within 20 s"))
+    };
+    // What was there already, then each new call as it is made.
+    next_line_with("call before").await;
+    for n in ["one", "two"] {
+        let response = platform
+            .invoke("chatty", &format!("/?n={n}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        next_line_with(&format!("call {n}")).await;
+    }
+    assert!(
+        follow.try_wait().unwrap().is_none(),
+        "still following after the last line"
+    );
+    follow.kill().await.unwrap();
+}

@@ -16,7 +16,7 @@ mod up;
 use eddy_testing::eventually;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use up::Up;
+use up::{Up, processes_inside};
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -819,4 +819,38 @@ async fn the_cli_stops_quietly_on_a_closed_pipe() {
             output.status
         );
     }
+}
+
+/// eddy SIGKILLed has no chance to stop anything: the kernel stops nats-server and every
+/// function instance with it (each child is told to die with its parent), so nothing of this
+/// data dir is left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_left_running_when_eddy_is_sigkilled() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = Up::start(data_dir.path(), &[], &[]).await;
+    up.deploy(
+        "py",
+        json!({"runtime": "python311", "source": {"inline": {"source": "def main(event, context):\n    return 'ok'\n"}}}),
+    )
+    .await;
+    up.deploy(
+        "node",
+        json!({"runtime": "nodejs20", "source": {"inline": {"source": "module.exports = { main: () => 'ok' };"}}}),
+    )
+    .await;
+    let running = processes_inside(data_dir.path());
+    for part in ["nats-server", "server.py", "server.mjs"] {
+        assert!(
+            running.iter().any(|process| process.contains(part)),
+            "{part} runs before the kill: {running:?}"
+        );
+    }
+    assert!(!up.stop_with("KILL").await, "SIGKILL is not a clean exit");
+    eventually(
+        "every child of eddy to be gone",
+        Duration::from_secs(20),
+        || async { processes_inside(data_dir.path()).is_empty() },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}: {:?}", processes_inside(data_dir.path())));
 }

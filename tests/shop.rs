@@ -9,7 +9,7 @@ mod up;
 
 use eddy_testing::eventually;
 use serde_json::{Value, json};
-use up::Up;
+use up::{Up, processes_inside};
 
 async fn eddy_up(data_dir: &Path, apply: bool) -> Up {
     let examples = up::repo().join("examples/shop");
@@ -19,33 +19,6 @@ async fn eddy_up(data_dir: &Path, apply: bool) -> Up {
         Vec::new()
     };
     Up::start(data_dir, &extra, &[]).await
-}
-
-/// Processes whose working directory or command line is inside `dir`.
-fn processes_inside(dir: &Path) -> Vec<String> {
-    let dir = dir.canonicalize().unwrap();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let path = entry.path();
-        if !entry
-            .file_name()
-            .to_string_lossy()
-            .chars()
-            .all(|c| c.is_ascii_digit())
-        {
-            continue;
-        }
-        let cwd = std::fs::read_link(path.join("cwd")).unwrap_or_default();
-        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cwd.starts_with(&dir) || cmdline.contains(dir.to_str().unwrap()) {
-            found.push(format!(
-                "{}: {cmdline}",
-                entry.file_name().to_string_lossy()
-            ));
-        }
-    }
-    found
 }
 
 /// What the dashboard shows in headless Chromium once `min_events` events are in its tail and

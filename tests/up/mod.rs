@@ -192,3 +192,30 @@ impl Up {
         self.stop_with("TERM").await;
     }
 }
+
+/// Processes whose working directory or command line is inside `dir`.
+pub fn processes_inside(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let path = entry.path();
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        {
+            continue;
+        }
+        let cwd = std::fs::read_link(path.join("cwd")).unwrap_or_default();
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cwd.starts_with(&dir) || cmdline.contains(dir.to_str().unwrap()) {
+            found.push(format!(
+                "{}: {cmdline}",
+                entry.file_name().to_string_lossy()
+            ));
+        }
+    }
+    found
+}
