@@ -5,7 +5,12 @@
 
 mod support;
 
-use std::{convert::Infallible, time::Duration};
+use std::{
+    collections::BTreeSet,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use eddy_testing::eventually;
@@ -36,16 +41,29 @@ fn subscription(sink: &str, types: &[&str], resource_version: &str) -> Value {
     })
 }
 
+/// The RBAC permissions of the requests an API server answered.
+type Used = Arc<Mutex<BTreeSet<String>>>;
+
 /// Answers the watcher: the list with `initial`, then one watch that streams what the test
-/// sends on the returned channel. Later requests (a re-watch) are left pending.
-fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>) {
+/// sends on the returned channel. Later requests (a re-watch) are left pending. Records what
+/// each request needs.
+fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Used) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<WatchBody>>();
     let (events, receiver) = mpsc::channel::<Value>(16);
+    let used = Used::default();
+    let recorded = used.clone();
     tokio::spawn(async move {
         let mut receiver = Some(receiver);
         let mut pending = Vec::new();
         while let Some((request, send)) = handle.next_request().await {
             let uri = request.uri().to_string();
+            recorded
+                .lock()
+                .unwrap()
+                .extend(eddy_testing::rbac::needed_by(
+                    request.method().as_str(),
+                    &uri,
+                ));
             assert!(
                 uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?"),
                 "{uri}"
@@ -77,7 +95,7 @@ fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>) {
             }
         }
     });
-    (kube::Client::new(service, "default"), events)
+    (kube::Client::new(service, "default"), events, used)
 }
 
 #[tokio::test]
@@ -88,7 +106,7 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     })
     .await;
     let sink = Sink::ok().await;
-    let (client, watch) = api_server(subscription(&sink.url, &["order.created.v1"], "1"));
+    let (client, watch, used) = api_server(subscription(&sink.url, &["order.created.v1"], "1"));
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -176,4 +194,17 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     .await
     .unwrap();
     shutdown.cancel();
+
+    // The chart's ClusterRole for the dispatcher grants exactly what these requests needed.
+    let template = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts/eddy/templates/dispatcher.yaml"),
+    )
+    .unwrap();
+    let used = used.lock().unwrap().clone();
+    assert_eq!(
+        eddy_testing::rbac::granted_by_cluster_role(&template),
+        used,
+        "the chart's dispatcher ClusterRole and the dispatcher's requests"
+    );
 }

@@ -18,6 +18,8 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
+pub mod rbac;
+
 /// Oldest server release eddy supports.
 pub const MIN_NATS_VERSION: (u32, u32) = (2, 10);
 

@@ -2,7 +2,7 @@
 //! and query, body) and answers it, in the order the reconciler must send them; plus the
 //! pure decisions and the rendered objects.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use eddy_model::resources::{Function, SinkPolicy, Subscription};
 use http::{Method, Request, Response};
@@ -57,7 +57,12 @@ fn not_found(_: Value) -> (u16, Value) {
     )
 }
 
+/// The RBAC permissions of every request the mock API servers of this process answered.
+static PERMISSIONS_USED: std::sync::Mutex<BTreeSet<String>> =
+    std::sync::Mutex::new(BTreeSet::new());
+
 /// A mock API server that expects exactly `exchanges`, in order, and nothing after them.
+/// Records what each request needs in [`PERMISSIONS_USED`].
 fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<Value>>) {
     let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
     let task = tokio::spawn(async move {
@@ -83,6 +88,13 @@ fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<
                 (&exchange.method, exchange.uri.clone()),
                 "request #{index}"
             );
+            PERMISSIONS_USED
+                .lock()
+                .expect("not poisoned")
+                .extend(eddy_testing::rbac::needed_by(
+                    request.method().as_str(),
+                    &request.uri().to_string(),
+                ));
             if request.method() == Method::PATCH {
                 let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
                 assert_eq!(
@@ -1302,4 +1314,61 @@ fn the_crds_print_as_yaml_with_their_rules() {
     assert!(yaml.contains("name: subscriptions.eddy.dev"));
     assert!(yaml.contains("x-kubernetes-validations"));
     assert!(yaml.contains("x-kubernetes-int-or-string: true"));
+}
+
+/// The chart's ClusterRole for the controller follows from what the reconcilers do: every
+/// mock-API scenario above runs here, each request it makes must be granted, and the chart
+/// grants nothing more than that except what the scenarios cannot show, named below. A new API
+/// call in a reconciler fails this test until the chart allows it.
+#[test]
+fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
+    let scenarios: [fn(); 11] = [
+        first_reconcile_creates_the_config_map_and_the_build_job,
+        a_running_build_is_left_alone,
+        job_success_applies_the_deployment_service_and_autoscaler_and_cleans_up,
+        job_failure_puts_the_build_log_into_build_ready,
+        a_source_change_starts_a_new_build_with_a_new_tag_and_keeps_the_old_one_running,
+        a_scale_change_builds_nothing_and_drops_the_autoscaler,
+        an_unchanged_status_is_not_written_again,
+        a_refused_apply_goes_to_status_and_a_transient_error_is_retried,
+        a_subscription_to_an_existing_service_is_ready_with_its_subjects,
+        a_subscription_to_a_missing_service_is_not_ready_and_looked_at_again,
+        a_sink_outside_the_namespace_or_the_policy_is_refused_in_status,
+    ];
+    for scenario in scenarios {
+        scenario();
+    }
+    let used = PERMISSIONS_USED.lock().expect("not poisoned").clone();
+    let template = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/eddy/templates/controller.yaml"
+    ))
+    .expect("the chart's controller template");
+    let granted = eddy_testing::rbac::granted_by_cluster_role(&template);
+    let missing: Vec<&String> = used.difference(&granted).collect();
+    assert!(
+        missing.is_empty(),
+        "the reconcilers make requests the chart does not allow: {missing:?}"
+    );
+    // `kubernetes::run`'s controllers list and watch what they reconcile and what they own
+    // (kube's watchers, not part of a reconcile), and owner references with
+    // blockOwnerDeletion need `update` on the owner's finalizers.
+    let beyond_requests: BTreeSet<String> = [
+        "eddy.dev/functions:list",
+        "eddy.dev/functions:watch",
+        "eddy.dev/subscriptions:list",
+        "eddy.dev/subscriptions:watch",
+        "batch/jobs:watch",
+        "apps/deployments:list",
+        "apps/deployments:watch",
+        "eddy.dev/functions/finalizers:update",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    let extra: BTreeSet<String> = granted.difference(&used).cloned().collect();
+    assert_eq!(
+        extra, beyond_requests,
+        "the chart grants more than the reconcilers use (recorded: {used:?})"
+    );
 }
