@@ -105,12 +105,19 @@ async fn apply_get_publish_dlq_redrive_replay_delete() {
     assert_eq!(sink.ids(), vec![id.clone(), id.clone(), id]);
 
     // Bad manifests are refused with the field named, and nothing changes.
+    let before = platform.subscription("cli-sub").await;
     std::fs::write(&manifest, "apiVersion: eddy.dev/v1alpha1\nkind: Subscription\nmetadata:\n  name: cli-sub\nspec:\n  sink: http://10.0.0.1/\n  types: [a]\n").unwrap();
     let (ok, _, err) = platform
         .eddy(&["apply", "-f", manifest.to_str().unwrap()])
         .await;
     assert!(!ok);
     assert!(err.contains("spec.sink"), "{err}");
+    let after = platform.subscription("cli-sub").await;
+    assert_eq!(
+        after["metadata"], before["metadata"],
+        "same generation and version"
+    );
+    assert_eq!(after["spec"], before["spec"]);
 
     let (ok, out, _) = platform.eddy(&["delete", "subscriptions", "cli-sub"]).await;
     assert!(ok);

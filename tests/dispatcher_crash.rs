@@ -1,5 +1,6 @@
-//! SIGKILL the dispatcher in the middle of a stream of events and start it again: every event is
-//! still delivered at least once. Prints how many were delivered twice.
+//! SIGKILL the dispatcher in the middle of a stream of events, with one delivery in flight, and
+//! start it again: every event is still delivered at least once, the one in flight again.
+//! Prints how many were delivered twice.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
@@ -23,8 +24,11 @@ async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
         .await,
     );
     let mut dispatcher = platform.spawn_dispatcher("2s").await;
-    let sink = Sink::start(
+    // The first delivery of t-100 is held, so the kill finds it in flight.
+    let sink = Sink::holding(
         Duration::from_millis(5),
+        "t-100",
+        Duration::from_secs(120),
         Arc::new(|_, _| StatusCode::OK.into_response()),
     )
     .await;
@@ -47,6 +51,11 @@ async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
     };
 
     sink.wait_for(80).await;
+    eddy_testing::eventually("t-100 to be in flight", Duration::from_secs(60), || async {
+        sink.in_flight_ids().contains(&"t-100".to_owned())
+    })
+    .await
+    .unwrap();
     dispatcher.child.start_kill().unwrap();
     dispatcher.child.wait().await.unwrap();
     let delivered_before_restart = sink.count();
@@ -65,6 +74,11 @@ async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
     .await
     .unwrap();
     platform.wait_settled("crash").await;
+    assert_eq!(
+        sink.attempts("t-100"),
+        2,
+        "the delivery in flight at the kill is made again, once"
+    );
 
     let total = sink.count();
     let unique: HashSet<String> = sink.ids().into_iter().collect();

@@ -282,10 +282,19 @@ async fn a_token_protected_function_takes_only_its_tokens_and_the_dispatchers_ev
     assert_eq!(seen["seen"], json!(["o-1"]), "{seen}");
     assert!(platform.dead_letters("to-guarded").await.is_empty());
 
-    // Public again: the same build, no token needed.
+    // Public again: the same build and the same instance, no token needed.
+    let build = platform.condition("guarded", "BuildReady").await;
+    let instances = platform.pids("guarded");
     platform
         .deploy("guarded", guarded(json!({"mode": "public"})))
         .await;
     let open = platform.invoke("guarded", "/").send().await.unwrap();
     assert_eq!(open.status(), 200);
+    let (_, _, built) = build;
+    assert_eq!(
+        platform.condition("guarded", "BuildReady").await,
+        ("True".to_owned(), "BuildReused".to_owned(), built),
+        "the same build, reused"
+    );
+    assert_eq!(platform.pids("guarded"), instances, "not restarted");
 }

@@ -369,6 +369,8 @@ struct SinkState {
     overlaps: AtomicUsize,
     active_ids: Mutex<Vec<String>>,
     delay: Duration,
+    /// The first attempt of this event id is held this long before it is answered.
+    hold: Option<(String, Duration)>,
     behaviour: Behaviour,
 }
 
@@ -390,6 +392,20 @@ impl Sink {
 
     /// `behaviour(request, attempt_of_this_event)` decides the answer; `delay` before answering.
     pub async fn start(delay: Duration, behaviour: Behaviour) -> Self {
+        Self::start_with(delay, None, behaviour).await
+    }
+
+    /// As [`Sink::start`], and the first attempt of event `id` is held for `hold` before it is
+    /// answered (a delivery kept in flight).
+    pub async fn holding(delay: Duration, id: &str, hold: Duration, behaviour: Behaviour) -> Self {
+        Self::start_with(delay, Some((id.to_owned(), hold)), behaviour).await
+    }
+
+    async fn start_with(
+        delay: Duration,
+        hold: Option<(String, Duration)>,
+        behaviour: Behaviour,
+    ) -> Self {
         let state = Arc::new(SinkState {
             received: Mutex::default(),
             attempts_by_id: Mutex::default(),
@@ -398,6 +414,7 @@ impl Sink {
             overlaps: AtomicUsize::new(0),
             active_ids: Mutex::default(),
             delay,
+            hold,
             behaviour,
         });
         let app = Router::new()
@@ -441,6 +458,11 @@ impl Sink {
         self.state.max_in_flight.load(Ordering::SeqCst)
     }
 
+    /// The ids of the events being delivered right now.
+    pub fn in_flight_ids(&self) -> Vec<String> {
+        self.state.active_ids.lock().unwrap().clone()
+    }
+
     /// How often one event was being delivered twice at the same moment.
     pub fn overlaps(&self) -> usize {
         self.state.overlaps.load(Ordering::SeqCst)
@@ -477,6 +499,11 @@ async fn receive(State(state): State<Arc<SinkState>>, headers: HeaderMap, body: 
     };
     if !state.delay.is_zero() {
         tokio::time::sleep(state.delay).await;
+    }
+    if let Some((held, hold)) = &state.hold {
+        if *held == id && attempt == 1 {
+            tokio::time::sleep(*hold).await;
+        }
     }
     let response = (state.behaviour)(&received, attempt);
     state.received.lock().unwrap().push(received);
