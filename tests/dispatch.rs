@@ -15,7 +15,7 @@ fn unique(ids: &[String]) -> HashSet<&String> {
     ids.iter().collect()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_reaches_every_matching_subscription_exactly_once() {
     let platform = Platform::start().await;
     let orders_created = Sink::ok().await;
@@ -298,7 +298,7 @@ async fn a_permanent_4xx_goes_to_dead_letters_at_once() {
     assert_eq!(letters[0]["attempts"], 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_more_than_max_in_flight_deliveries_to_one_subscription() {
     let platform = Platform::start().await;
     let sink = Sink::start(
@@ -326,7 +326,7 @@ async fn never_more_than_max_in_flight_deliveries_to_one_subscription() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_delivery_is_kept_alive_by_in_progress_acks() {
     // ack wait 1s, a sink that takes 2.5s: without in-progress acks JetStream would redeliver.
     let platform = Platform::start_with(Options {
@@ -351,7 +351,7 @@ async fn a_slow_delivery_is_kept_alive_by_in_progress_acks() {
     assert_eq!(sink.overlaps(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_over_its_timeout_is_retried() {
     let platform = Platform::start().await;
     let sink = Sink::start(
@@ -550,7 +550,7 @@ async fn a_reply_is_stored_exactly_as_the_event_bus_stores_it() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_dispatchers_share_the_work_and_never_hold_one_event_twice() {
     let platform = Platform::start().await;
     let second = platform.start_dispatcher(Duration::from_secs(30)).await;

@@ -41,17 +41,18 @@ fn subscription(sink: &str, types: &[&str], resource_version: &str) -> Value {
     })
 }
 
-/// The RBAC permissions of the requests an API server answered.
-type Used = Arc<Mutex<BTreeSet<String>>>;
+/// The requests an API server got (method and URI), checked by the test once it is done: a
+/// panic in the server's task would not fail the test.
+type Requests = Arc<Mutex<Vec<(String, String)>>>;
 
 /// Answers the watcher: the list with `initial`, then one watch that streams what the test
-/// sends on the returned channel. Later requests (a re-watch) are left pending. Records what
-/// each request needs.
-fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Used) {
+/// sends on the returned channel. Later requests (a re-watch) are left pending, anything but
+/// Subscriptions gets 404. Records every request.
+fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Requests) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<WatchBody>>();
     let (events, receiver) = mpsc::channel::<Value>(16);
-    let used = Used::default();
-    let recorded = used.clone();
+    let requests = Requests::default();
+    let recorded = requests.clone();
     tokio::spawn(async move {
         let mut receiver = Some(receiver);
         let mut pending = Vec::new();
@@ -60,14 +61,13 @@ fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Used) {
             recorded
                 .lock()
                 .unwrap()
-                .extend(eddy_testing::rbac::needed_by(
-                    request.method().as_str(),
-                    &uri,
-                ));
-            assert!(
-                uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?"),
-                "{uri}"
-            );
+                .push((request.method().to_string(), uri.clone()));
+            if !uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?") {
+                let mut response = Response::new(streamed(mpsc::channel(1).1));
+                *response.status_mut() = http::StatusCode::NOT_FOUND;
+                send.send_response(response);
+                continue;
+            }
             if !uri.contains("watch=true") {
                 let list = json!({
                     "apiVersion": "eddy.dev/v1alpha1", "kind": "SubscriptionList",
@@ -95,7 +95,7 @@ fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Used) {
             }
         }
     });
-    (kube::Client::new(service, "default"), events, used)
+    (kube::Client::new(service, "default"), events, requests)
 }
 
 #[tokio::test]
@@ -106,7 +106,7 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     })
     .await;
     let sink = Sink::ok().await;
-    let (client, watch, used) = api_server(subscription(&sink.url, &["order.created.v1"], "1"));
+    let (client, watch, requests) = api_server(subscription(&sink.url, &["order.created.v1"], "1"));
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -201,7 +201,16 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
             .join("charts/eddy/templates/dispatcher.yaml"),
     )
     .unwrap();
-    let used = used.lock().unwrap().clone();
+    let requests = requests.lock().unwrap().clone();
+    let unexpected: Vec<_> = requests
+        .iter()
+        .filter(|(_, uri)| !uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?"))
+        .collect();
+    assert!(unexpected.is_empty(), "unexpected requests: {unexpected:?}");
+    let used: BTreeSet<String> = requests
+        .iter()
+        .flat_map(|(method, uri)| eddy_testing::rbac::needed_by(method, uri))
+        .collect();
     assert_eq!(
         eddy_testing::rbac::granted_by_cluster_role(&template),
         used,

@@ -13,7 +13,7 @@ use support::{Options, Platform, Sink};
 
 const EVENTS: usize = 300;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
     let platform = Arc::new(
         Platform::start_with(Options {

@@ -91,7 +91,7 @@ struct Counts {
     refused: u64,
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_acknowledged_event_is_lost_through_crashes() {
     let mut nats = NatsServer::start().unwrap();
     let dir = tempfile::tempdir().unwrap();

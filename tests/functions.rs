@@ -369,7 +369,7 @@ async fn a_killed_instance_is_restarted_and_invocations_succeed_again() {
     .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
     let platform = Platform::start_with(Options {
         scale_to_zero_after: Duration::from_millis(500),
@@ -403,7 +403,7 @@ async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
     assert_eq!(platform.pids("sleepy").len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn updating_source_under_load_fails_no_request() {
     let platform = Arc::new(Platform::start().await);
     let v1 = "module.exports = { main: async () => 'v1' };";
@@ -540,7 +540,7 @@ async fn deleting_a_function_stops_its_instances() {
     .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_scales_a_function_out_and_quiet_scales_it_back() {
     let platform = Arc::new(
         Platform::start_with(Options {
@@ -724,7 +724,7 @@ async fn request_bodies_over_the_limits_get_413() {
 
 /// A request for a function whose instance does not become ready within
 /// `--activation-timeout` gets 503 then, not a hang; once the instance is ready it is served.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waits_at_most_the_activation_timeout() {
     let platform = Platform::start_with(Options {
         activation_timeout: Duration::from_secs(1),
@@ -844,7 +844,7 @@ async fn a_failed_update_keeps_the_old_instances_serving() {
 
 /// An instance that stops accepting connections is passed over: requests go to another
 /// instance at once and none fails; the silent one is replaced.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_is_retried_on_another_instance() {
     let platform = Platform::start().await;
     let source = r#"

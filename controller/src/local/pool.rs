@@ -211,7 +211,7 @@ struct Inner {
     consecutive_failures: u32,
     not_before: Instant,
     last_error: Option<String>,
-    load: VecDeque<(Instant, usize)>,
+    load: LoadWindow,
     desired: usize,
 }
 
@@ -270,6 +270,33 @@ pub fn desired_replicas(input: ScaleInput) -> usize {
     desired
 }
 
+/// The load samples of the last scale-down window: scaling down follows the peak over the
+/// window, so a short lull does not stop instances that the next burst needs. Pure: the time is
+/// given.
+#[derive(Debug, Default)]
+pub struct LoadWindow {
+    samples: VecDeque<(Instant, usize)>,
+}
+
+impl LoadWindow {
+    /// Adds the load seen at `now`, forgets samples older than `window`; the peak of the rest.
+    pub fn record(&mut self, now: Instant, load: usize, window: Duration) -> usize {
+        self.samples.push_back((now, load));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > window)
+        {
+            self.samples.pop_front();
+        }
+        self.samples
+            .iter()
+            .map(|(_, load)| *load)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// Delays before starting an instance again after failures in a row.
 pub const RESTART: Backoff =
     Backoff::exponential(Duration::from_millis(100), Duration::from_secs(10));
@@ -314,7 +341,7 @@ impl Pool {
                 consecutive_failures: 0,
                 not_before: Instant::now(),
                 last_error: None,
-                load: VecDeque::new(),
+                load: LoadWindow::default(),
                 desired: 0,
             }),
             changed: Notify::new(),
@@ -615,20 +642,13 @@ impl Pool {
         self.publish_status(&inner);
     }
 
-    /// Remembers the load now (requests in flight and waiting) and forgets what is older than
-    /// the scale-down window; returns the peak over the window.
+    /// Remembers the load now (requests in flight and waiting); returns the peak over the
+    /// scale-down window.
     fn record_load(&self, inner: &mut Inner, now: Instant, waiting: usize) -> usize {
         let in_flight: usize = inner.instances.iter().map(|i| i.in_flight()).sum();
-        inner.load.push_back((now, in_flight + waiting));
-        let window = self.config.scale_down_window;
-        while inner
+        inner
             .load
-            .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > window)
-        {
-            inner.load.pop_front();
-        }
-        inner.load.iter().map(|(_, load)| *load).max().unwrap_or(0)
+            .record(now, in_flight + waiting, self.config.scale_down_window)
     }
 
     /// How many instances the load calls for (see [`desired_replicas`]).
@@ -900,6 +920,24 @@ fn free_port() -> std::io::Result<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peak_load_is_kept_for_the_scale_down_window() {
+        let window = Duration::from_secs(30);
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let mut load = LoadWindow::default();
+        assert_eq!(load.record(at(0), 8, window), 8);
+        // Quiet, but within the window: the peak holds (no scale-down yet).
+        assert_eq!(load.record(at(10), 0, window), 8);
+        assert_eq!(load.record(at(30), 1, window), 8);
+        // Past the window the burst is forgotten.
+        assert_eq!(load.record(at(31), 0, window), 1);
+        assert_eq!(load.record(at(60), 0, window), 1);
+        assert_eq!(load.record(at(61), 0, window), 0);
+        // A new burst counts at once (scaling up does not wait).
+        assert_eq!(load.record(at(63), 20, window), 20);
+    }
 
     fn input() -> ScaleInput {
         ScaleInput {
