@@ -220,11 +220,7 @@ async fn subscription_counts(platform: &Platform, name: &str) -> Value {
 #[tokio::test]
 async fn a_sink_that_always_fails_sends_the_event_to_dead_letters_after_max_attempts() {
     let platform = Platform::start().await;
-    let sink = Sink::start(
-        Duration::ZERO,
-        Arc::new(|_, _| StatusCode::INTERNAL_SERVER_ERROR.into_response()),
-    )
-    .await;
+    let sink = Sink::answering(StatusCode::INTERNAL_SERVER_ERROR).await;
     platform
         .subscribe(
             "broken",
@@ -278,11 +274,7 @@ async fn a_sink_that_always_fails_sends_the_event_to_dead_letters_after_max_atte
 #[tokio::test]
 async fn a_permanent_4xx_goes_to_dead_letters_at_once() {
     let platform = Platform::start().await;
-    let sink = Sink::start(
-        Duration::ZERO,
-        Arc::new(|_, _| StatusCode::BAD_REQUEST.into_response()),
-    )
-    .await;
+    let sink = Sink::answering(StatusCode::BAD_REQUEST).await;
     platform
         .subscribe("picky", json!({"sink": sink.url, "types": ["order.created.v1"], "delivery": {"maxAttempts": 5}}))
         .await;
@@ -836,22 +828,12 @@ async fn redirects_are_not_followed() {
 #[tokio::test]
 async fn an_invalid_reply_is_refused_counted_and_the_event_still_delivered() {
     let platform = Platform::start().await;
-    let replier = Sink::start(
-        Duration::ZERO,
-        Arc::new(|_, _| {
-            // Binary mode without ce-type: not a valid CloudEvent.
-            (
-                StatusCode::OK,
-                [
-                    ("ce-specversion", "1.0"),
-                    ("ce-id", "broken-reply"),
-                    ("ce-source", "stock-service"),
-                ],
-                "{}",
-            )
-                .into_response()
-        }),
-    )
+    // Binary mode without ce-type: not a valid CloudEvent.
+    let replier = replying_sink(&[
+        ("ce-specversion", "1.0"),
+        ("ce-id", "broken-reply"),
+        ("ce-source", "stock-service"),
+    ])
     .await;
     platform
         .subscribe(
@@ -866,27 +848,35 @@ async fn an_invalid_reply_is_refused_counted_and_the_event_still_delivered() {
     assert_eq!(replier.attempts("q-1"), 1, "delivered once, not retried");
     assert!(platform.dead_letters("answers").await.is_empty());
     // The gauges follow on the worker's next look at its consumer: poll for them.
-    let settled_metrics = || async {
-        let Ok(response) = platform
-            .http
-            .get(format!("{}/metrics", platform.dispatcher))
-            .send()
-            .await
-        else {
-            return false;
-        };
-        let metrics = response.text().await.unwrap_or_default();
-        let has = |line: &str| metrics.lines().any(|l| l == line);
-        has(
-            "eddy_dispatcher_failures_total{subscription=\"default/answers\",reason=\"reply_refused\"} 1",
-        ) && has("eddy_dispatcher_delivered_total{subscription=\"default/answers\"} 1")
-            && has("eddy_dispatcher_pending_events{subscription=\"default/answers\"} 0")
-            && has("eddy_dispatcher_in_flight{subscription=\"default/answers\"} 0")
-    };
+    let expected = [
+        (
+            "eddy_dispatcher_failures_total{subscription=\"default/answers\",reason=\"reply_refused\"}",
+            1.0,
+        ),
+        (
+            "eddy_dispatcher_delivered_total{subscription=\"default/answers\"}",
+            1.0,
+        ),
+        (
+            "eddy_dispatcher_pending_events{subscription=\"default/answers\"}",
+            0.0,
+        ),
+        (
+            "eddy_dispatcher_in_flight{subscription=\"default/answers\"}",
+            0.0,
+        ),
+    ];
     eventually(
         "the metrics to show the refused reply",
         Duration::from_secs(20),
-        settled_metrics,
+        || async {
+            for (sample, value) in expected {
+                if metric(&platform, sample).await != Some(value) {
+                    return false;
+                }
+            }
+            true
+        },
     )
     .await
     .unwrap();
@@ -916,6 +906,25 @@ async fn a_new_subscription_starts_with_new_events() {
     sink.wait_for(1).await;
     platform.wait_settled("latecomer").await;
     assert_eq!(sink.ids(), vec!["after"]);
+}
+
+/// A sink that answers every event 200 with `headers` and `{}`: a reply event when the
+/// headers make one.
+async fn replying_sink(headers: &'static [(&'static str, &'static str)]) -> Sink {
+    Sink::start(
+        Duration::ZERO,
+        Arc::new(move |_, _| {
+            let mut response = (StatusCode::OK, "{}").into_response();
+            for (name, value) in headers {
+                response.headers_mut().insert(
+                    axum::http::HeaderName::from_static(name),
+                    axum::http::HeaderValue::from_static(value),
+                );
+            }
+            response
+        }),
+    )
+    .await
 }
 
 /// The value of one sample in the dispatcher's `/metrics`, if it is there.
@@ -971,23 +980,13 @@ async fn stored_ids(platform: &Platform, stream: &str) -> Vec<String> {
 #[tokio::test]
 async fn a_reply_that_is_not_stored_retries_the_delivery_until_it_is() {
     let platform = Platform::start().await;
-    let replier = Sink::start(
-        Duration::ZERO,
-        Arc::new(|_, _| {
-            (
-                StatusCode::OK,
-                [
-                    ("ce-specversion", "1.0"),
-                    ("ce-id", "reserved-1"),
-                    ("ce-source", "stock-service"),
-                    ("ce-type", "stock.reserved.v1"),
-                    ("content-type", "application/json"),
-                ],
-                "{}",
-            )
-                .into_response()
-        }),
-    )
+    let replier = replying_sink(&[
+        ("ce-specversion", "1.0"),
+        ("ce-id", "reserved-1"),
+        ("ce-source", "stock-service"),
+        ("ce-type", "stock.reserved.v1"),
+        ("content-type", "application/json"),
+    ])
     .await;
     platform
         .subscribe(
@@ -1037,11 +1036,7 @@ async fn a_reply_that_is_not_stored_retries_the_delivery_until_it_is() {
 #[tokio::test]
 async fn an_event_whose_dead_letter_cannot_be_written_is_kept() {
     let platform = Platform::start().await;
-    let sink = Sink::start(
-        Duration::ZERO,
-        Arc::new(|_, _| StatusCode::BAD_REQUEST.into_response()),
-    )
-    .await;
+    let sink = Sink::answering(StatusCode::BAD_REQUEST).await;
     platform
         .subscribe(
             "picky",

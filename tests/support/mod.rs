@@ -383,11 +383,12 @@ pub struct Sink {
 impl Sink {
     /// Answers 200 to everything.
     pub async fn ok() -> Self {
-        Self::start(
-            Duration::ZERO,
-            Arc::new(|_, _| StatusCode::OK.into_response()),
-        )
-        .await
+        Self::answering(StatusCode::OK).await
+    }
+
+    /// Answers `status` to everything, at once.
+    pub async fn answering(status: StatusCode) -> Self {
+        Self::start(Duration::ZERO, Arc::new(move |_, _| status.into_response())).await
     }
 
     /// `behaviour(request, attempt_of_this_event)` decides the answer; `delay` before answering.
