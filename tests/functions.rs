@@ -909,10 +909,29 @@ fn with_dependency() -> Value {
         "dependencies": r#"{"dependencies": {"left-pad": "1.3.0"}}"#}}})
 }
 
+/// Installs the suite's shared copy of `runtime`'s own libraries now, with the real tools and
+/// the default timeout: a test that breaks the installer on purpose must only break the install
+/// of its function's dependencies (on a fresh clone the runtime's libraries are not there yet).
+async fn runtime_installed(runtime: eddy_model::resources::Runtime) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let toolchain = eddy_controller::local::toolchain::Toolchain::new(
+        "node".into(),
+        "npm".into(),
+        "python3".into(),
+        repo.join(".tools"),
+        repo.join("target/eddy-runtimes"),
+        Duration::from_secs(300),
+    );
+    if let Err(failure) = toolchain.prepare(runtime).await {
+        panic!("{runtime:?}: {}", failure.message);
+    }
+}
+
 /// An install that outlasts `--build-timeout` is stopped together with what it started, and
 /// the Function says `BuildTimeout` with the log's tail; no instance is started.
 #[tokio::test]
 async fn a_build_over_its_timeout_is_stopped_and_reported() {
+    runtime_installed(eddy_model::resources::Runtime::Nodejs20).await;
     let tools = tempfile::tempdir().unwrap();
     let child_pid = tools.path().join("child.pid");
     // `npm install` (the function's dependencies) hangs with a child of its own; the
@@ -965,6 +984,7 @@ async fn a_build_over_its_timeout_is_stopped_and_reported() {
 /// An installer that cannot be run is `BuildToolMissing`, naming it; no instance is started.
 #[tokio::test]
 async fn a_missing_build_tool_is_named() {
+    runtime_installed(eddy_model::resources::Runtime::Nodejs20).await;
     let platform = Platform::start_with(Options {
         npm: "/nonexistent/npm".into(),
         ..Options::default()
