@@ -125,13 +125,6 @@ impl KubernetesArgs {
     }
 }
 
-/// Default of `--target-concurrency` (here and in `eddy up`).
-pub const DEFAULT_TARGET_CONCURRENCY: usize = 10;
-/// Default of `--scale-to-zero-after` (here and in `eddy up`).
-pub const DEFAULT_SCALE_TO_ZERO_AFTER: &str = "60s";
-/// Default of `--scale-down-window` (here and in `eddy up`).
-pub const DEFAULT_SCALE_DOWN_WINDOW: &str = "30s";
-
 /// Flags of `eddy controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -253,14 +246,14 @@ pub struct FunctionArgs {
     #[arg(
         long = "target-concurrency",
         env = "EDDY_TARGET_CONCURRENCY",
-        default_value_t = DEFAULT_TARGET_CONCURRENCY
+        default_value_t = 10
     )]
     pub target_concurrency: usize,
     /// Idle time after which a Function with minReplicas 0 runs no instance.
-    #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = DEFAULT_SCALE_TO_ZERO_AFTER, value_parser = humantime::parse_duration)]
+    #[arg(long = "scale-to-zero-after", env = "EDDY_SCALE_TO_ZERO_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
     pub scale_to_zero_after: Duration,
     /// How long load is remembered before scaling down.
-    #[arg(long = "scale-down-window", env = "EDDY_SCALE_DOWN_WINDOW", default_value = DEFAULT_SCALE_DOWN_WINDOW, value_parser = humantime::parse_duration)]
+    #[arg(long = "scale-down-window", env = "EDDY_SCALE_DOWN_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
     pub scale_down_window: Duration,
     /// Longest a request waits for an instance to start.
     #[arg(long = "activation-timeout", env = "EDDY_ACTIVATION_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]

@@ -856,7 +856,6 @@ mod tests {
             last_error: Some("instance exited during start-up".into()),
             rolling_out: true,
             consecutive_failures: 2,
-            ..Default::default()
         };
         let (ok, reason, message) = running_condition(&update_failing, true);
         assert_eq!((ok, reason), (Some(true), Reason::InstanceFailing));

@@ -189,8 +189,6 @@ pub struct PoolStatus {
     pub ready: usize,
     /// Instances the autoscaler wants.
     pub desired: usize,
-    /// Generations of the ready instances, newest last.
-    pub ready_generation: Option<i64>,
     /// Instances restarted after crashing or failing to start.
     pub restarts: u32,
     /// The last crash or start failure.
@@ -546,7 +544,6 @@ impl Pool {
         let status = PoolStatus {
             ready: ready.len(),
             desired: inner.desired,
-            ready_generation: ready.iter().map(|i| i.generation).max(),
             restarts: inner.restarts,
             last_error: inner.last_error.clone(),
             rolling_out: inner.revision.as_ref().is_some_and(|current| {
