@@ -403,6 +403,201 @@ async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
     assert_eq!(platform.pids("sleepy").len(), 1);
 }
 
+/// A function from zero takes a warm spare (a runtime server started ahead, libraries loaded)
+/// and behaves as a cold start would: its own environment, directory, package isolation and log,
+/// and none of the spare's. A replacement spare follows. A function whose env sets what Node.js
+/// reads only at start-up (`NODE_OPTIONS`) starts cold, and that setting takes effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_zero_an_instance_starts_from_a_warm_spare_as_a_cold_one_would() {
+    let platform = Platform::start_with(Options {
+        scale_to_zero_after: Duration::from_millis(500),
+        scale_down_window: Duration::from_millis(500),
+        ..Options::default()
+    })
+    .await;
+    // Where Node.js would find a package from the build directory, were it not kept out.
+    let host_package = platform.data_dir.path().join("node_modules/host-only");
+    std::fs::create_dir_all(&host_package).unwrap();
+    std::fs::write(host_package.join("index.js"), "module.exports = 'host';").unwrap();
+    let node = r#"
+module.exports = { main: async () => {
+  console.log("a line from the instance");
+  let hostOnly;
+  try { require("host-only"); hostOnly = "loaded"; } catch (error) { hostOnly = error.code; }
+  return { pid: process.pid, cwd: process.cwd(), home: process.env.HOME, name: process.env.FUNC_NAME,
+    greeting: process.env.GREETING, spare: process.env.EDDY_SPARE || null,
+    secret: process.env.EDDY_INSTANCE_SECRET || null, title: process.title, hostOnly,
+    express: typeof require("express") };
+} };
+"#;
+    let python = r#"
+import os
+import sys
+
+
+def main(event, context):
+    print("a line from the instance", flush=True)
+    return {"pid": os.getpid(), "cwd": os.getcwd(), "home": os.environ.get("HOME"),
+            "name": os.environ.get("FUNC_NAME"), "greeting": os.environ.get("GREETING"),
+            "spare": os.environ.get("EDDY_SPARE"), "secret": os.environ.get("EDDY_INSTANCE_SECRET"),
+            "path": sys.path}
+"#;
+    let scale = json!({"minReplicas": 0, "maxReplicas": 1});
+    let greeting = json!([{"name": "GREETING", "value": "hi"}]);
+    for (name, runtime, source, env) in [
+        ("warm-node", "nodejs20", node, greeting.clone()),
+        ("warm-python", "python311", python, greeting.clone()),
+        (
+            "cold-node",
+            "nodejs20",
+            node,
+            json!([{"name": "NODE_OPTIONS", "value": "--title=eddy-cold-start"}]),
+        ),
+    ] {
+        platform
+            .deploy(
+                name,
+                json!({"runtime": runtime, "source": {"inline": {"source": source}},
+                    "env": env, "scaleConfig": scale}),
+            )
+            .await;
+    }
+    let spares = platform.backend.spares().expect("spares are on by default");
+    for name in ["warm-node", "warm-python", "cold-node"] {
+        eventually(
+            &format!("{name} to scale to zero"),
+            Duration::from_secs(20),
+            || async { platform.condition(name, "Running").await.1 == "ScaledToZero" },
+        )
+        .await
+        .unwrap();
+    }
+    for (name, runtime) in [
+        ("warm-node", eddy_model::resources::Runtime::Nodejs20),
+        ("warm-python", eddy_model::resources::Runtime::Python311),
+    ] {
+        eventually(
+            &format!("a loaded spare of {}", runtime.as_str()),
+            Duration::from_secs(30),
+            || async { spares.ready(runtime) == 1 },
+        )
+        .await
+        .unwrap();
+        let waiting = spares.idle_pids(runtime);
+        let answer: Value = platform
+            .invoke(name, "/")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let pid = u32::try_from(answer["pid"].as_u64().unwrap()).unwrap();
+        assert!(
+            waiting.contains(&pid),
+            "{name} runs in the spare that waited ({waiting:?}): {answer}"
+        );
+        assert_eq!(platform.pids(name), vec![pid]);
+        let build_dir = std::fs::canonicalize(answer["cwd"].as_str().unwrap()).unwrap();
+        assert!(
+            build_dir.starts_with(
+                std::fs::canonicalize(platform.data_dir.path().join("builds")).unwrap()
+            ),
+            "{answer}"
+        );
+        assert_eq!(answer["home"], answer["cwd"], "{answer}");
+        assert_eq!(answer["name"], name);
+        assert_eq!(answer["greeting"], "hi");
+        assert_eq!(answer["spare"], Value::Null, "{answer}");
+        assert_eq!(answer["secret"], Value::Null, "{answer}");
+        if runtime == eddy_model::resources::Runtime::Nodejs20 {
+            assert_eq!(answer["hostOnly"], "MODULE_NOT_FOUND", "{answer}");
+            assert_eq!(answer["express"], "function", "{answer}");
+        } else {
+            // As a server started in the build directory has it, and nothing of the spare's.
+            let path: Vec<&str> = answer["path"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|entry| entry.as_str().unwrap())
+                .collect();
+            assert!(path.contains(&answer["cwd"].as_str().unwrap()), "{answer}");
+            let spares_dir = platform.data_dir.path().join("spares");
+            assert!(
+                !path
+                    .iter()
+                    .any(|entry| entry.starts_with(spares_dir.to_str().unwrap())),
+                "{answer}"
+            );
+        }
+        eventually(
+            &format!("{name}'s output in its log"),
+            Duration::from_secs(10),
+            || async {
+                platform
+                    .function_log(name)
+                    .await
+                    .contains("a line from the instance")
+            },
+        )
+        .await
+        .unwrap();
+        eventually(
+            &format!(
+                "a new spare of {} in place of the used one",
+                runtime.as_str()
+            ),
+            Duration::from_secs(30),
+            || async { spares.ready(runtime) == 1 && !spares.idle_pids(runtime).contains(&pid) },
+        )
+        .await
+        .unwrap();
+    }
+    let waiting = spares.idle_pids(eddy_model::resources::Runtime::Nodejs20);
+    let answer: Value = platform
+        .invoke("cold-node", "/")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["title"], "eddy-cold-start", "{answer}");
+    let pid = u32::try_from(answer["pid"].as_u64().unwrap()).unwrap();
+    assert!(!waiting.contains(&pid), "started cold: {answer}");
+}
+
+/// With `--warm-spares 0` no spare is kept, and every instance is a process started for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_spares_can_be_turned_off() {
+    let platform = Platform::start_with(Options {
+        warm_spares: 0,
+        ..Options::default()
+    })
+    .await;
+    assert!(platform.backend.spares().is_none());
+    platform
+        .deploy(
+            "no-spares",
+            json!({"runtime": "nodejs20",
+                "source": {"inline": {"source": "module.exports = { main: () => 'ok' };"}}}),
+        )
+        .await;
+    let answer = platform.invoke("no-spares", "/").send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    // What the process started with: a spare's environment says EDDY_SPARE, an instance's
+    // started for it says FUNC_NAME.
+    let pids = platform.pids("no-spares");
+    assert_eq!(pids.len(), 1);
+    let environ = std::fs::read(format!("/proc/{}/environ", pids[0])).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        environ.split('\0').any(|v| v == "FUNC_NAME=no-spares"),
+        "{environ}"
+    );
+    assert!(!environ.contains("EDDY_SPARE"), "{environ}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn updating_source_under_load_fails_no_request() {
     let platform = Arc::new(Platform::start().await);

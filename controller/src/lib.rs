@@ -258,6 +258,10 @@ pub struct FunctionArgs {
     /// Longest a request waits for an instance to start.
     #[arg(long = "activation-timeout", env = "EDDY_ACTIVATION_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub activation_timeout: Duration,
+    /// Warm spares kept of each runtime in use (its server started, libraries loaded), which new
+    /// instances start from: a first call from zero skips the libraries' load. 0 turns them off.
+    #[arg(long = "warm-spares", env = "EDDY_WARM_SPARES", default_value_t = 1)]
+    pub warm_spares: usize,
     /// Longest an instance may take to answer /healthz after it starts.
     #[arg(long = "startup-timeout", env = "EDDY_STARTUP_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub startup_timeout: Duration,
@@ -356,6 +360,7 @@ impl Controller {
                             scale_down_window,
                             activation_timeout,
                             startup_timeout,
+                            warm_spares,
                             max_request_size,
                             runtimes_dir,
                             tools_dir,
@@ -398,6 +403,13 @@ impl Controller {
             scale_down_window,
             startup_timeout,
             drain_timeout,
+            spares: (warm_spares > 0).then(|| {
+                local::spares::Spares::start(
+                    warm_spares,
+                    data_dir.join("spares"),
+                    shutdown.child_token(),
+                )
+            }),
         };
         let build_config = local::build::BuildConfig {
             builds_dir: data_dir.join("builds"),

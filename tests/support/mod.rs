@@ -40,6 +40,8 @@ pub struct Options {
     pub build_timeout: Duration,
     /// The npm that installs Node.js dependencies (`--npm`).
     pub npm: std::path::PathBuf,
+    /// Warm spares per runtime in use (`--warm-spares`).
+    pub warm_spares: usize,
     /// Run a dispatcher in-process (tests that kill it run `eddy dispatcher` themselves).
     pub dispatcher: bool,
 }
@@ -56,6 +58,7 @@ impl Default for Options {
             max_request_size: bytesize::ByteSize::mib(16),
             build_timeout: Duration::from_secs(300),
             npm: "npm".into(),
+            warm_spares: 1,
             dispatcher: true,
         }
     }
@@ -112,6 +115,7 @@ impl Platform {
                 max_request_size: options.max_request_size,
                 build_timeout: options.build_timeout,
                 npm: options.npm.clone(),
+                warm_spares: options.warm_spares,
                 ..Default::default()
             },
             nats_url: Some(nats.url()),

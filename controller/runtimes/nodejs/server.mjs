@@ -24,6 +24,31 @@ import promClient from "prom-client";
 process.on("uncaughtException", (error) => console.error("uncaught exception:", error));
 process.on("unhandledRejection", (reason) => console.error("unhandled rejection:", reason));
 
+// Locally eddy keeps a warm spare of each runtime in use: this server started ahead of need, its
+// libraries loaded (the imports above), waiting for the one instance it becomes. Its first line on
+// stdin names that instance's environment and directory; everything below reads them.
+const startedAsSpare = Boolean(process.env.EDDY_SPARE);
+if (startedAsSpare) await becomeInstance();
+
+async function becomeInstance() {
+  process.stdout.write("eddy-spare-ready\n");
+  let text = "";
+  process.stdin.setEncoding("utf8");
+  for await (const chunk of process.stdin) {
+    text += chunk;
+    const end = text.indexOf("\n");
+    if (end < 0) continue;
+    process.stdin.destroy();
+    const { env: instanceEnv, dir } = JSON.parse(text.slice(0, end));
+    for (const name of Object.keys(process.env)) delete process.env[name];
+    Object.assign(process.env, instanceEnv);
+    process.chdir(dir);
+    return;
+  }
+  // stdin closed before a line came: no instance is wanted.
+  process.exit(0);
+}
+
 const env = process.env;
 const functionName = env.FUNC_NAME || "";
 const namespace = env.SERVICE_NAMESPACE || env.FUNC_NAMESPACE || "";
@@ -97,7 +122,8 @@ const { register, registerHooks } = moduleApi;
 
 // A function sees its own node_modules and the runtime's libraries, never packages that happen
 // to sit in a directory above it (a project's node_modules, a global install).
-const runtimeDir = path.dirname(fileURLToPath(import.meta.url));
+// The build directory: where this file is, or for a former spare the directory it was given.
+const runtimeDir = startedAsSpare ? process.cwd() : path.dirname(fileURLToPath(import.meta.url));
 const allowedRoots = [runtimeDir, path.dirname(fs.realpathSync(path.join(runtimeDir, "node_modules")))].map(
   (root) => root + path.sep,
 );

@@ -24,6 +24,34 @@ from cheroot import wsgi
 # TRACE_COLLECTOR_ENDPOINT is set), prometheus_client once the first call is answered: each
 # costs tens of milliseconds of a cold start that a first request need not pay.
 
+
+
+def become_instance():
+    """Locally eddy keeps a warm spare of each runtime in use: this server started ahead of need,
+    bottle and cheroot loaded, waiting for the one instance it becomes. Its first line on stdin
+    names that instance's environment and directory; everything below reads them."""
+    import json
+
+    # Loaded ahead here, where it costs nothing: a spare's first call is often a CloudEvent.
+    import cloudevents.http  # noqa: F401
+
+    sys.stdout.write("eddy-spare-ready\n")
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)  # stdin closed before a line came: no instance is wanted
+    spec = json.loads(line)
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    os.chdir(spec["dir"])
+    sys.path[0] = spec["dir"]  # as if the server had started there
+    if hasattr(time, "tzset"):
+        time.tzset()
+
+
+if os.environ.get("EDDY_SPARE"):
+    become_instance()
+
 env = os.environ
 function_name = env.get("FUNC_NAME", "")
 namespace = env.get("SERVICE_NAMESPACE") or env.get("FUNC_NAMESPACE", "")

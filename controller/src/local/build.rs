@@ -42,6 +42,8 @@ pub struct Build {
     pub function_dir: PathBuf,
     /// The interpreter that runs the server: `node` of the runtime's major version, `python3`.
     pub program: PathBuf,
+    /// The runtime's own libraries.
+    pub libraries: PathBuf,
     /// The build key.
     pub hash: String,
     /// Whether this call built it (false: it was already there).
@@ -115,6 +117,7 @@ pub async fn build(
         dir: dir.clone(),
         function_dir: function_dir.clone(),
         program: program.clone(),
+        libraries: libraries.clone(),
         hash: hash.clone(),
         fresh,
     };

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod git;
 pub mod inputs;
 pub mod pool;
+pub mod spares;
 pub mod toolchain;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -139,6 +140,11 @@ pub fn running_condition(pool: &PoolStatus, has_revision: bool) -> (Option<bool>
 }
 
 impl LocalController {
+    /// The warm spares new instances start from (`None` when turned off).
+    pub fn spares(&self) -> Option<&Arc<spares::Spares>> {
+        self.pool_config.spares.as_ref()
+    }
+
     /// A backend; `pools` is shared with the gateway.
     pub fn new(
         store: Store,
@@ -665,6 +671,7 @@ impl LocalController {
                 dir: build.dir,
                 function_dir: build.function_dir,
                 program: build.program,
+                libraries: build.libraries,
                 env: inputs.env,
                 secret_mounts,
                 timeout_seconds: function.spec.timeout().as_secs(),

@@ -5,6 +5,7 @@
 
 use std::{
     collections::VecDeque,
+    ffi::OsString,
     path::PathBuf,
     process::Stdio,
     sync::{
@@ -19,6 +20,8 @@ use parking_lot::Mutex;
 use eddy_model::{backoff::Backoff, resources::Runtime};
 use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::sync::{Notify, watch};
+
+use super::spares::{self, Interest, SpareKey, Spares};
 
 /// Settings shared by every pool.
 #[derive(Debug, Clone)]
@@ -39,6 +42,8 @@ pub struct PoolConfig {
     pub startup_timeout: Duration,
     /// Longest a draining instance may keep requests before it is stopped anyway.
     pub drain_timeout: Duration,
+    /// Warm spares new instances start from, when there are any.
+    pub spares: Option<Arc<Spares>>,
 }
 
 /// What to run: one generation of a Function.
@@ -57,6 +62,8 @@ pub struct Revision {
     pub function_dir: PathBuf,
     /// The interpreter that runs the runtime's server.
     pub program: PathBuf,
+    /// The runtime's own libraries.
+    pub libraries: PathBuf,
     /// The user's env.
     pub env: Vec<(String, String)>,
     /// `secretMounts`: each mount path and the directory holding its files.
@@ -71,6 +78,7 @@ impl Revision {
         self.runtime == other.runtime
             && self.dir == other.dir
             && self.program == other.program
+            && self.libraries == other.libraries
             && self.env == other.env
             && self.secret_mounts == other.secret_mounts
             && self.timeout_seconds == other.timeout_seconds
@@ -211,6 +219,8 @@ struct Inner {
     last_error: Option<String>,
     load: LoadWindow,
     desired: usize,
+    /// Keeps a warm spare of the current revision's runtime, when it may use one.
+    spare_interest: Option<Interest>,
 }
 
 /// The instances of one Function.
@@ -341,6 +351,7 @@ impl Pool {
                 last_error: None,
                 load: LoadWindow::default(),
                 desired: 0,
+                spare_interest: None,
             }),
             changed: Notify::new(),
             kick: Notify::new(),
@@ -378,6 +389,12 @@ impl Pool {
                     .map_or(1, |current| current.rollout + 1);
                 self.timeout_seconds
                     .store(revision.timeout_seconds, Ordering::Release);
+                inner.spare_interest = self
+                    .config
+                    .spares
+                    .as_ref()
+                    .filter(|_| spares::fits(revision.runtime, &revision.env))
+                    .map(|spares| spares.interest(spare_key(&revision)));
                 inner.revision = Some(Arc::new(revision));
                 inner.consecutive_failures = 0;
                 inner.not_before = Instant::now();
@@ -424,6 +441,7 @@ impl Pool {
     /// Stops every instance and the manager.
     pub fn shutdown(&self) {
         self.shutdown.cancel();
+        self.inner.lock().spare_interest = None;
     }
 
     /// Whether there is anything to run.
@@ -707,7 +725,7 @@ impl Pool {
     async fn run_instance(self: Arc<Self>, instance: Arc<Instance>, revision: Arc<Revision>) {
         let label = format!("{}/{}#{}", self.namespace, self.name, instance.id);
         match self.spawn(&instance, &revision).await {
-            Ok(mut child) => {
+            Ok((mut child, warm)) => {
                 instance
                     .pid
                     .store(u64::from(child.id().unwrap_or(0)), Ordering::Release);
@@ -716,7 +734,7 @@ impl Pool {
                 match healthy {
                     Ok(()) => {
                         instance.state.store(InstanceState::Ready);
-                        tracing::info!(instance = %label, port = instance.port, generation = revision.generation, startup = ?started.elapsed(), "instance ready");
+                        tracing::info!(instance = %label, port = instance.port, generation = revision.generation, startup = ?started.elapsed(), warm, "instance ready");
                         self.changed.notify_waiters();
                         self.kick.notify_one();
                         tokio::select! {
@@ -763,13 +781,13 @@ impl Pool {
         self.kick.notify_one();
     }
 
+    /// Starts an instance: from a warm spare when one fits, else a new process. Returns the
+    /// process and whether it was a spare.
     async fn spawn(
         &self,
         instance: &Instance,
         revision: &Revision,
-    ) -> Result<tokio::process::Child, String> {
-        let program = &revision.program;
-        let server = crate::runtimes::files(revision.runtime).server_file;
+    ) -> Result<(tokio::process::Child, bool), String> {
         let log_dir = self.config.logs_dir.join(&self.namespace);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
@@ -779,46 +797,70 @@ impl Pool {
                 .create(true)
                 .append(true)
                 .open(&log_path)
+                .map_err(|e| format!("cannot open {}: {e}", log_path.display()))
         };
-        let stdout = open().map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
-        let stderr = open().map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let env = self.instance_env(instance, revision);
+        let spare = self
+            .config
+            .spares
+            .as_ref()
+            .filter(|_| spares::fits(revision.runtime, &revision.env))
+            .and_then(|spares| spares.take(&spare_key(revision)));
+        if let Some(spare) = spare {
+            match spare.become_instance(&env, &revision.dir, open()?).await {
+                Ok(child) => return Ok((child, true)),
+                // The spare is gone (killed on drop); a new process does the same job.
+                Err(message) => {
+                    tracing::warn!(function = %self.name, %message, "cannot use a warm spare")
+                }
+            }
+        }
+        let program = &revision.program;
+        let server = crate::runtimes::files(revision.runtime).server_file;
         let mut command = tokio::process::Command::new(program);
         command
             .arg(server)
             .current_dir(&revision.dir)
             .env_clear()
+            .envs(env)
             .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr);
-        // Only what the function needs: its own settings, never eddy's environment.
-        for name in ["PATH", "LANG", "TZ", "SYSTEMROOT"] {
-            if let Some(value) = std::env::var_os(name) {
-                command.env(name, value);
-            }
-        }
+            .stdout(open()?)
+            .stderr(open()?);
+        process::supervise(&mut command);
         command
-            .env("HOME", &revision.dir)
-            .env("FUNC_NAME", &self.name)
-            .env("FUNC_NAMESPACE", &self.namespace)
-            .env("SERVICE_NAMESPACE", &self.namespace)
-            .env("FUNC_RUNTIME", revision.runtime.as_str())
-            .env("FUNC_HANDLER", "main")
-            .env("MOD_NAME", "handler")
-            .env("FUNC_PORT", instance.port.to_string())
-            .env("FUNC_TIMEOUT", revision.timeout_seconds.to_string())
-            .env("FUNC_DIR", &revision.function_dir)
-            .env("NODE_ENV", "production")
-            .env("EDDY_INSTANCE_SECRET", &instance.secret)
-            .env("PUBLISHER_PROXY_ADDRESS", &self.config.publisher_url)
-            .env("PYTHONUNBUFFERED", "1")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            // Not the user site-packages of whoever runs eddy either.
-            .env("PYTHONNOUSERSITE", "1");
+            .spawn()
+            .map(|child| (child, false))
+            .map_err(|e| format!("cannot run {}: {e}", program.display()))
+    }
+
+    /// An instance's whole environment: the fixed part, the instance's own settings and the
+    /// function's `env`; never eddy's own environment.
+    fn instance_env(&self, instance: &Instance, revision: &Revision) -> Vec<(OsString, OsString)> {
+        let mut env = spares::base_env();
+        let mut set = |name: &str, value: &std::ffi::OsStr| env.push((name.into(), value.into()));
+        set("HOME", revision.dir.as_os_str());
+        set("FUNC_NAME", self.name.as_ref());
+        set("FUNC_NAMESPACE", self.namespace.as_ref());
+        set("SERVICE_NAMESPACE", self.namespace.as_ref());
+        set("FUNC_RUNTIME", revision.runtime.as_str().as_ref());
+        set("FUNC_HANDLER", "main".as_ref());
+        set("MOD_NAME", "handler".as_ref());
+        set("FUNC_PORT", instance.port.to_string().as_ref());
+        set(
+            "FUNC_TIMEOUT",
+            revision.timeout_seconds.to_string().as_ref(),
+        );
+        set("FUNC_DIR", revision.function_dir.as_os_str());
+        set("EDDY_INSTANCE_SECRET", instance.secret.as_ref());
+        set(
+            "PUBLISHER_PROXY_ADDRESS",
+            self.config.publisher_url.as_ref(),
+        );
         if let Some(token) = &self.config.publisher_token {
-            command.env("EDDY_PUBLISHER_TOKEN", token);
+            set("EDDY_PUBLISHER_TOKEN", token.as_ref());
         }
         for (name, value) in &revision.env {
-            command.env(name, value);
+            set(name, value.as_ref());
         }
         if !revision.secret_mounts.is_empty() {
             // The runtime server shows these directories to the handler at the mount paths.
@@ -827,15 +869,20 @@ impl Pool {
                 .iter()
                 .map(|(path, dir)| (path.clone(), dir.to_string_lossy().into_owned().into()))
                 .collect();
-            command.env(
+            set(
                 "EDDY_SECRET_MOUNTS",
-                serde_json::Value::Object(mounts).to_string(),
+                serde_json::Value::Object(mounts).to_string().as_ref(),
             );
         }
-        process::supervise(&mut command);
-        command
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", program.display()))
+        // A later entry wins, as `Command::env` would have it: the function's env may override.
+        let mut seen = std::collections::HashSet::new();
+        let mut unique: Vec<(OsString, OsString)> = env
+            .into_iter()
+            .rev()
+            .filter(|(name, _)| seen.insert(name.clone()))
+            .collect();
+        unique.reverse();
+        unique
     }
 
     async fn wait_healthy(
@@ -843,7 +890,8 @@ impl Pool {
         instance: &Instance,
         child: &mut tokio::process::Child,
     ) -> Result<(), String> {
-        let deadline = Instant::now() + self.config.startup_timeout;
+        let started = Instant::now();
+        let deadline = started + self.config.startup_timeout;
         let address = format!("127.0.0.1:{}", instance.port);
         loop {
             if instance.stop.is_cancelled() {
@@ -864,8 +912,23 @@ impl Pool {
                     self.config.startup_timeout
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Often at first: a spare answers within milliseconds of being handed its instance.
+            let pause = if started.elapsed() < Duration::from_secs(1) {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(20)
+            };
+            tokio::time::sleep(pause).await;
         }
+    }
+}
+
+/// The spares an instance of `revision` can start from.
+fn spare_key(revision: &Revision) -> SpareKey {
+    SpareKey {
+        runtime: revision.runtime,
+        program: revision.program.clone(),
+        libraries: revision.libraries.clone(),
     }
 }
 
