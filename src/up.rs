@@ -469,13 +469,12 @@ impl NatsChild {
 
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(url) = eddy_platform::nats::read_ports_file(&run_dir) {
-                if tokio::net::TcpStream::connect(url.trim_start_matches("nats://"))
+            if let Some(url) = eddy_platform::nats::read_ports_file(&run_dir)
+                && tokio::net::TcpStream::connect(url.trim_start_matches("nats://"))
                     .await
                     .is_ok()
-                {
-                    return Ok(Self { child, url });
-                }
+            {
+                return Ok(Self { child, url });
             }
             if let Some(status) = child.try_wait()? {
                 bail!(

@@ -51,6 +51,9 @@ pub enum Error {
     /// The spec asks for something this backend does not build yet.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// Leader election failed.
+    #[error("leader election: {0}")]
+    Lease(#[from] kube_lease_manager::LeaseManagerError),
     /// YAML could not be written.
     #[error("cannot write YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),
@@ -102,6 +105,12 @@ pub struct KubernetesArgs {
     /// Longest an image build may run.
     #[arg(long = "image-build-timeout", env = "EDDY_IMAGE_BUILD_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
     pub image_build_timeout: Duration,
+    /// CPU utilization (percent of the request) an autoscaled Function's HPA aims for.
+    #[arg(long = "hpa-cpu-target", env = "EDDY_HPA_CPU_TARGET", default_value_t = kubernetes::render::TARGET_CPU_UTILIZATION, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub hpa_cpu_target: i32,
+    /// One active controller among the replicas.
+    #[command(flatten)]
+    pub leader: kubernetes::leader::LeaderArgs,
 }
 
 impl Default for KubernetesArgs {
@@ -121,6 +130,7 @@ impl KubernetesArgs {
             publisher_url: self.publisher_url.clone(),
             build_timeout_seconds: i64::try_from(self.image_build_timeout.as_secs())
                 .unwrap_or(i64::MAX),
+            target_cpu_utilization: self.hpa_cpu_target,
         }
     }
 }

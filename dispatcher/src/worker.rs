@@ -364,11 +364,10 @@ pub async fn deliver(
                 if tokio::time::Instant::now() >= deadline {
                     return Verdict::Retry { reason: Failure::Timeout, status: None };
                 }
-                if let Some(message) = progress {
-                    if let Err(error) = message.ack_with(AckKind::Progress).await {
+                if let Some(message) = progress
+                    && let Err(error) = message.ack_with(AckKind::Progress).await {
                         tracing::debug!(%error, "in-progress ack failed");
                     }
-                }
                 next_progress += shared.progress_every;
                 timer.as_mut().reset(deadline.min(next_progress));
             }

@@ -427,10 +427,10 @@ async fn store_in_order(
             results.push(Err(failure));
             continue;
         }
-        if pending.len() >= window {
-            if let Some(oldest) = pending.pop_front() {
-                results.push(state.publisher.ack(oldest).await);
-            }
+        if pending.len() >= window
+            && let Some(oldest) = pending.pop_front()
+        {
+            results.push(state.publisher.ack(oldest).await);
         }
         match state.publisher.send(event).await {
             Ok(ack) => pending.push_back(ack),

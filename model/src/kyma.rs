@@ -34,15 +34,14 @@ pub fn to_native(mut manifest: Value) -> Result<Value, Vec<FieldError>> {
     };
     object.insert("apiVersion".into(), Value::from(API_VERSION));
     object.remove("status");
-    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-        if let Some(annotations) = metadata
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut)
+        && let Some(annotations) = metadata
             .get_mut("annotations")
             .and_then(Value::as_object_mut)
-        {
-            annotations.remove(APPLIED_AS_ANNOTATION);
-            if annotations.is_empty() {
-                metadata.remove("annotations");
-            }
+    {
+        annotations.remove(APPLIED_AS_ANNOTATION);
+        if annotations.is_empty() {
+            metadata.remove("annotations");
         }
     }
     let spec = object.get_mut("spec").and_then(Value::as_object_mut);

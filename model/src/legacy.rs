@@ -125,21 +125,21 @@ pub fn from_legacy(
         None | Some(Value::Null) => None,
         Some(_) => text_field(&map, "event-id", &mut errors),
     };
-    if let Some(version) = version {
-        if !version.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            errors.push(LegacyFieldError::invalid(
-                "event-type-version",
-                "`event-type-version` must consist of letters and digits",
-            ));
-        }
+    if let Some(version) = version
+        && !version.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
+        errors.push(LegacyFieldError::invalid(
+            "event-type-version",
+            "`event-type-version` must consist of letters and digits",
+        ));
     }
-    if let Some(time) = time {
-        if let Err(error) = chrono::DateTime::parse_from_rfc3339(time) {
-            errors.push(LegacyFieldError::invalid(
-                "event-time",
-                format!("`event-time` is not an RFC 3339 timestamp: {error}"),
-            ));
-        }
+    if let Some(time) = time
+        && let Err(error) = chrono::DateTime::parse_from_rfc3339(time)
+    {
+        errors.push(LegacyFieldError::invalid(
+            "event-time",
+            format!("`event-time` is not an RFC 3339 timestamp: {error}"),
+        ));
     }
     if data.is_none() {
         errors.push(LegacyFieldError::missing("data"));

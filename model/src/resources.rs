@@ -168,6 +168,12 @@ impl Runtime {
         .message("metadata.name must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter, at most 63 characters")
         .field_path(".metadata.name"),
     status = "FunctionStatus",
+    // `kubectl scale` and KEDA set `spec.replicas`; the selector lets an HPA find the pods.
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.podSelector"
+    ),
     shortname = "fn",
     printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
@@ -519,6 +525,13 @@ pub struct FunctionStatus {
     /// Label selector of the function's instances (`eddy.dev/function=NAME`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_selector: Option<String>,
+    /// Failed builds of the current source in a row (Kubernetes; 0 once one succeeds).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub build_failures: i32,
+}
+
+fn is_zero(value: &i32) -> bool {
+    *value == 0
 }
 
 /// Presets of `resourceConfiguration.function.profile`: (cpu request, memory request, cpu limit,
@@ -707,13 +720,13 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
             _ => {}
         }
     }
-    if let Some(replicas) = spec.replicas {
-        if !(0..=100).contains(&replicas) {
-            errors.push(FieldError::new(
-                "spec.replicas",
-                "must be between 0 and 100",
-            ));
-        }
+    if let Some(replicas) = spec.replicas
+        && !(0..=100).contains(&replicas)
+    {
+        errors.push(FieldError::new(
+            "spec.replicas",
+            "must be between 0 and 100",
+        ));
     }
     if let Some(scale) = spec.scale_config {
         if !(0..=100).contains(&scale.min_replicas) {
@@ -775,19 +788,28 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
             ));
         }
     }
-    if let Some(timeout) = spec.timeout_seconds {
-        if !(1..=3600).contains(&timeout) {
-            errors.push(FieldError::new(
-                "spec.timeoutSeconds",
-                "must be between 1 and 3600",
-            ));
-        }
+    if let Some(timeout) = spec.timeout_seconds
+        && !(1..=3600).contains(&timeout)
+    {
+        errors.push(FieldError::new(
+            "spec.timeoutSeconds",
+            "must be between 1 and 3600",
+        ));
     }
     errors
 }
 
 /// Presets of `resourceConfiguration.build.profile`, as Kyma names them.
 pub const BUILD_PROFILES: [&str; 4] = ["local-dev", "slow", "normal", "fast"];
+
+/// What each build preset gives the build Job on Kubernetes, Kyma's figures: (profile, cpu
+/// request, memory request, cpu limit, memory limit).
+pub const BUILD_PROFILE_RESOURCES: [(&str, &str, &str, &str, &str); 4] = [
+    ("local-dev", "200m", "200Mi", "400m", "400Mi"),
+    ("slow", "200m", "200Mi", "700m", "700Mi"),
+    ("normal", "700m", "700Mi", "1100m", "1100Mi"),
+    ("fast", "1100m", "1100Mi", "1700m", "1100Mi"),
+];
 
 fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) {
     let url = git.url.as_str();
@@ -822,21 +844,21 @@ fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) 
             "must be a branch, tag or commit: no spaces, not starting with '-'",
         ));
     }
-    if let Some(base_dir) = &git.base_dir {
-        if base_dir.split('/').any(|segment| segment == "..") || base_dir.contains('\0') {
-            errors.push(FieldError::new(
-                "spec.source.gitRepository.baseDir",
-                "must stay inside the repository: no '..'",
-            ));
-        }
+    if let Some(base_dir) = &git.base_dir
+        && (base_dir.split('/').any(|segment| segment == "..") || base_dir.contains('\0'))
+    {
+        errors.push(FieldError::new(
+            "spec.source.gitRepository.baseDir",
+            "must stay inside the repository: no '..'",
+        ));
     }
-    if let Some(auth) = &git.auth {
-        if !is_dns1123_subdomain(&auth.secret_name) {
-            errors.push(FieldError::new(
-                "spec.source.gitRepository.auth.secretName",
-                "must name a Secret: a DNS-1123 subdomain",
-            ));
-        }
+    if let Some(auth) = &git.auth
+        && !is_dns1123_subdomain(&auth.secret_name)
+    {
+        errors.push(FieldError::new(
+            "spec.source.gitRepository.auth.secretName",
+            "must name a Secret: a DNS-1123 subdomain",
+        ));
     }
 }
 
@@ -1041,13 +1063,13 @@ fn validate_metadata(metadata: &ObjectMeta, dns1035: bool) -> Vec<FieldError> {
         )),
         Some(_) => {}
     }
-    if let Some(namespace) = metadata.namespace.as_deref() {
-        if !is_dns1123_label(namespace) {
-            errors.push(FieldError::new(
-                "metadata.namespace",
-                "must be a DNS-1123 label",
-            ));
-        }
+    if let Some(namespace) = metadata.namespace.as_deref()
+        && !is_dns1123_label(namespace)
+    {
+        errors.push(FieldError::new(
+            "metadata.namespace",
+            "must be a DNS-1123 label",
+        ));
     }
     errors
 }

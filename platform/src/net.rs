@@ -204,12 +204,10 @@ impl tower::Service<http::Request<hyper::body::Incoming>> for Guard {
 
     fn call(&mut self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
         let request = request.map(|body| Body::new(StallTimeout::new(body, self.body_timeout)));
-        if let Some(browsers) = self.browsers {
-            if let Err((status, message)) = check_browser(&request, self.port, browsers) {
-                return futures::future::Either::Left(std::future::ready(Ok(refuse(
-                    status, message,
-                ))));
-            }
+        if let Some(browsers) = self.browsers
+            && let Err((status, message)) = check_browser(&request, self.port, browsers)
+        {
+            return futures::future::Either::Left(std::future::ready(Ok(refuse(status, message))));
         }
         futures::future::Either::Right(self.router.call(request))
     }
@@ -369,15 +367,15 @@ fn check_browser(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
     );
-    if browsers == Browsers::SameOrigin && changes_state {
-        if let Some(origin) = headers.get(header::ORIGIN) {
-            if !is_own_origin(origin, port) {
-                return Err((
-                    StatusCode::FORBIDDEN,
-                    "cross-origin requests may not change state here",
-                ));
-            }
-        }
+    if browsers == Browsers::SameOrigin
+        && changes_state
+        && let Some(origin) = headers.get(header::ORIGIN)
+        && !is_own_origin(origin, port)
+    {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "cross-origin requests may not change state here",
+        ));
     }
     Ok(())
 }
@@ -400,11 +398,11 @@ fn is_own_origin(origin: &HeaderValue, port: u16) -> bool {
 pub fn raise_fd_limit() -> Option<u64> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft < hard {
-        if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            tracing::debug!(%error, "cannot raise the open-file limit");
-            return Some(soft);
-        }
+    if soft < hard
+        && let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::debug!(%error, "cannot raise the open-file limit");
+        return Some(soft);
     }
     Some(hard)
 }

@@ -549,10 +549,10 @@ impl Store {
                     }
                 };
                 let failed = change.is_err();
-                if let Some(change) = change.transpose() {
-                    if sender.send(change).await.is_err() || failed {
-                        return;
-                    }
+                if let Some(change) = change.transpose()
+                    && (sender.send(change).await.is_err() || failed)
+                {
+                    return;
                 }
                 if seen_current && !synced {
                     synced = true;

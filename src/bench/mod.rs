@@ -567,10 +567,10 @@ async fn bare_runtime(
         .with_context(|| format!("cannot run {}", program.display()))?;
     let url = format!("http://127.0.0.1:{port}/");
     let answered = loop {
-        if let Ok(response) = http.get(&url).send().await {
-            if response.status().is_success() {
-                break started.elapsed();
-            }
+        if let Ok(response) = http.get(&url).send().await
+            && response.status().is_success()
+        {
+            break started.elapsed();
         }
         if started.elapsed() > Duration::from_secs(30) {
             bail!("{} did not answer within 30 s", program.display());

@@ -248,19 +248,19 @@ async fn refusal(response: reqwest::Response) -> String {
     let mut text = body["message"]
         .as_str()
         .map_or_else(|| format!("the API answered {status}"), str::to_owned);
-    if let Some(causes) = body["details"]["causes"].as_array() {
-        if !causes.is_empty() {
-            text = format!(
-                "{} is invalid:",
-                body["details"]["name"].as_str().unwrap_or("resource")
-            );
-            for cause in causes {
-                text.push_str(&format!(
-                    "\n  {}: {}",
-                    cause["field"].as_str().unwrap_or("?"),
-                    cause["message"].as_str().unwrap_or("?")
-                ));
-            }
+    if let Some(causes) = body["details"]["causes"].as_array()
+        && !causes.is_empty()
+    {
+        text = format!(
+            "{} is invalid:",
+            body["details"]["name"].as_str().unwrap_or("resource")
+        );
+        for cause in causes {
+            text.push_str(&format!(
+                "\n  {}: {}",
+                cause["field"].as_str().unwrap_or("?"),
+                cause["message"].as_str().unwrap_or("?")
+            ));
         }
     }
     text

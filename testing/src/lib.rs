@@ -147,11 +147,11 @@ impl NatsServer {
 
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(port) = read_client_port(ports_dir.path()) {
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    self.port = port;
-                    return Ok(());
-                }
+            if let Some(port) = read_client_port(ports_dir.path())
+                && TcpStream::connect(("127.0.0.1", port)).is_ok()
+            {
+                self.port = port;
+                return Ok(());
             }
             if !self.is_running() {
                 bail!(

@@ -21,10 +21,10 @@ pub fn needed_by(method: &str, path_and_query: &str) -> BTreeSet<String> {
         ["apis", group, _version, rest @ ..] => (*group, rest),
         _ => panic!("not a Kubernetes API path: {path_and_query}"),
     };
-    if let ["namespaces", _namespace, inner @ ..] = rest {
-        if !inner.is_empty() {
-            rest = inner;
-        }
+    if let ["namespaces", _namespace, inner @ ..] = rest
+        && !inner.is_empty()
+    {
+        rest = inner;
     }
     let (resource, name, subresource) = match rest {
         [resource] => (*resource, None, None),
@@ -57,16 +57,23 @@ pub fn needed_by(method: &str, path_and_query: &str) -> BTreeSet<String> {
 /// What the ClusterRole in a chart template grants (template lines dropped). Panics on a
 /// wildcard: the chart names every group, resource and verb.
 pub fn granted_by_cluster_role(template: &str) -> BTreeSet<String> {
+    granted_by_role(template, "ClusterRole")
+}
+
+/// What the role of `kind` (`ClusterRole` or `Role`) in a chart template grants (template
+/// lines dropped). Panics on a wildcard.
+pub fn granted_by_role(template: &str, kind: &str) -> BTreeSet<String> {
+    let top_level = format!("kind: {kind}");
     let document = template
         .split("\n---")
-        .find(|doc| doc.contains("kind: ClusterRole\n"))
-        .expect("a ClusterRole");
+        .find(|doc| doc.lines().any(|line| line == top_level))
+        .unwrap_or_else(|| panic!("a {kind}"));
     let plain: String = document
         .lines()
         .filter(|line| !line.contains("{{"))
         .collect::<Vec<_>>()
         .join("\n");
-    let role: serde_yaml::Value = serde_yaml::from_str(&plain).expect("the ClusterRole as YAML");
+    let role: serde_yaml::Value = serde_yaml::from_str(&plain).expect("the role as YAML");
     let mut granted = BTreeSet::new();
     for rule in role["rules"].as_sequence().expect("rules") {
         let list = |key: &str| -> Vec<String> {
@@ -82,7 +89,7 @@ pub fn granted_by_cluster_role(template: &str) -> BTreeSet<String> {
                 for verb in list("verbs") {
                     assert!(
                         !(group == "*" || resource == "*" || verb == "*"),
-                        "a wildcard in the ClusterRole: {group}/{resource}:{verb}"
+                        "a wildcard in the {kind}: {group}/{resource}:{verb}"
                     );
                     granted.insert(format!("{group}/{resource}:{verb}"));
                 }

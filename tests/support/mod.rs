@@ -505,10 +505,11 @@ async fn receive(State(state): State<Arc<SinkState>>, headers: HeaderMap, body: 
     if !state.delay.is_zero() {
         tokio::time::sleep(state.delay).await;
     }
-    if let Some((held, hold)) = &state.hold {
-        if *held == id && attempt == 1 {
-            tokio::time::sleep(*hold).await;
-        }
+    if let Some((held, hold)) = &state.hold
+        && *held == id
+        && attempt == 1
+    {
+        tokio::time::sleep(*hold).await;
     }
     let response = (state.behaviour)(&received, attempt);
     state.received.lock().unwrap().push(received);

@@ -7,6 +7,7 @@
 //! errors are permanent) are pure functions; [`reconcile_function`] and
 //! [`reconcile_subscription`] only read and write through the API.
 
+pub mod leader;
 pub mod render;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -27,6 +28,7 @@ use k8s_openapi::api::{
     batch::v1::Job,
     core::v1::{ConfigMap, Pod, Service},
 };
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{
     Api, Client, Resource, ResourceExt as _,
     api::{DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy},
@@ -51,6 +53,8 @@ pub struct Context {
     pub sinks: SinkPolicy,
     /// Consecutive failures per object, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The time now (a fixed time in tests, so retry delays can be asserted exactly).
+    pub clock: fn() -> Timestamp,
 }
 
 impl Context {
@@ -61,6 +65,7 @@ impl Context {
             config,
             sinks,
             failures: Mutex::default(),
+            clock: Timestamp::now,
         }
     }
 
@@ -107,6 +112,55 @@ pub enum BuildState {
     Succeeded,
     /// The build failed; why, as the Job says.
     Failed(String),
+}
+
+/// Annotation on a build Job: which attempt at building its source it is (1 when absent).
+pub const BUILD_ATTEMPT_ANNOTATION: &str = "eddy.dev/build-attempt";
+
+/// Delays before a failed build is tried again: 1 minute, doubling up to 30 minutes. A build
+/// can fail for reasons outside its source (a registry or package mirror down, a node
+/// evicted), so it is retried, but rarely enough not to load the cluster; a new source is
+/// built at once.
+pub const BUILD_RETRY: Backoff =
+    Backoff::exponential(Duration::from_secs(60), Duration::from_secs(30 * 60));
+
+/// Which attempt at building its source `job` is (1, 2, …). Pure.
+pub fn build_attempt(job: &Job) -> u32 {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(BUILD_ATTEMPT_ANNOTATION))
+        .and_then(|attempt| attempt.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// `job` marked as attempt `attempt` at its build. Pure.
+pub fn with_build_attempt(mut job: Job, attempt: u32) -> Job {
+    if attempt > 1 {
+        job.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(BUILD_ATTEMPT_ANNOTATION.to_owned(), attempt.to_string());
+    }
+    job
+}
+
+/// When a failed build Job is tried again: [`BUILD_RETRY`]'s delay for its attempt after it
+/// failed (its `Failed` condition's time, else its start, else `now`). Pure.
+pub fn build_retry_at(job: &Job, now: Timestamp) -> Timestamp {
+    let status = job.status.as_ref();
+    let failed = status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| (c.type_ == "Failed" || c.type_ == "FailureTarget") && c.status == "True")
+        .find_map(|c| c.last_transition_time.as_ref())
+        .or_else(|| status.and_then(|s| s.start_time.as_ref()))
+        .map_or(now, |time| time.0);
+    let delay = SignedDuration::try_from(BUILD_RETRY.delay(build_attempt(job)))
+        .unwrap_or(SignedDuration::MAX);
+    failed.checked_add(delay).unwrap_or(Timestamp::MAX)
 }
 
 /// Reads a build Job's state. Pure.
@@ -413,13 +467,26 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
         };
         let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
         let job_name = rendered.job.metadata.name.clone().unwrap_or_default();
-        match jobs.get_opt(&job_name).await?.as_ref().map(build_state) {
-            None => target.build(&mut status, true).await?,
-            Some(BuildState::Running) => target.build(&mut status, false).await?,
-            Some(BuildState::Failed(reason)) => {
-                target.build_failed(&mut status, &job_name, reason).await?
+        status.pod_selector = Some(render::pod_selector(&name));
+        match jobs.get_opt(&job_name).await? {
+            None => {
+                status.build_failures = 0;
+                target.build(&mut status, Some(1)).await?
             }
-            Some(BuildState::Succeeded) => target.deploy(&mut status, function).await?,
+            Some(job) => match build_state(&job) {
+                BuildState::Running => {
+                    status.build_failures = saturating_i32(build_attempt(&job) - 1);
+                    target.build(&mut status, None).await?
+                }
+                BuildState::Failed(reason) => {
+                    let now = (context.clock)();
+                    target.build_failed(&mut status, &job, reason, now).await?
+                }
+                BuildState::Succeeded => {
+                    status.build_failures = 0;
+                    target.deploy(&mut status, function).await?
+                }
+            },
         }
     };
     write_status(client, function, previous.as_ref(), &status).await?;
@@ -435,21 +502,32 @@ struct Target<'a> {
 }
 
 impl Target<'_> {
-    /// A build runs (`start`: starts it first).
-    async fn build(&self, status: &mut FunctionStatus, start: bool) -> Result<Action> {
+    /// A build runs (`start`: starts that attempt first).
+    async fn build(&self, status: &mut FunctionStatus, start: Option<u32>) -> Result<Action> {
         let rendered = self.rendered;
-        if start {
-            tracing::info!(namespace = %self.namespace, function = %self.name, image = %rendered.image, "building");
+        if let Some(attempt) = start {
+            tracing::info!(namespace = %self.namespace, function = %self.name, image = %rendered.image, attempt, "building");
             apply(self.client, &rendered.config_map).await?;
-            apply(self.client, &rendered.job).await?;
+            apply(
+                self.client,
+                &with_build_attempt(rendered.job.clone(), attempt),
+            )
+            .await?;
         }
+        let message = match status.build_failures {
+            0 => format!("building {}", rendered.image),
+            failures => format!(
+                "building {} again after {failures} failed build(s)",
+                rendered.image
+            ),
+        };
         set_condition(
             &mut status.conditions,
             condition(
                 ConditionType::BuildReady,
                 None,
                 Reason::BuildRunning,
-                format!("building {}", rendered.image),
+                message,
             ),
         );
         if !has_condition(status, ConditionType::Running) {
@@ -466,27 +544,50 @@ impl Target<'_> {
         Ok(Action::requeue(RESYNC))
     }
 
-    /// The build failed: its reason and the tail of its log go into status; the same inputs
-    /// would fail the same way, so nothing is retried until the code changes.
+    /// The build failed: its reason, the tail of its log and when it is tried again go into
+    /// status; once that time has come, the failed Job is replaced by the next attempt.
     async fn build_failed(
         &self,
         status: &mut FunctionStatus,
-        job_name: &str,
+        job: &Job,
         reason: String,
+        now: Timestamp,
     ) -> Result<Action> {
+        let attempt = build_attempt(job);
+        let retry_at = build_retry_at(job, now);
+        if now >= retry_at {
+            let jobs: Api<Job> = Api::namespaced(self.client.clone(), self.namespace);
+            let background = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..DeleteParams::default()
+            };
+            tracing::info!(namespace = %self.namespace, function = %self.name, failures = attempt, "building again after a failed build");
+            ignore_not_found(jobs.delete(&job.name_any(), &background).await.map(drop))?;
+            status.build_failures = saturating_i32(attempt);
+            return self.build(status, Some(attempt.saturating_add(1))).await;
+        }
+        // The pods of this Job, not of an earlier attempt under the same name.
+        let selector = match job.metadata.uid.as_deref() {
+            Some(uid) => format!("batch.kubernetes.io/controller-uid={uid}"),
+            None => format!("batch.kubernetes.io/job-name={}", job.name_any()),
+        };
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.namespace);
-        let selector = format!("batch.kubernetes.io/job-name={job_name}");
         let log = build_log_tail(
             &pods
                 .list(&ListParams::default().labels(&selector))
                 .await?
                 .items,
         );
+        let retry = format!(
+            "failed build {attempt} of this source; trying again at {}",
+            retry_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        );
         let message = match log {
-            Some(log) => format!("{reason}\n{log}"),
-            None => reason,
+            Some(log) => format!("{reason}\n{log}\n{retry}"),
+            None => format!("{reason}\n{retry}"),
         };
         tracing::warn!(namespace = %self.namespace, function = %self.name, %message, "build failed");
+        status.build_failures = saturating_i32(attempt);
         set_condition(
             &mut status.conditions,
             condition(
@@ -507,7 +608,8 @@ impl Target<'_> {
                 ),
             );
         }
-        Ok(Action::await_change())
+        let wait = retry_at.duration_since(now).unsigned_abs();
+        Ok(Action::requeue(wait))
     }
 
     /// The image exists: apply the Deployment, Service and HPA (or delete an HPA no longer
@@ -548,8 +650,13 @@ impl Target<'_> {
             condition(ConditionType::Running, ok, reason, message),
         );
         status.replicas = replicas;
+        status.runtime = Some(function.spec.runtime.as_str().to_owned());
         Ok(Action::requeue(RESYNC))
     }
+}
+
+fn saturating_i32(value: u32) -> i32 {
+    i32::try_from(value).unwrap_or(i32::MAX)
 }
 
 fn has_condition(status: &FunctionStatus, type_: ConditionType) -> bool {
@@ -655,7 +762,30 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
         "controller (kubernetes backend) ready on http://{}",
         args.api_addr
     ));
-    let (served, ()) = tokio::join!(server, run(client, context, shutdown));
+    let election = &args.kubernetes.leader;
+    let reconcilers = async {
+        if !election.enabled {
+            run(client, context, shutdown).await;
+            return Ok::<(), Error>(());
+        }
+        let identity = election.identity();
+        let (leading, manager) =
+            leader::leadership(client.clone(), election, identity.clone()).await?;
+        tracing::info!(%identity, lease = %election.lease_name, namespace = %election.lease_namespace, "competing for the lease");
+        leader::while_leading(leading, shutdown, |term| {
+            run(client.clone(), context.clone(), term)
+        })
+        .await;
+        // The receiver is gone: the manager releases the lease, so a standby takes over now.
+        match tokio::time::timeout(Duration::from_secs(5), manager).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "releasing the lease"),
+            Err(_) => tracing::warn!("releasing the lease took over 5s"),
+            _ => {}
+        }
+        Ok(())
+    };
+    let (served, elected) = tokio::join!(server, reconcilers);
+    elected?;
     served.map_err(Error::Serve)
 }
 

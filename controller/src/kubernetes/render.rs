@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use eddy_model::resources::{
-    DEFAULT_TIMEOUT_SECONDS, FUNC_TIMEOUT_ENV, Function, InlineSource, PROFILES, Resources, Runtime,
+    BUILD_PROFILE_RESOURCES, DEFAULT_TIMEOUT_SECONDS, FUNC_TIMEOUT_ENV, Function, InlineSource,
+    PROFILES, Resources, Runtime,
 };
 use k8s_openapi::{
     api::{
@@ -44,7 +45,7 @@ pub const BUILD_HASH_LABEL: &str = "eddy.dev/build-hash";
 pub const FUNCTION_PORT: i32 = 8080;
 /// The default resource profile.
 pub const DEFAULT_PROFILE: &str = "L";
-/// CPU utilization the HPA aims for, in percent of the request.
+/// CPU utilization the HPA aims for by default, in percent of the request.
 pub const TARGET_CPU_UTILIZATION: i32 = 50;
 
 /// Settings of the Kubernetes backend that shape the objects.
@@ -62,6 +63,8 @@ pub struct RenderConfig {
     pub publisher_url: String,
     /// Longest a build may run.
     pub build_timeout_seconds: i64,
+    /// CPU utilization an autoscaled Function's HPA aims for, in percent of the request.
+    pub target_cpu_utilization: i32,
 }
 
 /// Everything the controller creates for one Function.
@@ -99,6 +102,11 @@ pub fn image(registry: &str, namespace: &str, function: &str, hash: &str) -> Str
         "{}/{namespace}-{function}:{hash}",
         registry.trim_end_matches('/')
     )
+}
+
+/// The label selector of a function's pods, as `status.podSelector` gives it to an HPA.
+pub fn pod_selector(function: &str) -> String {
+    format!("{FUNCTION_LABEL}={function}")
 }
 
 /// The in-cluster URL of a function.
@@ -169,6 +177,33 @@ pub fn container_resources(function: &Function) -> Resources {
             ("cpu".to_owned(), quantity(cpu_limit)),
             ("memory".to_owned(), quantity(memory_limit)),
         ]),
+    }
+}
+
+/// Requests and limits of the build container: the build profile's, the explicit ones, or
+/// eddy's default (a quarter core and 512 MiB requested, 2 GiB at most: enough for Kaniko to
+/// install a typical dependency tree without reserving much of a node).
+pub fn build_resources(function: &Function) -> Resources {
+    let request = function
+        .spec
+        .resource_configuration
+        .as_ref()
+        .and_then(|r| r.build.as_ref());
+    if let Some(explicit) = request.and_then(|r| r.resources.clone()) {
+        return explicit;
+    }
+    let preset = request
+        .and_then(|r| r.profile.as_deref())
+        .and_then(|profile| BUILD_PROFILE_RESOURCES.iter().find(|p| p.0 == profile));
+    match preset {
+        Some(&(_, cpu_request, memory_request, cpu_limit, memory_limit)) => Resources {
+            requests: quantities([("cpu", cpu_request), ("memory", memory_request)]),
+            limits: quantities([("cpu", cpu_limit), ("memory", memory_limit)]),
+        },
+        None => Resources {
+            requests: quantities([("cpu", "250m"), ("memory", "512Mi")]),
+            limits: quantities([("memory", "2Gi")]),
+        },
     }
 }
 
@@ -255,10 +290,10 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
     let scaling = scaling(function);
     Ok(Rendered {
         config_map: build_context(&owned, function, inline),
-        job: build_job(&owned, config, &image, runtime),
+        job: build_job(&owned, config, &image, runtime, build_resources(function)),
         deployment: deployment(&owned, function, config, &image, scaling),
         service: service(&owned),
-        autoscaler: autoscaler(&owned, scaling),
+        autoscaler: autoscaler(&owned, scaling, config.target_cpu_utilization),
         hash: owned.hash,
         image,
     })
@@ -292,7 +327,13 @@ fn build_context(owned: &Owned<'_>, function: &Function, inline: &InlineSource) 
 }
 
 /// The build Job: Kaniko turns the build context into the function's image.
-fn build_job(owned: &Owned<'_>, config: &RenderConfig, image: &str, runtime: Runtime) -> Job {
+fn build_job(
+    owned: &Owned<'_>,
+    config: &RenderConfig,
+    image: &str,
+    runtime: Runtime,
+    resources: Resources,
+) -> Job {
     let mut args = vec![
         "--context=dir:///workspace".to_owned(),
         "--dockerfile=/workspace/Dockerfile".to_owned(),
@@ -372,8 +413,9 @@ fn build_job(owned: &Owned<'_>, config: &RenderConfig, image: &str, runtime: Run
                         termination_message_policy: Some("FallbackToLogsOnError".into()),
                         volume_mounts: Some(mounts),
                         resources: Some(ResourceRequirements {
-                            requests: Some(quantities([("cpu", "250m"), ("memory", "512Mi")])),
-                            limits: Some(quantities([("memory", "2Gi")])),
+                            requests: (!resources.requests.is_empty())
+                                .then_some(resources.requests),
+                            limits: (!resources.limits.is_empty()).then_some(resources.limits),
                             ..ResourceRequirements::default()
                         }),
                         ..Container::default()
@@ -623,7 +665,11 @@ fn service(owned: &Owned<'_>) -> Service {
 }
 
 /// CPU-based scaling between the Function's bounds, when it has any.
-fn autoscaler(owned: &Owned<'_>, scaling: Scaling) -> Option<HorizontalPodAutoscaler> {
+fn autoscaler(
+    owned: &Owned<'_>,
+    scaling: Scaling,
+    target_cpu_utilization: i32,
+) -> Option<HorizontalPodAutoscaler> {
     let Scaling::Autoscaled { min, max } = scaling else {
         return None;
     };
@@ -643,7 +689,7 @@ fn autoscaler(owned: &Owned<'_>, scaling: Scaling) -> Option<HorizontalPodAutosc
                     name: "cpu".into(),
                     target: MetricTarget {
                         type_: "Utilization".into(),
-                        average_utilization: Some(TARGET_CPU_UTILIZATION),
+                        average_utilization: Some(target_cpu_utilization),
                         ..MetricTarget::default()
                     },
                 }),

@@ -95,7 +95,10 @@ fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<
                     request.method().as_str(),
                     &request.uri().to_string(),
                 ));
-            if request.method() == Method::PATCH {
+            // kube-lease-manager writes the Lease's holder fields with strategic merge patches.
+            if request.method() == Method::PATCH
+                && !request.uri().path().contains("/coordination.k8s.io/")
+            {
                 let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
                 assert_eq!(
                     content_type.as_ref().and_then(|v| v.to_str().ok()),
@@ -142,6 +145,7 @@ fn config() -> RenderConfig {
         insecure_registry: false,
         publisher_url: "http://eddy-event-bus.eddy-system.svc.cluster.local/publish".to_owned(),
         build_timeout_seconds: 600,
+        target_cpu_utilization: 50,
     }
 }
 
@@ -249,11 +253,26 @@ async fn run_function(
     exchanges: Vec<Exchange>,
 ) -> (Result<Action>, Vec<Value>) {
     let (client, server) = api_server(exchanges);
-    let context = Arc::new(Context::new(client, config(), SinkPolicy::default()));
+    let mut context = Context::new(client, config(), SinkPolicy::default());
+    context.clock = test_now;
+    let context = Arc::new(context);
     let result = reconcile_function(Arc::new(function), context.clone()).await;
     drop(context);
     let bodies = server.await.expect("the API server saw what it expected");
     (result, bodies)
+}
+
+/// The time the reconciler sees in these tests.
+fn test_now() -> k8s_openapi::jiff::Timestamp {
+    "2026-11-24T12:00:00Z".parse().expect("a timestamp")
+}
+
+/// `test_now()` moved by `seconds`, as the API server writes times.
+fn time_from_now(seconds: i64) -> String {
+    let time = test_now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+        .expect("in range");
+    time.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// Merges `extra` into a copy of the object the API server holds after an apply.
@@ -487,17 +506,28 @@ async fn job_success_applies_the_deployment_service_and_autoscaler_and_cleans_up
     );
 }
 
+/// A failed build Job (attempt `attempt`, failed `failed_ago` seconds before `test_now()`).
+fn failed_job(rendered: &Rendered, attempt: u32, failed_ago: i64) -> Value {
+    let mut job = to_json(&with_build_attempt(rendered.job.clone(), attempt));
+    job["metadata"]["uid"] = json!(format!("job-uid-{attempt}"));
+    job["status"] = json!({
+        "failed": 1, "startTime": time_from_now(-failed_ago - 40),
+        "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+            "message": "Job has reached the specified backoff limit",
+            "lastTransitionTime": time_from_now(-failed_ago)}],
+    });
+    job
+}
+
 #[tokio::test]
-async fn job_failure_puts_the_build_log_into_build_ready() {
+async fn job_failure_puts_the_build_log_into_build_ready_and_waits_to_retry() {
     let function = function(
         json!({"source": {"inline": {"source": "x", "dependencies": "{\"dependencies\": {\"left-pad-nope\": \"1\"}}"}}}),
     );
     let rendered = render(&function, &config()).expect("renders");
     let job_name = format!("reserve-stock-build-{}", rendered.hash);
-    let job = job_with_status(
-        &rendered,
-        json!({"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}),
-    );
+    // Failed 10 s ago, the first attempt: tried again 60 s after it failed.
+    let job = failed_job(&rendered, 1, 10);
     let pods = json!({
         "apiVersion": "v1", "kind": "PodList", "metadata": {},
         "items": [{
@@ -516,10 +546,11 @@ async fn job_failure_puts_the_build_log_into_build_ready() {
                 format!("{}/{job_name}", base("jobs")),
                 move |_| (200, job),
             ),
+            // Only this attempt's pods: an earlier attempt's may still be there.
             expect(
                 Method::GET,
                 format!(
-                    "{}?&labelSelector=batch.kubernetes.io%2Fjob-name%3D{job_name}",
+                    "{}?&labelSelector=batch.kubernetes.io%2Fcontroller-uid%3Djob-uid-1",
                     base("pods")
                 ),
                 move |_| (200, pods),
@@ -534,8 +565,8 @@ async fn job_failure_puts_the_build_log_into_build_ready() {
     .await;
     assert_eq!(
         result.expect("reconciled"),
-        Action::await_change(),
-        "the same inputs fail the same way"
+        Action::requeue(Duration::from_secs(50)),
+        "looked at again when the retry is due"
     );
     let status = &bodies[2]["status"];
     assert_condition(status, "BuildReady", "False", "BuildFailed");
@@ -544,7 +575,221 @@ async fn job_failure_puts_the_build_log_into_build_ready() {
         .unwrap_or_default();
     assert!(message.contains("BackoffLimitExceeded"), "{message}");
     assert!(message.contains("npm ERR! 404 Not Found"), "{message}");
+    assert!(
+        message.contains("failed build 1 of this source; trying again at 2026-11-24T12:00:50Z"),
+        "{message}"
+    );
+    assert_eq!(status["buildFailures"], 1);
+    assert_eq!(status["podSelector"], "eddy.dev/function=reserve-stock");
     assert_condition(status, "Running", "False", "BuildFailed");
+}
+
+#[tokio::test]
+async fn a_failed_build_is_tried_again_once_its_delay_has_passed() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    // The second attempt failed 121 s ago: its delay is 2 minutes, so the third starts now.
+    let job = failed_job(&rendered, 2, 121);
+    let mut third = to_json(&rendered.job);
+    third["metadata"]["annotations"] = json!({"eddy.dev/build-attempt": "3"});
+    let (result, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                move |_| (200, job),
+            ),
+            expect(
+                Method::DELETE,
+                format!("{}/{job_name}?", base("jobs")),
+                |body| {
+                    assert_eq!(
+                        body["propagationPolicy"], "Background",
+                        "the failed attempt's pods go with it"
+                    );
+                    (
+                        200,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    )
+                },
+            ),
+            expect(
+                Method::PATCH,
+                format!(
+                    "{}/reserve-stock-{}{APPLY}",
+                    base("configmaps"),
+                    rendered.hash
+                ),
+                applied(to_json(&rendered.config_map), json!({})),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/{job_name}{APPLY}", base("jobs")),
+                applied(third, json!({})),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    let status = &bodies[4]["status"];
+    assert_condition(status, "BuildReady", "Unknown", "BuildRunning");
+    assert_eq!(status["buildFailures"], 2);
+    let message = condition_of(status, "BuildReady")["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("again after 2 failed build(s)"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_retried_build_keeps_its_failure_count_and_a_new_source_builds_at_once() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let mut running = to_json(&with_build_attempt(rendered.job.clone(), 3));
+    running["status"] = json!({"active": 1});
+    let (_, bodies) = run_function(
+        function.clone(),
+        vec![
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                move |_| (200, running),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&function)),
+            ),
+        ],
+    )
+    .await;
+    let status = bodies[1]["status"].clone();
+    assert_eq!(
+        status["buildFailures"], 2,
+        "attempt 3 runs after 2 failures"
+    );
+    assert_condition(&status, "BuildReady", "Unknown", "BuildRunning");
+
+    // The user fixes the source while the old one waits for its retry: the new source has no
+    // Job yet, so it is built at once, as a first attempt, and the count starts again.
+    let fixed = with_status(
+        function_with_source("module.exports = { main: () => 'fixed' }"),
+        &status,
+    );
+    let rendered = render(&fixed, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let (result, bodies) = run_function(
+        fixed.clone(),
+        vec![
+            expect(
+                Method::GET,
+                format!("{}/{job_name}", base("jobs")),
+                not_found,
+            ),
+            expect(
+                Method::PATCH,
+                format!(
+                    "{}/reserve-stock-{}{APPLY}",
+                    base("configmaps"),
+                    rendered.hash
+                ),
+                applied(to_json(&rendered.config_map), json!({})),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/{job_name}{APPLY}", base("jobs")),
+                applied(to_json(&rendered.job), json!({})),
+            ),
+            expect(
+                Method::PATCH,
+                format!("{}/reserve-stock/status{APPLY}", base("functions")),
+                status_answer(to_json(&fixed)),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    let status = &bodies[3]["status"];
+    assert_eq!(status.get("buildFailures"), None, "{status}");
+    assert_condition(status, "BuildReady", "Unknown", "BuildRunning");
+}
+
+fn function_with_source(source: &str) -> Function {
+    function(json!({"source": {"inline": {"source": source}}}))
+}
+
+#[test]
+fn the_autoscaler_aims_at_the_configured_cpu_target() {
+    let function = function(json!({"scaleConfig": {"minReplicas": 1, "maxReplicas": 4}}));
+    let mut settings = config();
+    settings.target_cpu_utilization = 70;
+    let rendered = render(&function, &settings).expect("renders");
+    let autoscaler = to_json(&rendered.autoscaler.expect("an HPA"));
+    assert_eq!(
+        autoscaler["spec"]["metrics"][0]["resource"]["target"],
+        json!({"type": "Utilization", "averageUtilization": 70})
+    );
+}
+
+#[test]
+fn build_retries_wait_one_minute_doubling_to_thirty() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let now = test_now();
+    let retry_in = |attempt: u32| {
+        let job: Job = serde_json::from_value(failed_job(&rendered, attempt, 0)).expect("a Job");
+        build_retry_at(&job, now).duration_since(now).as_secs()
+    };
+    let delays: Vec<i64> = (1..=7).map(retry_in).collect();
+    assert_eq!(delays, [60, 120, 240, 480, 960, 1800, 1800]);
+    // No failure time recorded: counted from now, never in the past.
+    let mut bare = rendered.job.clone();
+    bare.status = None;
+    assert_eq!(build_retry_at(&bare, now).duration_since(now).as_secs(), 60);
+    assert_eq!(build_attempt(&bare), 1);
+    assert_eq!(
+        build_attempt(&with_build_attempt(bare.clone(), 4)),
+        4,
+        "the attempt is read back from the Job"
+    );
+}
+
+#[test]
+fn build_jobs_get_the_build_profile_s_resources() {
+    let resources_of = |build: Value| {
+        let function = function(json!({"resourceConfiguration": {"build": build}}));
+        let rendered = render(&function, &config()).expect("renders");
+        let job = to_json(&rendered.job);
+        job["spec"]["template"]["spec"]["containers"][0]["resources"].clone()
+    };
+    assert_eq!(
+        resources_of(json!({"profile": "normal"})),
+        json!({"requests": {"cpu": "700m", "memory": "700Mi"}, "limits": {"cpu": "1100m", "memory": "1100Mi"}})
+    );
+    assert_eq!(
+        resources_of(json!({"profile": "local-dev"})),
+        json!({"requests": {"cpu": "200m", "memory": "200Mi"}, "limits": {"cpu": "400m", "memory": "400Mi"}})
+    );
+    assert_eq!(
+        resources_of(json!({"resources": {"limits": {"memory": "3Gi"}}})),
+        json!({"limits": {"memory": "3Gi"}}),
+        "explicit resources as given"
+    );
+    assert_eq!(
+        resources_of(json!({})),
+        json!({"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}),
+        "eddy's default without a profile"
+    );
 }
 
 #[tokio::test]
@@ -1316,17 +1561,45 @@ fn the_crds_print_as_yaml_with_their_rules() {
     assert!(yaml.contains("x-kubernetes-int-or-string: true"));
 }
 
+/// `kubectl scale` and KEDA work on a Function: the CRD serves the scale subresource on the
+/// fields the controller reads and writes.
+#[test]
+fn the_function_crd_serves_the_scale_subresource() {
+    let crd = serde_json::to_value(<Function as kube::CustomResourceExt>::crd()).expect("JSON");
+    assert_eq!(
+        crd["spec"]["versions"][0]["subresources"]["scale"],
+        json!({
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.podSelector",
+        })
+    );
+    assert_eq!(
+        render::pod_selector("reserve-stock"),
+        "eddy.dev/function=reserve-stock"
+    );
+    let rendered = render(&function(json!({})), &config()).expect("renders");
+    let deployment = to_json(&rendered.deployment);
+    assert_eq!(
+        deployment["spec"]["selector"]["matchLabels"],
+        json!({"eddy.dev/function": "reserve-stock"}),
+        "status.podSelector selects the Deployment's pods"
+    );
+}
+
 /// The chart's ClusterRole for the controller follows from what the reconcilers do: every
 /// mock-API scenario above runs here, each request it makes must be granted, and the chart
 /// grants nothing more than that except what the scenarios cannot show, named below. A new API
 /// call in a reconciler fails this test until the chart allows it.
 #[test]
 fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
-    let scenarios: [fn(); 11] = [
+    let scenarios: [fn(); 15] = [
         first_reconcile_creates_the_config_map_and_the_build_job,
         a_running_build_is_left_alone,
         job_success_applies_the_deployment_service_and_autoscaler_and_cleans_up,
-        job_failure_puts_the_build_log_into_build_ready,
+        job_failure_puts_the_build_log_into_build_ready_and_waits_to_retry,
+        a_failed_build_is_tried_again_once_its_delay_has_passed,
+        a_retried_build_keeps_its_failure_count_and_a_new_source_builds_at_once,
         a_source_change_starts_a_new_build_with_a_new_tag_and_keeps_the_old_one_running,
         a_scale_change_builds_nothing_and_drops_the_autoscaler,
         an_unchanged_status_is_not_written_again,
@@ -1334,6 +1607,8 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         a_subscription_to_an_existing_service_is_ready_with_its_subjects,
         a_subscription_to_a_missing_service_is_not_ready_and_looked_at_again,
         a_sink_outside_the_namespace_or_the_policy_is_refused_in_status,
+        the_lease_is_created_taken_renewed_and_lost_to_another_replica,
+        a_standby_takes_the_lease_once_the_holder_stops_renewing,
     ];
     for scenario in scenarios {
         scenario();
@@ -1344,7 +1619,22 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         "/../charts/eddy/templates/controller.yaml"
     ))
     .expect("the chart's controller template");
-    let granted = eddy_testing::rbac::granted_by_cluster_role(&template);
+    // The Lease lives in the controller's namespace: a Role there, not the ClusterRole.
+    let lease_role = eddy_testing::rbac::granted_by_role(&template, "Role");
+    assert!(
+        lease_role
+            .iter()
+            .all(|p| p.starts_with("coordination.k8s.io/leases:")),
+        "the Role grants only the Lease: {lease_role:?}"
+    );
+    let mut granted = eddy_testing::rbac::granted_by_cluster_role(&template);
+    assert!(
+        !granted
+            .iter()
+            .any(|p| p.starts_with("coordination.k8s.io/")),
+        "no Lease anywhere in the cluster"
+    );
+    granted.extend(lease_role);
     let missing: Vec<&String> = used.difference(&granted).collect();
     assert!(
         missing.is_empty(),
@@ -1371,4 +1661,284 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         extra, beyond_requests,
         "the chart grants more than the reconcilers use (recorded: {used:?})"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// One leader
+
+const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/eddy-system/leases/eddy-controller";
+
+fn leader_args(identity: &str) -> leader::LeaderArgs {
+    leader::LeaderArgs {
+        enabled: true,
+        lease_name: "eddy-controller".to_owned(),
+        lease_namespace: "eddy-system".to_owned(),
+        lease_duration: Duration::from_secs(3),
+        identity: Some(identity.to_owned()),
+    }
+}
+
+/// A Lease as the API server returns it: held by `holder` (renewed `renewed_ago` before now,
+/// for `duration` seconds), or free.
+fn lease(holder: Option<&str>, renewed_ago: Duration, duration: i64) -> Value {
+    let spec = match holder {
+        Some(holder) => {
+            let renewed = std::time::SystemTime::now() - renewed_ago;
+            let renewed = k8s_openapi::jiff::Timestamp::try_from(renewed).expect("a time");
+            json!({
+                "holderIdentity": holder, "leaseDurationSeconds": duration,
+                "acquireTime": renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+                "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+                "leaseTransitions": 1,
+            })
+        }
+        None => json!({}),
+    };
+    json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "eddy-controller", "namespace": "eddy-system", "resourceVersion": "1"},
+        "spec": spec,
+    })
+}
+
+/// Answers with [`lease`] as of the moment the request arrives.
+fn answer_lease(
+    holder: Option<&'static str>,
+    renewed_ago: Duration,
+    duration: i64,
+) -> impl FnOnce(Value) -> (u16, Value) + Send + 'static {
+    move |_| (200, lease(holder, renewed_ago, duration))
+}
+
+/// The patch URI of a replica's writes.
+fn lease_patch(identity: &str) -> String {
+    format!("{LEASE}?&fieldManager={}", leader::field_manager(identity))
+}
+
+/// Waits (at most `within`) until the receiver says `leads`.
+async fn until_leading(
+    leading: &mut tokio::sync::watch::Receiver<bool>,
+    leads: bool,
+    within: Duration,
+) {
+    tokio::time::timeout(within, leading.wait_for(|now| *now == leads))
+        .await
+        .unwrap_or_else(|_| panic!("leading = {leads} within {within:?}"))
+        .expect("the election runs");
+}
+
+/// The exchanges of taking a free lease, from the sync that finds it free to the read-back.
+fn take_free_lease(identity: &'static str) -> Vec<Exchange> {
+    vec![
+        // The state is stale at first, and a free lease never is fresh: read twice.
+        expect(Method::GET, LEASE, answer_lease(None, Duration::ZERO, 0)),
+        expect(Method::GET, LEASE, answer_lease(None, Duration::ZERO, 0)),
+        expect(Method::PATCH, lease_patch(identity), move |body| {
+            assert_eq!(body["spec"]["holderIdentity"], identity, "{body}");
+            assert_eq!(body["spec"]["leaseDurationSeconds"], 3, "{body}");
+            (200, lease(Some(identity), Duration::ZERO, 3))
+        }),
+        expect(Method::PATCH, lease_patch(identity), |body| {
+            assert_eq!(body["spec"]["leaseTransitions"], 1, "{body}");
+            (200, body)
+        }),
+        expect(
+            Method::GET,
+            LEASE,
+            answer_lease(Some(identity), Duration::ZERO, 3),
+        ),
+    ]
+}
+
+/// A replica creates the Lease, takes it, renews it, and stops leading when it finds another
+/// replica holding it; stopping, it leaves another's lease alone.
+#[tokio::test]
+async fn the_lease_is_created_taken_renewed_and_lost_to_another_replica() {
+    let mut exchanges = vec![
+        expect(Method::GET, LEASE, not_found),
+        expect(
+            Method::POST,
+            "/apis/coordination.k8s.io/v1/namespaces/eddy-system/leases?",
+            |body| {
+                assert_eq!(body["metadata"]["name"], "eddy-controller");
+                (201, lease(None, Duration::ZERO, 0))
+            },
+        ),
+    ];
+    exchanges.extend(take_free_lease("controller-a"));
+    exchanges.extend([
+        // Renewed a third of the duration before it runs out: 2 s after it was taken.
+        expect(Method::PATCH, lease_patch("controller-a"), |body| {
+            assert_eq!(body["spec"]["leaseDurationSeconds"], 3, "{body}");
+            assert!(body["spec"]["renewTime"].is_string(), "{body}");
+            (200, body)
+        }),
+        // Meanwhile another replica holds it (this one was partitioned, say).
+        expect(
+            Method::GET,
+            LEASE,
+            answer_lease(Some("controller-b"), Duration::ZERO, 3),
+        ),
+        // Stopping: the lease is another's, so nothing is released; read back once.
+        expect(
+            Method::GET,
+            LEASE,
+            answer_lease(Some("controller-b"), Duration::ZERO, 3),
+        ),
+    ]);
+    let (client, server) = api_server(exchanges);
+    let (mut leading, manager) = leader::leadership(
+        client,
+        &leader_args("controller-a"),
+        "controller-a".to_owned(),
+    )
+    .await
+    .expect("the election starts");
+    until_leading(&mut leading, true, Duration::from_secs(5)).await;
+    let taken = std::time::Instant::now();
+    until_leading(&mut leading, false, Duration::from_secs(5)).await;
+    assert!(
+        taken.elapsed() >= Duration::from_millis(1500),
+        "renewed at 2 s of 3, not before ({:?})",
+        taken.elapsed()
+    );
+    drop(leading);
+    tokio::time::timeout(Duration::from_secs(5), manager)
+        .await
+        .expect("the manager ends once the receiver is gone")
+        .expect("joined")
+        .expect("released");
+    server.await.expect("the API server saw what it expected");
+}
+
+/// A standby waits while another replica holds the lease and takes it once the holder stops
+/// renewing: within the lease duration (and up to a second) of the last renewal.
+#[tokio::test]
+async fn a_standby_takes_the_lease_once_the_holder_stops_renewing() {
+    let mut exchanges = vec![
+        // Held by controller-b, renewed just now, and never again.
+        expect(
+            Method::GET,
+            LEASE,
+            answer_lease(Some("controller-b"), Duration::ZERO, 3),
+        ),
+        expect(
+            Method::GET,
+            LEASE,
+            answer_lease(Some("controller-b"), Duration::ZERO, 3),
+        ),
+        // Looked at again when it runs out (and once more before freeing it): still
+        // controller-b's, expired.
+        expect(
+            Method::GET,
+            LEASE,
+            answer_lease(Some("controller-b"), Duration::from_secs(4), 3),
+        ),
+        expect(
+            Method::GET,
+            LEASE,
+            answer_lease(Some("controller-b"), Duration::from_secs(4), 3),
+        ),
+        // Freed by force...
+        expect(Method::PATCH, lease_patch("controller-a"), |body| {
+            assert_eq!(body["spec"]["holderIdentity"], Value::Null, "{body}");
+            (200, lease(None, Duration::ZERO, 0))
+        }),
+        expect(Method::GET, LEASE, answer_lease(None, Duration::ZERO, 0)),
+    ];
+    // ...and taken.
+    exchanges.extend(take_free_lease("controller-a"));
+    exchanges.extend([
+        // Stopping: this replica holds it, so it releases it for the next one.
+        expect(Method::PATCH, lease_patch("controller-a"), |body| {
+            assert_eq!(body["spec"]["holderIdentity"], Value::Null, "{body}");
+            (200, lease(None, Duration::ZERO, 0))
+        }),
+        expect(Method::GET, LEASE, answer_lease(None, Duration::ZERO, 0)),
+    ]);
+    let (client, server) = api_server(exchanges);
+    let started = std::time::Instant::now();
+    let (mut leading, manager) = leader::leadership(
+        client,
+        &leader_args("controller-a"),
+        "controller-a".to_owned(),
+    )
+    .await
+    .expect("the election starts");
+    until_leading(&mut leading, true, Duration::from_secs(8)).await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2500) && waited <= Duration::from_millis(5000),
+        "took over after the 3 s lease ran out, within a second or so ({waited:?})"
+    );
+    drop(leading);
+    tokio::time::timeout(Duration::from_secs(5), manager)
+        .await
+        .expect("the manager ends once the receiver is gone")
+        .expect("joined")
+        .expect("released");
+    server.await.expect("the API server saw what it expected");
+}
+
+/// The reconcilers run exactly while the replica leads, and stop at shutdown.
+#[tokio::test]
+async fn reconcilers_run_only_while_leading() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (elect, leading) = tokio::sync::watch::channel(false);
+    let shutdown = CancellationToken::new();
+    let started = Arc::new(AtomicUsize::new(0));
+    let running = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn({
+        let (shutdown, started, running) = (shutdown.clone(), started.clone(), running.clone());
+        leader::while_leading(leading, shutdown, move |term| {
+            let (started, running) = (started.clone(), running.clone());
+            async move {
+                started.fetch_add(1, Ordering::SeqCst);
+                running.fetch_add(1, Ordering::SeqCst);
+                term.cancelled().await;
+                running.fetch_sub(1, Ordering::SeqCst);
+            }
+        })
+    });
+    let until = |what: &'static str, check: Box<dyn Fn() -> bool + Send>| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !check() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(started.load(Ordering::SeqCst), 0, "not before leading");
+    elect.send(true).expect("listening");
+    let (s, r) = (started.clone(), running.clone());
+    until(
+        "the first start",
+        Box::new(move || s.load(Ordering::SeqCst) == 1 && r.load(Ordering::SeqCst) == 1),
+    )
+    .await;
+    elect.send(false).expect("listening");
+    let r = running.clone();
+    until(
+        "the stop on loss",
+        Box::new(move || r.load(Ordering::SeqCst) == 0),
+    )
+    .await;
+    elect.send(true).expect("listening");
+    let (s, r) = (started.clone(), running.clone());
+    until(
+        "the second start",
+        Box::new(move || s.load(Ordering::SeqCst) == 2 && r.load(Ordering::SeqCst) == 1),
+    )
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("ends at shutdown")
+        .expect("joined");
+    assert_eq!(running.load(Ordering::SeqCst), 0, "the work was stopped");
+    assert_eq!(started.load(Ordering::SeqCst), 2);
 }

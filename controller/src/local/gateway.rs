@@ -183,13 +183,14 @@ fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Cal
         .bypass
         .as_ref()
         .is_some_and(|b| b.allows(request.headers()));
-    if let Some(tokens) = pool.access() {
-        if !platform_call && !tokens.allows(request.headers()) {
-            return Err(ErrorResponse::message(
-                StatusCode::UNAUTHORIZED,
-                format!("function {namespace}/{function} needs a bearer token"),
-            ));
-        }
+    if let Some(tokens) = pool.access()
+        && !platform_call
+        && !tokens.allows(request.headers())
+    {
+        return Err(ErrorResponse::message(
+            StatusCode::UNAUTHORIZED,
+            format!("function {namespace}/{function} needs a bearer token"),
+        ));
     }
     let mut path_and_query = rest.to_owned();
     if let Some(query) = request.uri().query() {

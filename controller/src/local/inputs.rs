@@ -95,22 +95,22 @@ pub fn resolve_with(
         })?;
         inputs.mounts.push((mount.mount_path.clone(), data));
     }
-    if let Some(git) = &spec.source.git_repository {
-        if let Some(auth) = &git.auth {
-            let data = lookup(KeySource::Secret, &auth.secret_name).ok_or_else(|| {
-                format!(
-                    "spec.source.gitRepository.auth: Secret {} not found",
-                    auth.secret_name
-                )
-            })?;
-            let credentials = GitCredentials::from_secret(auth.type_, &data).map_err(|key| {
-                format!(
-                    "spec.source.gitRepository.auth: Secret {} has no key {key}",
-                    auth.secret_name
-                )
-            })?;
-            inputs.git_credentials = Some(credentials);
-        }
+    if let Some(git) = &spec.source.git_repository
+        && let Some(auth) = &git.auth
+    {
+        let data = lookup(KeySource::Secret, &auth.secret_name).ok_or_else(|| {
+            format!(
+                "spec.source.gitRepository.auth: Secret {} not found",
+                auth.secret_name
+            )
+        })?;
+        let credentials = GitCredentials::from_secret(auth.type_, &data).map_err(|key| {
+            format!(
+                "spec.source.gitRepository.auth: Secret {} has no key {key}",
+                auth.secret_name
+            )
+        })?;
+        inputs.git_credentials = Some(credentials);
     }
     Ok(inputs)
 }

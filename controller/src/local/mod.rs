@@ -763,10 +763,10 @@ impl LocalController {
             tracing::info!(function = %format!("{namespace}/{name}"), "function removed");
         }
         let mounts = self.sources.mounts_dir.join(namespace).join(name);
-        if let Err(error) = tokio::fs::remove_dir_all(&mounts).await {
-            if error.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(%error, dir = %mounts.display(), "cannot remove the function's secret mounts");
-            }
+        if let Err(error) = tokio::fs::remove_dir_all(&mounts).await
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(%error, dir = %mounts.display(), "cannot remove the function's secret mounts");
         }
         if let Err(error) = self.store.delete_status::<Function>(namespace, name).await {
             tracing::warn!(%error, %namespace, %name, "cannot remove function status");

@@ -1,0 +1,135 @@
+//! One active controller on Kubernetes. The replicas compete for a `coordination.k8s.io`
+//! Lease (through `kube-lease-manager`); only the holder runs the reconcilers, and a standby
+//! takes over once the holder stops renewing it (at most the lease duration plus up to a
+//! second after). A replica that stops releases the lease, so a rolling update hands over at
+//! once.
+
+use std::{future::Future, time::Duration};
+
+use eddy_platform::shutdown::CancellationToken;
+use kube::Client;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::Result;
+
+/// Flags of leader election.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Kubernetes backend: leader election")]
+pub struct LeaderArgs {
+    /// Run the reconcilers only while this replica holds the lease (`false`: always, for a
+    /// controller that runs as one replica).
+    #[arg(long = "leader-election", env = "EDDY_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// Name of the Lease.
+    #[arg(
+        long = "lease-name",
+        env = "EDDY_LEASE_NAME",
+        default_value = "eddy-controller"
+    )]
+    pub lease_name: String,
+    /// Namespace of the Lease (the chart gives the controller's own).
+    #[arg(
+        long = "lease-namespace",
+        env = "EDDY_LEASE_NAMESPACE",
+        default_value = "eddy-system"
+    )]
+    pub lease_namespace: String,
+    /// How long the lease holds without being renewed; it is renewed a third of that before it
+    /// runs out. At least 3 s.
+    #[arg(long = "lease-duration", env = "EDDY_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
+    pub lease_duration: Duration,
+    /// This replica's name in the Lease (default: `$HOSTNAME`, the pod's name).
+    #[arg(long = "lease-identity", env = "EDDY_LEASE_IDENTITY")]
+    pub identity: Option<String>,
+}
+
+fn parse_lease_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|error| error.to_string())?;
+    if duration < Duration::from_secs(3) {
+        return Err("must be at least 3s".to_owned());
+    }
+    Ok(duration)
+}
+
+impl LeaderArgs {
+    /// This replica's identity.
+    pub fn identity(&self) -> String {
+        self.identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| format!("eddy-controller-{}", std::process::id()))
+    }
+
+    /// (duration, renew this long before it runs out) in whole seconds.
+    pub fn timing(&self) -> (u64, u64) {
+        let duration = self.lease_duration.as_secs().max(3);
+        (duration, (duration / 3).max(1))
+    }
+}
+
+/// The field manager a replica writes the Lease with.
+pub fn field_manager(identity: &str) -> String {
+    format!("eddy-controller-{identity}")
+}
+
+/// Competes for the lease. The receiver says whether this replica leads; dropping it releases
+/// the lease, after which the returned task ends.
+pub async fn leadership(
+    client: Client,
+    args: &LeaderArgs,
+    identity: String,
+) -> Result<(
+    watch::Receiver<bool>,
+    JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+)> {
+    let (duration, grace) = args.timing();
+    let manager = LeaseManagerBuilder::new(client, args.lease_name.clone())
+        .with_namespace(args.lease_namespace.clone())
+        // Its own field manager per replica: two replicas' applies of the holder conflict.
+        .with_field_manager(field_manager(&identity))
+        .with_identity(identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .build()
+        .await?;
+    Ok(manager.watch().await)
+}
+
+/// Runs `work` while `leading` is true: started when this replica becomes the leader,
+/// cancelled (its token) and awaited when it stops being one, started again when it leads
+/// again. Returns at `shutdown` (the work's token is a child of it) or when the election ends.
+pub async fn while_leading<F, Fut>(
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+    mut work: F,
+) where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    loop {
+        let elected = tokio::select! {
+            () = shutdown.cancelled() => return,
+            result = leading.wait_for(|leads| *leads) => result.is_ok(),
+        };
+        if !elected {
+            tracing::error!("leader election ended");
+            return;
+        }
+        tracing::info!("holding the lease: reconcilers run");
+        let term = shutdown.child_token();
+        let run = work(term.clone());
+        tokio::pin!(run);
+        let lost = tokio::select! {
+            () = &mut run => return,
+            result = leading.wait_for(|leads| !*leads) => result.map(drop),
+        };
+        tracing::warn!("lost the lease: reconcilers stop until it is held again");
+        term.cancel();
+        run.await;
+        if lost.is_err() {
+            return;
+        }
+    }
+}
