@@ -298,3 +298,166 @@ async fn a_token_protected_function_takes_only_its_tokens_and_the_dispatchers_ev
     );
     assert_eq!(platform.pids("guarded"), instances, "not restarted");
 }
+
+/// Test-only P-256 keys: the issuer's, and one the issuer never published.
+const ISSUER_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgCPv6U6k+Fuiy4NxK
+kqmnx4mEdGoK8BWL7Y+AAP9XfdGhRANCAATxpRQTnZYmxQ5t4Huz5rCmIA9Dgikn
+hv1V+VNI07Q04fonM1ynMK7W9OSRmdX1WYaRRhJ5S3SCKhu4t6P/ifq1
+-----END PRIVATE KEY-----
+";
+const OTHER_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg2hk4Jg53mr1ZrR70
+lrjNSC4F6obgyGnnyS4g3rNil5yhRANCAARqiwruw2h5+CMQuBtc5gFjGHKzRbAt
+bBaAMulcKfmFwe8FkdKLfxzNKOH3QEikJYDRwoAl5rx3uim61wJSwG23
+-----END PRIVATE KEY-----
+";
+const ISSUER: &str = "https://id.example.com/";
+
+fn now_seconds() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap()
+}
+
+/// A JWT signed with `pem` (ES256) under `kid`, with `claims` over a valid base.
+fn jwt(pem: &str, kid: &str, claims: serde_json::Value) -> String {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let mut all = json!({
+        "iss": ISSUER, "sub": "alice", "aud": "orders",
+        "exp": now_seconds() + 300, "iat": now_seconds(), "scope": "orders:read orders:write",
+    });
+    for (name, value) in claims.as_object().unwrap() {
+        if value.is_null() {
+            all.as_object_mut().unwrap().remove(name);
+        } else {
+            all[name] = value.clone();
+        }
+    }
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some(kid.to_owned());
+    let key = EncodingKey::from_ec_pem(pem.as_bytes()).unwrap();
+    jsonwebtoken::encode(&header, &all, &key).unwrap()
+}
+
+/// Serves the issuer's JWKS (only `ISSUER_KEY`, as `key-1`) and counts its fetches.
+async fn serve_jwks() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use jsonwebtoken::{Algorithm, EncodingKey, jwk::Jwk};
+    let key = EncodingKey::from_ec_pem(ISSUER_KEY.as_bytes()).unwrap();
+    let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
+    jwk.common.key_id = Some("key-1".to_owned());
+    let document = json!({"keys": [jwk]});
+    let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = fetches.clone();
+    let app = axum::Router::new().route(
+        "/jwks",
+        axum::routing::get(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let document = document.clone();
+            async move { axum::Json(document) }
+        }),
+    );
+    let (listener, url) = listener().await;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("{url}/jwks"), fetches)
+}
+
+/// JWT access as Kyma's APIRule offers it: a valid token from the issuer gets in (200); an
+/// expired one, one from another issuer or audience, one signed with a key the issuer never
+/// published, an HMAC one and none at all get 401; a valid one without the required claim
+/// gets 403. The issuer's keys are fetched once and reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwt_protected_function_takes_only_valid_tokens_of_its_issuer() {
+    let (jwks_uri, fetches) = serve_jwks().await;
+    let platform = Platform::start().await;
+    platform
+        .deploy(
+            "jwt-guarded",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": GUARDED}}, "access": {
+                "mode": "jwt",
+                "jwt": {"issuer": ISSUER, "jwksUri": jwks_uri, "audiences": ["orders"],
+                        "requiredClaims": {"scope": "orders:write"}},
+            }}),
+        )
+        .await;
+    let call = |token: Option<String>| {
+        let mut request = platform.invoke("jwt-guarded", "/");
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let challenge = response
+                .headers()
+                .get("www-authenticate")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (status, challenge, response.text().await.unwrap())
+        }
+    };
+
+    let (status, _, body) = call(Some(jwt(ISSUER_KEY, "key-1", json!({})))).await;
+    assert_eq!(status, 200, "a valid token: {body}");
+
+    let expired = jwt(ISSUER_KEY, "key-1", json!({"exp": now_seconds() - 120}));
+    let (status, challenge, body) = call(Some(expired)).await;
+    assert_eq!(
+        (status, challenge.as_deref()),
+        (401, Some("Bearer")),
+        "{body}"
+    );
+    assert!(body.contains("expired"), "{body}");
+
+    let (status, _, body) = call(Some(jwt(
+        ISSUER_KEY,
+        "key-1",
+        json!({"iss": "https://evil.example.com/"}),
+    )))
+    .await;
+    assert_eq!(status, 401, "another issuer: {body}");
+    assert!(body.contains("another issuer"), "{body}");
+
+    let (status, _, body) = call(Some(jwt(ISSUER_KEY, "key-1", json!({"aud": "billing"})))).await;
+    assert_eq!(status, 401, "another audience: {body}");
+
+    let (status, _, body) = call(Some(jwt(
+        ISSUER_KEY,
+        "key-1",
+        json!({"scope": "orders:read"}),
+    )))
+    .await;
+    assert_eq!(status, 403, "no orders:write scope: {body}");
+    assert!(body.contains("scope"), "{body}");
+
+    let (status, _, body) = call(Some(jwt(OTHER_KEY, "key-2", json!({})))).await;
+    assert_eq!(status, 401, "a key the issuer never published: {body}");
+    let (status, _, body) = call(Some(jwt(OTHER_KEY, "key-1", json!({})))).await;
+    assert_eq!(status, 401, "another key under the issuer's key id: {body}");
+    assert!(body.contains("signature"), "{body}");
+
+    let hmac = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &json!({"iss": ISSUER, "aud": "orders", "exp": now_seconds() + 300, "scope": "orders:write"}),
+        &jsonwebtoken::EncodingKey::from_secret(b"guessable"),
+    )
+    .unwrap();
+    let (status, _, body) = call(Some(hmac)).await;
+    assert_eq!(status, 401, "an HMAC token: {body}");
+
+    let (status, challenge, _) = call(None).await;
+    assert_eq!((status, challenge.as_deref()), (401, Some("Bearer")));
+    let (status, _, _) = call(Some("not-a-jwt".to_owned())).await;
+    assert_eq!(status, 401);
+
+    assert_eq!(
+        fetches.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the keys are fetched once (an unknown key id refetches at most every 10 s)"
+    );
+    let (status, _, _) = call(Some(jwt(ISSUER_KEY, "key-1", json!({})))).await;
+    assert_eq!(status, 200, "still let in");
+}

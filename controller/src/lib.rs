@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod dashboard;
+pub mod jwt;
 pub mod kubernetes;
 pub mod local;
 pub mod runtimes;

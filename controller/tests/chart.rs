@@ -2,7 +2,7 @@
 //! every value a template reads is defined, and the chart depends on the NATS chart. (The
 //! ClusterRoles are derived from recorded API requests: `kubernetes::tests` in this crate for the
 //! controller, `tests/dispatch_kubernetes.rs` for the dispatcher. Helm itself is not run here;
-//! the templates are read as text.)
+//! the templates are read as text. `tests/chart_rendered.rs` renders them with Helm.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{collections::BTreeSet, path::PathBuf};

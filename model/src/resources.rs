@@ -249,8 +249,10 @@ pub struct SecretMount {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.mode != 'token' || (has(self.tokenDigests) && size(self.tokenDigests) > 0)")
     .message("mode token needs at least one entry in tokenDigests").field_path(".tokenDigests"))]
+#[x_kube(validation = Rule::new("(self.mode == 'jwt') == has(self.jwt)")
+    .message("jwt is required with mode jwt and allowed only with it").field_path(".jwt"))]
 pub struct AccessSpec {
-    /// `public` (default) or `token`.
+    /// `public` (default), `token` or `jwt`.
     #[serde(default)]
     pub mode: AccessMode,
     /// SHA-256 digests of the bearer tokens that may invoke it, as `sha256:<64 hex digits>`
@@ -259,6 +261,56 @@ pub struct AccessSpec {
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new("self.all(d, d.matches('^sha256:[0-9a-f]{64}$'))").message("each must be sha256: followed by 64 lower-case hex digits"))]
     pub token_digests: Vec<String>,
+    /// With mode `jwt`: the issuer and keys a caller's JWT must be signed by, and what it must
+    /// claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<JwtAccess>,
+}
+
+/// JWT access: a bearer JWT signed by one of the issuer's keys (a JWKS), not expired, for one of
+/// the audiences (when given), with every required claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JwtAccess {
+    /// The `iss` a token must carry.
+    #[schemars(length(min = 1, max = 1024))]
+    pub issuer: String,
+    /// Where the issuer's public keys are (a JWKS document): `https://`, or `http://` to this
+    /// machine only.
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new(r"self.startsWith('https://') || self.matches('^http://(localhost|127[.]0[.]0[.]1|\\[::1\\])(:[0-9]+)?(/.*)?$')").message("must be an https:// URL (http:// only to localhost)"))]
+    pub jwks_uri: String,
+    /// Accepted `aud` values; empty: `aud` is not checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub audiences: Vec<String>,
+    /// Claims a token must have, with the value each must have: equal to a string claim, in
+    /// an array claim, or one of the words of a space-separated claim (OAuth's `scope`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 16))]
+    pub required_claims: BTreeMap<String, String>,
+}
+
+/// Whether `uri` is a JWKS address eddy fetches: https, or http to this machine. Pure.
+pub fn is_allowed_jwks_uri(uri: &str) -> bool {
+    if uri.starts_with("https://") {
+        return uri.len() > "https://".len();
+    }
+    let Some(rest) = uri.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix("[::1]") {
+        Some(port) => return port.is_empty() || is_port_suffix(port),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    let port = &authority[host.len()..];
+    matches!(host, "localhost" | "127.0.0.1") && (port.is_empty() || is_port_suffix(port))
+}
+
+fn is_port_suffix(text: &str) -> bool {
+    text.strip_prefix(':')
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Access modes.
@@ -270,6 +322,8 @@ pub enum AccessMode {
     Public,
     /// Only callers with a bearer token whose digest is listed (and the platform's dispatcher).
     Token,
+    /// Only callers with a valid bearer JWT (see [`JwtAccess`]), and the platform's dispatcher.
+    Jwt,
 }
 
 impl AccessSpec {
@@ -786,6 +840,38 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
                 "spec.access.tokenDigests",
                 "mode token needs at least one entry in tokenDigests",
             ));
+        }
+        if (access.mode == AccessMode::Jwt) != access.jwt.is_some() {
+            errors.push(FieldError::new(
+                "spec.access.jwt",
+                "jwt is required with mode jwt and allowed only with it",
+            ));
+        }
+        if let Some(jwt) = &access.jwt {
+            if jwt.issuer.is_empty() || jwt.issuer.len() > 1024 {
+                errors.push(FieldError::new(
+                    "spec.access.jwt.issuer",
+                    "must be 1 to 1024 characters",
+                ));
+            }
+            if jwt.jwks_uri.len() > 2048 || !is_allowed_jwks_uri(&jwt.jwks_uri) {
+                errors.push(FieldError::new(
+                    "spec.access.jwt.jwksUri",
+                    "must be an https:// URL (http:// only to localhost)",
+                ));
+            }
+            if jwt.audiences.len() > 16 {
+                errors.push(FieldError::new(
+                    "spec.access.jwt.audiences",
+                    "at most 16 audiences",
+                ));
+            }
+            if jwt.required_claims.len() > 16 {
+                errors.push(FieldError::new(
+                    "spec.access.jwt.requiredClaims",
+                    "at most 16 claims",
+                ));
+            }
         }
     }
     if let Some(timeout) = spec.timeout_seconds

@@ -84,8 +84,44 @@ fn base_subscription() -> Value {
 type Case = (&'static str, Value, bool);
 
 fn function_cases() -> Vec<Case> {
+    let jwt = |jwks_uri: &str| json!({"issuer": "https://id.example.com/", "jwksUri": jwks_uri});
     vec![
         ("the base object", json!({}), true),
+        (
+            "jwt access with an https JWKS",
+            json!({"spec": {"access": {"mode": "jwt", "jwt": jwt("https://id.example.com/jwks.json")}}}),
+            true,
+        ),
+        (
+            "jwt access with a JWKS on localhost over http",
+            json!({"spec": {"access": {"mode": "jwt", "jwt": jwt("http://127.0.0.1:9000/keys")}}}),
+            true,
+        ),
+        (
+            "jwt access with a JWKS on [::1] over http",
+            json!({"spec": {"access": {"mode": "jwt", "jwt": jwt("http://[::1]:9000/keys")}}}),
+            true,
+        ),
+        (
+            "jwt access with a remote JWKS over http",
+            json!({"spec": {"access": {"mode": "jwt", "jwt": jwt("http://id.example.com/keys")}}}),
+            false,
+        ),
+        (
+            "jwt access with a JWKS on a host named like localhost",
+            json!({"spec": {"access": {"mode": "jwt", "jwt": jwt("http://localhost.example.com/keys")}}}),
+            false,
+        ),
+        (
+            "mode jwt without jwt",
+            json!({"spec": {"access": {"mode": "jwt"}}}),
+            false,
+        ),
+        (
+            "jwt with mode public",
+            json!({"spec": {"access": {"mode": "public", "jwt": jwt("https://id.example.com/k")}}}),
+            false,
+        ),
         (
             "a fixed replica count",
             json!({"spec": {"scaleConfig": null, "replicas": 0}}),

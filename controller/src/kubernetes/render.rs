@@ -180,6 +180,16 @@ pub fn container_resources(function: &Function) -> Resources {
     }
 }
 
+/// The user's security context merged over eddy's hardened defaults: every field the user
+/// sets wins (weaker only where they ask), every other keeps eddy's value. Pure.
+pub fn over_defaults<T: k8s_openapi::DeepMerge + Clone>(defaults: T, user: Option<&T>) -> T {
+    let mut merged = defaults;
+    if let Some(user) = user {
+        merged.merge_from(user.clone());
+    }
+    merged
+}
+
 /// Requests and limits of the build container: the build profile's, the explicit ones, or
 /// eddy's default (a quarter core and 512 MiB requested, 2 GiB at most: enough for Kaniko to
 /// install a typical dependency tree without reserving much of a node).
@@ -564,7 +574,7 @@ fn deployment(
             limits: (!resources.limits.is_empty()).then_some(resources.limits),
             ..ResourceRequirements::default()
         }),
-        security_context: Some(function.spec.container_security_context.clone().unwrap_or(
+        security_context: Some(over_defaults(
             SecurityContext {
                 run_as_non_root: Some(true),
                 allow_privilege_escalation: Some(false),
@@ -577,6 +587,7 @@ fn deployment(
                 seccomp_profile: runtime_default(),
                 ..SecurityContext::default()
             },
+            function.spec.container_security_context.as_ref(),
         )),
         readiness_probe: Some(health(2, 2, None)),
         liveness_probe: Some(health(10, 3, Some(2))),
@@ -614,7 +625,7 @@ fn deployment(
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(i64::from(timeout.min(300)) + 5),
-                    security_context: Some(function.spec.pod_security_context.clone().unwrap_or(
+                    security_context: Some(over_defaults(
                         PodSecurityContext {
                             run_as_non_root: Some(true),
                             run_as_user: Some(1000),
@@ -623,6 +634,7 @@ fn deployment(
                             seccomp_profile: runtime_default(),
                             ..PodSecurityContext::default()
                         },
+                        function.spec.pod_security_context.as_ref(),
                     )),
                     image_pull_secrets: Some(
                         config

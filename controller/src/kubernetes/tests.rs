@@ -728,6 +728,30 @@ fn function_with_source(source: &str) -> Function {
     function(json!({"source": {"inline": {"source": source}}}))
 }
 
+/// A user's security context is merged over the hardened defaults: what they set wins, and
+/// what they leave out stays hardened.
+#[test]
+fn security_contexts_are_merged_over_the_hardened_defaults() {
+    let function = function(json!({
+        "podSecurityContext": {"runAsUser": 2000, "fsGroup": 3000},
+        "containerSecurityContext": {"runAsUser": 2000, "readOnlyRootFilesystem": false},
+    }));
+    let rendered = render(&function, &config()).expect("renders");
+    let pod = to_json(&rendered.deployment)["spec"]["template"]["spec"].clone();
+    assert_eq!(
+        pod["securityContext"],
+        json!({"runAsNonRoot": true, "runAsUser": 2000, "runAsGroup": 1000, "fsGroup": 3000,
+               "seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    assert_eq!(
+        pod["containers"][0]["securityContext"],
+        json!({"runAsNonRoot": true, "runAsUser": 2000, "allowPrivilegeEscalation": false,
+               "privileged": false, "readOnlyRootFilesystem": false,
+               "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}),
+        "the user asked for a writable root filesystem; the rest stays hardened"
+    );
+}
+
 #[test]
 fn the_autoscaler_aims_at_the_configured_cpu_target() {
     let function = function(json!({"scaleConfig": {"minReplicas": 1, "maxReplicas": 4}}));

@@ -28,7 +28,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use tracing::Instrument as _;
 
-use super::pool::{INSTANCE_SECRET_HEADER, Lease, Pool};
+use super::pool::{Access, INSTANCE_SECRET_HEADER, Lease, Pool};
 
 /// Longest a request body may take to arrive (a slow client holds no instance meanwhile).
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -140,6 +140,24 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     // Every line logged while serving this call names the function once, here.
     let span = tracing::info_span!("call", namespace = %call.namespace, function = %call.function);
     async {
+        if let Some(verifier) = &call.jwt
+            && let Err(refusal) = verifier.check(request.headers()).await
+        {
+            let mut refused = ErrorResponse::message(
+                refusal.status,
+                format!(
+                    "function {}/{}: {}",
+                    call.namespace, call.function, refusal.message
+                ),
+            )
+            .into_response();
+            if refusal.status == StatusCode::UNAUTHORIZED {
+                refused
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            return refused;
+        }
         let (parts, body) = match read_request(&gateway, request, call.platform_call).await {
             Ok(read) => read,
             Err(refused) => return refused.into_response(),
@@ -158,6 +176,8 @@ struct Call {
     path_and_query: String,
     /// Carries the platform's token (the dispatcher's deliveries).
     platform_call: bool,
+    /// The JWT check the caller must pass, for a function with JWT access.
+    jwt: Option<Arc<crate::jwt::JwtVerifier>>,
 }
 
 /// Routes a request to its function's pool and checks the function's `access`.
@@ -183,14 +203,21 @@ fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Cal
         .bypass
         .as_ref()
         .is_some_and(|b| b.allows(request.headers()));
-    if let Some(tokens) = pool.access()
-        && !platform_call
-        && !tokens.allows(request.headers())
-    {
-        return Err(ErrorResponse::message(
-            StatusCode::UNAUTHORIZED,
-            format!("function {namespace}/{function} needs a bearer token"),
-        ));
+    let mut jwt = None;
+    if !platform_call {
+        match pool.access() {
+            Access::Public => {}
+            Access::Tokens(tokens) => {
+                if !tokens.allows(request.headers()) {
+                    return Err(ErrorResponse::message(
+                        StatusCode::UNAUTHORIZED,
+                        format!("function {namespace}/{function} needs a bearer token"),
+                    ));
+                }
+            }
+            // Checked once routed, off this synchronous path: it may fetch the issuer's keys.
+            Access::Jwt(verifier) => jwt = Some(verifier),
+        }
     }
     let mut path_and_query = rest.to_owned();
     if let Some(query) = request.uri().query() {
@@ -202,6 +229,7 @@ fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Cal
         function,
         path_and_query,
         platform_call,
+        jwt,
     };
     Ok((pool, call))
 }

@@ -299,7 +299,7 @@ impl LocalController {
         self: &Arc<Self>,
         namespace: &str,
         name: &str,
-        access: Option<eddy_platform::auth::Tokens>,
+        access: pool::Access,
     ) -> Arc<Tracked> {
         let key = (namespace.to_owned(), name.to_owned());
         let mut all = self.tracked.lock();
@@ -344,12 +344,12 @@ impl LocalController {
         let (namespace, name) = function.key();
         // Access applies at once, also to the instances of the previous revision, and a new
         // function's pool has it before the gateway can see the pool.
-        let access = function
-            .spec
-            .access
-            .as_ref()
-            .and_then(|access| access.digests())
-            .map(eddy_platform::auth::Tokens::from_digests);
+        let existing = self
+            .tracked
+            .lock()
+            .get(&(namespace.clone(), name.clone()))
+            .map(|tracked| tracked.pool.access());
+        let access = access_of(&function, existing);
         let tracked = self.tracked(&namespace, &name, access.clone());
         tracked.pool.set_access(access);
         *tracked.function.lock() = Some(function.clone());
@@ -828,6 +828,39 @@ impl LocalController {
             .get(&(namespace.to_owned(), name.to_owned()))
             .map(|t| t.pool.pids())
             .unwrap_or_default()
+    }
+}
+
+/// Who may call `function` through the gateway. A JWT verifier for the same `access.jwt` as
+/// `existing`'s is kept (with the keys it fetched). Pure but for building a verifier.
+fn access_of(function: &Function, existing: Option<pool::Access>) -> pool::Access {
+    let Some(access) = function.spec.access.as_ref() else {
+        return pool::Access::Public;
+    };
+    match (access.mode, &access.jwt) {
+        (eddy_model::resources::AccessMode::Jwt, Some(jwt)) => {
+            if let Some(pool::Access::Jwt(verifier)) = existing
+                && verifier.spec() == jwt
+            {
+                return pool::Access::Jwt(verifier);
+            }
+            match crate::jwt::JwtVerifier::new(jwt.clone()) {
+                Ok(verifier) => pool::Access::Jwt(Arc::new(verifier)),
+                Err(error) => {
+                    // No TLS roots: nothing can be verified, so nobody is let in.
+                    tracing::error!(%error, "cannot set up JWT verification; the function refuses every call");
+                    pool::Access::Tokens(Arc::new(eddy_platform::auth::Tokens::from_digests(
+                        Vec::new(),
+                    )))
+                }
+            }
+        }
+        _ => match access.digests() {
+            Some(digests) => {
+                pool::Access::Tokens(Arc::new(eddy_platform::auth::Tokens::from_digests(digests)))
+            }
+            None => pool::Access::Public,
+        },
     }
 }
 

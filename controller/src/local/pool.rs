@@ -223,6 +223,18 @@ struct Inner {
     spare_interest: Option<Interest>,
 }
 
+/// Who may invoke a function through the gateway.
+#[derive(Debug, Clone, Default)]
+pub enum Access {
+    /// Anyone who reaches the gateway.
+    #[default]
+    Public,
+    /// Callers with one of these bearer tokens.
+    Tokens(Arc<eddy_platform::auth::Tokens>),
+    /// Callers with a valid bearer JWT.
+    Jwt(Arc<crate::jwt::JwtVerifier>),
+}
+
 /// The instances of one Function.
 pub struct Pool {
     /// Namespace.
@@ -238,8 +250,8 @@ pub struct Pool {
     last_request: Mutex<Instant>,
     status: watch::Sender<PoolStatus>,
     unavailable: Mutex<Option<String>>,
-    /// Tokens one of which a caller must present; `None`: public.
-    access: parking_lot::RwLock<Option<Arc<eddy_platform::auth::Tokens>>>,
+    /// Who may call it.
+    access: parking_lot::RwLock<Access>,
     /// The current revision's handler timeout (0 before there is one), read per request.
     timeout_seconds: AtomicU64,
     shutdown: CancellationToken,
@@ -359,7 +371,7 @@ impl Pool {
             last_request: Mutex::new(Instant::now()),
             status,
             unavailable: Mutex::new(None),
-            access: parking_lot::RwLock::new(None),
+            access: parking_lot::RwLock::new(Access::Public),
             timeout_seconds: AtomicU64::new(0),
             shutdown,
         });
@@ -410,16 +422,13 @@ impl Pool {
         self.kick.notify_one();
     }
 
-    /// Who may invoke the function: `None` for anyone, or the accepted tokens.
-    pub fn set_access(&self, tokens: Option<eddy_platform::auth::Tokens>) {
-        {
-            let mut access = self.access.write();
-            *access = tokens.map(Arc::new);
-        }
+    /// Who may invoke the function.
+    pub fn set_access(&self, access: Access) {
+        *self.access.write() = access;
     }
 
-    /// The accepted tokens, or `None` when the function is public.
-    pub fn access(&self) -> Option<Arc<eddy_platform::auth::Tokens>> {
+    /// Who may invoke the function.
+    pub fn access(&self) -> Access {
         self.access.read().clone()
     }
 

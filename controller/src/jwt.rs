@@ -1,0 +1,343 @@
+//! JWT access (`spec.access.mode: jwt`), checked by the gateway as Kyma's APIRule does: a bearer
+//! JWT signed with one of the issuer's keys (its JWKS), with the issuer's `iss`, not expired
+//! (30 s leeway), for one of the audiences when they are given, and carrying every required
+//! claim. No token, a bad signature, the wrong issuer or audience, an expired token: 401. A
+//! valid token without a required claim: 403. The issuer's keys cannot be fetched: 503.
+//!
+//! The JWKS is fetched on first use, kept for 5 minutes, and fetched again at once (at most every
+//! 10 s) when a token names a key it does not have, so the issuer's key rotation needs no restart.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use eddy_model::resources::JwtAccess;
+use http::{HeaderMap, StatusCode};
+use http_body_util::{BodyExt as _, Empty};
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind, jwk::JwkSet};
+use serde_json::Value;
+
+/// How long fetched keys are used before they are fetched again.
+const KEYS_FRESH_FOR: Duration = Duration::from_secs(300);
+/// Least time between two fetches caused by unknown keys.
+const REFETCH_AT_MOST_EVERY: Duration = Duration::from_secs(10);
+/// Longest a JWKS fetch may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest JWKS document read.
+const MAX_JWKS_BYTES: usize = 256 * 1024;
+/// Clock skew allowed on `exp` and `nbf`.
+const LEEWAY_SECONDS: u64 = 30;
+/// Signature algorithms accepted: asymmetric only (a public JWKS cannot hold an HMAC secret,
+/// and accepting HS* would let a public key be used as one).
+const ALGORITHMS: [Algorithm; 8] = [
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::PS384,
+    Algorithm::PS512,
+    Algorithm::ES256,
+    Algorithm::ES384,
+];
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// Why a call was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 401, 403 or 503.
+    pub status: StatusCode,
+    /// Said to the caller (never the token or its claims).
+    pub message: String,
+}
+
+impl Refusal {
+    fn unauthenticated(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+        }
+    }
+}
+
+/// The fetched keys and when they were fetched.
+struct Keys {
+    set: Arc<JwkSet>,
+    fetched: Instant,
+}
+
+/// Checks bearer JWTs for one Function's `access.jwt`.
+pub struct JwtVerifier {
+    spec: JwtAccess,
+    /// One validation per key family: a key of one family checks only its algorithms.
+    rsa: Validation,
+    ec: Validation,
+    client: HttpsClient,
+    keys: tokio::sync::Mutex<Option<Keys>>,
+}
+
+impl std::fmt::Debug for JwtVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtVerifier")
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtVerifier {
+    /// A verifier for `spec` (nothing is fetched yet).
+    pub fn new(spec: JwtAccess) -> std::io::Result<Self> {
+        let validation = |elliptic: bool| {
+            let mut validation = Validation::new(Algorithm::RS256);
+            validation.algorithms = ALGORITHMS
+                .into_iter()
+                .filter(|alg| is_elliptic(*alg) == elliptic)
+                .collect();
+            validation.leeway = LEEWAY_SECONDS;
+            validation.set_issuer(&[spec.issuer.as_str()]);
+            validation.set_required_spec_claims(&["exp", "iss"]);
+            if spec.audiences.is_empty() {
+                validation.validate_aud = false;
+            } else {
+                validation.set_audience(&spec.audiences);
+            }
+            validation
+        };
+        let (rsa, ec) = (validation(false), validation(true));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_platform_verifier(rustls::crypto::ring::default_provider())?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+        Ok(Self {
+            spec,
+            rsa,
+            ec,
+            client,
+            keys: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The access this verifier checks.
+    pub fn spec(&self) -> &JwtAccess {
+        &self.spec
+    }
+
+    /// Checks the request's bearer JWT.
+    pub async fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let Some(token) = eddy_platform::auth::bearer_token(headers) else {
+            return Err(Refusal::unauthenticated("a bearer JWT is required"));
+        };
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|_| Refusal::unauthenticated("the bearer token is not a JWT"))?;
+        if !ALGORITHMS.contains(&header.alg) {
+            return Err(Refusal::unauthenticated(format!(
+                "JWT algorithm {:?} is not accepted",
+                header.alg
+            )));
+        }
+        let jwks = self.keys_for(header.kid.as_deref()).await?;
+        let jwk = match header.kid.as_deref() {
+            Some(kid) => jwks.find(kid),
+            None if jwks.keys.len() == 1 => jwks.keys.first(),
+            None => None,
+        }
+        .ok_or_else(|| {
+            Refusal::unauthenticated("the JWT is not signed with a key of the issuer")
+        })?;
+        let key = DecodingKey::from_jwk(jwk)
+            .map_err(|_| Refusal::unauthenticated("the issuer's key cannot be used"))?;
+        let validation = if is_elliptic(header.alg) {
+            &self.ec
+        } else {
+            &self.rsa
+        };
+        let claims = jsonwebtoken::decode::<Value>(token, &key, validation)
+            .map_err(|error| Refusal::unauthenticated(describe(error.kind())))?
+            .claims;
+        match missing_claim(&claims, &self.spec) {
+            Some(name) => Err(Refusal {
+                status: StatusCode::FORBIDDEN,
+                message: format!("the JWT lacks the required claim {name}"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The JWKS, fetched when there is none, when it is stale, or when it lacks `kid` (then at
+    /// most every [`REFETCH_AT_MOST_EVERY`]).
+    async fn keys_for(&self, kid: Option<&str>) -> Result<Arc<JwkSet>, Refusal> {
+        let mut keys = self.keys.lock().await;
+        let wanted = match keys.as_ref() {
+            None => true,
+            Some(held) => {
+                let age = held.fetched.elapsed();
+                let lacks_kid = kid.is_some_and(|kid| held.set.find(kid).is_none());
+                age >= KEYS_FRESH_FOR || (lacks_kid && age >= REFETCH_AT_MOST_EVERY)
+            }
+        };
+        if wanted {
+            match self.fetch().await {
+                Ok(set) => {
+                    *keys = Some(Keys {
+                        set: Arc::new(set),
+                        fetched: Instant::now(),
+                    });
+                }
+                Err(problem) => {
+                    tracing::warn!(jwks = %self.spec.jwks_uri, %problem, "cannot fetch the issuer's keys");
+                    // Keys fetched earlier keep serving while the issuer is unreachable.
+                    if keys.is_none() {
+                        return Err(Refusal {
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                            message: "the issuer's keys cannot be fetched".to_owned(),
+                        });
+                    }
+                }
+            }
+        }
+        keys.as_ref().map(|held| held.set.clone()).ok_or(Refusal {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the issuer's keys cannot be fetched".to_owned(),
+        })
+    }
+
+    async fn fetch(&self) -> Result<JwkSet, String> {
+        let uri: http::Uri = self
+            .spec
+            .jwks_uri
+            .parse()
+            .map_err(|error| format!("invalid JWKS URI: {error}"))?;
+        let request = http::Request::get(uri)
+            .header(http::header::ACCEPT, "application/json")
+            .body(Empty::new())
+            .map_err(|error| error.to_string())?;
+        let fetched = tokio::time::timeout(FETCH_TIMEOUT, async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|error| error.to_string())?;
+            if !response.status().is_success() {
+                return Err(format!("answered {}", response.status()));
+            }
+            let body = http_body_util::Limited::new(response.into_body(), MAX_JWKS_BYTES)
+                .collect()
+                .await
+                .map_err(|error| format!("reading the JWKS: {error}"))?
+                .to_bytes();
+            Ok(body)
+        })
+        .await
+        .map_err(|_| format!("no answer within {FETCH_TIMEOUT:?}"))??;
+        serde_json::from_slice(&fetched).map_err(|error| format!("not a JWKS: {error}"))
+    }
+}
+
+/// Whether `alg` is an elliptic-curve signature (the rest of [`ALGORITHMS`] are RSA).
+fn is_elliptic(alg: Algorithm) -> bool {
+    matches!(alg, Algorithm::ES256 | Algorithm::ES384)
+}
+
+/// What a refused token is told, from why `jsonwebtoken` refused it. Pure.
+fn describe(kind: &ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::ExpiredSignature => "the JWT has expired",
+        ErrorKind::ImmatureSignature => "the JWT is not valid yet",
+        ErrorKind::InvalidIssuer => "the JWT is from another issuer",
+        ErrorKind::InvalidAudience => "the JWT is for another audience",
+        ErrorKind::InvalidSignature => "the JWT's signature does not verify",
+        ErrorKind::MissingRequiredClaim(_) => "the JWT lacks exp or iss",
+        ErrorKind::InvalidAlgorithm => "the JWT's algorithm does not match the issuer's key",
+        _ => "the JWT is not valid",
+    }
+}
+
+/// The first required claim `claims` lacks: a string claim must equal the value, an array
+/// claim contain it, and a space-separated claim (OAuth's `scope`) have it as one word. Pure.
+pub fn missing_claim<'a>(claims: &Value, spec: &'a JwtAccess) -> Option<&'a str> {
+    spec.required_claims
+        .iter()
+        .find(|(name, wanted)| {
+            let has = match claims.get(name.as_str()) {
+                Some(Value::String(value)) => {
+                    value == *wanted || value.split(' ').any(|word| word == wanted.as_str())
+                }
+                Some(Value::Array(values)) => {
+                    values.iter().any(|v| v.as_str() == Some(wanted.as_str()))
+                }
+                Some(Value::Bool(value)) => value.to_string() == **wanted,
+                Some(Value::Number(value)) => value.to_string() == **wanted,
+                _ => false,
+            };
+            !has
+        })
+        .map(|(name, _)| name.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(claims: &[(&str, &str)]) -> JwtAccess {
+        JwtAccess {
+            issuer: "https://id.example.com/".to_owned(),
+            jwks_uri: "https://id.example.com/jwks".to_owned(),
+            audiences: Vec::new(),
+            required_claims: claims
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn required_claims_match_strings_arrays_and_scope_words() {
+        let spec = spec(&[
+            ("scope", "orders:write"),
+            ("groups", "admins"),
+            ("tier", "gold"),
+        ]);
+        let all = json!({"scope": "orders:read orders:write", "groups": ["dev", "admins"], "tier": "gold"});
+        assert_eq!(missing_claim(&all, &spec), None);
+        let no_scope = json!({"scope": "orders:read", "groups": ["admins"], "tier": "gold"});
+        assert_eq!(missing_claim(&no_scope, &spec), Some("scope"));
+        let prefix_only = json!({"scope": "orders:writer", "groups": ["admins"], "tier": "gold"});
+        assert_eq!(
+            missing_claim(&prefix_only, &spec),
+            Some("scope"),
+            "whole words only"
+        );
+        let wrong_group = json!({"scope": "orders:write", "groups": ["dev"], "tier": "gold"});
+        assert_eq!(missing_claim(&wrong_group, &spec), Some("groups"));
+        let absent = json!({"scope": "orders:write", "groups": ["admins"]});
+        assert_eq!(missing_claim(&absent, &spec), Some("tier"));
+        let number = JwtAccess {
+            required_claims: [("level".to_owned(), "3".to_owned())].into(),
+            ..spec.clone()
+        };
+        assert_eq!(missing_claim(&json!({"level": 3}), &number), None);
+        assert_eq!(
+            missing_claim(&json!({"level": {"x": 3}}), &number),
+            Some("level")
+        );
+    }
+
+    #[test]
+    fn refusals_say_why_without_the_token() {
+        assert_eq!(
+            describe(&ErrorKind::ExpiredSignature),
+            "the JWT has expired"
+        );
+        assert_eq!(
+            describe(&ErrorKind::InvalidIssuer),
+            "the JWT is from another issuer"
+        );
+        assert_eq!(describe(&ErrorKind::InvalidToken), "the JWT is not valid");
+    }
+}

@@ -1,0 +1,307 @@
+//! The Helm chart rendered by Helm itself and every object checked against the Kubernetes
+//! schemas of the lowest version the chart supports (`kubeVersion` in Chart.yaml), as are the
+//! objects `eddy controller render` prints. Needs what `scripts/setup --tests` installs: Helm 4
+//! and kubectl in `.tools/bin`, kubernetes-validate in `.tools/venv/bin`.
+//!
+//! The NATS subchart cannot be fetched here, so the chart is rendered from a copy without that
+//! dependency and with `nats.enabled=false` (an external NATS) in every values set.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde_yaml::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tools() -> PathBuf {
+    std::env::var_os("EDDY_TOOLS_DIR").map_or_else(|| repo().join(".tools"), PathBuf::from)
+}
+
+/// A tool from the tools dir, else from PATH; a clear failure when neither has it.
+fn tool(relative: &str) -> PathBuf {
+    let installed = tools().join(relative);
+    if installed.is_file() {
+        return installed;
+    }
+    let name = Path::new(relative).file_name().expect("a file name");
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "{} is not installed: run scripts/setup --tests",
+                name.to_string_lossy()
+            )
+        })
+}
+
+fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    stdout + &stderr
+}
+
+/// The lowest Kubernetes version the chart claims (`kubeVersion: ">=1.30.0-0"` → `1.30.0`).
+fn lowest_kubernetes_version() -> String {
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo().join("charts/eddy/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let constraint = chart["kubeVersion"]
+        .as_str()
+        .expect("Chart.yaml names kubeVersion");
+    let version = constraint
+        .trim_start_matches(">=")
+        .trim()
+        .split('-')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(
+        version.split('.').count() == 3 && version.split('.').all(|p| p.parse::<u32>().is_ok()),
+        "kubeVersion {constraint:?} gives {version:?}"
+    );
+    version
+}
+
+/// A copy of the chart without its NATS dependency (which cannot be fetched here).
+fn chart_without_nats(dir: &Path) -> PathBuf {
+    let chart = dir.join("eddy");
+    run(Command::new("cp")
+        .arg("-r")
+        .arg(repo().join("charts/eddy"))
+        .arg(&chart));
+    let text = std::fs::read_to_string(chart.join("Chart.yaml")).unwrap();
+    let start = text
+        .find("dependencies:")
+        .expect("the chart declares its dependencies");
+    std::fs::write(chart.join("Chart.yaml"), &text[..start]).unwrap();
+    chart
+}
+
+/// Checks `objects` (a multi-document YAML file) with kubernetes-validate --strict against
+/// `version`. Objects of kinds Kubernetes has no schema for (Istio's, the Prometheus
+/// Operator's) are only allowed from `custom_groups`; returns the count of each kind.
+fn validate(objects: &Path, version: &str, custom_groups: &[&str]) -> BTreeMap<String, usize> {
+    let output = run(Command::new(tool("venv/bin/kubernetes-validate"))
+        .args(["--strict", "--kubernetes-version", version])
+        .arg(objects));
+    let mut kinds = BTreeMap::new();
+    for line in output.lines() {
+        if line.starts_with("INFO") && line.contains(" passed for resource ") {
+            let resource = line.split(" passed for resource ").nth(1).unwrap();
+            let kind = resource.split('/').next().unwrap().to_owned();
+            *kinds.entry(kind).or_insert(0) += 1;
+        } else if let Some(rest) = line.split("Couldn't find schema for kind ").nth(1) {
+            // "<Kind> with api version <group>/<version> for kubernetes version …"
+            let kind = rest.split(' ').next().unwrap();
+            let api_version = rest
+                .split("with api version ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap();
+            let group = api_version.split('/').next().unwrap();
+            assert!(
+                custom_groups.contains(&group),
+                "{kind} ({api_version}) has no Kubernetes schema and is not an expected custom kind: a typo in apiVersion?\n{output}"
+            );
+            *kinds.entry(format!("{kind} ({group})")).or_insert(0) += 1;
+        } else {
+            assert!(
+                !line.starts_with("ERROR") && !line.contains("did not validate"),
+                "{line}\n{output}"
+            );
+        }
+    }
+    let documents = std::fs::read_to_string(objects)
+        .unwrap()
+        .split("\n---")
+        .filter(|doc| doc.lines().any(|line| line.starts_with("kind:")))
+        .count();
+    assert_eq!(
+        kinds.values().sum::<usize>(),
+        documents,
+        "every rendered object was checked: {kinds:?}\n{output}"
+    );
+    kinds
+}
+
+/// Lints and renders the chart with `values` (files under charts/eddy/ci, or none) and checks
+/// every object, the CRDs included; returns the count of each kind.
+fn render_chart(values: Option<&str>, extra: &[&str]) -> BTreeMap<String, usize> {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = chart_without_nats(dir.path());
+    let mut value_args: Vec<String> = Vec::new();
+    if let Some(values) = values {
+        value_args.push("--values".to_owned());
+        value_args.push(chart.join("ci").join(values).to_string_lossy().into_owned());
+    }
+    for set in extra {
+        value_args.push("--set".to_owned());
+        value_args.push((*set).to_owned());
+    }
+    let helm = tool("bin/helm");
+    let version = lowest_kubernetes_version();
+    run(Command::new(&helm)
+        .args(["lint", "--strict", "--kube-version", &version])
+        .arg(&chart)
+        .args(&value_args));
+    let rendered = run(Command::new(&helm)
+        .args([
+            "template",
+            "eddy",
+            "--namespace",
+            "eddy-system",
+            "--include-crds",
+        ])
+        .args(["--kube-version", &version])
+        .arg(&chart)
+        .args(&value_args));
+    let objects = dir.path().join("rendered.yaml");
+    std::fs::write(&objects, rendered).unwrap();
+    validate(
+        &objects,
+        &version,
+        &["security.istio.io", "monitoring.coreos.com"],
+    )
+}
+
+fn count(kinds: &BTreeMap<String, usize>, kind: &str) -> usize {
+    kinds.get(kind).copied().unwrap_or(0)
+}
+
+#[test]
+fn the_chart_renders_valid_objects_with_its_default_values() {
+    // The defaults, with only what the absent NATS subchart forces.
+    let kinds = render_chart(
+        None,
+        &["nats.enabled=false", "externalNats.url=nats://nats:4222"],
+    );
+    assert_eq!(count(&kinds, "customresourcedefinition"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "deployment"), 3, "{kinds:?}");
+    assert_eq!(count(&kinds, "role"), 1, "the Lease's Role: {kinds:?}");
+    assert_eq!(
+        count(&kinds, "poddisruptionbudget"),
+        2,
+        "the event-bus's and the two controllers': {kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "AuthorizationPolicy (security.istio.io)"),
+        2,
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn the_chart_renders_valid_objects_for_an_external_nats() {
+    let kinds = render_chart(Some("external-nats-values.yaml"), &[]);
+    assert_eq!(count(&kinds, "deployment"), 3, "{kinds:?}");
+}
+
+#[test]
+fn the_chart_renders_valid_objects_without_istio() {
+    let kinds = render_chart(Some("istio-off-values.yaml"), &[]);
+    assert!(
+        !kinds.keys().any(|kind| kind.contains("istio")),
+        "no Istio objects: {kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "poddisruptionbudget"),
+        1,
+        "one controller replica, no controller PDB: {kinds:?}"
+    );
+    assert_eq!(count(&kinds, "horizontalpodautoscaler"), 0, "{kinds:?}");
+}
+
+#[test]
+fn the_chart_renders_valid_objects_with_service_monitors_and_three_function_namespaces() {
+    let kinds = render_chart(Some("metrics-values.yaml"), &[]);
+    assert_eq!(
+        count(&kinds, "ServiceMonitor (monitoring.coreos.com)"),
+        2,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "PeerAuthentication (security.istio.io)"),
+        4,
+        "eddy's namespace and three function namespaces: {kinds:?}"
+    );
+}
+
+/// `eddy controller render` prints objects Kubernetes accepts, for the shop examples and for a
+/// Kyma Function that uses every field the Kubernetes backend renders.
+#[test]
+fn controller_render_prints_valid_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let kyma = dir.path().join("kyma-function.yaml");
+    std::fs::write(
+        &kyma,
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: every-field
+  namespace: shop
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: "module.exports = { main: () => 'ok' }"
+      dependencies: '{"name": "every-field", "dependencies": {"lodash": "4.17.21"}}'
+  env:
+    - name: GREETING
+      value: hello
+    - name: API_KEY
+      valueFrom:
+        secretKeyRef: {name: api, key: key}
+    - name: REGION
+      valueFrom:
+        configMapKeyRef: {name: settings, key: region}
+  scaleConfig: {minReplicas: 1, maxReplicas: 5}
+  resourceConfiguration:
+    function: {profile: M}
+    build: {profile: fast}
+  secretMounts:
+    - {secretName: tls, mountPath: /etc/tls}
+  labels: {team: checkout}
+  annotations: {owner: checkout@example.com}
+  podSecurityContext: {runAsUser: 2000, fsGroup: 2000}
+  containerSecurityContext: {readOnlyRootFilesystem: true}
+"#,
+    )
+    .unwrap();
+    let version = lowest_kubernetes_version();
+    for (manifest, functions) in [(repo().join("examples/shop"), 3), (kyma, 1)] {
+        let rendered = run(Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args(["controller", "render", "-f"])
+            .arg(&manifest));
+        let objects = dir.path().join("rendered.yaml");
+        std::fs::write(&objects, rendered).unwrap();
+        let kinds = validate(&objects, &version, &[]);
+        for kind in ["configmap", "job", "deployment", "service"] {
+            assert_eq!(
+                count(&kinds, kind),
+                functions,
+                "{}: {kinds:?}",
+                manifest.display()
+            );
+        }
+    }
+}
