@@ -369,14 +369,18 @@ async fn a_killed_instance_is_restarted_and_invocations_succeed_again() {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
-    let platform = Platform::start_with(Options {
+/// A platform whose functions scale to zero after half a second idle.
+fn idle_quickly() -> Options {
+    Options {
         scale_to_zero_after: Duration::from_millis(500),
         scale_down_window: Duration::from_millis(500),
         ..Options::default()
-    })
-    .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
+    let platform = Platform::start_with(idle_quickly()).await;
     let mut spec = spec("nodejs20", NODE_HANDLER);
     spec["scaleConfig"] = json!({"minReplicas": 0, "maxReplicas": 2});
     platform.deploy("sleepy", spec).await;
@@ -409,12 +413,7 @@ async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
 /// reads only at start-up (`NODE_OPTIONS`) starts cold, and that setting takes effect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn from_zero_an_instance_starts_from_a_warm_spare_as_a_cold_one_would() {
-    let platform = Platform::start_with(Options {
-        scale_to_zero_after: Duration::from_millis(500),
-        scale_down_window: Duration::from_millis(500),
-        ..Options::default()
-    })
-    .await;
+    let platform = Platform::start_with(idle_quickly()).await;
     // Where Node.js would find a package from the build directory, were it not kept out.
     let host_package = platform.data_dir.path().join("node_modules/host-only");
     std::fs::create_dir_all(&host_package).unwrap();

@@ -162,21 +162,21 @@ pub fn container_resources(function: &Function) -> Resources {
     let profile = request
         .and_then(|r| r.profile.as_deref())
         .unwrap_or(DEFAULT_PROFILE);
-    let (_, cpu_request, memory_request, cpu_limit, memory_limit) = PROFILES
+    let preset = PROFILES
         .iter()
         .copied()
         .find(|p| p.0 == profile)
         .unwrap_or(PROFILES[1]);
-    let quantity = |q: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.to_owned());
+    preset_resources(preset)
+}
+
+/// A preset's (name, cpu request, memory request, cpu limit, memory limit) as resources.
+fn preset_resources(
+    (_, cpu_request, memory_request, cpu_limit, memory_limit): (&str, &str, &str, &str, &str),
+) -> Resources {
     Resources {
-        requests: BTreeMap::from([
-            ("cpu".to_owned(), quantity(cpu_request)),
-            ("memory".to_owned(), quantity(memory_request)),
-        ]),
-        limits: BTreeMap::from([
-            ("cpu".to_owned(), quantity(cpu_limit)),
-            ("memory".to_owned(), quantity(memory_limit)),
-        ]),
+        requests: quantities([("cpu", cpu_request), ("memory", memory_request)]),
+        limits: quantities([("cpu", cpu_limit), ("memory", memory_limit)]),
     }
 }
 
@@ -206,10 +206,7 @@ pub fn build_resources(function: &Function) -> Resources {
         .and_then(|r| r.profile.as_deref())
         .and_then(|profile| BUILD_PROFILE_RESOURCES.iter().find(|p| p.0 == profile));
     match preset {
-        Some(&(_, cpu_request, memory_request, cpu_limit, memory_limit)) => Resources {
-            requests: quantities([("cpu", cpu_request), ("memory", memory_request)]),
-            limits: quantities([("cpu", cpu_limit), ("memory", memory_limit)]),
-        },
+        Some(&preset) => preset_resources(preset),
         None => Resources {
             requests: quantities([("cpu", "250m"), ("memory", "512Mi")]),
             limits: quantities([("memory", "2Gi")]),

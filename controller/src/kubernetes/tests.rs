@@ -262,6 +262,47 @@ async fn run_function(
     (result, bodies)
 }
 
+/// A source's first build: no Job yet, so the ConfigMap and the Job are applied, then status.
+fn first_build(function: &Function, rendered: &Rendered) -> Vec<Exchange> {
+    let job_name = rendered.job.metadata.name.clone().expect("a Job name");
+    vec![
+        expect(
+            Method::GET,
+            format!("{}/{job_name}", base("jobs")),
+            not_found,
+        ),
+        apply_config_map(rendered),
+        apply_job(&job_name, to_json(&rendered.job)),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock/status{APPLY}", base("functions")),
+            status_answer(to_json(function)),
+        ),
+    ]
+}
+
+/// The server-side apply of a build's ConfigMap, answered with what was applied.
+fn apply_config_map(rendered: &Rendered) -> Exchange {
+    expect(
+        Method::PATCH,
+        format!(
+            "{}/reserve-stock-{}{APPLY}",
+            base("configmaps"),
+            rendered.hash
+        ),
+        applied(to_json(&rendered.config_map), json!({})),
+    )
+}
+
+/// The server-side apply of the build Job `job` (as JSON), answered with what was applied.
+fn apply_job(job_name: &str, job: Value) -> Exchange {
+    expect(
+        Method::PATCH,
+        format!("{}/{job_name}{APPLY}", base("jobs")),
+        applied(job, json!({})),
+    )
+}
+
 /// The time the reconciler sees in these tests.
 fn test_now() -> k8s_openapi::jiff::Timestamp {
     "2026-11-24T12:00:00Z".parse().expect("a timestamp")
@@ -311,20 +352,8 @@ async fn first_reconcile_creates_the_config_map_and_the_build_job() {
                 format!("{}/{job_name}", base("jobs")),
                 not_found,
             ),
-            expect(
-                Method::PATCH,
-                format!(
-                    "{}/reserve-stock-{}{APPLY}",
-                    base("configmaps"),
-                    rendered.hash
-                ),
-                applied(to_json(&rendered.config_map), json!({})),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/{job_name}{APPLY}", base("jobs")),
-                applied(to_json(&rendered.job), json!({})),
-            ),
+            apply_config_map(&rendered),
+            apply_job(&job_name, to_json(&rendered.job)),
             expect(
                 Method::PATCH,
                 format!("{}/reserve-stock/status{APPLY}", base("functions")),
@@ -615,20 +644,8 @@ async fn a_failed_build_is_tried_again_once_its_delay_has_passed() {
                     )
                 },
             ),
-            expect(
-                Method::PATCH,
-                format!(
-                    "{}/reserve-stock-{}{APPLY}",
-                    base("configmaps"),
-                    rendered.hash
-                ),
-                applied(to_json(&rendered.config_map), json!({})),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/{job_name}{APPLY}", base("jobs")),
-                applied(third, json!({})),
-            ),
+            apply_config_map(&rendered),
+            apply_job(&job_name, third),
             expect(
                 Method::PATCH,
                 format!("{}/reserve-stock/status{APPLY}", base("functions")),
@@ -687,37 +704,7 @@ async fn a_retried_build_keeps_its_failure_count_and_a_new_source_builds_at_once
         &status,
     );
     let rendered = render(&fixed, &config()).expect("renders");
-    let job_name = format!("reserve-stock-build-{}", rendered.hash);
-    let (result, bodies) = run_function(
-        fixed.clone(),
-        vec![
-            expect(
-                Method::GET,
-                format!("{}/{job_name}", base("jobs")),
-                not_found,
-            ),
-            expect(
-                Method::PATCH,
-                format!(
-                    "{}/reserve-stock-{}{APPLY}",
-                    base("configmaps"),
-                    rendered.hash
-                ),
-                applied(to_json(&rendered.config_map), json!({})),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/{job_name}{APPLY}", base("jobs")),
-                applied(to_json(&rendered.job), json!({})),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/reserve-stock/status{APPLY}", base("functions")),
-                status_answer(to_json(&fixed)),
-            ),
-        ],
-    )
-    .await;
+    let (result, bodies) = run_function(fixed.clone(), first_build(&fixed, &rendered)).await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
     let status = &bodies[3]["status"];
     assert_eq!(status.get("buildFailures"), None, "{status}");
@@ -839,37 +826,7 @@ async fn a_source_change_starts_a_new_build_with_a_new_tag_and_keeps_the_old_one
     assert_ne!(rendered.hash, old_rendered.hash);
     assert_ne!(rendered.image, old_rendered.image);
     assert!(rendered.image.ends_with(&format!(":{}", rendered.hash)));
-    let job_name = format!("reserve-stock-build-{}", rendered.hash);
-    let (result, bodies) = run_function(
-        changed.clone(),
-        vec![
-            expect(
-                Method::GET,
-                format!("{}/{job_name}", base("jobs")),
-                not_found,
-            ),
-            expect(
-                Method::PATCH,
-                format!(
-                    "{}/reserve-stock-{}{APPLY}",
-                    base("configmaps"),
-                    rendered.hash
-                ),
-                applied(to_json(&rendered.config_map), json!({})),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/{job_name}{APPLY}", base("jobs")),
-                applied(to_json(&rendered.job), json!({})),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/reserve-stock/status{APPLY}", base("functions")),
-                status_answer(to_json(&changed)),
-            ),
-        ],
-    )
-    .await;
+    let (result, bodies) = run_function(changed.clone(), first_build(&changed, &rendered)).await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
     let args = bodies[2]["spec"]["template"]["spec"]["containers"][0]["args"].clone();
     assert!(
