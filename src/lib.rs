@@ -70,6 +70,9 @@ pub enum Command {
         #[command(flatten)]
         args: Box<eddy_controller::Args>,
     },
+    /// Run the gateway on Kubernetes: `/<namespace>/<function>` to the function Services, with
+    /// each Function's `access` enforced (`eddy up` runs its own gateway locally).
+    Gateway(eddy_controller::kubernetes::gateway::GatewayArgs),
     /// Print the CustomResourceDefinitions of Function and Subscription (YAML).
     Crds,
     /// Tokens for a Function's `access`.
@@ -239,6 +242,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         command,
         Command::EventBus(_)
             | Command::Dispatcher(_)
+            | Command::Gateway(_)
             | Command::Controller { command: None, .. }
             | Command::Up(_)
     ) {
@@ -254,6 +258,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dispatcher(args) => {
             let shutdown = eddy_platform::shutdown::on_signal();
             eddy_dispatcher::run(args, shutdown).await?;
+        }
+        Command::Gateway(args) => {
+            let shutdown = eddy_platform::shutdown::on_signal();
+            eddy_controller::kubernetes::gateway::run(args, shutdown).await?;
         }
         Command::Controller {
             command: None,

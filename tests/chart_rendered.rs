@@ -180,7 +180,12 @@ fn render_chart(values: Option<&str>, extra: &[&str]) -> BTreeMap<String, usize>
     validate(
         &objects,
         &version,
-        &["security.istio.io", "monitoring.coreos.com"],
+        &[
+            "security.istio.io",
+            "networking.istio.io",
+            "gateway.networking.k8s.io",
+            "monitoring.coreos.com",
+        ],
     )
 }
 
@@ -196,16 +201,30 @@ fn the_chart_renders_valid_objects_with_its_default_values() {
         &["nats.enabled=false", "externalNats.url=nats://nats:4222"],
     );
     assert_eq!(count(&kinds, "customresourcedefinition"), 2, "{kinds:?}");
-    assert_eq!(count(&kinds, "deployment"), 3, "{kinds:?}");
+    assert_eq!(
+        count(&kinds, "deployment"),
+        4,
+        "controller, event-bus, dispatcher, gateway: {kinds:?}"
+    );
     assert_eq!(count(&kinds, "role"), 1, "the Lease's Role: {kinds:?}");
     assert_eq!(
         count(&kinds, "poddisruptionbudget"),
-        2,
-        "the event-bus's and the two controllers': {kinds:?}"
+        3,
+        "the event-bus's, the gateway's and the two controllers': {kinds:?}"
     );
     assert_eq!(
         count(&kinds, "AuthorizationPolicy (security.istio.io)"),
-        2,
+        3,
+        "event-bus, functions, gateway: {kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "Gateway (networking.istio.io)"),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "VirtualService (networking.istio.io)"),
+        1,
         "{kinds:?}"
     );
 }
@@ -213,7 +232,33 @@ fn the_chart_renders_valid_objects_with_its_default_values() {
 #[test]
 fn the_chart_renders_valid_objects_for_an_external_nats() {
     let kinds = render_chart(Some("external-nats-values.yaml"), &[]);
-    assert_eq!(count(&kinds, "deployment"), 3, "{kinds:?}");
+    assert_eq!(count(&kinds, "deployment"), 4, "{kinds:?}");
+}
+
+#[test]
+fn the_chart_renders_valid_objects_exposing_functions_through_the_gateway_api() {
+    let kinds = render_chart(Some("gateway-api-values.yaml"), &[]);
+    assert_eq!(
+        count(&kinds, "HTTPRoute (gateway.networking.k8s.io)"),
+        1,
+        "{kinds:?}"
+    );
+    assert!(
+        !kinds
+            .keys()
+            .any(|kind| kind.contains("networking.istio.io")),
+        "no Istio Gateway or VirtualService: {kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "AuthorizationPolicy (security.istio.io)"),
+        4,
+        "event-bus, functions, gateway, and price-quote's named caller: {kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "horizontalpodautoscaler"),
+        1,
+        "a fixed gateway: {kinds:?}"
+    );
 }
 
 #[test]
@@ -229,6 +274,11 @@ fn the_chart_renders_valid_objects_without_istio() {
         "one controller replica, no controller PDB: {kinds:?}"
     );
     assert_eq!(count(&kinds, "horizontalpodautoscaler"), 0, "{kinds:?}");
+    assert_eq!(
+        count(&kinds, "deployment"),
+        4,
+        "the gateway runs, unexposed: {kinds:?}"
+    );
 }
 
 #[test]

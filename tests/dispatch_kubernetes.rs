@@ -5,33 +5,15 @@
 
 mod support;
 
-use std::{
-    collections::BTreeSet,
-    convert::Infallible,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeSet, time::Duration};
 
-use bytes::Bytes;
 use eddy_testing::eventually;
-use http::{Request, Response};
-use http_body::Frame;
-use http_body_util::StreamBody;
-use kube::client::Body;
 use serde_json::{Value, json};
-use support::{Options, Platform, Sink};
+use support::{
+    Options, Platform, Sink,
+    kube_mock::{self, Requests},
+};
 use tokio::sync::mpsc;
-
-type WatchBody = StreamBody<futures::stream::BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
-
-/// A response body that streams what is sent on `rx`, ending when it closes.
-fn streamed(rx: mpsc::Receiver<Bytes>) -> WatchBody {
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        let chunk = rx.recv().await?;
-        Some((Ok(Frame::data(chunk)), rx))
-    });
-    StreamBody::new(Box::pin(stream))
-}
 
 fn subscription(sink: &str, types: &[&str], resource_version: &str) -> Value {
     json!({
@@ -41,61 +23,12 @@ fn subscription(sink: &str, types: &[&str], resource_version: &str) -> Value {
     })
 }
 
-/// The requests an API server got (method and URI), checked by the test once it is done: a
-/// panic in the server's task would not fail the test.
-type Requests = Arc<Mutex<Vec<(String, String)>>>;
-
-/// Answers the watcher: the list with `initial`, then one watch that streams what the test
-/// sends on the returned channel. Later requests (a re-watch) are left pending, anything but
-/// Subscriptions gets 404. Records every request.
 fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Requests) {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<WatchBody>>();
-    let (events, receiver) = mpsc::channel::<Value>(16);
-    let requests = Requests::default();
-    let recorded = requests.clone();
-    tokio::spawn(async move {
-        let mut receiver = Some(receiver);
-        let mut pending = Vec::new();
-        while let Some((request, send)) = handle.next_request().await {
-            let uri = request.uri().to_string();
-            recorded
-                .lock()
-                .unwrap()
-                .push((request.method().to_string(), uri.clone()));
-            if !uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?") {
-                let mut response = Response::new(streamed(mpsc::channel(1).1));
-                *response.status_mut() = http::StatusCode::NOT_FOUND;
-                send.send_response(response);
-                continue;
-            }
-            if !uri.contains("watch=true") {
-                let list = json!({
-                    "apiVersion": "eddy.dev/v1alpha1", "kind": "SubscriptionList",
-                    "metadata": {"resourceVersion": "1"}, "items": [initial.clone()],
-                });
-                let (tx, rx) = mpsc::channel(1);
-                tx.send(Bytes::from(list.to_string())).await.unwrap();
-                drop(tx);
-                send.send_response(Response::new(streamed(rx)));
-            } else if let Some(mut events) = receiver.take() {
-                let (tx, rx) = mpsc::channel(16);
-                send.send_response(Response::new(streamed(rx)));
-                tokio::spawn(async move {
-                    while let Some(event) = events.recv().await {
-                        let line = format!("{event}\n");
-                        if tx.send(Bytes::from(line)).await.is_err() {
-                            return;
-                        }
-                    }
-                    // Keep the watch open until the test ends.
-                    tx.closed().await;
-                });
-            } else {
-                pending.push(send);
-            }
-        }
-    });
-    (kube::Client::new(service, "default"), events, requests)
+    kube_mock::api_server(
+        "/apis/eddy.dev/v1alpha1/subscriptions?",
+        "SubscriptionList",
+        vec![initial],
+    )
 }
 
 #[tokio::test]

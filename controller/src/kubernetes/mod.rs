@@ -7,6 +7,7 @@
 //! errors are permanent) are pure functions; [`reconcile_function`] and
 //! [`reconcile_subscription`] only read and write through the API.
 
+pub mod gateway;
 pub mod leader;
 pub mod render;
 

@@ -114,7 +114,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
-fn forward_headers(headers: &mut HeaderMap) {
+pub(crate) fn forward_headers(headers: &mut HeaderMap) {
     if let Some(listed) = headers
         .get(header::CONNECTION)
         .and_then(|v| v.to_str().ok())
@@ -141,24 +141,13 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     let span = tracing::info_span!("call", namespace = %call.namespace, function = %call.function);
     async {
         if let Some(verifier) = &call.jwt
-            && let Err(refusal) = verifier.check(request.headers()).await
+            && let Err(refused) =
+                check_jwt(verifier, request.headers(), &call.namespace, &call.function).await
         {
-            let mut refused = ErrorResponse::message(
-                refusal.status,
-                format!(
-                    "function {}/{}: {}",
-                    call.namespace, call.function, refusal.message
-                ),
-            )
-            .into_response();
-            if refusal.status == StatusCode::UNAUTHORIZED {
-                refused
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
             return refused;
         }
-        let (parts, body) = match read_request(&gateway, request, call.platform_call).await {
+        let (parts, body) = match read_request(gateway.max_body, request, call.platform_call).await
+        {
             Ok(read) => read,
             Err(refused) => return refused.into_response(),
         };
@@ -166,6 +155,30 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     }
     .instrument(span)
     .await
+}
+
+/// Checks a caller's JWT; the refusal (401 with `WWW-Authenticate: Bearer`, 403, 503) names
+/// the function and what failed.
+pub(crate) async fn check_jwt(
+    verifier: &crate::jwt::JwtVerifier,
+    headers: &HeaderMap,
+    namespace: &str,
+    function: &str,
+) -> Result<(), Response> {
+    let Err(refusal) = verifier.check(headers).await else {
+        return Ok(());
+    };
+    let mut refused = ErrorResponse::message(
+        refusal.status,
+        format!("function {namespace}/{function}: {}", refusal.message),
+    )
+    .into_response();
+    if refusal.status == StatusCode::UNAUTHORIZED {
+        refused
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    Err(refused)
 }
 
 /// Where a request goes, once routed and allowed.
@@ -235,8 +248,8 @@ fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Cal
 }
 
 /// Reads the body (within the gateway's limits) and sets the headers the function sees.
-async fn read_request(
-    gateway: &Gateway,
+pub(crate) async fn read_request(
+    max_body: usize,
     request: Request,
     platform_call: bool,
 ) -> Result<(http::request::Parts, Bytes), ErrorResponse> {
@@ -245,7 +258,7 @@ async fn read_request(
         parts.headers.remove(header::AUTHORIZATION);
     }
     // However slowly it arrives, the body is read within the gateway's request timeout.
-    let collected = tokio::time::timeout(BODY_TIMEOUT, read_limited(body, gateway.max_body)).await;
+    let collected = tokio::time::timeout(BODY_TIMEOUT, read_limited(body, max_body)).await;
     let body = match collected {
         Ok(Ok(body)) => body,
         Err(_) | Ok(Err(BodyError::Stalled)) => {
@@ -257,7 +270,7 @@ async fn read_request(
         Ok(Err(BodyError::TooLarge)) => {
             return Err(ErrorResponse::message(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body is over {} bytes", gateway.max_body),
+                format!("request body is over {max_body} bytes"),
             ));
         }
         Ok(Err(BodyError::Unreadable(problem))) => {

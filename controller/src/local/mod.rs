@@ -833,7 +833,7 @@ impl LocalController {
 
 /// Who may call `function` through the gateway. A JWT verifier for the same `access.jwt` as
 /// `existing`'s is kept (with the keys it fetched). Pure but for building a verifier.
-fn access_of(function: &Function, existing: Option<pool::Access>) -> pool::Access {
+pub(crate) fn access_of(function: &Function, existing: Option<pool::Access>) -> pool::Access {
     let Some(access) = function.spec.access.as_ref() else {
         return pool::Access::Public;
     };

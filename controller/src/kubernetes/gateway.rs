@@ -1,0 +1,347 @@
+//! eddy's gateway on Kubernetes: the same `/<namespace>/<function>/<rest>` URLs and the same
+//! `spec.access` checks (tokens, JWT) as the gateway `eddy up` runs, in front of the function
+//! Services instead of local instances. It follows Function objects through the API (one
+//! list, then a watch; a relist replaces what it knows) and forwards each allowed call to
+//! `http://<function>.<namespace>.svc.cluster.local` (`--function-url`), the rest of the path
+//! and the query kept. The chart runs it as its own Deployment behind the Istio ingress
+//! gateway or a Gateway API HTTPRoute.
+
+use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::{Request, State},
+    http::{HeaderValue, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use eddy_model::resources::Function;
+use eddy_platform::{errors::ErrorResponse, shutdown::CancellationToken};
+use futures::StreamExt as _;
+use http_body_util::Full;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use kube::{
+    Api, ResourceExt as _,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use parking_lot::RwLock;
+
+use crate::{
+    Error, Result,
+    local::{
+        self,
+        gateway::{check_jwt, forward_headers, read_request, route},
+        pool::Access,
+    },
+};
+
+/// Flags of `eddy gateway`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Address to listen on.
+    #[arg(
+        long = "gateway-addr",
+        env = "EDDY_GATEWAY_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub addr: SocketAddr,
+    /// Where a function is reached, `{namespace}` and `{function}` replaced; the rest of the
+    /// caller's path follows.
+    #[arg(
+        long = "function-url",
+        env = "EDDY_FUNCTION_URL",
+        default_value = "http://{function}.{namespace}.svc.cluster.local"
+    )]
+    pub function_url: String,
+    /// Largest request body forwarded (413 above it).
+    #[arg(
+        long = "max-request-size",
+        env = "EDDY_MAX_REQUEST_SIZE",
+        default_value = "16MiB"
+    )]
+    pub max_request_size: bytesize::ByteSize,
+    /// Longest wait for in-flight requests on shutdown.
+    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    /// Connection limits.
+    #[command(flatten)]
+    pub serve: eddy_platform::net::ServeArgs,
+}
+
+/// What the gateway knows of one Function.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Who may call it.
+    pub access: Access,
+    /// Its handler timeout: the call's answer is awaited this long and 5 s more.
+    pub timeout: Duration,
+}
+
+/// Routes by (namespace, name), and whether the first list has arrived.
+#[derive(Default)]
+pub struct Routes {
+    routes: RwLock<HashMap<(String, String), Route>>,
+    /// Relisting: the routes seen so far, swapped in at the end of the list.
+    relisting: parking_lot::Mutex<Option<HashMap<(String, String), Route>>>,
+    synced: std::sync::atomic::AtomicBool,
+}
+
+impl Routes {
+    /// The route of `namespace/function`.
+    pub fn get(&self, namespace: &str, function: &str) -> Option<Route> {
+        self.routes
+            .read()
+            .get(&(namespace.to_owned(), function.to_owned()))
+            .cloned()
+    }
+
+    /// Whether the first list of Functions has been read.
+    pub fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Follows one watcher event.
+    pub fn apply(&self, event: watcher::Event<Function>) {
+        match event {
+            watcher::Event::Init => *self.relisting.lock() = Some(HashMap::new()),
+            watcher::Event::InitApply(function) => {
+                let key = key_of(&function);
+                let existing = self.routes.read().get(&key).map(|r| r.access.clone());
+                let route = route_of(&function, existing);
+                self.relisting
+                    .lock()
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key, route);
+            }
+            watcher::Event::InitDone => {
+                let listed = self.relisting.lock().take().unwrap_or_default();
+                *self.routes.write() = listed;
+                self.synced
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            watcher::Event::Apply(function) => {
+                let key = key_of(&function);
+                let existing = self.routes.read().get(&key).map(|r| r.access.clone());
+                let route = route_of(&function, existing);
+                self.routes.write().insert(key, route);
+            }
+            watcher::Event::Delete(function) => {
+                self.routes.write().remove(&key_of(&function));
+            }
+        }
+    }
+}
+
+fn key_of(function: &Function) -> (String, String) {
+    (
+        function.namespace().unwrap_or_default(),
+        function.name_any(),
+    )
+}
+
+/// A Function's route (a JWT verifier for an unchanged `access.jwt` is kept, with its keys).
+fn route_of(function: &Function, existing: Option<Access>) -> Route {
+    Route {
+        access: local::access_of(function, existing),
+        timeout: function.spec.timeout(),
+    }
+}
+
+/// The upstream URI of a call: the function's URL from `template` and the rest of the path.
+/// `None` when they do not make a URI. Pure.
+pub fn upstream_uri(template: &str, namespace: &str, function: &str, rest: &str) -> Option<Uri> {
+    let base = template
+        .replace("{namespace}", namespace)
+        .replace("{function}", function);
+    format!("{}{rest}", base.trim_end_matches('/')).parse().ok()
+}
+
+struct Gateway {
+    routes: Arc<Routes>,
+    function_url: String,
+    max_body: usize,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Follows Function objects into `routes` until `shutdown`.
+pub async fn follow(client: kube::Client, routes: Arc<Routes>, shutdown: CancellationToken) {
+    let api: Api<Function> = Api::all(client);
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let mut events = std::pin::pin!(events);
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = shutdown.cancelled() => return,
+        };
+        match event {
+            None => return,
+            Some(Ok(event)) => routes.apply(event),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "watching Functions failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// The gateway's routes: probes, then every path as a function call.
+pub fn router(routes: Arc<Routes>, function_url: String, max_body: usize) -> Router {
+    let gateway = Arc::new(Gateway {
+        routes,
+        function_url,
+        max_body,
+        client: eddy_platform::net::pooled_client(
+            Duration::from_secs(30),
+            Some(Duration::from_secs(5)),
+        ),
+    });
+    Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            axum::routing::get(|State(gateway): State<Arc<Gateway>>| async move {
+                if gateway.routes.synced() {
+                    (StatusCode::OK, "ok")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "Functions not listed yet")
+                }
+            }),
+        )
+        .fallback(proxy)
+        .with_state(gateway)
+}
+
+fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+    ErrorResponse::message(status, message).into_response()
+}
+
+async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let Some((namespace, function, rest)) = route(request.uri().path()) else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "no function here: use /{namespace}/{function}/...",
+        );
+    };
+    let (namespace, function) = (namespace.to_owned(), function.to_owned());
+    let mut path_and_query = rest.to_owned();
+    if let Some(query) = request.uri().query() {
+        path_and_query.push('?');
+        path_and_query.push_str(query);
+    }
+    let Some(found) = gateway.routes.get(&namespace, &function) else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            format!("function {namespace}/{function} not found"),
+        );
+    };
+    match &found.access {
+        Access::Public => {}
+        Access::Tokens(tokens) => {
+            if !tokens.allows(request.headers()) {
+                let mut refused = refuse(
+                    StatusCode::UNAUTHORIZED,
+                    format!("function {namespace}/{function} needs a bearer token"),
+                );
+                refused
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return refused;
+            }
+        }
+        Access::Jwt(verifier) => {
+            if let Err(refused) =
+                check_jwt(verifier, request.headers(), &namespace, &function).await
+            {
+                return refused;
+            }
+        }
+    }
+    let (parts, body) = match read_request(gateway.max_body, request, false).await {
+        Ok(read) => read,
+        Err(refused) => return refused.into_response(),
+    };
+    let Some(uri) = upstream_uri(
+        &gateway.function_url,
+        &namespace,
+        &function,
+        &path_and_query,
+    ) else {
+        return refuse(StatusCode::BAD_REQUEST, "invalid path");
+    };
+    let mut upstream = http::Request::new(Full::new(body));
+    *upstream.method_mut() = parts.method;
+    *upstream.uri_mut() = uri;
+    *upstream.headers_mut() = parts.headers;
+    // The Service's host, not the caller's (kept in X-Forwarded-Host).
+    upstream.headers_mut().remove(header::HOST);
+    let answer_within = found.timeout + Duration::from_secs(5);
+    match tokio::time::timeout(answer_within, gateway.client.request(upstream)).await {
+        Ok(Ok(response)) => {
+            let (mut head, incoming) = response.into_parts();
+            forward_headers(&mut head.headers);
+            Response::from_parts(head, Body::new(incoming))
+        }
+        Ok(Err(problem)) => {
+            tracing::warn!(%namespace, %function, %problem, "function Service failed");
+            refuse(
+                StatusCode::BAD_GATEWAY,
+                format!("function {namespace}/{function} did not answer"),
+            )
+        }
+        Err(_) => refuse(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "function {namespace}/{function} did not answer within {}s",
+                answer_within.as_secs()
+            ),
+        ),
+    }
+}
+
+/// Runs the gateway until `shutdown`: Functions from the cluster the process runs in (or the
+/// current kubeconfig context), calls on `args.addr`.
+pub async fn run(args: GatewayArgs, shutdown: CancellationToken) -> Result<()> {
+    let client = kube::Client::try_default().await?;
+    serve(args, client, shutdown).await
+}
+
+/// [`run`] with a given client (tests use a mock API server).
+pub async fn serve(
+    args: GatewayArgs,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: args.addr,
+            source,
+        })?;
+    serve_on(listener, args, client, shutdown).await
+}
+
+/// [`serve`] on a bound listener.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    args: GatewayArgs,
+    client: kube::Client,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let routes = Arc::new(Routes::default());
+    let max_body = usize::try_from(args.max_request_size.as_u64()).unwrap_or(usize::MAX);
+    let app = router(routes.clone(), args.function_url.clone(), max_body);
+    let addr = listener.local_addr().map_err(Error::Serve)?;
+    eddy_platform::output::say(format!(
+        "gateway (kubernetes) ready on http://{addr}/<namespace>/<function>"
+    ));
+    let server = eddy_platform::net::serve(
+        listener,
+        app,
+        &args.serve,
+        eddy_platform::net::Browsers::HostOnly,
+        shutdown.clone(),
+        args.drain_timeout,
+    );
+    let (served, ()) = tokio::join!(server, follow(client, routes, shutdown));
+    served.map_err(Error::Serve)
+}
