@@ -9,8 +9,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin eddy \
  && cp target/release/eddy /eddy
 
-# glibc and nothing else: no shell, no package manager; runs as uid 65532.
-FROM gcr.io/distroless/cc-debian12:nonroot
+# glibc, and git with ssh for the controller to resolve the references of Git sources
+# (git ls-remote); runs as uid 65532.
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git openssh-client ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --uid 65532 --user-group --no-create-home --home-dir /tmp eddy
 COPY --from=build /eddy /usr/local/bin/eddy
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/eddy"]

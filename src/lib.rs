@@ -74,7 +74,13 @@ pub enum Command {
     /// each Function's `access` enforced (`eddy up` runs its own gateway locally).
     Gateway(eddy_controller::kubernetes::gateway::GatewayArgs),
     /// Print the CustomResourceDefinitions of Function and Subscription (YAML).
-    Crds,
+    Crds {
+        /// Kyma's kinds instead (serverless.kyma-project.io/v1alpha2 Function,
+        /// eventing.kyma-project.io/v1alpha2 Subscription) with eddy's schema, as the chart's
+        /// `kymaCompatibility` serves them.
+        #[arg(long)]
+        kyma: bool,
+    },
     /// Tokens for a Function's `access`.
     Token {
         /// The subcommand.
@@ -273,8 +279,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Controller {
             command: Some(ControllerCommand::Render { file, kubernetes }),
             ..
-        } => print!("{}", cli::resources::render(&file, &kubernetes)?),
-        Command::Crds => print!("{}", eddy_model::resources::crds_yaml()?),
+        } => print!("{}", cli::resources::render(&file, &kubernetes).await?),
+        Command::Crds { kyma: false } => print!("{}", eddy_model::resources::crds_yaml()?),
+        Command::Crds { kyma: true } => print!("{}", eddy_model::kyma::crds_yaml()?),
         Command::Token {
             command: TokenCommand::Digest { token },
         } => println!("{}", eddy_platform::auth::Tokens::digest_text(&token)),

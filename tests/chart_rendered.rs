@@ -236,6 +236,23 @@ fn the_chart_renders_valid_objects_for_an_external_nats() {
 }
 
 #[test]
+fn the_chart_renders_valid_objects_serving_kyma_s_api_groups() {
+    let kinds = render_chart(Some("kyma-compatibility-values.yaml"), &[]);
+    // Kyma's Function and Subscription CRDs beside eddy's, the kyma-system namespace and the
+    // publisher address in it.
+    assert_eq!(count(&kinds, "customresourcedefinition"), 4, "{kinds:?}");
+    assert_eq!(count(&kinds, "namespace"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "service"), 4, "{kinds:?}");
+    let defaults = render_chart(None, &[]);
+    assert_eq!(
+        count(&defaults, "customresourcedefinition"),
+        2,
+        "{defaults:?}"
+    );
+    assert_eq!(count(&defaults, "namespace"), 0, "{defaults:?}");
+}
+
+#[test]
 fn the_chart_renders_valid_objects_exposing_functions_through_the_gateway_api() {
     let kinds = render_chart(Some("gateway-api-values.yaml"), &[]);
     assert_eq!(
@@ -337,8 +354,53 @@ spec:
 "#,
     )
     .unwrap();
+    // A Git source: the build Job fetches it in an init container.
+    let repository = dir.path().join("functions");
+    std::fs::create_dir_all(repository.join("greet")).unwrap();
+    std::fs::write(
+        repository.join("greet/handler.js"),
+        "module.exports = { main: () => 'hi' }",
+    )
+    .unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "-A"],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.com",
+            "commit",
+            "-q",
+            "-m",
+            "greet",
+        ],
+    ] {
+        run(Command::new("git").arg("-C").arg(&repository).args(args));
+    }
+    let git = dir.path().join("git-function.yaml");
+    std::fs::write(
+        &git,
+        format!(
+            r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: from-git
+  namespace: shop
+spec:
+  runtime: nodejs22
+  source:
+    gitRepository:
+      url: file://{}
+      reference: main
+      baseDir: greet
+"#,
+            repository.display()
+        ),
+    )
+    .unwrap();
     let version = lowest_kubernetes_version();
-    for (manifest, functions) in [(repo().join("examples/shop"), 3), (kyma, 1)] {
+    for (manifest, functions) in [(repo().join("examples/shop"), 3), (kyma, 1), (git, 1)] {
         let rendered = run(Command::new(env!("CARGO_BIN_EXE_eddy"))
             .args(["controller", "render", "-f"])
             .arg(&manifest));

@@ -31,6 +31,28 @@ fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Requests) {
     )
 }
 
+/// A dispatcher reading Subscriptions through `client` (and Kyma's with `kyma`), delivering
+/// to local sinks; stopped by the returned token.
+async fn start_dispatcher(
+    platform: &Platform,
+    client: kube::Client,
+    kyma: bool,
+) -> eddy_platform::shutdown::CancellationToken {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut args = eddy_dispatcher::Args::new(addr, platform.nats.url());
+    args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
+    args.subscriptions_from = eddy_dispatcher::SubscriptionsFrom::Kubernetes;
+    args.kyma_compatibility = kyma;
+    let shutdown = eddy_platform::shutdown::CancellationToken::new();
+    let dispatcher =
+        eddy_dispatcher::Dispatcher::with_kubernetes(args, Some(client), shutdown.clone())
+            .await
+            .unwrap();
+    tokio::spawn(dispatcher.serve(listener));
+    shutdown
+}
+
 #[tokio::test]
 async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     let platform = Platform::start_with(Options {
@@ -40,18 +62,7 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     .await;
     let sink = Sink::ok().await;
     let (client, watch, requests) = api_server(subscription(&sink.url, &["order.created.v1"], "1"));
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut args = eddy_dispatcher::Args::new(addr, platform.nats.url());
-    args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
-    args.subscriptions_from = eddy_dispatcher::SubscriptionsFrom::Kubernetes;
-    let shutdown = eddy_platform::shutdown::CancellationToken::new();
-    let dispatcher =
-        eddy_dispatcher::Dispatcher::with_kubernetes(args, Some(client), shutdown.clone())
-            .await
-            .unwrap();
-    tokio::spawn(dispatcher.serve(listener));
+    let shutdown = start_dispatcher(&platform, client, false).await;
 
     // The listed Subscription gets its consumer, and its events are delivered once each.
     eventually(
@@ -144,9 +155,83 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
         .iter()
         .flat_map(|(method, uri)| eddy_testing::rbac::needed_by(method, uri))
         .collect();
+    // Kyma's group is granted for `kymaCompatibility` (the test below uses it).
+    let granted: BTreeSet<String> = eddy_testing::rbac::granted_by_cluster_role(&template)
+        .into_iter()
+        .filter(|permission| !permission.starts_with("eventing.kyma-project.io/"))
+        .collect();
+    assert_eq!(
+        granted, used,
+        "the chart's dispatcher ClusterRole and the dispatcher's requests"
+    );
+}
+
+/// With `kymaCompatibility`, Kyma's Subscriptions (as Kyma writes them: a string
+/// `maxInFlightMessages`) are delivered for beside eddy's, by the same code.
+#[tokio::test]
+async fn kyma_subscriptions_are_delivered_beside_eddy_s() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let sink = Sink::ok().await;
+    let kyma = json!({
+        "apiVersion": "eventing.kyma-project.io/v1alpha2", "kind": "Subscription",
+        "metadata": {"name": "on-payment", "namespace": "default", "uid": "2", "resourceVersion": "1"},
+        "spec": {"sink": sink.url, "source": "shop", "types": ["order.paid.v1"],
+                 "config": {"maxInFlightMessages": "5"}},
+    });
+    let (client, _watches, requests) = kube_mock::api_server_of(vec![
+        kube_mock::Watched {
+            list_path: "/apis/eddy.dev/v1alpha1/subscriptions?",
+            list_kind: "SubscriptionList",
+            initial: vec![subscription(&sink.url, &["order.created.v1"], "1")],
+        },
+        kube_mock::Watched {
+            list_path: "/apis/eventing.kyma-project.io/v1alpha2/subscriptions?",
+            list_kind: "SubscriptionList",
+            initial: vec![kyma],
+        },
+    ]);
+    let shutdown = start_dispatcher(&platform, client, true).await;
+    for name in ["on-order", "on-payment"] {
+        eventually(
+            "a consumer for each kind's subscription",
+            Duration::from_secs(20),
+            || async { platform.consumer_info(name).await.is_some() },
+        )
+        .await
+        .unwrap();
+    }
+    let payment = platform.consumer_info("on-payment").await.unwrap();
+    assert_eq!(payment.config.max_ack_pending, 5, "Kyma's string limit");
+    platform
+        .publish("shop", "order.created.v1", "c-1", json!({}))
+        .await;
+    platform
+        .publish("shop", "order.paid.v1", "p-1", json!({}))
+        .await;
+    sink.wait_for(2).await;
+    let mut ids = sink.ids();
+    ids.sort();
+    assert_eq!(ids, vec!["c-1".to_owned(), "p-1".to_owned()]);
+    shutdown.cancel();
+
+    let template = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("charts/eddy/templates/dispatcher.yaml"),
+    )
+    .unwrap();
+    let used: BTreeSet<String> = requests
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|(method, uri)| eddy_testing::rbac::needed_by(method, uri))
+        .collect();
     assert_eq!(
         eddy_testing::rbac::granted_by_cluster_role(&template),
         used,
-        "the chart's dispatcher ClusterRole and the dispatcher's requests"
+        "the chart's dispatcher ClusterRole (with kymaCompatibility) and the dispatcher's requests"
     );
 }

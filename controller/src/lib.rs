@@ -89,6 +89,13 @@ pub struct KubernetesArgs {
         default_value = "gcr.io/kaniko-project/executor:v1.23.2"
     )]
     pub builder_image: String,
+    /// The image whose `git` (and `ssh`) fetches a Function's Git source before its build.
+    #[arg(
+        long = "git-image",
+        env = "EDDY_GIT_IMAGE",
+        default_value = "docker.io/alpine/git:v2.47.2"
+    )]
+    pub git_image: String,
     /// A `kubernetes.io/dockerconfigjson` Secret, in each function namespace, for pushing
     /// and pulling function images.
     #[arg(long = "registry-secret", env = "EDDY_REGISTRY_SECRET")]
@@ -109,6 +116,11 @@ pub struct KubernetesArgs {
     /// CPU utilization (percent of the request) an autoscaled Function's HPA aims for.
     #[arg(long = "hpa-cpu-target", env = "EDDY_HPA_CPU_TARGET", default_value_t = kubernetes::render::TARGET_CPU_UTILIZATION, value_parser = clap::value_parser!(i32).range(1..=1000))]
     pub hpa_cpu_target: i32,
+    /// Also reconcile Kyma's Function (serverless.kyma-project.io/v1alpha2) and Subscription
+    /// (eventing.kyma-project.io/v1alpha2) kinds, served by eddy's chart in a cluster without
+    /// Kyma.
+    #[arg(long = "kyma-compatibility", env = "EDDY_KYMA_COMPATIBILITY")]
+    pub kyma_compatibility: bool,
     /// One active controller among the replicas.
     #[command(flatten)]
     pub leader: kubernetes::leader::LeaderArgs,
@@ -126,6 +138,7 @@ impl KubernetesArgs {
         kubernetes::RenderConfig {
             registry: self.registry.clone(),
             builder_image: self.builder_image.clone(),
+            git_image: self.git_image.clone(),
             registry_secret: self.registry_secret.clone(),
             insecure_registry: self.insecure_registry,
             publisher_url: self.publisher_url.clone(),

@@ -27,6 +27,16 @@ fn committed_crds_are_the_generated_ones() {
     );
 }
 
+#[test]
+fn committed_kyma_crds_are_the_generated_ones() {
+    let generated = eddy_model::kyma::crds_yaml().unwrap();
+    let committed = read("files/kyma-crds.yaml");
+    assert!(
+        committed == generated,
+        "charts/eddy/files/kyma-crds.yaml is out of date; regenerate it with\n  cargo run -q -- crds --kyma > charts/eddy/files/kyma-crds.yaml"
+    );
+}
+
 /// `.Values.a.b` paths in a template text.
 fn value_paths(text: &str) -> BTreeSet<String> {
     let mut paths = BTreeSet::new();

@@ -130,6 +130,10 @@ pub struct Args {
         default_value = "kv"
     )]
     pub subscriptions_from: SubscriptionsFrom,
+    /// With `--subscriptions-from kubernetes`: follow Kyma's Subscriptions
+    /// (eventing.kyma-project.io/v1alpha2) as well as eddy's.
+    #[arg(long = "kyma-compatibility", env = "EDDY_KYMA_COMPATIBILITY")]
+    pub kyma_compatibility: bool,
     /// How function sinks are resolved: through Function status (local) or as written (direct).
     #[arg(
         long = "sink-resolution",
@@ -212,6 +216,7 @@ impl Dispatcher {
             stream,
             allowed_sinks,
             subscriptions_from: _,
+            kyma_compatibility,
             sink_resolution,
             ack_wait,
             max_reply_size,
@@ -236,7 +241,11 @@ impl Dispatcher {
                 ensure_with_retry(&js, &stream, &shutdown).await?;
                 // Cluster DNS resolves function Services.
                 let sinks = sinks::Sinks::new(sinks::Resolution::Direct, policy.clone());
-                (manager::SubscriptionSource::Kubernetes(kube), sinks)
+                let source = manager::SubscriptionSource::Kubernetes {
+                    client: kube,
+                    kyma: kyma_compatibility,
+                };
+                (source, sinks)
             }
             None => {
                 let store = open_with_retry(&js, &stream, &shutdown).await?;

@@ -20,6 +20,7 @@ use eddy_platform::{
     store::{Change, Resync, Store, StoredResource as _},
 };
 use futures::StreamExt as _;
+use kube::runtime::watcher;
 use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinHandle,
@@ -37,8 +38,14 @@ use crate::{
 pub enum SubscriptionSource {
     /// The resource store in NATS KV (local mode).
     Store(Box<Store>),
-    /// Subscription objects in a Kubernetes cluster.
-    Kubernetes(kube::Client),
+    /// Subscription objects in a Kubernetes cluster; with `kyma`, Kyma's Subscriptions
+    /// (eventing.kyma-project.io/v1alpha2) as well.
+    Kubernetes {
+        /// The API server.
+        client: kube::Client,
+        /// Whether Kyma's Subscriptions are followed too.
+        kyma: bool,
+    },
 }
 
 /// Where a replay starts.
@@ -204,54 +211,130 @@ async fn follow(
                 })
                 .await;
         }
-        SubscriptionSource::Kubernetes(client) => follow_kubernetes(client, &to, &shutdown).await,
+        SubscriptionSource::Kubernetes { client, kyma } => {
+            follow_kubernetes(client, kyma, &to, &shutdown).await;
+        }
     }
 }
 
-/// Subscription objects through the Kubernetes API; a relist reports what was deleted while
-/// the watch was down, as the store's watch does.
+/// What one watch event says about the Subscriptions, whichever kind they were stored as.
+enum Seen {
+    /// A (re)list begins.
+    Init,
+    /// Listed or changed.
+    Applied(Box<Subscription>),
+    /// The list is complete.
+    InitDone,
+    /// Deleted.
+    Deleted((String, String)),
+    /// An object that is not a Subscription eddy can deliver for (logged).
+    Skipped,
+}
+
+fn seen_eddy(event: watcher::Event<Subscription>) -> Seen {
+    match event {
+        watcher::Event::Init => Seen::Init,
+        watcher::Event::InitApply(subscription) | watcher::Event::Apply(subscription) => {
+            Seen::Applied(Box::new(subscription))
+        }
+        watcher::Event::InitDone => Seen::InitDone,
+        watcher::Event::Delete(subscription) => Seen::Deleted(subscription.key()),
+    }
+}
+
+fn seen_kyma(event: watcher::Event<kube::api::DynamicObject>) -> Seen {
+    match event {
+        watcher::Event::Init => Seen::Init,
+        watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
+            let key = format!(
+                "{}/{}",
+                object.metadata.namespace.as_deref().unwrap_or_default(),
+                object.metadata.name.as_deref().unwrap_or_default()
+            );
+            let value = serde_json::to_value(&object).unwrap_or_default();
+            match eddy_model::kyma::native_subscription(value) {
+                Ok(subscription) => Seen::Applied(Box::new(subscription)),
+                Err(errors) => {
+                    // The controller puts the same errors into the object's status.
+                    tracing::warn!(subscription = %key, errors = %eddy_model::resources::describe_errors(&errors), "a Kyma Subscription eddy cannot read; left as it was");
+                    Seen::Skipped
+                }
+            }
+        }
+        watcher::Event::InitDone => Seen::InitDone,
+        watcher::Event::Delete(object) => Seen::Deleted((
+            object.metadata.namespace.unwrap_or_default(),
+            object.metadata.name.unwrap_or_default(),
+        )),
+    }
+}
+
+/// Subscription objects through the Kubernetes API (eddy's and, with `kyma`, Kyma's); a
+/// relist reports what was deleted while the watch was down, as the store's watch does. The
+/// first [`Change::Synced`] waits for every kind's initial list, so no Subscription of one
+/// kind is taken for gone while the other is still listing.
 async fn follow_kubernetes(
     client: kube::Client,
+    kyma: bool,
     to: &mpsc::Sender<Message>,
     shutdown: &CancellationToken,
 ) {
-    use kube::runtime::{WatchStreamExt as _, watcher};
-    let api: kube::Api<Subscription> = kube::Api::all(client);
-    let events = watcher(api, watcher::Config::default()).default_backoff();
-    let mut events = std::pin::pin!(events);
-    let mut resync = Resync::default();
+    use kube::runtime::WatchStreamExt as _;
+    let eddy_api: kube::Api<Subscription> = kube::Api::all(client.clone());
+    let eddy = watcher(eddy_api, watcher::Config::default())
+        .default_backoff()
+        .map(|event| (0_usize, event.map(seen_eddy)))
+        .boxed();
+    let mut kinds = vec![eddy];
+    if kyma {
+        let resource = eddy_model::kyma::subscription_resource();
+        let api = kube::Api::<kube::api::DynamicObject>::all_with(client, &resource);
+        let kyma = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .map(|event| (1_usize, event.map(seen_kyma)))
+            .boxed();
+        kinds.push(kyma);
+    }
+    let mut resyncs: Vec<Resync> = kinds.iter().map(|_| Resync::default()).collect();
+    let mut listed = vec![false; kinds.len()];
+    let mut events = futures::stream::select_all(kinds);
     loop {
         let event = tokio::select! {
             event = events.next() => event,
             () = shutdown.cancelled() => return,
         };
-        let changes = match event {
+        let (kind, seen) = match event {
             None => return,
-            Some(Err(error)) => {
+            Some((_, Err(error))) => {
                 tracing::warn!(%error, "watching Subscriptions failed; retrying with backoff");
                 continue;
             }
-            Some(Ok(watcher::Event::Init)) => {
+            Some((kind, Ok(seen))) => (kind, seen),
+        };
+        let resync = &mut resyncs[kind];
+        let changes = match seen {
+            Seen::Init => {
                 resync.restart();
                 continue;
             }
-            Some(Ok(
-                watcher::Event::InitApply(subscription) | watcher::Event::Apply(subscription),
-            )) => {
+            Seen::Skipped => continue,
+            Seen::Applied(subscription) => {
                 resync.applied(subscription.key());
-                vec![Change::Applied(subscription)]
+                vec![Change::Applied(*subscription)]
             }
-            Some(Ok(watcher::Event::InitDone)) => {
+            Seen::InitDone => {
                 let mut changes: Vec<_> = resync
                     .synced()
                     .into_iter()
                     .map(|(namespace, name)| Change::Deleted { namespace, name })
                     .collect();
-                changes.push(Change::Synced);
+                listed[kind] = true;
+                if listed.iter().all(|done| *done) {
+                    changes.push(Change::Synced);
+                }
                 changes
             }
-            Some(Ok(watcher::Event::Delete(subscription))) => {
-                let key = subscription.key();
+            Seen::Deleted(key) => {
                 resync.deleted(&key);
                 vec![Change::Deleted {
                     namespace: key.0,

@@ -582,6 +582,9 @@ pub struct FunctionStatus {
     /// Failed builds of the current source in a row (Kubernetes; 0 once one succeeds).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub build_failures: i32,
+    /// The commit a Git source's reference resolved to, which the current build is of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
 }
 
 fn is_zero(value: &i32) -> bool {

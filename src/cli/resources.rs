@@ -582,8 +582,33 @@ pub async fn delete(
 }
 
 /// The Kubernetes objects the controller would create for each Function in `path`, as YAML.
+/// The commit a Git source's reference names now, as the controller would resolve it (a
+/// repository that needs credentials from a Secret cannot be rendered without the cluster).
+async fn resolve_offline(
+    repository: &eddy_model::resources::GitRepositorySource,
+) -> anyhow::Result<String> {
+    if let Some(auth) = &repository.auth {
+        anyhow::bail!(
+            "spec.source.gitRepository.auth: the repository needs the credentials in Secret {}, \
+             which only the controller in the cluster reads; render a copy without auth to see the objects",
+            auth.secret_name
+        );
+    }
+    let scratch = tempfile::tempdir()?;
+    let config = eddy_controller::local::git::GitConfig {
+        dir: scratch.path().to_owned(),
+        timeout: eddy_controller::kubernetes::GIT_TIMEOUT,
+    };
+    eddy_controller::local::git::resolve(&config, &repository.url, &repository.reference, None)
+        .await
+        .map_err(|failure| anyhow::anyhow!("spec.source.gitRepository: {}", failure.message))
+}
+
 /// Functions are validated first, as the API server would; other kinds are skipped.
-pub fn render(path: &Path, kubernetes: &eddy_controller::KubernetesArgs) -> anyhow::Result<String> {
+pub async fn render(
+    path: &Path,
+    kubernetes: &eddy_controller::KubernetesArgs,
+) -> anyhow::Result<String> {
     let config = kubernetes.render_config();
     let mut out = String::new();
     let mut functions = 0;
@@ -604,7 +629,14 @@ pub fn render(path: &Path, kubernetes: &eddy_controller::KubernetesArgs) -> anyh
                 eddy_model::resources::describe_errors(&errors)
             );
         }
-        out.push_str(&eddy_controller::kubernetes::render(&function, &config)?.to_yaml()?);
+        let commit = match &function.spec.source.git_repository {
+            None => None,
+            Some(repository) => Some(resolve_offline(repository).await?),
+        };
+        out.push_str(
+            &eddy_controller::kubernetes::render_at(&function, &config, commit.as_deref())?
+                .to_yaml()?,
+        );
         functions += 1;
     }
     if functions == 0 {

@@ -39,12 +39,37 @@ pub fn api_server(
     list_kind: &'static str,
     initial: Vec<Value>,
 ) -> (kube::Client, mpsc::Sender<Value>, Requests) {
+    let (client, mut watches, requests) = api_server_of(vec![Watched {
+        list_path,
+        list_kind,
+        initial,
+    }]);
+    (client, watches.remove(0), requests)
+}
+
+/// One kind a mock API server answers watchers of.
+pub struct Watched {
+    /// `/apis/<group>/<version>/<plural>?`
+    pub list_path: &'static str,
+    /// The list's `kind`.
+    pub list_kind: &'static str,
+    /// What the list holds.
+    pub initial: Vec<Value>,
+}
+
+/// Like [`api_server`], for several kinds: one watch channel per kind, in order.
+pub fn api_server_of(kinds: Vec<Watched>) -> (kube::Client, Vec<mpsc::Sender<Value>>, Requests) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<WatchBody>>();
-    let (events, receiver) = mpsc::channel::<Value>(16);
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in &kinds {
+        let (events, receiver) = mpsc::channel::<Value>(16);
+        senders.push(events);
+        receivers.push(Some(receiver));
+    }
     let requests = Requests::default();
     let recorded = requests.clone();
     tokio::spawn(async move {
-        let mut receiver = Some(receiver);
         let mut pending = Vec::new();
         while let Some((request, send)) = handle.next_request().await {
             let uri = request.uri().to_string();
@@ -52,22 +77,26 @@ pub fn api_server(
                 .lock()
                 .unwrap()
                 .push((request.method().to_string(), uri.clone()));
-            if !uri.starts_with(list_path) {
+            let Some(index) = kinds
+                .iter()
+                .position(|kind| uri.starts_with(kind.list_path))
+            else {
                 let mut response = Response::new(streamed(mpsc::channel(1).1));
                 *response.status_mut() = http::StatusCode::NOT_FOUND;
                 send.send_response(response);
                 continue;
-            }
+            };
+            let kind = &kinds[index];
             if !uri.contains("watch=true") {
                 let list = json!({
-                    "apiVersion": "eddy.dev/v1alpha1", "kind": list_kind,
-                    "metadata": {"resourceVersion": "1"}, "items": initial.clone(),
+                    "apiVersion": "v1", "kind": kind.list_kind,
+                    "metadata": {"resourceVersion": "1"}, "items": kind.initial.clone(),
                 });
                 let (tx, rx) = mpsc::channel(1);
                 tx.send(Bytes::from(list.to_string())).await.unwrap();
                 drop(tx);
                 send.send_response(Response::new(streamed(rx)));
-            } else if let Some(mut events) = receiver.take() {
+            } else if let Some(mut events) = receivers[index].take() {
                 let (tx, rx) = mpsc::channel(16);
                 send.send_response(Response::new(streamed(rx)));
                 tokio::spawn(async move {
@@ -85,5 +114,5 @@ pub fn api_server(
             }
         }
     });
-    (kube::Client::new(service, "default"), events, requests)
+    (kube::Client::new(service, "default"), senders, requests)
 }

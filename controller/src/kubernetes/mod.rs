@@ -27,19 +27,20 @@ use k8s_openapi::api::{
     apps::v1::Deployment,
     autoscaling::v2::HorizontalPodAutoscaler,
     batch::v1::Job,
-    core::v1::{ConfigMap, Pod, Service},
+    core::v1::{ConfigMap, Pod, Secret, Service},
 };
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{
     Api, Client, Resource, ResourceExt as _,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy},
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PropagationPolicy},
     runtime::{Controller, controller::Action, watcher},
 };
 
-pub use render::{RenderConfig, Rendered, Scaling, render};
+pub use render::{RenderConfig, Rendered, Scaling, render, render_at};
 
 use crate::{
     Error, Result,
+    local::git::{GitConfig, GitCredentials},
     status::{condition, now},
     subscriptions::{Readiness, desired_status},
 };
@@ -56,6 +57,15 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// The time now (a fixed time in tests, so retry delays can be asserted exactly).
     pub clock: fn() -> Timestamp,
+    /// Where `git ls-remote` keeps its scratch files and known hosts, and how long it may run.
+    pub git: GitConfig,
+    /// How often a Git source's reference is checked for a new commit.
+    pub git_poll_interval: Duration,
+    /// Whether Kyma's Function and Subscription kinds are reconciled too.
+    pub kyma_compatibility: bool,
+    /// Whether `file://` repositories are resolved (tests only: build pods cannot see the
+    /// controller's files).
+    pub file_repositories: bool,
 }
 
 impl Context {
@@ -67,6 +77,13 @@ impl Context {
             sinks,
             failures: Mutex::default(),
             clock: Timestamp::now,
+            git: GitConfig {
+                dir: std::env::temp_dir().join("eddy-controller-git"),
+                timeout: GIT_TIMEOUT,
+            },
+            git_poll_interval: Duration::from_secs(60),
+            file_repositories: false,
+            kyma_compatibility: false,
         }
     }
 
@@ -87,6 +104,9 @@ impl Context {
 
 /// How often a settled object is looked at again anyway (drift from manual edits).
 pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// Longest one `git ls-remote` of a Git source may take.
+pub const GIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Delays before retrying after consecutive transient errors: 1 s doubling to 5 min.
 pub const RETRY: Backoff = Backoff::exponential(Duration::from_secs(1), RESYNC);
@@ -190,11 +210,15 @@ pub fn build_state(job: &Job) -> BuildState {
     BuildState::Running
 }
 
-/// The tail of the build log, from the build pod's termination message. Pure.
+/// The tail of the build log, from the termination message of the build pod's container
+/// that failed (the Git fetch or the build). Pure.
 pub fn build_log_tail(pods: &[Pod]) -> Option<String> {
     pods.iter()
-        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
-        .flatten()
+        .filter_map(|pod| pod.status.as_ref())
+        .flat_map(|status| {
+            let init = status.init_container_statuses.iter().flatten();
+            init.chain(status.container_statuses.iter().flatten())
+        })
         .filter_map(|status| status.state.as_ref()?.terminated.as_ref()?.message.clone())
         .map(|message| crate::local::build::tail(message.trim(), 20))
         .find(|message| !message.is_empty())
@@ -384,6 +408,9 @@ where
     if previous == Some(status) {
         return Ok(());
     }
+    if let Some(kyma) = eddy_model::kyma::stored_as(object.meta()) {
+        return write_kyma_status(client, object.meta(), &kyma, status).await;
+    }
     let (api, name) = api_for(client, object)?;
     let body = StatusPatch {
         api_version: K::api_version(&Default::default()).into_owned(),
@@ -393,6 +420,107 @@ where
     api.patch_status(name, &apply_params(), &Patch::Apply(&body))
         .await?;
     Ok(())
+}
+
+/// Writes `status` to the Kyma object `meta` names (`kymaCompatibility`).
+async fn write_kyma_status<S: serde::Serialize + std::fmt::Debug>(
+    client: &Client,
+    meta: &kube::core::ObjectMeta,
+    kyma: &kube::core::ApiResource,
+    status: &S,
+) -> Result<()> {
+    let namespace = meta
+        .namespace
+        .as_deref()
+        .ok_or(Error::Incomplete("namespace"))?;
+    let name = meta.name.as_deref().ok_or(Error::Incomplete("name"))?;
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, kyma);
+    let body = StatusPatch {
+        api_version: kyma.api_version.clone(),
+        kind: kyma.kind.clone(),
+        status,
+    };
+    api.patch_status(name, &apply_params(), &Patch::Apply(&body))
+        .await?;
+    Ok(())
+}
+
+/// A Kyma Function (`kymaCompatibility`): converted to eddy's and reconciled by
+/// [`reconcile_function`], which writes back to the Kyma object. One that does not convert
+/// says why in its status.
+pub async fn reconcile_kyma_function(
+    object: Arc<DynamicObject>,
+    context: Arc<Context>,
+) -> Result<Action> {
+    let value = serde_json::to_value(object.as_ref()).unwrap_or_default();
+    match eddy_model::kyma::native_function(value) {
+        Ok(function) => reconcile_function(Arc::new(function), context).await,
+        Err(errors) => {
+            let mut status = FunctionStatus {
+                observed_generation: object.metadata.generation,
+                ..FunctionStatus::default()
+            };
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    ConditionType::ConfigurationReady,
+                    Some(false),
+                    Reason::ValidationFailed,
+                    describe_errors(&errors),
+                ),
+            );
+            let kyma = eddy_model::kyma::function_resource();
+            write_kyma_status(&context.client, &object.metadata, &kyma, &status).await?;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// A Kyma Subscription (`kymaCompatibility`), like [`reconcile_kyma_function`].
+pub async fn reconcile_kyma_subscription(
+    object: Arc<DynamicObject>,
+    context: Arc<Context>,
+) -> Result<Action> {
+    let value = serde_json::to_value(object.as_ref()).unwrap_or_default();
+    match eddy_model::kyma::native_subscription(value) {
+        Ok(subscription) => reconcile_subscription(Arc::new(subscription), context).await,
+        Err(errors) => {
+            let status = SubscriptionStatus {
+                ready: false,
+                conditions: vec![condition(
+                    ConditionType::Ready,
+                    Some(false),
+                    Reason::Invalid,
+                    describe_errors(&errors),
+                )],
+                ..SubscriptionStatus::default()
+            };
+            let kyma = eddy_model::kyma::subscription_resource();
+            write_kyma_status(&context.client, &object.metadata, &kyma, &status).await?;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// Retries a failed reconcile of a Kyma object, like [`error_policy`].
+pub fn kyma_error_policy(
+    object: Arc<DynamicObject>,
+    error: &Error,
+    context: Arc<Context>,
+) -> Action {
+    let key = format!(
+        "{}/{}/{}",
+        object
+            .types
+            .as_ref()
+            .map_or("", |types| types.kind.as_str()),
+        object.metadata.namespace.as_deref().unwrap_or_default(),
+        object.metadata.name.as_deref().unwrap_or_default()
+    );
+    let failures = context.record_failure(&key);
+    let delay = RETRY.delay(failures);
+    tracing::warn!(object = %key, %error, failures, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
 }
 
 /// Brings a Function's objects in line with its spec and reports in its status.
@@ -449,16 +577,37 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
         );
         Action::await_change()
     } else {
-        let rendered = render(function, &context.config)?;
+        let commit = match &function.spec.source.git_repository {
+            None => None,
+            Some(repository) => match resolve_commit(context, &namespace, repository).await? {
+                Ok(commit) => Some(commit),
+                Err((reason, message)) => {
+                    // What runs keeps running; the reference is looked at again soon.
+                    tracing::warn!(%namespace, function = %name, %message, "cannot resolve the Git source");
+                    set_condition(
+                        &mut status.conditions,
+                        condition(ConditionType::BuildReady, Some(false), reason, message),
+                    );
+                    write_status(client, function, previous.as_ref(), &status).await?;
+                    return Ok(Action::requeue(context.git_poll_interval));
+                }
+            },
+        };
+        let rendered = render_at(function, &context.config, commit.as_deref())?;
+        let configured = match &commit {
+            Some(commit) => format!("build {} of commit {commit}", rendered.hash),
+            None => format!("build {}", rendered.hash),
+        };
         set_condition(
             &mut status.conditions,
             condition(
                 ConditionType::ConfigurationReady,
                 Some(true),
                 Reason::ConfigurationValid,
-                format!("build {}", rendered.hash),
+                configured,
             ),
         );
+        status.commit = commit;
         status.url = Some(render::function_url(&namespace, &name));
         let target = Target {
             client,
@@ -469,7 +618,7 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
         let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
         let job_name = rendered.job.metadata.name.clone().unwrap_or_default();
         status.pod_selector = Some(render::pod_selector(&name));
-        match jobs.get_opt(&job_name).await? {
+        let requeue_after = match jobs.get_opt(&job_name).await? {
             None => {
                 status.build_failures = 0;
                 target.build(&mut status, Some(1)).await?
@@ -488,6 +637,11 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                     target.deploy(&mut status, function).await?
                 }
             },
+        };
+        // A Git reference can move at any time: look again at least every poll interval.
+        match status.commit {
+            Some(_) => Action::requeue(requeue_after.min(context.git_poll_interval)),
+            None => Action::requeue(requeue_after),
         }
     };
     write_status(client, function, previous.as_ref(), &status).await?;
@@ -504,7 +658,7 @@ struct Target<'a> {
 
 impl Target<'_> {
     /// A build runs (`start`: starts that attempt first).
-    async fn build(&self, status: &mut FunctionStatus, start: Option<u32>) -> Result<Action> {
+    async fn build(&self, status: &mut FunctionStatus, start: Option<u32>) -> Result<Duration> {
         let rendered = self.rendered;
         if let Some(attempt) = start {
             tracing::info!(namespace = %self.namespace, function = %self.name, image = %rendered.image, attempt, "building");
@@ -542,7 +696,7 @@ impl Target<'_> {
                 ),
             );
         }
-        Ok(Action::requeue(RESYNC))
+        Ok(RESYNC)
     }
 
     /// The build failed: its reason, the tail of its log and when it is tried again go into
@@ -553,7 +707,7 @@ impl Target<'_> {
         job: &Job,
         reason: String,
         now: Timestamp,
-    ) -> Result<Action> {
+    ) -> Result<Duration> {
         let attempt = build_attempt(job);
         let retry_at = build_retry_at(job, now);
         if now >= retry_at {
@@ -609,13 +763,12 @@ impl Target<'_> {
                 ),
             );
         }
-        let wait = retry_at.duration_since(now).unsigned_abs();
-        Ok(Action::requeue(wait))
+        Ok(retry_at.duration_since(now).unsigned_abs())
     }
 
     /// The image exists: apply the Deployment, Service and HPA (or delete an HPA no longer
     /// wanted), clear superseded builds, and report how the rollout goes.
-    async fn deploy(&self, status: &mut FunctionStatus, function: &Function) -> Result<Action> {
+    async fn deploy(&self, status: &mut FunctionStatus, function: &Function) -> Result<Duration> {
         let rendered = self.rendered;
         set_condition(
             &mut status.conditions,
@@ -652,8 +805,67 @@ impl Target<'_> {
         );
         status.replicas = replicas;
         status.runtime = Some(function.spec.runtime.as_str().to_owned());
-        Ok(Action::requeue(RESYNC))
+        Ok(RESYNC)
     }
+}
+
+/// The commit a Git source's reference names now, with the credentials its Secret holds;
+/// or why it cannot be known (the reason and message for BuildReady). API errors are
+/// returned as errors (retried).
+async fn resolve_commit(
+    context: &Context,
+    namespace: &str,
+    repository: &eddy_model::resources::GitRepositorySource,
+) -> Result<std::result::Result<String, (Reason, String)>> {
+    if repository.url.starts_with("file://") && !context.file_repositories {
+        return Ok(Err((
+            Reason::SourceUnavailable,
+            "spec.source.gitRepository.url: file:// repositories are not reachable from build \
+             pods; use https://, http:// or ssh://"
+                .to_owned(),
+        )));
+    }
+    let credentials = match &repository.auth {
+        None => None,
+        Some(auth) => {
+            let secrets: Api<Secret> = Api::namespaced(context.client.clone(), namespace);
+            let Some(secret) = secrets.get_opt(&auth.secret_name).await? else {
+                return Ok(Err((
+                    Reason::ReferenceNotFound,
+                    format!(
+                        "spec.source.gitRepository.auth: Secret {} not found",
+                        auth.secret_name
+                    ),
+                )));
+            };
+            let data: std::collections::BTreeMap<String, Vec<u8>> = secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, value)| (key, value.0))
+                .collect();
+            match GitCredentials::from_secret(auth.type_, &data) {
+                Ok(credentials) => Some(credentials),
+                Err(key) => {
+                    return Ok(Err((
+                        Reason::ReferenceNotFound,
+                        format!(
+                            "spec.source.gitRepository.auth: Secret {} has no key {key}",
+                            auth.secret_name
+                        ),
+                    )));
+                }
+            }
+        }
+    };
+    Ok(crate::local::git::resolve(
+        &context.git,
+        &repository.url,
+        &repository.reference,
+        credentials.as_ref(),
+    )
+    .await
+    .map_err(|failure| (failure.reason, failure.message)))
 }
 
 fn saturating_i32(value: u32) -> i32 {
@@ -737,11 +949,10 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     let sinks = SinkPolicy {
         allowed: args.allowed_sinks.clone(),
     };
-    let context = Arc::new(Context::new(
-        client.clone(),
-        args.kubernetes.render_config(),
-        sinks,
-    ));
+    let mut context = Context::new(client.clone(), args.kubernetes.render_config(), sinks);
+    context.git_poll_interval = args.local.functions.git_poll_interval;
+    context.kyma_compatibility = args.kubernetes.kyma_compatibility;
+    let context = Arc::new(context);
     let listener = tokio::net::TcpListener::bind(args.api_addr)
         .await
         .map_err(|source| Error::Bind {
@@ -790,8 +1001,57 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     served.map_err(Error::Serve)
 }
 
-/// Runs the Function and Subscription controllers until `shutdown`.
+/// Runs the Function and Subscription controllers until `shutdown` (with `kyma`, also for
+/// Kyma's Function and Subscription kinds).
 pub async fn run(client: Client, context: Arc<Context>, shutdown: CancellationToken) {
+    let kyma = context.kyma_compatibility;
+    let kyma_controllers = async {
+        if kyma {
+            run_kyma(client.clone(), context.clone(), shutdown.clone()).await;
+        }
+    };
+    tokio::join!(
+        run_eddy(client.clone(), context.clone(), shutdown.clone()),
+        kyma_controllers
+    );
+}
+
+/// The controllers of Kyma's kinds: the same reconcilers behind a conversion.
+async fn run_kyma(client: Client, context: Arc<Context>, shutdown: CancellationToken) {
+    let functions = eddy_model::kyma::function_resource();
+    let subscriptions = eddy_model::kyma::subscription_resource();
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=eddy");
+    let function_controller = Controller::new_with(
+        Api::<DynamicObject>::all_with(client.clone(), &functions),
+        watcher::Config::default(),
+        functions,
+    )
+    .owns(Api::<Job>::all(client.clone()), owned.clone())
+    .owns(Api::<Deployment>::all(client.clone()), owned)
+    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+    .run(reconcile_kyma_function, kyma_error_policy, context.clone())
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            tracing::debug!(%error, "Kyma function reconcile");
+        }
+    });
+    let subscription_controller = Controller::new_with(
+        Api::<DynamicObject>::all_with(client.clone(), &subscriptions),
+        watcher::Config::default(),
+        subscriptions,
+    )
+    .graceful_shutdown_on(shutdown.cancelled_owned())
+    .run(reconcile_kyma_subscription, kyma_error_policy, context)
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            tracing::debug!(%error, "Kyma subscription reconcile");
+        }
+    });
+    tokio::join!(function_controller, subscription_controller);
+}
+
+/// The controllers of eddy's own kinds.
+async fn run_eddy(client: Client, context: Arc<Context>, shutdown: CancellationToken) {
     let functions: Api<Function> = Api::all(client.clone());
     let subscriptions: Api<Subscription> = Api::all(client.clone());
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=eddy");

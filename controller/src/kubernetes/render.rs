@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use eddy_model::resources::{
-    BUILD_PROFILE_RESOURCES, DEFAULT_TIMEOUT_SECONDS, FUNC_TIMEOUT_ENV, Function, InlineSource,
-    PROFILES, Resources, Runtime,
+    BUILD_PROFILE_RESOURCES, DEFAULT_TIMEOUT_SECONDS, FUNC_TIMEOUT_ENV, Function,
+    GitRepositorySource, InlineSource, PROFILES, RepositoryAuthType, Resources, Runtime,
 };
 use k8s_openapi::{
     api::{
@@ -55,6 +55,8 @@ pub struct RenderConfig {
     pub registry: String,
     /// The image that builds function images (Kaniko's executor by default).
     pub builder_image: String,
+    /// The image whose `git` fetches a Git source for its build (an init container).
+    pub git_image: String,
     /// A `kubernetes.io/dockerconfigjson` Secret for pushing and pulling, in each namespace.
     pub registry_secret: Option<String>,
     /// Push over plain HTTP (an in-cluster registry without TLS).
@@ -218,6 +220,11 @@ fn owner_reference(function: &Function) -> Result<OwnerReference, Error> {
     let mut owner = function
         .controller_owner_ref(&())
         .ok_or(Error::Incomplete("uid"))?;
+    // A Kyma Function owns its objects itself, so deleting it deletes them.
+    if let Some(kyma) = eddy_model::kyma::stored_as(&function.metadata) {
+        owner.api_version = kyma.api_version;
+        owner.kind = kyma.kind;
+    }
     // Foreground deletion of the Function waits for its objects.
     owner.block_owner_deletion = Some(true);
     Ok(owner)
@@ -268,25 +275,66 @@ fn labels<const N: usize>(pairs: [(&str, &str); N]) -> BTreeMap<String, String> 
         .collect()
 }
 
-/// Renders every object for `function`.
+/// Where a Function's code comes from, as its build sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// Code and dependencies in the spec.
+    Inline(&'a InlineSource),
+    /// A directory of a repository at a commit (the reference resolved by the controller).
+    Git {
+        /// The spec's `source.gitRepository`.
+        repository: &'a GitRepositorySource,
+        /// The commit its reference names now.
+        commit: &'a str,
+    },
+}
+
+/// Renders every object for an inline-source `function` (a Git source needs its commit:
+/// [`render_at`]).
 pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Error> {
+    render_at(function, config, None)
+}
+
+/// Renders every object for `function`; a Git source is built at `commit`.
+pub fn render_at(
+    function: &Function,
+    config: &RenderConfig,
+    commit: Option<&str>,
+) -> Result<Rendered, Error> {
     let name = function
         .metadata
         .name
         .as_deref()
         .ok_or(Error::Incomplete("name"))?;
     let namespace = function.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let inline = function
-        .spec
-        .source
-        .inline
-        .as_ref()
-        .ok_or(Error::Unsupported(
-            "spec.source.gitRepository: on Kubernetes eddy builds inline sources only so far; \
-             Git sources are built in local mode",
-        ))?;
+    let source = match (
+        &function.spec.source.inline,
+        &function.spec.source.git_repository,
+    ) {
+        (Some(inline), _) => Source::Inline(inline),
+        (None, Some(repository)) => Source::Git {
+            repository,
+            commit: commit.ok_or(Error::Incomplete(
+                "the commit spec.source.gitRepository.reference names",
+            ))?,
+        },
+        (None, None) => return Err(Error::Incomplete("spec.source")),
+    };
     let runtime = function.spec.runtime;
-    let hash = runtimes::build_hash(runtime, &inline.source, &inline.dependencies);
+    let hash = match source {
+        Source::Inline(inline) => {
+            runtimes::build_hash(runtime, &inline.source, &inline.dependencies)
+        }
+        Source::Git { repository, commit } => runtimes::build_hash(
+            runtime,
+            &format!(
+                "git {} {commit} {}",
+                repository.url,
+                git_base_dir(repository)
+            ),
+            "",
+        ),
+    };
     let image = image(&config.registry, &namespace, name, &hash);
     let owned = Owned {
         name,
@@ -296,8 +344,15 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
     };
     let scaling = scaling(function);
     Ok(Rendered {
-        config_map: build_context(&owned, function, inline),
-        job: build_job(&owned, config, &image, runtime, build_resources(function)),
+        config_map: build_context(&owned, function, source),
+        job: build_job(
+            &owned,
+            config,
+            &image,
+            runtime,
+            build_resources(function),
+            source,
+        ),
         deployment: deployment(&owned, function, config, &image, scaling),
         service: service(&owned),
         autoscaler: autoscaler(&owned, scaling, config.target_cpu_utilization),
@@ -306,22 +361,35 @@ pub fn render(function: &Function, config: &RenderConfig) -> Result<Rendered, Er
     })
 }
 
-/// The ConfigMap with the build context: Dockerfile, runtime server, handler, dependencies.
-fn build_context(owned: &Owned<'_>, function: &Function, inline: &InlineSource) -> ConfigMap {
+/// The function's directory in its repository, without leading or trailing `/` ("" for the
+/// top). Pure.
+pub fn git_base_dir(repository: &GitRepositorySource) -> &str {
+    repository
+        .base_dir
+        .as_deref()
+        .unwrap_or("")
+        .trim_matches('/')
+}
+
+/// The ConfigMap with the build context: Dockerfile, runtime server and, for inline code,
+/// handler and dependencies (a Git source's come from the repository).
+fn build_context(owned: &Owned<'_>, function: &Function, source: Source<'_>) -> ConfigMap {
     let files = runtimes::files(function.spec.runtime);
     let mut data = BTreeMap::from([
         ("Dockerfile".to_owned(), files.dockerfile.to_owned()),
         (files.server_file.to_owned(), files.server.to_owned()),
-        (files.handler_file.to_owned(), inline.source.clone()),
     ]);
     for (name, contents) in files.libraries {
         data.insert(format!("runtime-{name}"), (*contents).to_owned());
     }
-    if !inline.dependencies.trim().is_empty() {
-        data.insert(
-            files.dependencies_file.to_owned(),
-            inline.dependencies.clone(),
-        );
+    if let Source::Inline(inline) = source {
+        data.insert(files.handler_file.to_owned(), inline.source.clone());
+        if !inline.dependencies.trim().is_empty() {
+            data.insert(
+                files.dependencies_file.to_owned(),
+                inline.dependencies.clone(),
+            );
+        }
     }
     ConfigMap {
         metadata: owned.metadata(
@@ -333,17 +401,83 @@ fn build_context(owned: &Owned<'_>, function: &Function, inline: &InlineSource) 
     }
 }
 
-/// The build Job: Kaniko turns the build context into the function's image.
+/// The shell script of a Git build's `source` init container: fetches the commit (shallow
+/// where the server allows it), then lays out the build context: the base directory's files
+/// with the runtime's from the ConfigMap over them. The URL, commit and directories come from
+/// the environment (never spliced into the script); credentials come from the Secret as
+/// files and variables, and the password only ever reaches `git` as an HTTP header in its
+/// environment. POSIX sh and git only: any image with both runs it.
+pub const GIT_FETCH_SCRIPT: &str = r#"set -eu
+umask 022
+ssh_command="ssh -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=$HOME/known_hosts"
+if [ -n "${EDDY_GIT_USERNAME:-}" ]; then
+  GIT_CONFIG_COUNT=1
+  GIT_CONFIG_KEY_0=http.extraHeader
+  GIT_CONFIG_VALUE_0="Authorization: Basic $(printf '%s:%s' "$EDDY_GIT_USERNAME" "${EDDY_GIT_PASSWORD:-}" | base64 | tr -d '\n')"
+  export GIT_CONFIG_COUNT GIT_CONFIG_KEY_0 GIT_CONFIG_VALUE_0
+fi
+if [ -f "$EDDY_GIT_AUTH/key" ]; then
+  (umask 077 && { cat "$EDDY_GIT_AUTH/key"; echo; } > "$HOME/key")
+  ssh_command="$ssh_command -o IdentitiesOnly=yes -i $HOME/key"
+  if [ -n "${EDDY_GIT_KEY_PASSPHRASE:-}" ]; then
+    (umask 077 && printf '#!/bin/sh\nprintf "%%s\\n" "$EDDY_GIT_KEY_PASSPHRASE"\n' > "$HOME/askpass")
+    chmod 700 "$HOME/askpass"
+    SSH_ASKPASS="$HOME/askpass" SSH_ASKPASS_REQUIRE=force DISPLAY=none
+    export SSH_ASKPASS SSH_ASKPASS_REQUIRE DISPLAY
+  else
+    ssh_command="$ssh_command -o BatchMode=yes"
+  fi
+else
+  ssh_command="$ssh_command -o BatchMode=yes"
+fi
+GIT_SSH_COMMAND="$ssh_command"
+export GIT_SSH_COMMAND
+repo="$EDDY_WORKSPACE/repository"
+git init -q "$repo"
+if ! git -C "$repo" fetch -q --depth 1 -- "$GIT_URL" "$GIT_COMMIT"; then
+  echo "the server does not hand out single commits; fetching every branch and tag" >&2
+  git -C "$repo" fetch -q -- "$GIT_URL" '+refs/heads/*:refs/remotes/origin/*' '+refs/tags/*:refs/tags/*'
+fi
+git -C "$repo" -c advice.detachedHead=false checkout -q --detach "$GIT_COMMIT"
+source_dir="$repo/$GIT_BASE_DIR"
+if [ ! -d "$source_dir" ]; then
+  echo "the repository has no directory '$GIT_BASE_DIR' at $GIT_COMMIT" >&2
+  exit 1
+fi
+context="$EDDY_WORKSPACE/context"
+mkdir -p "$context"
+cp -R "$source_dir/." "$context/"
+rm -rf "$context/.git"
+for file in "$EDDY_CONTEXT"/*; do
+  cp -L "$file" "$context/"
+done
+echo "fetched $GIT_COMMIT of $GIT_URL"
+"#;
+
+/// Where a Git build's init container puts the repository and the build context.
+const WORKSPACE: &str = "/workspace";
+/// Where the ConfigMap's runtime files are mounted in a Git build.
+const RUNTIME_FILES: &str = "/eddy/context";
+/// Where an SSH key from the Secret is mounted in a Git build.
+const GIT_AUTH: &str = "/eddy/git-auth";
+
+/// The build Job: Kaniko turns the build context into the function's image. A Git source is
+/// fetched first, by an init container, into a volume the build reads.
 fn build_job(
     owned: &Owned<'_>,
     config: &RenderConfig,
     image: &str,
     runtime: Runtime,
     resources: Resources,
+    source: Source<'_>,
 ) -> Job {
+    let context_dir = match source {
+        Source::Inline(_) => WORKSPACE.to_owned(),
+        Source::Git { .. } => format!("{WORKSPACE}/context"),
+    };
     let mut args = vec![
-        "--context=dir:///workspace".to_owned(),
-        "--dockerfile=/workspace/Dockerfile".to_owned(),
+        format!("--context=dir://{context_dir}"),
+        format!("--dockerfile={context_dir}/Dockerfile"),
         format!("--destination={image}"),
         "--snapshot-mode=redo".to_owned(),
         "--use-new-run".to_owned(),
@@ -358,12 +492,6 @@ fn build_job(
         args.push("--insecure".to_owned());
         args.push("--skip-tls-verify".to_owned());
     }
-    let mut mounts = vec![VolumeMount {
-        name: "context".into(),
-        mount_path: "/workspace".into(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    }];
     let mut volumes = vec![Volume {
         name: "context".into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -372,6 +500,29 @@ fn build_job(
         }),
         ..Volume::default()
     }];
+    let (mut mounts, init_containers) = match source {
+        Source::Inline(_) => (
+            vec![VolumeMount {
+                name: "context".into(),
+                mount_path: WORKSPACE.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            }],
+            None,
+        ),
+        Source::Git { repository, commit } => {
+            volumes.extend(git_volumes(repository));
+            let workspace = VolumeMount {
+                name: "workspace".into(),
+                mount_path: WORKSPACE.into(),
+                ..VolumeMount::default()
+            };
+            (
+                vec![workspace],
+                Some(vec![git_fetch_container(config, repository, commit)]),
+            )
+        }
+    };
     if let Some(secret) = &config.registry_secret {
         mounts.push(VolumeMount {
             name: "registry".into(),
@@ -411,6 +562,12 @@ fn build_job(
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
                     automount_service_account_token: Some(false),
+                    // The Secret's key is group-readable by the unprivileged fetch.
+                    security_context: init_containers.is_some().then(|| PodSecurityContext {
+                        fs_group: Some(65532),
+                        ..PodSecurityContext::default()
+                    }),
+                    init_containers,
                     containers: vec![Container {
                         name: "build".into(),
                         image: Some(config.builder_image.clone()),
@@ -434,6 +591,166 @@ fn build_job(
             ..JobSpec::default()
         }),
         ..Job::default()
+    }
+}
+
+/// The volumes a Git build adds: the workspace the source is fetched into, a private
+/// scratch directory, and the SSH key when the repository takes one.
+fn git_volumes(repository: &GitRepositorySource) -> Vec<Volume> {
+    let empty = |name: &str, limit: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(limit.into())),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mut volumes = vec![empty("workspace", "2Gi"), empty("git-home", "16Mi")];
+    if let Some(auth) = &repository.auth
+        && auth.type_ == RepositoryAuthType::Key
+    {
+        volumes.push(Volume {
+            name: "git-auth".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(auth.secret_name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: "key".into(),
+                    path: "key".into(),
+                    mode: Some(0o440),
+                    ..KeyToPath::default()
+                }]),
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    volumes
+}
+
+/// The init container that fetches a Git source at `commit` and lays out the build context
+/// (see [`GIT_FETCH_SCRIPT`]): unprivileged, read-only root, credentials from the Secret.
+fn git_fetch_container(
+    config: &RenderConfig,
+    repository: &GitRepositorySource,
+    commit: &str,
+) -> Container {
+    let var = |name: &str, value: &str| EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        ..EnvVar::default()
+    };
+    let from_secret = |name: &str, secret: &str, key: &str, optional: bool| EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                optional: optional.then_some(true),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
+    let mut env = vec![
+        var("GIT_URL", &repository.url),
+        var("GIT_COMMIT", commit),
+        var("GIT_BASE_DIR", git_base_dir(repository)),
+        var("EDDY_WORKSPACE", WORKSPACE),
+        var("EDDY_CONTEXT", RUNTIME_FILES),
+        var("EDDY_GIT_AUTH", GIT_AUTH),
+        var("HOME", "/home/git"),
+        var("GIT_TERMINAL_PROMPT", "0"),
+        var("GIT_CONFIG_NOSYSTEM", "1"),
+    ];
+    let mut mounts = vec![
+        VolumeMount {
+            name: "workspace".into(),
+            mount_path: WORKSPACE.into(),
+            ..VolumeMount::default()
+        },
+        VolumeMount {
+            name: "context".into(),
+            mount_path: RUNTIME_FILES.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+        VolumeMount {
+            name: "git-home".into(),
+            mount_path: "/home/git".into(),
+            ..VolumeMount::default()
+        },
+    ];
+    match &repository.auth {
+        Some(auth) if auth.type_ == RepositoryAuthType::Basic => {
+            env.push(from_secret(
+                "EDDY_GIT_USERNAME",
+                &auth.secret_name,
+                "username",
+                false,
+            ));
+            env.push(from_secret(
+                "EDDY_GIT_PASSWORD",
+                &auth.secret_name,
+                "password",
+                false,
+            ));
+        }
+        Some(auth) => {
+            env.push(from_secret(
+                "EDDY_GIT_KEY_PASSPHRASE",
+                &auth.secret_name,
+                "password",
+                true,
+            ));
+            mounts.push(VolumeMount {
+                name: "git-auth".into(),
+                mount_path: GIT_AUTH.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+        }
+        None => {}
+    }
+    Container {
+        name: "source".into(),
+        image: Some(config.git_image.clone()),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), GIT_FETCH_SCRIPT.into()]),
+        env: Some(env),
+        // Why a fetch failed becomes the termination message, which goes into BuildReady.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(mounts),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities([("cpu", "50m"), ("memory", "64Mi")])),
+            limits: Some(quantities([("memory", "512Mi")])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            ..hardened_container()
+        }),
+        ..Container::default()
+    }
+}
+
+/// eddy's container defaults: non-root, read-only root, no capabilities, no privilege
+/// escalation, RuntimeDefault seccomp.
+fn hardened_container() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Capabilities::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        }),
+        ..SecurityContext::default()
     }
 }
 
@@ -572,18 +889,7 @@ fn deployment(
             ..ResourceRequirements::default()
         }),
         security_context: Some(over_defaults(
-            SecurityContext {
-                run_as_non_root: Some(true),
-                allow_privilege_escalation: Some(false),
-                privileged: Some(false),
-                read_only_root_filesystem: Some(true),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".into()]),
-                    ..Capabilities::default()
-                }),
-                seccomp_profile: runtime_default(),
-                ..SecurityContext::default()
-            },
+            hardened_container(),
             function.spec.container_security_context.as_ref(),
         )),
         readiness_probe: Some(health(2, 2, None)),

@@ -427,8 +427,10 @@ impl LocalController {
             Ok(_) if cancel.is_cancelled() => {}
             Ok((build, commit)) => match self.write_mounts(&function, &inputs).await {
                 Ok(mounts) => {
-                    *tracked.deployed_commit.lock() = commit;
-                    Self::deploy(&function, &tracked, build, generation, inputs, mounts);
+                    *tracked.deployed_commit.lock() = commit.clone();
+                    Self::deploy(
+                        &function, &tracked, build, generation, inputs, mounts, commit,
+                    );
                 }
                 Err(failure) => Self::build_failed(&tracked, failure, generation),
             },
@@ -656,6 +658,7 @@ impl LocalController {
         generation: i64,
         inputs: Inputs,
         secret_mounts: Vec<(String, std::path::PathBuf)>,
+        commit: Option<String>,
     ) {
         tracing::info!(build = %build.hash, fresh = build.fresh, "build ready");
         let (min, max) = function.spec.replica_bounds();
@@ -697,6 +700,7 @@ impl LocalController {
             status.observed_generation = Some(generation);
             status.runtime = Some(function.spec.runtime.as_str().to_owned());
             status.pod_selector = Some(format!("eddy.dev/function={}", function.key().1));
+            status.commit = commit;
         });
     }
 
