@@ -22,7 +22,7 @@ use axum::{
 };
 use http::{HeaderValue, Method, StatusCode, header};
 use hyper_util::{
-    rt::{TokioIo, TokioTimer},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::graceful::GracefulShutdown,
     service::TowerToHyperService,
 };
@@ -97,6 +97,10 @@ pub enum Browsers {
     HostOnly,
 }
 
+/// Requests in flight at once on one HTTP/2 connection (each connection counts once against
+/// `--max-connections`).
+pub const HTTP2_MAX_STREAMS: u32 = 256;
+
 /// Serves `router` on `listener` until `shutdown`, then lets in-flight requests finish for at
 /// most `drain`. Returns once every connection is closed or the drain ran out.
 pub async fn serve(
@@ -114,10 +118,16 @@ pub async fn serve(
         browsers: local.ip().is_loopback().then_some(browsers),
         body_timeout: limits.body_timeout,
     };
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
+    // HTTP/1.1, and HTTP/2 over cleartext with prior knowledge (told apart by the connection
+    // preface): many requests in flight on one connection share its reads and writes.
+    let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    http.http1()
+        .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .keep_alive(true);
+    http.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(HTTP2_MAX_STREAMS);
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut warned_full = false;
@@ -157,7 +167,10 @@ pub async fn serve(
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
         let service = TowerToHyperService::new(guard.clone());
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let connection = graceful.watch(
+            http.serve_connection(TokioIo::new(stream), service)
+                .into_owned(),
+        );
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "connection ended with an error");
@@ -354,14 +367,23 @@ fn check_browser(
     browsers: Browsers,
 ) -> Result<(), (StatusCode, &'static str)> {
     let headers = request.headers();
-    if let Some(host) = headers.get(header::HOST) {
-        let host = host.to_str().unwrap_or_default();
-        if !is_loopback_host(host) {
-            return Err((
-                StatusCode::MISDIRECTED_REQUEST,
-                "this server listens on loopback and answers only loopback host names",
-            ));
-        }
+    // HTTP/2 carries the host in the URI (`:authority`), HTTP/1.1 in `Host`.
+    let host = headers
+        .get(header::HOST)
+        .map(|host| host.to_str().unwrap_or_default())
+        .or_else(|| {
+            request
+                .uri()
+                .authority()
+                .map(|authority| authority.as_str())
+        });
+    if let Some(host) = host
+        && !is_loopback_host(host)
+    {
+        return Err((
+            StatusCode::MISDIRECTED_REQUEST,
+            "this server listens on loopback and answers only loopback host names",
+        ));
     }
     let changes_state = !matches!(
         *request.method(),
@@ -437,6 +459,27 @@ mod tests {
         ] {
             assert!(!is_loopback_host(host), "{host}");
         }
+    }
+
+    #[test]
+    fn a_foreign_host_is_refused_over_http1_and_http2() {
+        let request = |uri: &str, host: Option<&str>| {
+            let mut builder = http::Request::builder().method(Method::POST).uri(uri);
+            if let Some(host) = host {
+                builder = builder.header(header::HOST, host);
+            }
+            builder.body(Body::empty()).unwrap()
+        };
+        let check = |request: &Request| check_browser(request, 8081, Browsers::SameOrigin);
+        // HTTP/1.1: the Host header.
+        assert!(check(&request("/publish", Some("127.0.0.1:8081"))).is_ok());
+        assert!(check(&request("/publish", Some("evil.example:8081"))).is_err());
+        // HTTP/2: the URI's authority, with no Host header.
+        assert!(check(&request("http://127.0.0.1:8081/publish", None)).is_ok());
+        assert_eq!(
+            check(&request("http://evil.example:8081/publish", None)).map_err(|(status, _)| status),
+            Err(StatusCode::MISDIRECTED_REQUEST)
+        );
     }
 
     #[test]

@@ -184,6 +184,22 @@ pub struct LoadArgs {
     pub size: usize,
     /// nats-server binary.
     pub nats_server: Option<PathBuf>,
+    /// Measurement rounds (each runs every contender once, interleaved).
+    pub rounds: usize,
+    /// Send over HTTP/2 (prior knowledge, one connection, `connections` streams).
+    pub http2: bool,
+}
+
+/// One round of `ingest`: the event-bus, the forwarder (single events only) and raw publishing,
+/// measured one after the other under the same load.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestRound {
+    /// Through the event-bus.
+    pub event_bus: Rate,
+    /// Through the minimal forwarder.
+    pub forwarder: Option<Rate>,
+    /// async-nats publishing the same messages.
+    pub raw: Rate,
 }
 
 async fn start_nats(args: &LoadArgs, dir: &Path) -> anyhow::Result<NatsChild> {
@@ -191,8 +207,9 @@ async fn start_nats(args: &LoadArgs, dir: &Path) -> anyhow::Result<NatsChild> {
     NatsChild::start(&binary, dir, None).await
 }
 
-/// `ingest` / `ingest-batch`: the event-bus against raw JetStream publishing.
-pub async fn ingest(args: &LoadArgs, batch: usize) -> anyhow::Result<(Rate, Rate, f64)> {
+/// `ingest` / `ingest-batch`: the event-bus against a minimal forwarder and raw JetStream
+/// publishing, in `rounds` interleaved rounds; also the event-bus's peak RSS (MiB).
+pub async fn ingest(args: &LoadArgs, batch: usize) -> anyhow::Result<(Vec<IngestRound>, f64)> {
     let dir = tempfile::tempdir()?;
     std::fs::create_dir_all(dir.path().join("logs"))?;
     let mut nats = start_nats(args, dir.path()).await?;
@@ -201,11 +218,23 @@ pub async fn ingest(args: &LoadArgs, batch: usize) -> anyhow::Result<(Rate, Rate
     result
 }
 
+/// The load generator: hyper's client with the URI parsed once, so as little of the machine as
+/// possible goes to the measuring side (two cores are shared by everything here). Over HTTP/2
+/// it opens one connection and multiplexes every worker's requests on it.
+fn load_client(http2: bool) -> SinkClient {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(http2)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector)
+}
+
 async fn ingest_against(
     args: &LoadArgs,
     batch: usize,
     nats_url: &str,
-) -> anyhow::Result<(Rate, Rate, f64)> {
+) -> anyhow::Result<(Vec<IngestRound>, f64)> {
     let bus = Component::start(
         &[
             "event-bus",
@@ -219,46 +248,95 @@ async fn ingest_against(
         "event-bus ready on ",
     )
     .await?;
-    let data = payload(args.size);
-    // The load generator is hyper's client with the URI parsed once: as little of the machine
-    // as possible goes to the measuring side (two cores are shared by everything here).
-    let http = sink_client(Duration::from_secs(60));
-    let url: http::Uri = format!("{}/publish", bus.url).parse()?;
-    // Warm up connections and the stream.
-    let _ = closed_loop("warm-up", args.connections, Duration::from_millis(500), {
-        let (http, url, data) = (http.clone(), url.clone(), data.clone());
-        move |sequence| {
-            publish_http(
-                http.clone(),
-                url.clone(),
-                data.clone(),
-                sequence + 1_000_000_000,
-                1,
-            )
-        }
-    })
-    .await?;
-    let name = if batch > 1 {
-        format!("event-bus (batches of {batch})")
+    // The forwarder takes single events only (it does not parse batches).
+    let forwarder = if batch > 1 {
+        None
     } else {
-        "event-bus".to_owned()
+        Some(
+            Component::start(
+                &[
+                    "bench",
+                    "forwarder",
+                    "--addr",
+                    "127.0.0.1:0",
+                    "--nats-url",
+                    nats_url,
+                ],
+                "forwarder ready on ",
+            )
+            .await?,
+        )
     };
-    let through_bus = closed_loop(&name, args.connections, args.duration, {
-        let (http, url, data) = (http.clone(), url.clone(), data.clone());
-        move |sequence| publish_http(http.clone(), url.clone(), data.clone(), sequence, batch)
-    })
-    .await?;
-    let rss = bus.peak_rss_mib();
-    bus.stop().await;
-
+    let data = payload(args.size);
+    let http = load_client(args.http2);
+    let bus_url: http::Uri = format!("{}/publish", bus.url).parse()?;
+    let forwarder_url: Option<http::Uri> = match &forwarder {
+        Some(forwarder) => Some(format!("{}/publish", forwarder.url).parse()?),
+        None => None,
+    };
+    let over_http = |name: String, url: http::Uri, duration: Duration, offset: u64| {
+        let (http, data) = (http.clone(), data.clone());
+        async move {
+            closed_loop(&name, args.connections, duration, move |sequence| {
+                publish_http(
+                    http.clone(),
+                    url.clone(),
+                    data.clone(),
+                    sequence + offset,
+                    batch,
+                )
+            })
+            .await
+        }
+    };
+    // Warm up connections and the stream.
+    let warm_up = Duration::from_millis(500);
+    over_http("warm-up".into(), bus_url.clone(), warm_up, 1 << 40).await?;
+    if let Some(url) = &forwarder_url {
+        over_http("warm-up".into(), url.clone(), warm_up, 2 << 40).await?;
+    }
     let client = async_nats::connect(nats_url).await?;
     let js = jetstream::new(client);
-    let raw = closed_loop("raw async-nats", args.connections, args.duration, {
-        let (js, data) = (js.clone(), data.clone());
-        move |sequence| publish_raw(js.clone(), data.clone(), sequence, batch)
-    })
-    .await?;
-    Ok((through_bus, raw, rss))
+    let protocol = if args.http2 { " HTTP/2" } else { "" };
+    let bus_name = if batch > 1 {
+        format!("event-bus{protocol} (batches of {batch})")
+    } else {
+        format!("event-bus{protocol}")
+    };
+    let mut rounds = Vec::new();
+    for round in 0..args.rounds.max(1) as u64 {
+        // Distinct ids per round and contender: nothing is a duplicate.
+        let offset = (round + 3) << 40;
+        let event_bus = over_http(bus_name.clone(), bus_url.clone(), args.duration, offset).await?;
+        let forwarder = match &forwarder_url {
+            Some(url) => Some(
+                over_http(
+                    format!("forwarder{protocol}"),
+                    url.clone(),
+                    args.duration,
+                    offset + (1 << 39),
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let raw = closed_loop("raw async-nats", args.connections, args.duration, {
+            let (js, data) = (js.clone(), data.clone());
+            move |sequence| publish_raw(js.clone(), data.clone(), sequence + offset, batch)
+        })
+        .await?;
+        rounds.push(IngestRound {
+            event_bus,
+            forwarder,
+            raw,
+        });
+    }
+    let rss = bus.peak_rss_mib();
+    bus.stop().await;
+    if let Some(forwarder) = forwarder {
+        forwarder.stop().await;
+    }
+    Ok((rounds, rss))
 }
 
 async fn publish_http(

@@ -19,6 +19,7 @@ use crate::up::{self, Platform};
 use eddy_platform::shutdown::CancellationToken;
 
 mod e2e;
+mod forwarder;
 mod load;
 
 /// Flags of `eddy bench`.
@@ -47,6 +48,14 @@ pub struct LoadFlags {
     /// The nats-server binary (default: PATH, then .tools/venv/bin).
     #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
     pub nats_server: Option<PathBuf>,
+    /// Rounds (ingest): each measures every contender once, one after the other, so a machine
+    /// that slows down or speeds up moves all of them; the spread is printed.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Publish over HTTP/2 (ingest): prior knowledge, one connection carrying `--connections`
+    /// streams.
+    #[arg(long)]
+    pub http2: bool,
 }
 
 impl LoadFlags {
@@ -56,6 +65,8 @@ impl LoadFlags {
             duration: self.duration,
             size: self.size,
             nats_server: self.nats_server.clone(),
+            rounds: self.rounds,
+            http2: self.http2,
         }
     }
 }
@@ -80,6 +91,16 @@ pub enum Scenario {
         /// The Subscription's maxInFlightMessages (and the raw runs' concurrency).
         #[arg(long = "in-flight", default_value_t = 64)]
         in_flight: usize,
+    },
+    /// The minimal HTTP → JetStream forwarder `ingest` measures against (run by the bench).
+    #[command(hide = true)]
+    Forwarder {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        addr: std::net::SocketAddr,
+        /// NATS to publish to.
+        #[arg(long = "nats-url")]
+        nats_url: String,
     },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
@@ -123,6 +144,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             in_flight,
         } => dispatch(&flags, events, in_flight).await,
         Scenario::E2e(flags) => end_to_end(&flags).await,
+        Scenario::Forwarder { addr, nats_url } => forwarder::run(addr, &nats_url).await,
     }
 }
 
@@ -196,27 +218,81 @@ fn write_json(out: Option<&PathBuf>, value: &Value) -> anyhow::Result<()> {
 }
 
 async fn ingest(flags: &LoadFlags, batch: usize) -> anyhow::Result<()> {
-    let (bus, raw, rss) = load::ingest(&flags.load_args(), batch).await?;
-    let ratio = bus.per_second / raw.per_second.max(1e-9);
+    let (rounds, rss) = load::ingest(&flags.load_args(), batch).await?;
     let batched = if batch > 1 {
         format!(", batches of {batch} (latency per batch)")
     } else {
         String::new()
     };
-    print_rates(
-        &format!(
-            "ingest: {} B events, {} connections, {:?} each{batched}",
-            flags.size, flags.connections, flags.duration
-        ),
-        &[&bus, &raw],
+    let protocol = if flags.http2 { "HTTP/2" } else { "HTTP/1.1" };
+    println!(
+        "ingest: {} B events, {} {}, {:?} each, {} rounds{batched}",
+        flags.size,
+        flags.connections,
+        if flags.http2 {
+            "streams on one HTTP/2 connection"
+        } else {
+            "connections"
+        },
+        flags.duration,
+        rounds.len()
     );
-    println!("ratio event-bus / raw: {ratio:.2}   event-bus peak RSS: {rss:.1} MiB");
+    let mut to_forwarder = Vec::new();
+    let mut to_raw = Vec::new();
+    for (index, round) in rounds.iter().enumerate() {
+        let mut rates = vec![&round.event_bus];
+        rates.extend(round.forwarder.as_ref());
+        rates.push(&round.raw);
+        print_rates(&format!("round {}", index + 1), &rates);
+        let bus = round.event_bus.per_second;
+        if let Some(forwarder) = &round.forwarder {
+            to_forwarder.push(bus / forwarder.per_second.max(1e-9));
+        }
+        to_raw.push(bus / round.raw.per_second.max(1e-9));
+    }
+    let to_forwarder = (!to_forwarder.is_empty()).then(|| spread(&to_forwarder));
+    let to_raw = spread(&to_raw);
+    let show = |ratio: &Value| {
+        format!(
+            "{:.2} (rounds {:.2}–{:.2})",
+            ratio["median"].as_f64().unwrap_or(0.0),
+            ratio["min"].as_f64().unwrap_or(0.0),
+            ratio["max"].as_f64().unwrap_or(0.0)
+        )
+    };
+    if let Some(ratio) = &to_forwarder {
+        println!("event-bus / forwarder ({protocol}): {}", show(ratio));
+    }
+    println!("event-bus / raw: {}", show(&to_raw));
+    println!("event-bus peak RSS: {rss:.1} MiB");
     write_json(
         flags.out.as_ref(),
         &json!({"scenario": if batch > 1 { "ingest-batch" } else { "ingest" }, "size": flags.size,
-            "connections": flags.connections, "batch": batch, "eventBus": bus, "raw": raw,
-            "ratio": ratio, "eventBusPeakRssMiB": rss}),
+            "connections": flags.connections, "http2": flags.http2, "batch": batch,
+            "rounds": rounds, "eventBusToForwarder": to_forwarder, "eventBusToRaw": to_raw,
+            "eventBusPeakRssMiB": rss}),
     )
+}
+
+/// The median, least and greatest of per-round ratios, with the rounds themselves. Pure.
+fn spread(ratios: &[f64]) -> Value {
+    let mut sorted = ratios.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    let median = if sorted.len().is_multiple_of(2) {
+        match (sorted.get(middle.wrapping_sub(1)), sorted.get(middle)) {
+            (Some(low), Some(high)) => (low + high) / 2.0,
+            _ => 0.0,
+        }
+    } else {
+        sorted.get(middle).copied().unwrap_or(0.0)
+    };
+    json!({
+        "median": median,
+        "min": sorted.first().copied().unwrap_or(0.0),
+        "max": sorted.last().copied().unwrap_or(0.0),
+        "rounds": ratios,
+    })
 }
 
 async fn dispatch(flags: &LoadFlags, events: u64, in_flight: usize) -> anyhow::Result<()> {
@@ -584,6 +660,16 @@ async fn bare_runtime(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spreads() {
+        assert_eq!(
+            spread(&[0.9, 0.8, 1.0]),
+            json!({"median": 0.9, "min": 0.8, "max": 1.0, "rounds": [0.9, 0.8, 1.0]})
+        );
+        assert_eq!(spread(&[0.8, 1.0])["median"], 0.9);
+        assert_eq!(spread(&[])["median"], 0.0);
+    }
 
     #[test]
     fn summaries() {

@@ -280,7 +280,13 @@ pub(crate) async fn read_request(
             ));
         }
     };
-    let original_host = parts.headers.get(header::HOST).cloned();
+    // HTTP/1.1 names the host in `Host`, HTTP/2 in the URI (`:authority`).
+    let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+    });
     forward_headers(&mut parts.headers);
     if let Some(host) = original_host {
         parts
