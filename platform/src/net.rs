@@ -97,6 +97,50 @@ pub enum Browsers {
     HostOnly,
 }
 
+/// How often an HTTP/2 connection is pinged, and how long the answer may take.
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(20);
+
+/// What a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// The protocol that a connection's first bytes announce: HTTP/2's preface begins with `PRI`,
+/// which is no HTTP/1.1 method; `None` while the bytes so far are a part of it. Pure.
+fn protocol_of(first: &[u8]) -> Option<Protocol> {
+    const PREFACE: &[u8] = b"PRI";
+    let compared = first.len().min(PREFACE.len());
+    if first.get(..compared) != PREFACE.get(..compared) {
+        Some(Protocol::Http1)
+    } else if compared == PREFACE.len() {
+        Some(Protocol::Http2)
+    } else {
+        None
+    }
+}
+
+/// Waits (at most `within`) for a connection's first bytes and reads its protocol from them
+/// without consuming them; `None` when it closes or sends nothing in time.
+async fn sniff(stream: &TcpStream, within: Duration) -> Option<Protocol> {
+    let mut first = [0_u8; 3];
+    let sniffing = async {
+        loop {
+            let read = stream.peek(&mut first).await.ok()?;
+            if read == 0 {
+                return None;
+            }
+            if let Some(protocol) = protocol_of(first.get(..read).unwrap_or_default()) {
+                return Some(protocol);
+            }
+            // `P` or `PR` so far: the rest of the preface is on its way.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(within, sniffing).await.ok().flatten()
+}
+
 /// Requests in flight at once on one HTTP/2 connection (each connection counts once against
 /// `--max-connections`).
 pub const HTTP2_MAX_STREAMS: u32 = 256;
@@ -118,8 +162,10 @@ pub async fn serve(
         browsers: local.ip().is_loopback().then_some(browsers),
         body_timeout: limits.body_timeout,
     };
-    // HTTP/1.1, and HTTP/2 over cleartext with prior knowledge (told apart by the connection
-    // preface): many requests in flight on one connection share its reads and writes.
+    // HTTP/1.1, and HTTP/2 over cleartext with prior knowledge: many requests in flight on one
+    // connection share its reads and writes. Which one a connection speaks is read from its
+    // first bytes (`sniff`) within the header timeout, so a client that connects and sends
+    // nothing is let go as an idle HTTP/1.1 one is.
     let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     http.http1()
         .timer(TokioTimer::new())
@@ -127,7 +173,12 @@ pub async fn serve(
         .keep_alive(true);
     http.http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(HTTP2_MAX_STREAMS);
+        .max_concurrent_streams(HTTP2_MAX_STREAMS)
+        // A peer that stops answering pings is gone: its connection is closed.
+        .keep_alive_interval(Some(HTTP2_PING_INTERVAL))
+        .keep_alive_timeout(HTTP2_PING_INTERVAL);
+    let builders = Arc::new((http.clone().http1_only(), http.http2_only()));
+    let header_read_timeout = limits.header_read_timeout;
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut warned_full = false;
@@ -167,12 +218,23 @@ pub async fn serve(
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
         let service = TowerToHyperService::new(guard.clone());
-        let connection = graceful.watch(
-            http.serve_connection(TokioIo::new(stream), service)
-                .into_owned(),
-        );
+        let (builders, watcher) = (builders.clone(), graceful.watcher());
+        let stopping = shutdown.clone();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            // A connection that has said nothing yet is not waited for at shutdown.
+            let protocol = tokio::select! {
+                protocol = sniff(&stream, header_read_timeout) => protocol,
+                () = stopping.cancelled() => None,
+            };
+            let builder = match protocol {
+                Some(Protocol::Http1) => &builders.0,
+                Some(Protocol::Http2) => &builders.1,
+                None => return,
+            };
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            if let Err(error) = watcher.watch(connection).await {
                 tracing::debug!(%error, "connection ended with an error");
             }
             drop(permit);
@@ -459,6 +521,18 @@ mod tests {
         ] {
             assert!(!is_loopback_host(host), "{host}");
         }
+    }
+
+    #[test]
+    fn the_first_bytes_say_the_protocol() {
+        assert_eq!(protocol_of(b"GET / HTTP/1.1"), Some(Protocol::Http1));
+        assert_eq!(protocol_of(b"POST"), Some(Protocol::Http1));
+        assert_eq!(protocol_of(b"PUT"), Some(Protocol::Http1));
+        assert_eq!(protocol_of(b"PATCH"), Some(Protocol::Http1));
+        assert_eq!(protocol_of(b"PRI * HTTP/2.0"), Some(Protocol::Http2));
+        assert_eq!(protocol_of(b"P"), None);
+        assert_eq!(protocol_of(b"PR"), None);
+        assert_eq!(protocol_of(b"PRO"), Some(Protocol::Http1));
     }
 
     #[test]
