@@ -251,6 +251,11 @@ impl Platform {
         }
     }
 
+    /// The process id of the nats-server started here (none with `--nats-url`).
+    pub fn nats_pid(&self) -> Option<u32> {
+        self.nats.as_ref().and_then(NatsChild::pid)
+    }
+
     /// A NATS client with every permission (the admin user here; the given options otherwise).
     pub async fn nats_client(&self) -> anyhow::Result<async_nats::Client> {
         match &self.nats_users {
@@ -493,6 +498,11 @@ impl NatsChild {
     /// Stops it gracefully.
     pub async fn stop(&mut self) {
         process::terminate(&mut self.child, Duration::from_secs(10)).await;
+    }
+
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 }
 

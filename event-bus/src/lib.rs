@@ -46,6 +46,10 @@ pub struct Args {
     /// Address to listen on.
     #[arg(long = "addr", env = "EDDY_BUS_ADDR", default_value = "127.0.0.1:8081")]
     pub addr: SocketAddr,
+    /// Share the port with other event-bus processes (`SO_REUSEPORT`): the kernel spreads new
+    /// connections over every process listening on it, one per core without a proxy.
+    #[arg(long = "reuse-port", env = "EDDY_BUS_REUSE_PORT")]
+    pub reuse_port: bool,
     /// NATS connection.
     #[command(flatten)]
     pub nats: NatsArgs,
@@ -146,6 +150,7 @@ impl EventBus {
     pub async fn new(args: Args, shutdown: CancellationToken) -> Result<Self> {
         let Args {
             addr: _,
+            reuse_port: _,
             nats,
             stream,
             max_event_size,
@@ -239,14 +244,27 @@ impl EventBus {
 
 /// Runs the event-bus until `shutdown` is cancelled.
 pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
-    let addr = args.addr;
-    let listener = TcpListener::bind(addr)
-        .await
+    let (addr, reuse_port) = (args.addr, args.reuse_port);
+    let socket = eddy_platform::net::bind_socket(addr, reuse_port)
         .map_err(|source| Error::Bind { addr, source })?;
-    let local = listener
+    let local = socket
         .local_addr()
         .map_err(|source| Error::Bind { addr, source })?;
-    let bus = EventBus::new(args, shutdown).await?;
+    let bus = EventBus::new(args, shutdown.clone()).await?;
+    if reuse_port {
+        // A process sharing the port gets its share of new connections as soon as it listens:
+        // it joins only once it can store events, so its peers' clients never see its 503s.
+        tracing::info!(addr = %local, "waiting for NATS and the stream before sharing the port");
+        let publisher = bus.state().publisher.clone();
+        while !publisher.is_ready() {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    }
+    let listener =
+        eddy_platform::net::listen(socket).map_err(|source| Error::Bind { addr, source })?;
     tracing::info!(addr = %local, "event-bus listening");
     eddy_platform::output::say(format!("event-bus ready on http://{local}"));
     bus.serve(listener).await

@@ -32,6 +32,36 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
+/// Binds a listening socket on `addr`. With `reuse_port`, `SO_REUSEPORT` is set first, so
+/// several processes can listen on one port and the kernel spreads new connections over them
+/// (one event-bus per core behind one address, without a proxy in front).
+pub fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    listen(bind_socket(addr, reuse_port)?)
+}
+
+/// A socket bound to `addr` that does not listen yet: a conflict with a process already
+/// listening there is reported at once, while connections only arrive after [`listen`]. With
+/// `SO_REUSEPORT`, the kernel gives a listening process its share of new connections, ready
+/// or not, hence the split.
+pub fn bind_socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<tokio::net::TcpSocket> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    if reuse_port {
+        socket.set_reuseport(true)?;
+    }
+    socket.bind(addr)?;
+    Ok(socket)
+}
+
+/// Starts listening on a bound socket.
+pub fn listen(socket: tokio::net::TcpSocket) -> std::io::Result<TcpListener> {
+    socket.listen(1024)
+}
+
 /// `listener` with Nagle's algorithm off on every accepted connection: a small answer (a 204, a
 /// proxied response) leaves at once instead of waiting on the peer's delayed ACK.
 pub fn no_delay(listener: TcpListener) -> impl Listener<Io = TcpStream, Addr = SocketAddr> {
@@ -494,6 +524,16 @@ pub fn raise_fd_limit() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_port_is_shared_only_when_every_listener_asks() {
+        let first = bind(SocketAddr::from(([127, 0, 0, 1], 0)), true).unwrap();
+        let addr = first.local_addr().unwrap();
+        let second = bind(addr, true).expect("a second listener shares the port");
+        assert_eq!(second.local_addr().unwrap(), addr);
+        let error = bind(addr, false).expect_err("a listener that did not ask is refused");
+        assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse);
+    }
 
     #[test]
     fn loopback_hosts() {

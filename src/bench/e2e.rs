@@ -35,7 +35,7 @@ pub struct Latency {
     pub p999_ms: f64,
 }
 
-fn now_ms() -> f64 {
+pub(super) fn now_ms() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64() * 1000.0)
@@ -89,11 +89,64 @@ fn latencies(log: &Path, skip: usize) -> Vec<f64> {
     values
 }
 
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub(super) fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted
         .get(((sorted.len().saturating_sub(1)) as f64 * q).round() as usize)
         .copied()
         .unwrap_or(0.0)
+}
+
+/// Creates or replaces a Function or Subscription (`kind`, plural) in namespace `bench`.
+pub(super) async fn put(
+    http: &reqwest::Client,
+    api: &str,
+    kind: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let name = body["metadata"]["name"].as_str().unwrap_or_default();
+    let response = http
+        .put(format!(
+            "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/{kind}/{name}"
+        ))
+        .json(body)
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!(
+            "cannot create {name}: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// Waits until Subscription `name` in namespace `bench` is ready (its consumer in place).
+pub(super) async fn wait_ready(
+    http: &reqwest::Client,
+    api: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let status: serde_json::Value = http
+            .get(format!(
+                "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/subscriptions/{name}"
+            ))
+            .send()
+            .await?
+            .json()
+            .await?;
+        if status["status"]["ready"] == json!(true) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "subscription {name} did not become ready: {}",
+                status["status"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Runs the scenario on a started platform whose data dir is `data_dir`.
@@ -114,45 +167,9 @@ pub async fn run(
         "metadata": {"name": "e2e", "namespace": "bench"},
         "spec": {"sink": "http://noop.bench.svc.cluster.local", "types": ["bench.e2e.v1"],
             "config": {"maxInFlightMessages": 64}}});
-    for (kind, name, body) in [
-        ("functions", "noop", &function),
-        ("subscriptions", "e2e", &subscription),
-    ] {
-        let response = http
-            .put(format!(
-                "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/{kind}/{name}"
-            ))
-            .json(body)
-            .send()
-            .await?;
-        if !response.status().is_success() {
-            bail!(
-                "cannot create {name}: {}",
-                response.text().await.unwrap_or_default()
-            );
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let status: serde_json::Value = http
-            .get(format!(
-                "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/subscriptions/e2e"
-            ))
-            .send()
-            .await?
-            .json()
-            .await?;
-        if status["status"]["ready"] == json!(true) {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the subscription did not become ready: {}",
-                status["status"]
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    put(&http, api, "functions", &function).await?;
+    put(&http, api, "subscriptions", &subscription).await?;
+    wait_ready(&http, api, "e2e").await?;
     let client = platform.nats_client().await?;
     let js = async_nats::jetstream::new(client);
     let log = data_dir.join("logs/functions/bench/noop.log");

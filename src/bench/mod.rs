@@ -21,6 +21,8 @@ use eddy_platform::shutdown::CancellationToken;
 mod e2e;
 mod forwarder;
 mod load;
+mod scale;
+mod soak;
 
 /// Flags of `eddy bench`.
 #[derive(Debug, clap::Args)]
@@ -102,6 +104,55 @@ pub enum Scenario {
         #[arg(long = "nats-url")]
         nats_url: String,
     },
+    /// The full path (publish → function → its reply → a second function) for a long time at
+    /// half the maximum sustained rate: rate, latency and memory every 10 s, every event
+    /// accounted for at the end.
+    Soak {
+        /// How long to soak (after measuring the maximum rate for 10 s).
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Events per second to offer (default: half the maximum sustained rate).
+        #[arg(long)]
+        rate: Option<u64>,
+        /// Publishers while measuring the maximum rate.
+        #[arg(long, default_value_t = 16)]
+        connections: usize,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The nats-server binary (default: PATH, then .tools/venv/bin).
+        #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
+        nats_server: Option<PathBuf>,
+    },
+    /// Replicas simulated on this machine: 1, 2, 4 … event-bus processes behind one port
+    /// (SO_REUSEPORT) and dispatchers on one consumer, with events/s per busy core; NATS alone on
+    /// one stream, R1 and a three-server R3 cluster.
+    ScaleOut {
+        /// Process counts to measure.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        processes: Vec<usize>,
+        /// Publishing connections (HTTP) and raw publishers.
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        /// How long each publishing measurement runs.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Events stored and delivered per dispatcher measurement.
+        #[arg(long, default_value_t = 200_000)]
+        events: u64,
+        /// The Subscription's maxInFlightMessages (shared by every dispatcher on its consumer).
+        #[arg(long = "in-flight", default_value_t = 64)]
+        in_flight: usize,
+        /// Bytes of data per event.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Also write the figures as JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The nats-server binary (default: PATH, then .tools/venv/bin).
+        #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
+        nats_server: Option<PathBuf>,
+    },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
         /// Runs per runtime and measure.
@@ -143,16 +194,117 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             events,
             in_flight,
         } => dispatch(&flags, events, in_flight).await,
+        Scenario::ScaleOut {
+            processes,
+            connections,
+            duration,
+            events,
+            in_flight,
+            size,
+            out,
+            nats_server,
+        } => {
+            let args = scale::ScaleArgs {
+                processes,
+                connections,
+                duration,
+                events,
+                in_flight,
+                size,
+                nats_server,
+            };
+            scale_out(&args, out.as_ref()).await
+        }
         Scenario::E2e(flags) => end_to_end(&flags).await,
         Scenario::Forwarder { addr, nats_url } => forwarder::run(addr, &nats_url).await,
+        Scenario::Soak {
+            duration,
+            rate,
+            connections,
+            out,
+            nats_server,
+        } => soak_test(duration, rate, connections, out, nats_server).await,
     }
 }
 
-async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
+async fn soak_test(
+    duration: Duration,
+    rate: Option<u64>,
+    connections: usize,
+    out: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
-    let args = up::Args {
-        data_dir: data_dir.path().to_path_buf(),
-        nats_server: flags.nats_server.clone(),
+    let platform = Platform::start(
+        &bench_platform_args(data_dir.path(), nats_server),
+        false,
+        &CancellationToken::new(),
+    )
+    .await?;
+    let result = soak::run(&platform, data_dir.path(), duration, rate, connections).await;
+    platform.stop(false).await;
+    let soak = result?;
+    let minute = 6.min(soak.windows.len());
+    let p99 = |windows: &[soak::Window]| {
+        windows
+            .iter()
+            .map(|window| window.p99_ms)
+            .fold(0.0_f64, f64::max)
+    };
+    let first_minute = p99(soak.windows.get(..minute).unwrap_or_default());
+    let last_minute = p99(soak
+        .windows
+        .get(soak.windows.len().saturating_sub(minute)..)
+        .unwrap_or_default());
+    let total = |window: Option<&soak::Window>| {
+        window.map_or(0.0, |w| w.rss_mib.iter().map(|(_, mib)| mib).sum::<f64>())
+    };
+    let warmed = total(soak.windows.get(minute.saturating_sub(1)));
+    let last = total(soak.windows.last());
+    println!(
+        "published {} (errors {}), delivered to the second function {} (duplicates {}, strays {}), dead letters {}",
+        soak.published,
+        soak.publish_errors,
+        soak.delivered,
+        soak.duplicates,
+        soak.strays,
+        soak.dead_letters
+    );
+    let accounted = soak.publish_errors == 0
+        && soak.delivered == soak.published
+        && soak.duplicates == 0
+        && soak.strays == 0
+        && soak.dead_letters == 0;
+    println!(
+        "every event accounted for: {}",
+        if accounted { "yes" } else { "NO" }
+    );
+    println!(
+        "worst window p99: first minute {first_minute:.2} ms, last minute {last_minute:.2} ms ({:.2}×)",
+        last_minute / first_minute.max(1e-9)
+    );
+    println!(
+        "resident memory, all processes: {warmed:.0} MiB after the first minute, {last:.0} MiB at the end ({:+.0} MiB)",
+        last - warmed
+    );
+    write_json(
+        out.as_ref(),
+        &json!({"scenario": "soak", "soak": soak,
+        "p99FirstMinuteMs": first_minute, "p99LastMinuteMs": last_minute,
+        "rssAfterFirstMinuteMiB": warmed, "rssAtEndMiB": last, "accounted": accounted}),
+    )?;
+    if !accounted {
+        anyhow::bail!("events were lost, duplicated or dead-lettered");
+    }
+    Ok(())
+}
+
+/// `eddy up`'s settings for a benchmark: every listener on a free loopback port, functions
+/// that stay up.
+fn bench_platform_args(data_dir: &std::path::Path, nats_server: Option<PathBuf>) -> up::Args {
+    up::Args {
+        data_dir: data_dir.to_path_buf(),
+        nats_server,
         bus_addr: local(0),
         gateway_addr: local(0),
         api_addr: local(0),
@@ -162,7 +314,12 @@ async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
             ..Default::default()
         },
         ..eddy_platform::flags::defaults()
-    };
+    }
+}
+
+async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
+    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
+    let args = bench_platform_args(data_dir.path(), flags.nats_server.clone());
     let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
     let result = e2e::run(
         &platform,
@@ -201,9 +358,18 @@ fn print_rates(title: &str, rates: &[&load::Rate]) {
         "", "events/s", "p50 ms", "p99 ms", "count"
     );
     for rate in rates {
+        // A rate timed as a whole has no per-operation latency: a dash, not a zero.
+        let (p50, p99) = if rate.latency.p99_ms > 0.0 {
+            (
+                format!("{:.2}", rate.latency.p50_ms),
+                format!("{:.2}", rate.latency.p99_ms),
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
         println!(
-            "{:<34} {:>12.0} {:>10.2} {:>10.2} {:>10}",
-            rate.name, rate.per_second, rate.latency.p50_ms, rate.latency.p99_ms, rate.count
+            "{:<34} {:>12.0} {:>10} {:>10} {:>10}",
+            rate.name, rate.per_second, p50, p99, rate.count
         );
     }
 }
@@ -252,18 +418,10 @@ async fn ingest(flags: &LoadFlags, batch: usize) -> anyhow::Result<()> {
     }
     let to_forwarder = (!to_forwarder.is_empty()).then(|| spread(&to_forwarder));
     let to_raw = spread(&to_raw);
-    let show = |ratio: &Value| {
-        format!(
-            "{:.2} (rounds {:.2}–{:.2})",
-            ratio["median"].as_f64().unwrap_or(0.0),
-            ratio["min"].as_f64().unwrap_or(0.0),
-            ratio["max"].as_f64().unwrap_or(0.0)
-        )
-    };
     if let Some(ratio) = &to_forwarder {
-        println!("event-bus / forwarder ({protocol}): {}", show(ratio));
+        println!("event-bus / forwarder ({protocol}): {}", show_spread(ratio));
     }
-    println!("event-bus / raw: {}", show(&to_raw));
+    println!("event-bus / raw: {}", show_spread(&to_raw));
     println!("event-bus peak RSS: {rss:.1} MiB");
     write_json(
         flags.out.as_ref(),
@@ -296,30 +454,94 @@ fn spread(ratios: &[f64]) -> Value {
 }
 
 async fn dispatch(flags: &LoadFlags, events: u64, in_flight: usize) -> anyhow::Result<()> {
-    let (dispatcher, ack_only, http_only, rss) =
-        load::dispatch(&flags.load_args(), events, in_flight).await?;
-    let limit = ack_only.per_second.min(http_only.per_second);
-    let ratio = dispatcher.per_second / limit.max(1e-9);
-    // The dispatcher does the work of both raw runs for every event; when the machine's cores
-    // are the limit (they are shared by NATS, the sink and the dispatcher) their costs add up.
-    let both = 1.0 / (1.0 / ack_only.per_second.max(1e-9) + 1.0 / http_only.per_second.max(1e-9));
-    let ratio_to_both = dispatcher.per_second / both.max(1e-9);
-    print_rates(
-        &format!(
-            "dispatch: {events} stored events of {} B, maxInFlightMessages {in_flight}",
-            flags.size
-        ),
-        &[&dispatcher, &ack_only, &http_only],
-    );
-    println!("ratio dispatcher / min(raw limits): {ratio:.2}   dispatcher peak RSS: {rss:.1} MiB");
+    let (rounds, rss) = load::dispatch(&flags.load_args(), events, in_flight).await?;
     println!(
-        "both raw halves in series: {both:.0} events/s; ratio dispatcher / that: {ratio_to_both:.2}"
+        "dispatch: {events} stored events of {} B, maxInFlightMessages {in_flight}, {} rounds",
+        flags.size,
+        rounds.len()
     );
+    let mut to_min = Vec::new();
+    let mut to_both = Vec::new();
+    for (index, round) in rounds.iter().enumerate() {
+        print_rates(
+            &format!("round {}", index + 1),
+            &[&round.dispatcher, &round.ack_only, &round.http_only],
+        );
+        let limit = round.ack_only.per_second.min(round.http_only.per_second);
+        let both = round.both_in_series();
+        println!("both raw halves in series: {both:.0} events/s");
+        to_min.push(round.dispatcher.per_second / limit.max(1e-9));
+        to_both.push(round.dispatcher.per_second / both.max(1e-9));
+    }
+    let (to_min, to_both) = (spread(&to_min), spread(&to_both));
+    println!("dispatcher / lower raw half: {}", show_spread(&to_min));
+    println!(
+        "dispatcher / both raw halves in series: {}",
+        show_spread(&to_both)
+    );
+    println!("dispatcher peak RSS: {rss:.1} MiB");
     write_json(
         flags.out.as_ref(),
-        &json!({"scenario": "dispatch", "events": events, "inFlight": in_flight, "dispatcher": dispatcher,
-            "ackOnly": ack_only, "httpOnly": http_only, "ratio": ratio, "bothInSeries": both,
-            "ratioToBothInSeries": ratio_to_both, "dispatcherPeakRssMiB": rss}),
+        &json!({"scenario": "dispatch", "events": events, "inFlight": in_flight, "rounds": rounds,
+            "dispatcherToLowerHalf": to_min, "dispatcherToBothInSeries": to_both,
+            "dispatcherPeakRssMiB": rss}),
+    )
+}
+
+async fn scale_out(args: &scale::ScaleArgs, out: Option<&PathBuf>) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    println!(
+        "scale-out: {} B events, {} connections, maxInFlightMessages {} shared, {cores} cores",
+        args.size, args.connections, args.in_flight
+    );
+    let points = scale::run(args).await?;
+    println!(
+        "{:<26} {:>9} {:>10} {:>7} {:>13} {:>11} {:>15} {:>11}",
+        "",
+        "processes",
+        "events/s",
+        "cores",
+        "per core",
+        "NATS cores",
+        "per NATS core",
+        "bench cores"
+    );
+    for point in &points {
+        // NATS alone has no eddy process: a dash rather than zero cores.
+        let (cores, per_core) = if point.cores > 0.0 {
+            (
+                format!("{:.2}", point.cores),
+                format!("{:.0}", point.per_core),
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
+        println!(
+            "{:<26} {:>9} {:>10.0} {:>7} {:>13} {:>11.2} {:>15.0} {:>11.2}",
+            point.role,
+            point.processes,
+            point.per_second,
+            cores,
+            per_core,
+            point.nats_cores,
+            point.per_nats_core,
+            point.bench_cores
+        );
+    }
+    write_json(
+        out,
+        &json!({"scenario": "scale-out", "size": args.size, "connections": args.connections,
+            "inFlight": args.in_flight, "cores": cores, "points": points}),
+    )
+}
+
+/// `median (rounds min–max)` of a [`spread`].
+fn show_spread(ratio: &Value) -> String {
+    format!(
+        "{:.2} (rounds {:.2}–{:.2})",
+        ratio["median"].as_f64().unwrap_or(0.0),
+        ratio["min"].as_f64().unwrap_or(0.0),
+        ratio["max"].as_f64().unwrap_or(0.0)
     )
 }
 
@@ -660,6 +882,13 @@ async fn bare_runtime(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_comes_from_proc_status() {
+        let mine = load::memory_mib(std::process::id(), "VmRSS");
+        assert!(mine > 1.0 && mine < 100_000.0, "{mine}");
+        assert_eq!(load::memory_mib(std::process::id(), "VmNoSuchField"), 0.0);
+    }
 
     #[test]
     fn spreads() {
