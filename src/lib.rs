@@ -10,7 +10,7 @@ pub mod up;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use eddy_platform::telemetry::LogArgs;
+use eddy_platform::{telemetry::LogArgs, traces::TraceArgs};
 
 /// eddy: an event-driven function platform.
 #[derive(Debug, Parser)]
@@ -19,6 +19,9 @@ pub struct Cli {
     /// Logging flags.
     #[command(flatten)]
     pub log: LogArgs,
+    /// Trace export flags (services, `up` and `bench`).
+    #[command(flatten)]
+    pub traces: TraceArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -233,9 +236,25 @@ pub enum DlqCommand {
     },
 }
 
+/// The `service.name` of a command that serves (and so traces), by default.
+fn traced_service(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Up(_) | Command::Bench(_) => Some("eddy"),
+        Command::EventBus(_) => Some("eddy-event-bus"),
+        Command::Dispatcher(_) => Some("eddy-dispatcher"),
+        Command::Gateway(_) => Some("eddy-gateway"),
+        Command::Controller { command: None, .. } => Some("eddy-controller"),
+        _ => None,
+    }
+}
+
 /// Runs one command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let Cli { mut log, command } = cli;
+    let Cli {
+        mut log,
+        traces,
+        command,
+    } = cli;
     // Benchmarks print figures; keep component logs out of them unless asked for.
     if matches!(command, Command::Bench(_))
         && std::env::var_os("EDDY_LOG").is_none()
@@ -243,7 +262,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     {
         log.log_level = "warn".to_owned();
     }
-    log.init()?;
+    // Only the services trace (a client verb has nothing to export); the guard flushes the
+    // exporter when the command ends.
+    let traces = match traced_service(&command) {
+        Some(service) => log.init(&traces, service)?,
+        None => log.init(&TraceArgs::default(), "eddy")?,
+    };
     if matches!(
         command,
         Command::EventBus(_)
@@ -347,6 +371,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             .await?;
         }
     }
+    drop(traces);
     Ok(())
 }
 

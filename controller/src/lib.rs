@@ -145,6 +145,7 @@ impl KubernetesArgs {
             build_timeout_seconds: i64::try_from(self.image_build_timeout.as_secs())
                 .unwrap_or(i64::MAX),
             target_cpu_utilization: self.hpa_cpu_target,
+            trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
         }
     }
 }
@@ -422,6 +423,7 @@ impl Controller {
             logs_dir: logs_dir.clone(),
             publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
             publisher_token: function_publisher_token,
+            trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
             target_concurrency,
             scale_to_zero_after,
             scale_down_window,

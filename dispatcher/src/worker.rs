@@ -21,10 +21,12 @@ use eddy_model::{backoff::Backoff, headers as names, resources::DeliveryPolicy, 
 use eddy_platform::{
     publisher::{PublishFailure, Publisher},
     shutdown::CancellationToken,
+    traces,
 };
 use futures::{StreamExt as _, stream::FuturesUnordered};
 use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use tracing::Instrument as _;
 
 use crate::{
     consumer::{self, ConsumerPlan},
@@ -263,13 +265,14 @@ async fn handle(
     };
     let started = Instant::now();
     series.add_in_flight(1);
-    let verdict = if attempt > target.policy.max_attempts {
-        // The last delivery after a crash during the final attempt: hand it to dead letters.
-        Verdict::Dead {
-            reason: Failure::MaxAttempts,
-            status: None,
+    let delivery = async {
+        if attempt > target.policy.max_attempts {
+            // The last delivery after a crash during the final attempt: hand it to dead letters.
+            return Verdict::Dead {
+                reason: Failure::MaxAttempts,
+                status: None,
+            };
         }
-    } else {
         match sink {
             Ok(sink) => {
                 deliver(
@@ -285,6 +288,14 @@ async fn handle(
             Err(verdict) => verdict,
         }
     };
+    let span = traces::enabled().then(|| delivery_span(target, &message, attempt, stream_sequence));
+    let verdict = match &span {
+        Some(span) => delivery.instrument(span.clone()).await,
+        None => delivery.await,
+    };
+    if let Some(span) = &span {
+        record_verdict(span, verdict, attempt, target.policy.max_attempts);
+    }
     let seconds = started.elapsed().as_secs_f64();
     match verdict {
         Verdict::Delivered { status } => {
@@ -323,6 +334,58 @@ async fn handle(
     series.add_in_flight(-1);
 }
 
+/// The trace span of one delivery attempt, continuing the trace the stored event carries (the
+/// span that stored it).
+fn delivery_span(
+    target: &Target,
+    message: &jetstream::Message,
+    attempt: u32,
+    stream_sequence: u64,
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "deliver",
+        otel.kind = "client",
+        eddy.subscription = %target.label,
+        eddy.attempt = attempt,
+        messaging.nats.stream_sequence = stream_sequence,
+        http.response.status_code = tracing::field::Empty,
+        eddy.outcome = tracing::field::Empty,
+        eddy.reason = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    );
+    traces::continue_nats(&span, message.headers.as_ref());
+    span
+}
+
+/// Writes what became of an attempt into its span; a dead letter's span says why.
+fn record_verdict(span: &tracing::Span, verdict: Verdict, attempt: u32, max_attempts: u32) {
+    let (status, outcome, reason) = match verdict {
+        Verdict::Delivered { status } => (Some(status), "delivered", None),
+        Verdict::Retry { reason, status } if attempt < max_attempts => {
+            (status, "retry", Some(reason))
+        }
+        Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
+            (status, "dead_letter", Some(reason))
+        }
+    };
+    if let Some(status) = status {
+        span.record("http.response.status_code", status);
+    }
+    span.record("eddy.outcome", outcome);
+    if let Some(reason) = reason {
+        span.record("eddy.reason", reason.label());
+        span.record("otel.status_code", "error");
+        let message = if outcome == "dead_letter" {
+            format!("dead-lettered: {}", reason.label())
+        } else {
+            format!("will retry: {}", reason.label())
+        };
+        span.record("otel.status_description", message);
+    }
+}
+
 /// What a sink answered that matters after the exchange.
 struct Answer {
     verdict: Verdict,
@@ -345,6 +408,10 @@ pub async fn deliver(
         .unwrap_or_default();
     if let Some(authorization) = &sink.authorization {
         headers.insert(http::header::AUTHORIZATION, authorization.clone());
+    }
+    if traces::enabled() {
+        // The sink's spans are children of this attempt's.
+        traces::inject_http(&tracing::Span::current(), &mut headers);
     }
     let mut request = http::Request::new(Full::new(payload.clone()));
     *request.method_mut() = http::Method::POST;
@@ -453,7 +520,17 @@ async fn publish_reply(
             return Ok(());
         }
     };
-    match shared.replies.publish(event).await {
+    let stored = if traces::enabled() {
+        let span = tracing::info_span!(
+            target: traces::TARGET,
+            "reply",
+            eddy.subscription = %target.label,
+        );
+        shared.replies.publish(event).instrument(span).await
+    } else {
+        shared.replies.publish(event).await
+    };
+    match stored {
         Ok(_) => Ok(()),
         Err(PublishFailure::TooLarge) => {
             shared.metrics.failure(&target.label, Failure::ReplyRefused);

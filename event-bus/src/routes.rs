@@ -31,6 +31,7 @@ use eddy_platform::{
     errors::ErrorResponse,
     net::{BodyError, read_limited},
     publisher::{PublishFailure, Publisher, Stored},
+    traces,
 };
 
 use crate::metrics::{Metrics, Mode, Outcome};
@@ -130,13 +131,41 @@ async fn track_latency(State(state): Shared, request: Request, next: Next) -> Re
     let route = route_label(request.extensions().get::<MatchedPath>());
     let started = Instant::now();
     // Lines logged while serving a request carry its route once, from this span.
-    let response = next
-        .run(request)
-        .instrument(tracing::info_span!("request", route))
-        .await;
+    let logged = tracing::info_span!("request", route);
+    let response = if traces::enabled() && matches!(route, "publish" | "legacy") {
+        traced_publish(request, next, logged).await
+    } else {
+        next.run(request).instrument(logged).await
+    };
     state
         .metrics
         .observe_request(route, started.elapsed().as_secs_f64());
+    response
+}
+
+/// A publish under its trace span (traces on): it continues the publisher's `traceparent`, and
+/// the `store` span of every event it stores is its child.
+async fn traced_publish(request: Request, next: Next, logged: tracing::Span) -> Response {
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "publish",
+        otel.kind = "server",
+        http.request.method = "POST",
+        url.path = request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    traces::continue_http(&span, request.headers());
+    let response = next
+        .run(request)
+        .instrument(logged)
+        .instrument(span.clone())
+        .await;
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
     response
 }
 

@@ -125,6 +125,16 @@ impl EventHeaders {
     pub(crate) fn push(&mut self, name: Cow<'static, str>, value: String) {
         self.entries.push((name, value));
     }
+
+    /// Sets `name` to `value`, replacing the value it had. For headers the platform itself
+    /// writes (the trace context of the span that stores the event); `value` must not contain
+    /// control characters, which NATS headers cannot carry.
+    pub fn set(&mut self, name: &'static str, value: String) {
+        match self.entries.iter_mut().find(|(key, _)| key == name) {
+            Some((_, old)) => *old = value,
+            None => self.entries.push((Cow::Borrowed(name), value)),
+        }
+    }
 }
 
 /// Why an event was refused.

@@ -17,6 +17,7 @@ pub mod publisher;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod traces;
 
 /// Errors raised by the shared helpers.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +76,9 @@ pub enum Error {
     /// The logging flags are invalid.
     #[error("invalid log filter: {0}")]
     LogFilter(String),
+    /// The trace exporter could not be set up (a malformed endpoint).
+    #[error("cannot export traces: {0}")]
+    Traces(String),
     /// A token file could not be read.
     #[error("cannot read token file {path}: {source}")]
     TokenFile {

@@ -24,7 +24,7 @@ use eddy_model::{
 };
 use tokio::sync::Notify;
 
-use crate::{nats as layout, shutdown::CancellationToken};
+use crate::{nats as layout, shutdown::CancellationToken, traces};
 
 /// Why a publish did not get a JetStream ack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,38 +133,56 @@ impl Publisher {
         self.inner.max_payload.load(Ordering::Relaxed)
     }
 
-    /// Sends one event and returns the future of its ack. Sending in order and awaiting the acks
-    /// afterwards keeps a batch in order while it is pipelined.
-    pub async fn send(
-        &self,
-        event: OutgoingEvent,
-    ) -> Result<jetstream::context::PublishAckFuture, PublishFailure> {
+    /// Sends one event and returns its pending ack. Sending in order and awaiting the acks
+    /// afterwards keeps a batch in order while it is pipelined. With traces on, the event is
+    /// stored under a `store` span (a child of the current trace span) whose context it carries
+    /// in its `traceparent`, so its deliveries continue the trace from there.
+    pub async fn send(&self, mut event: OutgoingEvent) -> Result<PendingAck, PublishFailure> {
         if !self.is_connected() {
             return Err(PublishFailure::Unavailable);
         }
+        let span = traces::enabled().then(|| store_span(&mut event));
         let message = PublishMessage::build()
             .headers(nats_headers(event.headers)?)
             .payload(event.payload)
             .message_id(event.msg_id);
-        self.inner
+        match self
+            .inner
             .jetstream
             .send_publish(event.subject, message)
             .await
-            .map_err(|error| self.failure(&error))
+        {
+            Ok(ack) => Ok(PendingAck { ack, span }),
+            Err(error) => {
+                let failure = self.failure(&error);
+                if let Some(span) = &span {
+                    span_failed(span, failure);
+                }
+                Err(failure)
+            }
+        }
     }
 
     /// Waits for the ack of a sent event.
-    pub async fn ack(
-        &self,
-        pending: jetstream::context::PublishAckFuture,
-    ) -> Result<Stored, PublishFailure> {
-        match pending.await {
+    pub async fn ack(&self, pending: PendingAck) -> Result<Stored, PublishFailure> {
+        let PendingAck { ack, span } = pending;
+        let stored = match ack.await {
             Ok(ack) => Ok(Stored {
                 sequence: ack.sequence,
                 duplicate: ack.duplicate,
             }),
             Err(error) => Err(self.failure(&error)),
+        };
+        if let Some(span) = span {
+            match stored {
+                Ok(stored) => {
+                    span.record("messaging.nats.stream_sequence", stored.sequence);
+                    span.record("eddy.duplicate", stored.duplicate);
+                }
+                Err(failure) => span_failed(&span, failure),
+            }
         }
+        stored
     }
 
     /// Sends one event and waits for its ack.
@@ -190,6 +208,38 @@ impl Publisher {
         tracing::warn!(reason = failure.label(), %error, "publish not acknowledged");
         failure
     }
+}
+
+/// A sent event whose ack has not been read yet.
+pub struct PendingAck {
+    ack: jetstream::context::PublishAckFuture,
+    /// The event's `store` span, with traces on: it ends with the ack.
+    span: Option<tracing::Span>,
+}
+
+/// The `store` span of one event, its context written into the event's trace headers.
+fn store_span(event: &mut OutgoingEvent) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "store",
+        otel.kind = "producer",
+        messaging.system = "nats",
+        messaging.destination.name = %event.subject,
+        cloudevents.event_id = %event.id,
+        cloudevents.event_source = %event.source,
+        cloudevents.event_type = event.headers.get("ce-type"),
+        messaging.nats.stream_sequence = tracing::field::Empty,
+        eddy.duplicate = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    );
+    traces::inject_event(&span, &mut event.headers);
+    span
+}
+
+fn span_failed(span: &tracing::Span, failure: PublishFailure) {
+    span.record("otel.status_code", "error");
+    span.record("otel.status_description", failure.label());
 }
 
 /// A JetStream context with the ack limits. Deliberate, not the library's default: a publish past

@@ -1,6 +1,9 @@
-//! Logging setup shared by every binary.
+//! Logging (and, when configured, trace export) set up once per process, shared by every
+//! binary.
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use tracing_subscriber::{EnvFilter, Layer as _, filter, fmt, prelude::*};
+
+use crate::traces::{self, TraceArgs, Traces};
 
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -34,26 +37,47 @@ pub struct LogArgs {
 }
 
 impl LogArgs {
-    /// Installs the global subscriber. Calling it twice keeps the first one.
-    pub fn init(&self) -> crate::Result<()> {
+    /// Installs the global subscriber, with the span exporter when `traces` names an endpoint
+    /// (spans of [`traces::TARGET`] only; `service` is the default `service.name`). The guard
+    /// it returns flushes the exporter when dropped. Calling it twice keeps the first setup.
+    pub fn init(&self, traces: &TraceArgs, service: &str) -> crate::Result<Option<Traces>> {
         let filter = EnvFilter::try_new(&self.log_level)
             .map_err(|error| crate::Error::LogFilter(error.to_string()))?;
-        let registry = tracing_subscriber::registry().with(filter);
-        let installed = match self.log_format {
-            LogFormat::Compact => registry
-                .with(fmt::layer().compact().with_writer(std::io::stderr))
-                .try_init(),
-            LogFormat::Json => registry
-                .with(
-                    fmt::layer()
-                        .json()
-                        .flatten_event(true)
-                        .with_writer(std::io::stderr),
-                )
-                .try_init(),
+        let Some((tracer, guard)) = traces::start(traces, service)? else {
+            // Without traces the filter stays global: spans and events it rejects cost nothing.
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(log_layer(self.log_format))
+                .try_init();
+            return Ok(None);
         };
+        // With traces, each layer filters on its own: the log level never hides a trace span,
+        // and only trace spans are exported.
+        let exported = filter::filter_fn(|metadata| metadata.target() == traces::TARGET);
+        let installed = tracing_subscriber::registry()
+            .with(log_layer(self.log_format).with_filter(filter))
+            .with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    .with_filter(exported),
+            )
+            .try_init();
         // Already installed (tests, or `eddy up` running several components): keep it.
-        let _ = installed;
-        Ok(())
+        Ok(installed.is_ok().then_some(guard))
+    }
+}
+
+/// The log lines' layer, to stderr in `format`.
+fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    match format {
+        LogFormat::Compact => fmt::layer().compact().with_writer(std::io::stderr).boxed(),
+        LogFormat::Json => fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
     }
 }

@@ -195,7 +195,7 @@ pub fn router(routes: Arc<Routes>, function_url: String, max_body: usize) -> Rou
             Some(Duration::from_secs(5)),
         ),
     });
-    Router::new()
+    let router = Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
             "/readyz",
@@ -208,7 +208,8 @@ pub fn router(routes: Arc<Routes>, function_url: String, max_body: usize) -> Rou
             }),
         )
         .fallback(proxy)
-        .with_state(gateway)
+        .with_state(gateway);
+    crate::local::gateway::with_call_traces(router)
 }
 
 fn refuse(status: StatusCode, message: impl Into<String>) -> Response {

@@ -67,6 +67,8 @@ pub struct RenderConfig {
     pub build_timeout_seconds: i64,
     /// CPU utilization an autoscaled Function's HPA aims for, in percent of the request.
     pub target_cpu_utilization: i32,
+    /// Where functions send their spans (`TRACE_COLLECTOR_ENDPOINT`), while traces are on.
+    pub trace_collector: Option<String>,
 }
 
 /// Everything the controller creates for one Function.
@@ -788,6 +790,9 @@ fn deployment(
         var("FUNC_TIMEOUT", timeout.to_string()),
         var("PUBLISHER_PROXY_ADDRESS", config.publisher_url.clone()),
     ];
+    if let Some(endpoint) = &config.trace_collector {
+        env.push(var("TRACE_COLLECTOR_ENDPOINT", endpoint.clone()));
+    }
     // FUNC_TIMEOUT in the spec's env is already in `timeout`.
     env.extend(
         function

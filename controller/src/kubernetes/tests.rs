@@ -147,6 +147,7 @@ fn config() -> RenderConfig {
         publisher_url: "http://eddy-event-bus.eddy-system.svc.cluster.local/publish".to_owned(),
         build_timeout_seconds: 600,
         target_cpu_utilization: 50,
+        trace_collector: None,
     }
 }
 

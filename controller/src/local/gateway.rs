@@ -23,6 +23,7 @@ use eddy_model::resources::{is_dns1035_label, is_dns1123_label};
 use eddy_platform::{
     errors::ErrorResponse,
     net::{BodyError, read_limited},
+    traces,
 };
 use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
@@ -84,7 +85,41 @@ impl Gateway {
 
 /// The gateway router.
 pub fn router(gateway: Arc<Gateway>) -> Router {
-    Router::new().fallback(proxy).with_state(gateway)
+    with_call_traces(Router::new().fallback(proxy).with_state(gateway))
+}
+
+/// With traces on, every call to a function is a server span that continues the caller's
+/// trace, and the function's spans are its children. Without, the router is left as it is.
+pub(crate) fn with_call_traces(router: Router) -> Router {
+    if traces::enabled() {
+        router.layer(axum::middleware::from_fn(trace_call))
+    } else {
+        router
+    }
+}
+
+async fn trace_call(request: Request, next: axum::middleware::Next) -> Response {
+    let Some((namespace, function, _)) = route(request.uri().path()) else {
+        return next.run(request).await;
+    };
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "call",
+        otel.kind = "server",
+        eddy.namespace = namespace,
+        eddy.function = function,
+        http.request.method = %request.method(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    traces::continue_http(&span, request.headers());
+    let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+    response
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -297,6 +332,10 @@ pub(crate) async fn read_request(
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
+    if traces::enabled() {
+        // The function continues the trace from the gateway's `call` span.
+        traces::inject_http(&tracing::Span::current(), &mut parts.headers);
+    }
     Ok((parts, body))
 }
 

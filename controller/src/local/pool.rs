@@ -32,6 +32,8 @@ pub struct PoolConfig {
     pub publisher_url: String,
     /// Publish-only token for the functions' `emitCloudEvent` (`EDDY_PUBLISHER_TOKEN`).
     pub publisher_token: Option<String>,
+    /// Where functions send their spans (`TRACE_COLLECTOR_ENDPOINT`), while traces are on.
+    pub trace_collector: Option<String>,
     /// In-flight requests per instance the autoscaler aims for.
     pub target_concurrency: usize,
     /// Idle time after which a Function with `minReplicas: 0` has no instance.
@@ -867,6 +869,9 @@ impl Pool {
         );
         if let Some(token) = &self.config.publisher_token {
             set("EDDY_PUBLISHER_TOKEN", token.as_ref());
+        }
+        if let Some(endpoint) = &self.config.trace_collector {
+            set("TRACE_COLLECTOR_ENDPOINT", endpoint.as_ref());
         }
         for (name, value) in &revision.env {
             set(name, value.as_ref());
