@@ -132,6 +132,9 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = eddy_platform::shutdown::on_signal();
     let mut platform = Platform::start(&args, true, &shutdown).await?;
+    if let Some(collector) = eddy_platform::traces::collector_endpoint() {
+        eddy_platform::output::say(format!("traces      on     {collector}"));
+    }
     let applied = deploy(&platform, &args.apply, &shutdown).await;
     let result = match applied {
         Ok(()) => {

@@ -104,6 +104,14 @@ pub enum Scenario {
         #[arg(long = "nats-url")]
         nats_url: String,
     },
+    /// An OTLP/HTTP receiver that takes every export and keeps nothing, for measuring what
+    /// traces cost (`EDDY_OTLP_ENDPOINT=<its url> eddy bench ingest`); prints the spans' bytes
+    /// received when stopped.
+    OtlpSink {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:4318")]
+        addr: std::net::SocketAddr,
+    },
     /// The full path (publish → function → its reply → a second function) for a long time at
     /// half the maximum sustained rate: rate, latency and memory every 10 s, every event
     /// accounted for at the end.
@@ -217,6 +225,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         Scenario::E2e(flags) => end_to_end(&flags).await,
         Scenario::Forwarder { addr, nats_url } => forwarder::run(addr, &nats_url).await,
+        Scenario::OtlpSink { addr } => otlp_sink(addr).await,
         Scenario::Soak {
             duration,
             rate,
@@ -533,6 +542,35 @@ async fn scale_out(args: &scale::ScaleArgs, out: Option<&PathBuf>) -> anyhow::Re
         &json!({"scenario": "scale-out", "size": args.size, "connections": args.connections,
             "inFlight": args.in_flight, "cores": cores, "points": points}),
     )
+}
+
+async fn otlp_sink(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let received = std::sync::Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let counted = received.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: bytes::Bytes| {
+            let counted = counted.clone();
+            async move {
+                counted.0.fetch_add(1, Ordering::Relaxed);
+                counted.1.fetch_add(body.len() as u64, Ordering::Relaxed);
+                "{}"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("otlp-sink ready on http://{}", listener.local_addr()?);
+    let shutdown = eddy_platform::shutdown::on_signal();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+    println!(
+        "{} exports, {} bytes of spans",
+        received.0.load(Ordering::Relaxed),
+        received.1.load(Ordering::Relaxed)
+    );
+    Ok(())
 }
 
 /// `median (rounds min–max)` of a [`spread`].

@@ -75,3 +75,13 @@ capabilities: {drop: [ALL]}
   value: {{ $value | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* Trace export (OTLP/HTTP), when tracing.otlpEndpoint is set: every component sends its spans there, and the controller gives functions the same collector. */}}
+{{- define "eddy.tracesEnv" -}}
+{{- if .Values.tracing.otlpEndpoint }}
+- name: EDDY_OTLP_ENDPOINT
+  value: {{ .Values.tracing.otlpEndpoint | quote }}
+- name: EDDY_OTLP_PROTOCOL
+  value: {{ .Values.tracing.protocol | quote }}
+{{- end }}
+{{- end -}}

@@ -1319,6 +1319,39 @@ fn function_env_is_the_platform_s_then_the_user_s() {
 }
 
 #[test]
+fn functions_get_the_trace_collector_while_traces_are_on() {
+    let env_of = |config: &RenderConfig| -> Vec<(String, String)> {
+        let rendered = render(&function(json!({})), config).expect("renders");
+        let pod = rendered.deployment.spec.template.spec.expect("a pod spec");
+        pod.containers[0]
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.name, e.value.unwrap_or_default()))
+            .collect()
+    };
+    let traced = RenderConfig {
+        trace_collector: Some("http://otel-collector.observability:4318/v1/traces".to_owned()),
+        ..config()
+    };
+    let env = env_of(&traced);
+    let at = |name: &str| env.iter().position(|(key, _)| key == name);
+    assert_eq!(
+        env[at("TRACE_COLLECTOR_ENDPOINT").expect("set")].1,
+        "http://otel-collector.observability:4318/v1/traces"
+    );
+    // Before the user's env, so a Function may point its spans elsewhere.
+    assert!(at("TRACE_COLLECTOR_ENDPOINT") < at("LOG_LEVEL"));
+    assert!(
+        env_of(&config())
+            .iter()
+            .all(|(key, _)| key != "TRACE_COLLECTOR_ENDPOINT"),
+        "not set while traces are off"
+    );
+}
+
+#[test]
 fn scaling_maps_onto_replicas_or_an_autoscaler() {
     let scaled = |spec: Value| render::scaling(&function(spec));
     assert_eq!(scaled(json!({})), Scaling::Autoscaled { min: 1, max: 3 });
