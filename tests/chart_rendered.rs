@@ -303,8 +303,13 @@ fn the_chart_renders_valid_objects_with_service_monitors_and_three_function_name
     let kinds = render_chart(Some("metrics-values.yaml"), &[]);
     assert_eq!(
         count(&kinds, "ServiceMonitor (monitoring.coreos.com)"),
-        2,
-        "{kinds:?}"
+        3,
+        "the event-bus, the dispatcher and the gateway: {kinds:?}"
+    );
+    assert_eq!(
+        count(&kinds, "PodMonitor (monitoring.coreos.com)"),
+        3,
+        "each function namespace's pods: {kinds:?}"
     );
     assert_eq!(
         count(&kinds, "PeerAuthentication (security.istio.io)"),

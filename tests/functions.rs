@@ -407,6 +407,97 @@ async fn idle_functions_scale_to_zero_and_start_on_the_next_request() {
     assert_eq!(platform.pids("sleepy").len(), 1);
 }
 
+/// The gateway's `/metrics` per function: each call by status class with its duration, 5xx
+/// answers as errors, a start from zero as a cold start whose wait is measured, the ready
+/// instances; the series go with the Function.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_counts_calls_errors_cold_starts_and_instances_per_function() {
+    let platform = Platform::start_with(Options {
+        scale_to_zero_after: Duration::from_secs(2),
+        scale_down_window: Duration::from_millis(500),
+        ..Options::default()
+    })
+    .await;
+    let mut spec = spec("nodejs20", NODE_HANDLER);
+    spec["scaleConfig"] = json!({"minReplicas": 0, "maxReplicas": 1});
+    platform.deploy("counted", spec).await;
+    eventually("no instance to run", Duration::from_secs(20), || async {
+        platform.pids("counted").is_empty()
+    })
+    .await
+    .unwrap();
+    let metrics_url = format!("{}/metrics", platform.gateway);
+    let before = platform.get_text(&metrics_url).await;
+    assert!(
+        before.contains(r#"eddy_function_instances{namespace="default",function="counted"} 0"#),
+        "{before}"
+    );
+    let waits_before = counter(&before, "eddy_function_queue_wait_seconds_count");
+    let cold_before = counter(&before, "eddy_function_cold_starts_total");
+
+    for (path, status) in [
+        ("/text", 200),
+        ("/text", 200),
+        ("/throw", 500),
+        ("/created", 201),
+    ] {
+        let response = platform
+            .invoke("counted", path)
+            .json(&json!({"name": "metrics"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status, "{path}");
+    }
+    let after = platform.get_text(&metrics_url).await;
+    for line in [
+        r#"eddy_function_calls_total{namespace="default",function="counted",status_class="2xx"} 3"#,
+        r#"eddy_function_calls_total{namespace="default",function="counted",status_class="5xx"} 1"#,
+        r#"eddy_function_calls_total{namespace="default",function="counted",status_class="4xx"} 0"#,
+        r#"eddy_function_errors_total{namespace="default",function="counted"} 1"#,
+        r#"eddy_function_duration_seconds_count{namespace="default",function="counted"} 4"#,
+        r#"eddy_function_instances{namespace="default",function="counted"} 1"#,
+    ] {
+        assert!(after.contains(line), "{line} missing from\n{after}");
+    }
+    // The first call found no instance: it waited for the one started for it.
+    assert_eq!(
+        counter(&after, "eddy_function_cold_starts_total"),
+        cold_before + 1
+    );
+    assert_eq!(
+        counter(&after, "eddy_function_queue_wait_seconds_count"),
+        waits_before + 1
+    );
+
+    let response = platform
+        .http
+        .delete(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/counted",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    eventually(
+        "the deleted function's series to go",
+        Duration::from_secs(20),
+        || async { !platform.get_text(&metrics_url).await.contains("counted") },
+    )
+    .await
+    .unwrap();
+}
+
+/// The value of `name{namespace="default",function="counted"}` in a metrics text.
+fn counter(text: &str, name: &str) -> u64 {
+    let prefix = format!(r#"{name}{{namespace="default",function="counted"}} "#);
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+}
+
 /// A function from zero takes a warm spare (a runtime server started ahead, libraries loaded)
 /// and behaves as a cold start would: its own environment, directory, package isolation and log,
 /// and none of the spare's. A replacement spare follows. A function whose env sets what Node.js

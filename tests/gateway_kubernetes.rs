@@ -137,6 +137,29 @@ async fn the_gateway_routes_to_function_services_and_enforces_access() {
         404
     );
 
+    // Calls counted per function by status class: hello 200 once; vault 401 twice, 200 once.
+    let metrics = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        r#"eddy_function_calls_total{namespace="shop",function="hello",status_class="2xx"} 1"#,
+        r#"eddy_function_calls_total{namespace="shop",function="vault",status_class="4xx"} 2"#,
+        r#"eddy_function_calls_total{namespace="shop",function="vault",status_class="2xx"} 1"#,
+        r#"eddy_function_duration_seconds_count{namespace="shop",function="vault"} 3"#,
+        r#"eddy_function_errors_total{namespace="shop",function="vault"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
+    assert!(
+        !metrics.contains(r#"function="nothing""#),
+        "no series for a function that does not exist"
+    );
+
     // A Function added, one made public, one deleted: followed from the watch.
     watch
         .send(json!({"type": "ADDED", "object": function("late", json!({"mode": "public"}), "2")}))
@@ -173,6 +196,18 @@ async fn the_gateway_routes_to_function_services_and_enforces_access() {
     )
     .await
     .unwrap();
+    let metrics = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !metrics.contains(r#"function="hello""#),
+        "a deleted Function's series go with it:\n{metrics}"
+    );
 
     shutdown.cancel();
     // The gateway only lists and watches Functions, as its ClusterRole in the chart allows.

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod dashboard;
+pub mod function_metrics;
 pub mod jwt;
 pub mod kubernetes;
 pub mod local;
@@ -419,11 +420,13 @@ impl Controller {
         let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
         let logs_dir = data_dir.join("logs").join("functions");
         let pools: local::gateway::Pools = Arc::default();
+        let function_metrics = Arc::new(function_metrics::FunctionMetrics::new());
         let pool_config = local::pool::PoolConfig {
             logs_dir: logs_dir.clone(),
             publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
             publisher_token: function_publisher_token,
             trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
+            metrics: function_metrics.clone(),
             target_concurrency,
             scale_to_zero_after,
             scale_down_window,
@@ -475,6 +478,7 @@ impl Controller {
         let gateway = Arc::new(
             local::gateway::Gateway::new(
                 pools,
+                function_metrics,
                 activation_timeout,
                 Duration::from_secs(3600),
                 max_body,

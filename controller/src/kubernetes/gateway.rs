@@ -29,6 +29,7 @@ use parking_lot::RwLock;
 
 use crate::{
     Error, Result,
+    function_metrics::{FunctionMetrics, FunctionSeries},
     local::{
         self,
         gateway::{check_jwt, forward_headers, read_request, route},
@@ -76,6 +77,8 @@ pub struct Route {
     pub access: Access,
     /// Its handler timeout: the call's answer is awaited this long and 5 s more.
     pub timeout: Duration,
+    /// Its series on the gateway's `/metrics`.
+    pub metrics: Arc<FunctionSeries>,
 }
 
 /// Routes by (namespace, name), and whether the first list has arrived.
@@ -85,6 +88,8 @@ pub struct Routes {
     /// Relisting: the routes seen so far, swapped in at the end of the list.
     relisting: parking_lot::Mutex<Option<HashMap<(String, String), Route>>>,
     synced: std::sync::atomic::AtomicBool,
+    /// Every Function's series, served at `/metrics`.
+    metrics: FunctionMetrics,
 }
 
 impl Routes {
@@ -108,7 +113,7 @@ impl Routes {
             watcher::Event::InitApply(function) => {
                 let key = key_of(&function);
                 let existing = self.routes.read().get(&key).map(|r| r.access.clone());
-                let route = route_of(&function, existing);
+                let route = self.route_of(&function, existing);
                 self.relisting
                     .lock()
                     .get_or_insert_with(HashMap::new)
@@ -116,20 +121,43 @@ impl Routes {
             }
             watcher::Event::InitDone => {
                 let listed = self.relisting.lock().take().unwrap_or_default();
-                *self.routes.write() = listed;
+                let gone = std::mem::replace(&mut *self.routes.write(), listed);
+                let routes = self.routes.read();
+                for (namespace, name) in gone.keys().filter(|key| !routes.contains_key(*key)) {
+                    self.metrics.remove(namespace, name);
+                }
                 self.synced
                     .store(true, std::sync::atomic::Ordering::Release);
             }
             watcher::Event::Apply(function) => {
                 let key = key_of(&function);
                 let existing = self.routes.read().get(&key).map(|r| r.access.clone());
-                let route = route_of(&function, existing);
+                let route = self.route_of(&function, existing);
                 self.routes.write().insert(key, route);
             }
             watcher::Event::Delete(function) => {
-                self.routes.write().remove(&key_of(&function));
+                let (namespace, name) = key_of(&function);
+                self.routes
+                    .write()
+                    .remove(&(namespace.clone(), name.clone()));
+                self.metrics.remove(&namespace, &name);
             }
         }
+    }
+
+    /// A Function's route (a JWT verifier for an unchanged `access.jwt` is kept, with its keys).
+    fn route_of(&self, function: &Function, existing: Option<Access>) -> Route {
+        let (namespace, name) = key_of(function);
+        Route {
+            access: local::access_of(function, existing),
+            timeout: function.spec.timeout(),
+            metrics: self.metrics.function(&namespace, &name),
+        }
+    }
+
+    /// Every Function's series, as Prometheus text.
+    pub fn encode_metrics(&self) -> String {
+        self.metrics.encode()
     }
 }
 
@@ -138,14 +166,6 @@ fn key_of(function: &Function) -> (String, String) {
         function.namespace().unwrap_or_default(),
         function.name_any(),
     )
-}
-
-/// A Function's route (a JWT verifier for an unchanged `access.jwt` is kept, with its keys).
-fn route_of(function: &Function, existing: Option<Access>) -> Route {
-    Route {
-        access: local::access_of(function, existing),
-        timeout: function.spec.timeout(),
-    }
 }
 
 /// The upstream URI of a call: the function's URL from `template` and the rest of the path.
@@ -198,6 +218,12 @@ pub fn router(routes: Arc<Routes>, function_url: String, max_body: usize) -> Rou
     let router = Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
+            "/metrics",
+            axum::routing::get(|State(gateway): State<Arc<Gateway>>| async move {
+                crate::local::gateway::metrics_text(gateway.routes.encode_metrics())
+            }),
+        )
+        .route(
             "/readyz",
             axum::routing::get(|State(gateway): State<Arc<Gateway>>| async move {
                 if gateway.routes.synced() {
@@ -235,6 +261,31 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
             format!("function {namespace}/{function} not found"),
         );
     };
+    let started = std::time::Instant::now();
+    let response = call(
+        &gateway,
+        &namespace,
+        &function,
+        &path_and_query,
+        &found,
+        request,
+    )
+    .await;
+    found
+        .metrics
+        .called(response.status().as_u16(), started.elapsed().as_secs_f64());
+    response
+}
+
+/// A call of a routed Function: its access checked, then forwarded to its Service.
+async fn call(
+    gateway: &Gateway,
+    namespace: &str,
+    function: &str,
+    path_and_query: &str,
+    found: &Route,
+    request: Request,
+) -> Response {
     match &found.access {
         Access::Public => {}
         Access::Tokens(tokens) => {
@@ -250,8 +301,7 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
             }
         }
         Access::Jwt(verifier) => {
-            if let Err(refused) =
-                check_jwt(verifier, request.headers(), &namespace, &function).await
+            if let Err(refused) = check_jwt(verifier, request.headers(), namespace, function).await
             {
                 return refused;
             }
@@ -261,12 +311,7 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         Ok(read) => read,
         Err(refused) => return refused.into_response(),
     };
-    let Some(uri) = upstream_uri(
-        &gateway.function_url,
-        &namespace,
-        &function,
-        &path_and_query,
-    ) else {
+    let Some(uri) = upstream_uri(&gateway.function_url, namespace, function, path_and_query) else {
         return refuse(StatusCode::BAD_REQUEST, "invalid path");
     };
     let mut upstream = http::Request::new(Full::new(body));

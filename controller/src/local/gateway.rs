@@ -30,6 +30,7 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use tracing::Instrument as _;
 
 use super::pool::{Access, INSTANCE_SECRET_HEADER, Lease, Pool};
+use crate::function_metrics::FunctionMetrics;
 
 /// Longest a request body may take to arrive (a slow client holds no instance meanwhile).
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,6 +41,8 @@ pub type Pools = Arc<parking_lot::RwLock<HashMap<(String, String), Arc<Pool>>>>;
 /// The gateway's state.
 pub struct Gateway {
     pools: Pools,
+    /// Every function's series, served at `/metrics`.
+    metrics: Arc<FunctionMetrics>,
     /// The platform's own token (the dispatcher's), accepted by every function.
     bypass: Option<eddy_platform::auth::Tokens>,
     client: Client<HttpConnector, Full<Bytes>>,
@@ -52,6 +55,7 @@ impl Gateway {
     /// A gateway over `pools`.
     pub fn new(
         pools: Pools,
+        metrics: Arc<FunctionMetrics>,
         activation_timeout: Duration,
         request_timeout: Duration,
         max_body: usize,
@@ -62,6 +66,7 @@ impl Gateway {
         );
         Self {
             pools,
+            metrics,
             bypass: None,
             client,
             activation_timeout,
@@ -85,7 +90,30 @@ impl Gateway {
 
 /// The gateway router.
 pub fn router(gateway: Arc<Gateway>) -> Router {
-    with_call_traces(Router::new().fallback(proxy).with_state(gateway))
+    with_call_traces(
+        Router::new()
+            .route("/metrics", axum::routing::get(metrics))
+            .fallback(proxy)
+            .with_state(gateway),
+    )
+}
+
+/// Every function's series, as Prometheus text (no function is named `/metrics`: a function
+/// path has two segments).
+async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
+    metrics_text(gateway.metrics.encode())
+}
+
+/// The `/metrics` answer of a gateway.
+pub(crate) fn metrics_text(text: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// With traces on, every call to a function is a server span that continues the caller's
@@ -174,7 +202,8 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     };
     // Every line logged while serving this call names the function once, here.
     let span = tracing::info_span!("call", namespace = %call.namespace, function = %call.function);
-    async {
+    let started = Instant::now();
+    let response = async {
         if let Some(verifier) = &call.jwt
             && let Err(refused) =
                 check_jwt(verifier, request.headers(), &call.namespace, &call.function).await
@@ -189,7 +218,10 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         forward(&gateway, &pool, &call, &parts, body).await
     }
     .instrument(span)
-    .await
+    .await;
+    pool.metrics
+        .called(response.status().as_u16(), started.elapsed().as_secs_f64());
+    response
 }
 
 /// Checks a caller's JWT; the refusal (401 with `WWW-Authenticate: Bearer`, 403, 503) names
@@ -424,6 +456,19 @@ async fn acquire(pool: &Arc<Pool>, deadline: Instant, avoid: &[u64]) -> Result<L
         return Ok(lease);
     }
     let _waiting = pool.wait_guard();
+    let since = Instant::now();
+    let acquired = wait_for_instance(pool, deadline, avoid).await;
+    pool.metrics.waited(since.elapsed().as_secs_f64());
+    acquired
+}
+
+/// Waits until an instance other than `avoid` is ready (or the pool is unavailable, or the
+/// deadline passes).
+async fn wait_for_instance(
+    pool: &Arc<Pool>,
+    deadline: Instant,
+    avoid: &[u64],
+) -> Result<Lease, Response> {
     loop {
         let changed = pool.changed.notified();
         tokio::pin!(changed);

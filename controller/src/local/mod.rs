@@ -760,6 +760,7 @@ impl LocalController {
             }
             tracked.stop.cancel();
             tracked.pool.shutdown();
+            self.pool_config.metrics.remove(namespace, name);
             let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
             while !tracked.pool.pids().is_empty() && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;

@@ -34,6 +34,8 @@ pub struct PoolConfig {
     pub publisher_token: Option<String>,
     /// Where functions send their spans (`TRACE_COLLECTOR_ENDPOINT`), while traces are on.
     pub trace_collector: Option<String>,
+    /// Every function's series on the gateway's `/metrics`.
+    pub metrics: Arc<crate::function_metrics::FunctionMetrics>,
     /// In-flight requests per instance the autoscaler aims for.
     pub target_concurrency: usize,
     /// Idle time after which a Function with `minReplicas: 0` has no instance.
@@ -257,6 +259,8 @@ pub struct Pool {
     /// The current revision's handler timeout (0 before there is one), read per request.
     timeout_seconds: AtomicU64,
     shutdown: CancellationToken,
+    /// This function's metrics series.
+    pub metrics: Arc<crate::function_metrics::FunctionSeries>,
 }
 
 /// Inputs of the autoscaler.
@@ -349,6 +353,7 @@ impl Pool {
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         let (status, _) = watch::channel(PoolStatus::default());
+        let metrics = config.metrics.function(namespace, name);
         let pool = Arc::new(Self {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
@@ -376,6 +381,7 @@ impl Pool {
             access: parking_lot::RwLock::new(Access::Public),
             timeout_seconds: AtomicU64::new(0),
             shutdown,
+            metrics,
         });
         tokio::spawn(pool.clone().manage());
         pool
@@ -570,6 +576,7 @@ impl Pool {
 
     fn publish_status(&self, inner: &Inner) {
         let ready: Vec<&Arc<Instance>> = inner.instances.iter().filter(|i| i.is_ready()).collect();
+        self.metrics.set_instances(ready.len());
         let status = PoolStatus {
             ready: ready.len(),
             desired: inner.desired,
@@ -632,6 +639,15 @@ impl Pool {
             .collect();
         // Start what is missing (after the crash backoff).
         if current.len() < desired && now >= inner.not_before {
+            // Calls are waiting and nothing can take them: a cold start.
+            if self.waiting.load(Ordering::Acquire) > 0
+                && !inner
+                    .instances
+                    .iter()
+                    .any(|i| i.is_ready() || i.state() == InstanceState::Starting)
+            {
+                self.metrics.cold_start();
+            }
             for _ in current.len()..desired {
                 self.start_instance(&mut inner, &revision);
             }

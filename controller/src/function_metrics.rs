@@ -1,0 +1,235 @@
+//! Per-function metrics on the gateway's `/metrics` (both modes): calls by status class,
+//! errors, how long calls take, and in local mode cold starts, ready instances and how long
+//! calls waited for an instance.
+//!
+//! Labels are the namespace, the function and, for calls, the status class: bounded by the
+//! Functions that exist (a removed Function's series go with it), never a path, a caller or an
+//! error text. Each function's series are looked up once ([`FunctionMetrics::function`]), so
+//! a call costs a few atomic additions and no label allocation or hashing.
+
+use std::sync::Arc;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FunctionLabels {
+    namespace: String,
+    function: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    namespace: String,
+    function: String,
+    status_class: &'static str,
+}
+
+/// The status classes calls are counted by.
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Every function's series, and the registry `/metrics` encodes.
+#[derive(Debug)]
+pub struct FunctionMetrics {
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+    errors: Family<FunctionLabels, Counter>,
+    duration: Family<FunctionLabels, Histogram>,
+    cold_starts: Family<FunctionLabels, Counter>,
+    instances: Family<FunctionLabels, Gauge>,
+    queue_wait: Family<FunctionLabels, Histogram>,
+}
+
+impl Default for FunctionMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Buckets of call and wait durations, in seconds: a warm call takes milliseconds, a start
+/// from zero up to seconds, a long handler up to its timeout.
+const SECONDS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0,
+];
+
+impl FunctionMetrics {
+    /// Registers every metric under `eddy_function_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("eddy_function");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "calls",
+            "Calls of a function through the gateway, by status class of the answer",
+            calls.clone(),
+        );
+        let errors = Family::<FunctionLabels, Counter>::default();
+        registry.register(
+            "errors",
+            "Calls answered 5xx (by the function, or by the gateway when it could not reach one)",
+            errors.clone(),
+        );
+        let duration =
+            Family::<FunctionLabels, Histogram>::new_with_constructor(|| Histogram::new(SECONDS));
+        registry.register(
+            "duration_seconds",
+            "Time from a call's arrival at the gateway to the answer's head",
+            duration.clone(),
+        );
+        let cold_starts = Family::<FunctionLabels, Counter>::default();
+        registry.register(
+            "cold_starts",
+            "Instances started because calls were waiting and none was ready (local mode)",
+            cold_starts.clone(),
+        );
+        let instances = Family::<FunctionLabels, Gauge>::default();
+        registry.register(
+            "instances",
+            "Instances ready to take calls (local mode)",
+            instances.clone(),
+        );
+        let queue_wait =
+            Family::<FunctionLabels, Histogram>::new_with_constructor(|| Histogram::new(SECONDS));
+        registry.register(
+            "queue_wait_seconds",
+            "How long calls that found no ready instance waited for one (local mode)",
+            queue_wait.clone(),
+        );
+        Self {
+            registry,
+            calls,
+            errors,
+            duration,
+            cold_starts,
+            instances,
+            queue_wait,
+        }
+    }
+
+    /// The series of one function, created now (at zero) so it shows before its first call.
+    pub fn function(&self, namespace: &str, function: &str) -> Arc<FunctionSeries> {
+        let labels = FunctionLabels {
+            namespace: namespace.to_owned(),
+            function: function.to_owned(),
+        };
+        let calls = STATUS_CLASSES.map(|status_class| {
+            self.calls
+                .get_or_create(&CallLabels {
+                    namespace: labels.namespace.clone(),
+                    function: labels.function.clone(),
+                    status_class,
+                })
+                .clone()
+        });
+        Arc::new(FunctionSeries {
+            calls,
+            errors: self.errors.get_or_create(&labels).clone(),
+            duration: self.duration.get_or_create(&labels).clone(),
+            cold_starts: self.cold_starts.get_or_create(&labels).clone(),
+            instances: self.instances.get_or_create(&labels).clone(),
+            queue_wait: self.queue_wait.get_or_create(&labels).clone(),
+        })
+    }
+
+    /// Drops a removed function's series.
+    pub fn remove(&self, namespace: &str, function: &str) {
+        let labels = FunctionLabels {
+            namespace: namespace.to_owned(),
+            function: function.to_owned(),
+        };
+        for status_class in STATUS_CLASSES {
+            self.calls.remove(&CallLabels {
+                namespace: labels.namespace.clone(),
+                function: labels.function.clone(),
+                status_class,
+            });
+        }
+        self.errors.remove(&labels);
+        self.duration.remove(&labels);
+        self.cold_starts.remove(&labels);
+        self.instances.remove(&labels);
+        self.queue_wait.remove(&labels);
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// The series of one function.
+#[derive(Debug)]
+pub struct FunctionSeries {
+    calls: [Counter; 5],
+    errors: Counter,
+    duration: Histogram,
+    cold_starts: Counter,
+    instances: Gauge,
+    queue_wait: Histogram,
+}
+
+impl FunctionSeries {
+    /// A call answered `status` after `seconds`.
+    pub fn called(&self, status: u16, seconds: f64) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.calls[class].inc();
+        if status >= 500 {
+            self.errors.inc();
+        }
+        self.duration.observe(seconds);
+    }
+
+    /// Instances started from none ready, for calls that were waiting.
+    pub fn cold_start(&self) {
+        self.cold_starts.inc();
+    }
+
+    /// Instances ready now.
+    pub fn set_instances(&self, ready: usize) {
+        self.instances.set(i64::try_from(ready).unwrap_or(i64::MAX));
+    }
+
+    /// A call waited `seconds` for an instance.
+    pub fn waited(&self, seconds: f64) {
+        self.queue_wait.observe(seconds);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_counted_by_status_class_and_removed_with_their_function() {
+        let metrics = FunctionMetrics::new();
+        let series = metrics.function("shop", "reserve");
+        series.called(200, 0.003);
+        series.called(204, 0.002);
+        series.called(404, 0.001);
+        series.called(503, 2.0);
+        series.cold_start();
+        series.set_instances(2);
+        series.waited(0.4);
+        let text = metrics.encode();
+        for line in [
+            r#"eddy_function_calls_total{namespace="shop",function="reserve",status_class="2xx"} 2"#,
+            r#"eddy_function_calls_total{namespace="shop",function="reserve",status_class="4xx"} 1"#,
+            r#"eddy_function_calls_total{namespace="shop",function="reserve",status_class="5xx"} 1"#,
+            r#"eddy_function_calls_total{namespace="shop",function="reserve",status_class="3xx"} 0"#,
+            r#"eddy_function_errors_total{namespace="shop",function="reserve"} 1"#,
+            r#"eddy_function_duration_seconds_count{namespace="shop",function="reserve"} 4"#,
+            r#"eddy_function_cold_starts_total{namespace="shop",function="reserve"} 1"#,
+            r#"eddy_function_instances{namespace="shop",function="reserve"} 2"#,
+            r#"eddy_function_queue_wait_seconds_count{namespace="shop",function="reserve"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        metrics.remove("shop", "reserve");
+        assert!(!metrics.encode().contains("reserve"), "series left behind");
+    }
+}
