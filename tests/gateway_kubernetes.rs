@@ -138,14 +138,7 @@ async fn the_gateway_routes_to_function_services_and_enforces_access() {
     );
 
     // Calls counted per function by status class: hello 200 once; vault 401 twice, 200 once.
-    let metrics = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_of(&http, &url).await;
     for line in [
         r#"eddy_function_calls_total{namespace="shop",function="hello",status_class="2xx"} 1"#,
         r#"eddy_function_calls_total{namespace="shop",function="vault",status_class="4xx"} 2"#,
@@ -196,14 +189,7 @@ async fn the_gateway_routes_to_function_services_and_enforces_access() {
     )
     .await
     .unwrap();
-    let metrics = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_of(&http, &url).await;
     assert!(
         !metrics.contains(r#"function="hello""#),
         "a deleted Function's series go with it:\n{metrics}"
@@ -223,6 +209,17 @@ async fn the_gateway_routes_to_function_services_and_enforces_access() {
     ))
     .unwrap();
     assert_eq!(made, eddy_testing::rbac::granted_by_cluster_role(&template));
+}
+
+/// The gateway's `/metrics` text.
+async fn metrics_of(http: &reqwest::Client, url: &str) -> String {
+    http.get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
