@@ -1318,6 +1318,67 @@ fn function_env_is_the_platform_s_then_the_user_s() {
     );
 }
 
+/// Kyma's pod-level fields reach the Deployment as written: env from Secrets and ConfigMaps
+/// (passed to Kubernetes, never resolved by eddy), each Secret mounted read-only at its path,
+/// the user's labels and annotations on the pods (eddy's own labels kept), and the runtime image
+/// override in place of the built image.
+#[test]
+fn kyma_fields_reach_the_deployment_as_written() {
+    let rendered = render(
+        &function(json!({
+            "env": [
+                {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}},
+                {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
+            ],
+            "secretMounts": [{"secretName": "tls", "mountPath": "/etc/tls"}],
+            "labels": {"team": "checkout"},
+            "annotations": {"owner": "checkout@example.com"},
+            "runtimeImageOverride": "registry.example.com/custom-node:1",
+        })),
+        &config(),
+    )
+    .expect("renders");
+    let deployment = serde_json::to_value(&rendered.deployment).expect("json");
+    let template = &deployment["spec"]["template"];
+    let container = &template["spec"]["containers"][0];
+    let env = container["env"].as_array().expect("env");
+    let named = |name: &str| env.iter().find(|e| e["name"] == name).cloned();
+    assert_eq!(
+        named("API_KEY").expect("API_KEY"),
+        json!({"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}})
+    );
+    assert_eq!(
+        named("REGION").expect("REGION"),
+        json!({"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}})
+    );
+    let mount = container["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["mountPath"] == "/etc/tls")
+        .cloned()
+        .expect("the Secret's mount");
+    assert_eq!(mount["readOnly"], true);
+    let volume = template["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .cloned()
+        .expect("the Secret's volume");
+    assert_eq!(volume["secret"]["secretName"], "tls");
+    assert_eq!(template["metadata"]["labels"]["team"], "checkout");
+    assert_eq!(
+        template["metadata"]["labels"]["app.kubernetes.io/managed-by"], "eddy",
+        "eddy's labels kept"
+    );
+    assert_eq!(
+        template["metadata"]["annotations"]["owner"],
+        "checkout@example.com"
+    );
+    assert_eq!(container["image"], "registry.example.com/custom-node:1");
+}
+
 #[test]
 fn functions_get_the_trace_collector_while_traces_are_on() {
     let env_of = |config: &RenderConfig| -> Vec<(String, String)> {
