@@ -293,9 +293,6 @@ async fn handle(
         Some(span) => delivery.instrument(span.clone()).await,
         None => delivery.await,
     };
-    if let Some(span) = &span {
-        record_verdict(span, verdict, attempt, target.policy.max_attempts);
-    }
     let seconds = started.elapsed().as_secs_f64();
     match verdict {
         Verdict::Delivered { status } => {
@@ -305,8 +302,10 @@ async fn handle(
             }
             series.delivered(seconds);
             tracing::debug!(status, attempt, "delivered");
+            record_outcome(span.as_ref(), Some(status), Outcome::Delivered);
         }
         Verdict::Retry { reason, status } if attempt < target.policy.max_attempts => {
+            record_outcome(span.as_ref(), status, Outcome::Retry(reason));
             let delay = target.policy.retry_delay(attempt);
             shared.metrics.retried(&target.label, reason, seconds);
             tracing::warn!(
@@ -319,6 +318,7 @@ async fn handle(
             }
         }
         Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
+            record_outcome(span.as_ref(), status, Outcome::DeadLetter(reason));
             dead_letter(
                 shared,
                 target,
@@ -359,30 +359,36 @@ fn delivery_span(
     span
 }
 
-/// Writes what became of an attempt into its span; a dead letter's span says why.
-fn record_verdict(span: &tracing::Span, verdict: Verdict, attempt: u32, max_attempts: u32) {
-    let (status, outcome, reason) = match verdict {
-        Verdict::Delivered { status } => (Some(status), "delivered", None),
-        Verdict::Retry { reason, status } if attempt < max_attempts => {
-            (status, "retry", Some(reason))
-        }
-        Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
-            (status, "dead_letter", Some(reason))
-        }
+/// What became of one attempt, as its trace span tells it.
+#[derive(Clone, Copy)]
+enum Outcome {
+    Delivered,
+    Retry(Failure),
+    DeadLetter(Failure),
+}
+
+/// Writes what became of an attempt into its span (traces on); a dead letter's span says why.
+/// Called from the arm of `handle` that settles the event, so the span tells what was done.
+fn record_outcome(span: Option<&tracing::Span>, status: Option<u16>, outcome: Outcome) {
+    let Some(span) = span else {
+        return;
     };
     if let Some(status) = status {
         span.record("http.response.status_code", status);
     }
-    span.record("eddy.outcome", outcome);
-    if let Some(reason) = reason {
+    let (label, failure) = match outcome {
+        Outcome::Delivered => ("delivered", None),
+        Outcome::Retry(reason) => ("retry", Some(("will retry", reason))),
+        Outcome::DeadLetter(reason) => ("dead_letter", Some(("dead-lettered", reason))),
+    };
+    span.record("eddy.outcome", label);
+    if let Some((what, reason)) = failure {
         span.record("eddy.reason", reason.label());
         span.record("otel.status_code", "error");
-        let message = if outcome == "dead_letter" {
-            format!("dead-lettered: {}", reason.label())
-        } else {
-            format!("will retry: {}", reason.label())
-        };
-        span.record("otel.status_description", message);
+        span.record(
+            "otel.status_description",
+            format!("{what}: {}", reason.label()),
+        );
     }
 }
 
