@@ -155,18 +155,10 @@ async fn traced_publish(request: Request, next: Next, logged: tracing::Span) -> 
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    traces::continue_http(&span, request.headers());
-    let response = next
-        .run(request)
-        .instrument(logged)
-        .instrument(span.clone())
-        .await;
-    let status = response.status();
-    span.record("http.response.status_code", status.as_u16());
-    if status.is_server_error() {
-        span.record("otel.status_code", "error");
-    }
-    response
+    traces::serve_request(span, request, async |request| {
+        next.run(request).instrument(logged).await
+    })
+    .await
 }
 
 /// A batch (or large body) past `--request-timeout`: 503, some of it may be stored.

@@ -145,6 +145,25 @@ pub fn continue_http(span: &tracing::Span, headers: &http::HeaderMap) {
     let _ = span.set_parent(parent);
 }
 
+/// Serves `request` under `span`, a server span with the fields `http.response.status_code`
+/// and `otel.status_code` left empty: the span continues the caller's trace, and records the
+/// answer's status (an error status for a 5xx).
+pub async fn serve_request(
+    span: tracing::Span,
+    request: axum::extract::Request,
+    serve: impl AsyncFnOnce(axum::extract::Request) -> axum::response::Response,
+) -> axum::response::Response {
+    use tracing::Instrument as _;
+    continue_http(&span, request.headers());
+    let response = serve(request).instrument(span.clone()).await;
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+    response
+}
+
 /// Makes `span` continue the trace a stored event carries in its NATS headers.
 pub fn continue_nats(span: &tracing::Span, headers: Option<&async_nats::HeaderMap>) {
     if let Some(headers) = headers {

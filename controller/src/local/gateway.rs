@@ -140,14 +140,7 @@ async fn trace_call(request: Request, next: axum::middleware::Next) -> Response 
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    traces::continue_http(&span, request.headers());
-    let response = next.run(request).instrument(span.clone()).await;
-    let status = response.status();
-    span.record("http.response.status_code", status.as_u16());
-    if status.is_server_error() {
-        span.record("otel.status_code", "error");
-    }
-    response
+    traces::serve_request(span, request, async |request| next.run(request).await).await
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
