@@ -83,7 +83,8 @@ impl Component {
             }
             Self::Controller => {
                 allowed.push(format!("$KV.{RESOURCES_BUCKET}.>"));
-                allowed.extend(stream_api(&["INFO"], EVENTS_STREAM));
+                // Reading one event: the dashboard's event detail.
+                allowed.extend(stream_api(&["INFO", "MSG.GET"], EVENTS_STREAM));
                 allowed.extend(stream_api(&["INFO"], DEAD_LETTER_STREAM));
                 allowed.extend(stream_api(&["INFO", "CREATE", "UPDATE", "MSG.GET"], &kv));
                 allowed.push(format!("$JS.API.DIRECT.GET.{kv}.>"));

@@ -104,6 +104,7 @@ async fn one_event_makes_one_trace_from_publish_to_the_reply_and_dead_letters_sa
     let traces = TraceArgs {
         otlp_endpoint: Some(endpoint.clone()),
         otlp_protocol: Some(OtlpProtocol::HttpJson),
+        trace_ui_url: Some("http://traces.example/trace/{traceId}".to_owned()),
     };
     let _exporter = log.init(&traces, "eddy").unwrap().expect("traces on");
 

@@ -7,7 +7,13 @@
 //! error text. Each function's series are looked up once ([`FunctionMetrics::function`]), so
 //! a call costs a few atomic additions and no label allocation or hashing.
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -41,6 +47,9 @@ pub struct FunctionMetrics {
     cold_starts: Family<FunctionLabels, Counter>,
     instances: Family<FunctionLabels, Gauge>,
     queue_wait: Family<FunctionLabels, Histogram>,
+    /// Each function's series, so every caller of [`Self::function`] shares one and the
+    /// dashboard can read them all.
+    series: Mutex<HashMap<(String, String), Arc<FunctionSeries>>>,
 }
 
 impl Default for FunctionMetrics {
@@ -51,9 +60,21 @@ impl Default for FunctionMetrics {
 
 /// Buckets of call and wait durations, in seconds: a warm call takes milliseconds, a start
 /// from zero up to seconds, a long handler up to its timeout.
-const SECONDS: [f64; 16] = [
+pub const SECONDS: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0,
 ];
+
+/// Calls counted so far by one function's series, for the dashboard's charts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallTotals {
+    /// Calls answered.
+    pub calls: u64,
+    /// Calls answered 5xx.
+    pub errors: u64,
+    /// Calls by duration: `buckets[i]` took at most `SECONDS[i]` (and more than the bound
+    /// before); the last counts those beyond every bound.
+    pub buckets: [u64; SECONDS.len() + 1],
+}
 
 impl FunctionMetrics {
     /// Registers every metric under `eddy_function_`.
@@ -105,11 +126,36 @@ impl FunctionMetrics {
             cold_starts,
             instances,
             queue_wait,
+            series: Mutex::default(),
         }
     }
 
-    /// The series of one function, created now (at zero) so it shows before its first call.
+    /// The series of one function, created now (at zero) so it shows before its first call;
+    /// the same series for every caller until the function is removed.
     pub fn function(&self, namespace: &str, function: &str) -> Arc<FunctionSeries> {
+        let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        series
+            .entry((namespace.to_owned(), function.to_owned()))
+            .or_insert_with(|| self.create(namespace, function))
+            .clone()
+    }
+
+    /// Every function's call totals so far, by namespace and name.
+    pub fn totals(&self) -> Vec<((String, String), CallTotals)> {
+        let series: Vec<_> = self
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(key, series)| (key.clone(), series.clone()))
+            .collect();
+        series
+            .into_iter()
+            .map(|(key, series)| (key, series.totals()))
+            .collect()
+    }
+
+    fn create(&self, namespace: &str, function: &str) -> Arc<FunctionSeries> {
         let labels = FunctionLabels {
             namespace: namespace.to_owned(),
             function: function.to_owned(),
@@ -130,11 +176,16 @@ impl FunctionMetrics {
             cold_starts: self.cold_starts.get_or_create(&labels).clone(),
             instances: self.instances.get_or_create(&labels).clone(),
             queue_wait: self.queue_wait.get_or_create(&labels).clone(),
+            buckets: Default::default(),
         })
     }
 
     /// Drops a removed function's series.
     pub fn remove(&self, namespace: &str, function: &str) {
+        self.series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(namespace.to_owned(), function.to_owned()));
         let labels = FunctionLabels {
             namespace: namespace.to_owned(),
             function: function.to_owned(),
@@ -171,6 +222,9 @@ pub struct FunctionSeries {
     cold_starts: Counter,
     instances: Gauge,
     queue_wait: Histogram,
+    /// Calls by duration bucket, as [`CallTotals::buckets`] (the histogram keeps its own
+    /// counts private).
+    buckets: [AtomicU64; SECONDS.len() + 1],
 }
 
 impl FunctionSeries {
@@ -182,6 +236,20 @@ impl FunctionSeries {
             self.errors.inc();
         }
         self.duration.observe(seconds);
+        let bucket = SECONDS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(SECONDS.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The calls counted so far.
+    pub fn totals(&self) -> CallTotals {
+        CallTotals {
+            calls: self.calls.iter().map(Counter::get).sum(),
+            errors: self.errors.get(),
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+        }
     }
 
     /// Instances started from none ready, for calls that were waiting.
@@ -229,7 +297,28 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
+        assert!(
+            Arc::ptr_eq(&series, &metrics.function("shop", "reserve")),
+            "one series per function"
+        );
+        let totals = metrics.totals();
+        assert_eq!(totals.len(), 1);
+        assert_eq!(totals[0].0, ("shop".to_owned(), "reserve".to_owned()));
+        let mut buckets = [0; SECONDS.len() + 1];
+        buckets[0] = 1; // 1 ms
+        buckets[1] = 1; // 2 ms
+        buckets[2] = 1; // 3 ms
+        buckets[10] = 1; // 2 s
+        assert_eq!(
+            totals[0].1,
+            CallTotals {
+                calls: 4,
+                errors: 1,
+                buckets
+            }
+        );
         metrics.remove("shop", "reserve");
         assert!(!metrics.encode().contains("reserve"), "series left behind");
+        assert!(metrics.totals().is_empty());
     }
 }

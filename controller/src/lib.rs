@@ -398,6 +398,8 @@ impl Controller {
             kubernetes: _,
         } = args;
         let api_tokens = api_auth.load()?;
+        // The dashboard calls functions through the gateway of this process.
+        let local_gateway_url = gateway_url.clone();
         let gateway_url = configured_gateway_url.unwrap_or(gateway_url);
         let client = nats
             .connect(
@@ -421,10 +423,11 @@ impl Controller {
         let logs_dir = data_dir.join("logs").join("functions");
         let pools: local::gateway::Pools = Arc::default();
         let function_metrics = Arc::new(function_metrics::FunctionMetrics::new());
+        let function_metrics_for_dashboard = function_metrics.clone();
         let pool_config = local::pool::PoolConfig {
             logs_dir: logs_dir.clone(),
             publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
-            publisher_token: function_publisher_token,
+            publisher_token: function_publisher_token.clone(),
             trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
             metrics: function_metrics.clone(),
             target_concurrency,
@@ -485,13 +488,18 @@ impl Controller {
             )
             .with_bypass_token(platform_token.as_deref()),
         );
-        let dashboard = Arc::new(dashboard::DashboardState {
-            store: store.clone(),
-            js: js.clone(),
-            dispatcher_url: dispatcher_url.map(|url| url.trim_end_matches('/').to_owned()),
+        let dashboard = Arc::new(dashboard::DashboardState::new(
+            store.clone(),
+            js.clone(),
+            dispatcher_url,
             // The dispatcher of `eddy up` takes the same API tokens as the controller.
-            http: dispatcher_client(api_auth.api_tokens.first().map(String::as_str)),
-        });
+            dispatcher_client(api_auth.api_tokens.first().map(String::as_str)),
+            local_gateway_url,
+            bus_url,
+            function_publisher_token,
+            function_metrics_for_dashboard,
+        ));
+        tokio::spawn(dashboard::sample(dashboard.clone(), shutdown.child_token()));
         let state = Arc::new(api::ApiState {
             store,
             sinks,
@@ -502,6 +510,7 @@ impl Controller {
             api::router(state).merge(dashboard::router(dashboard)),
             api_tokens,
         )
+        .merge(dashboard::page_router())
         .route("/healthz", axum::routing::get(|| async { "ok" }));
         Ok(Self {
             api,

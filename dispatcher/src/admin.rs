@@ -40,6 +40,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/subscriptions", get(subscriptions))
         .route("/dead-letters", get(dead_letters))
+        .route("/deliveries", get(deliveries))
         .route("/subscriptions/{namespace}/{name}/redrive", post(redrive))
         .route("/subscriptions/{namespace}/{name}/replay", post(replay))
         .with_state(state)
@@ -86,10 +87,30 @@ async fn subscriptions(State(state): Admin) -> Response {
                 "name": target.name,
                 "sink": target.sink,
                 "counts": state.shared.metrics.counts(&target.label),
+                "replyTypes": state.shared.journal.reply_types(&target.label),
             })
         })
         .collect();
     Json(json!({ "items": items })).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct DeliveriesQuery {
+    /// The event's sequence in `EDDY_EVENTS`.
+    sequence: u64,
+}
+
+/// The recent attempts of one event, by subscription (what this dispatcher saw; see
+/// [`crate::journal`]).
+async fn deliveries(State(state): Admin, Query(query): Query<DeliveriesQuery>) -> Response {
+    let items: Vec<_> = state
+        .shared
+        .journal
+        .attempts_of(query.sequence)
+        .into_iter()
+        .map(|(subscription, attempts)| json!({"subscription": subscription, "attempts": attempts}))
+        .collect();
+    Json(json!({ "sequence": query.sequence, "items": items })).into_response()
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::{
     Error, Result,
     delivery::Verdict,
+    journal::Outcome,
     worker::{self, Shared, Target},
 };
 
@@ -180,7 +181,10 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
         .await
         .map_err(|e| Error::consumer(DEAD_LETTER_STREAM, "find stream", e))?;
     let mut outcome = Redriven::default();
+    let recent = shared.journal.subscription(&target.label);
     for (sequence, message) in letters {
+        let letter = summarize(sequence, &message.headers, String::new());
+        let started = std::time::Instant::now();
         let verdict = match shared.sinks.resolve(&target.sink) {
             Ok(sink) => {
                 worker::deliver(
@@ -196,7 +200,15 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
             Err(verdict) => verdict,
         };
         match verdict {
-            Verdict::Delivered { .. } => {
+            Verdict::Delivered { status } => {
+                recent.attempted(
+                    letter.stream_sequence,
+                    letter.attempts.saturating_add(1),
+                    Some(status),
+                    Outcome::Redriven,
+                    None,
+                    started.elapsed().as_secs_f64(),
+                );
                 shared.metrics.subscription(&target.label).delivered(0.0);
                 if let Err(error) = stream.delete_message(sequence).await {
                     tracing::warn!(%error, sequence, "delivered a dead letter but cannot remove it");
@@ -204,6 +216,14 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
                 outcome.delivered += 1;
             }
             Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
+                recent.attempted(
+                    letter.stream_sequence,
+                    letter.attempts.saturating_add(1),
+                    status,
+                    Outcome::RedriveFailed,
+                    Some(reason.label()),
+                    started.elapsed().as_secs_f64(),
+                );
                 tracing::warn!(subscription = %target.label, %reason, status, sequence, "redrive failed; kept in dead letters");
                 outcome.failed += 1;
             }

@@ -10,6 +10,7 @@ pub mod consumer;
 pub mod deadletter;
 pub mod delivery;
 pub mod index;
+pub mod journal;
 pub mod manager;
 pub mod metrics;
 pub mod sinks;
@@ -275,6 +276,7 @@ impl Dispatcher {
                 max_batch_events: 1,
             },
             progress_every: (ack_wait / 3).max(Duration::from_millis(100)),
+            journal: journal::Journal::default(),
         });
         let (manager, manager_task) = manager::start(
             shared.clone(),

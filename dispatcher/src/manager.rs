@@ -441,7 +441,9 @@ impl Manager {
             cancel.cancel();
         }
         let (namespace, name) = &key;
-        self.shared.metrics.forget(&format!("{namespace}/{name}"));
+        let label = format!("{namespace}/{name}");
+        self.shared.metrics.forget(&label);
+        self.shared.journal.forget(&label);
         let consumer = consumer_name(namespace, name);
         if let Ok(stream) = self.shared.js.get_stream(EVENTS_STREAM).await {
             // Another dispatcher may have deleted it first.

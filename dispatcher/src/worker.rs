@@ -31,6 +31,7 @@ use tracing::Instrument as _;
 use crate::{
     consumer::{self, ConsumerPlan},
     delivery::{self, Failure, Verdict},
+    journal::{Journal, Outcome as Recorded, Recent},
     metrics::{Metrics, SubscriptionMetrics},
     sinks::{Resolved, Sinks},
 };
@@ -52,6 +53,8 @@ pub struct Shared {
     pub reply_limits: Limits,
     /// How often to send in-progress acks while a delivery runs.
     pub progress_every: Duration,
+    /// Recent attempts and reply types, for the dashboard.
+    pub journal: Journal,
 }
 
 /// The client deliveries go through.
@@ -174,6 +177,7 @@ pub async fn consume(
         }
     };
     let series = shared.metrics.subscription(&target.label);
+    let recent = shared.journal.subscription(&target.label);
     let mut sink = SinkCache::default();
     let mut running = FuturesUnordered::new();
     let mut asking: Option<futures::future::BoxFuture<'_, _>> = None;
@@ -191,7 +195,7 @@ pub async fn consume(
             message = messages.next(), if running.len() < max_in_flight => match message {
                 Some(Ok(message)) => {
                     let resolved = sink.get(&shared.sinks, &target.sink);
-                    running.push(handle(shared, target, &series, resolved, message));
+                    running.push(handle(shared, target, &series, &recent, resolved, message));
                 }
                 Some(Err(error)) => {
                     use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
@@ -253,6 +257,7 @@ async fn handle(
     shared: &Shared,
     target: &Target,
     series: &SubscriptionMetrics,
+    recent: &Recent,
     sink: Result<Arc<Resolved>, Verdict>,
     message: jetstream::Message,
 ) {
@@ -301,6 +306,14 @@ async fn handle(
                 tracing::warn!(%error, "ack failed; the event will be redelivered");
             }
             series.delivered(seconds);
+            recent.attempted(
+                stream_sequence,
+                attempt,
+                Some(status),
+                Recorded::Delivered,
+                None,
+                seconds,
+            );
             tracing::debug!(status, attempt, "delivered");
             record_outcome(span.as_ref(), Some(status), Outcome::Delivered);
         }
@@ -308,6 +321,14 @@ async fn handle(
             record_outcome(span.as_ref(), status, Outcome::Retry(reason));
             let delay = target.policy.retry_delay(attempt);
             shared.metrics.retried(&target.label, reason, seconds);
+            recent.attempted(
+                stream_sequence,
+                attempt,
+                status,
+                Recorded::Retry,
+                Some(reason.label()),
+                seconds,
+            );
             tracing::warn!(
                 %reason, status, attempt,
                 max_attempts = target.policy.max_attempts, retry_in = ?delay, stream_sequence,
@@ -319,6 +340,14 @@ async fn handle(
         }
         Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
             record_outcome(span.as_ref(), status, Outcome::DeadLetter(reason));
+            recent.attempted(
+                stream_sequence,
+                attempt,
+                status,
+                Recorded::DeadLetter,
+                Some(reason.label()),
+                seconds,
+            );
             dead_letter(
                 shared,
                 target,
@@ -526,6 +555,10 @@ async fn publish_reply(
             return Ok(());
         }
     };
+    // The flow map shows what the sink answers with, stored or not.
+    if let Some(ty) = event.headers.get("ce-type") {
+        shared.journal.replied(&target.label, ty);
+    }
     let stored = if traces::enabled() {
         let span = tracing::info_span!(
             target: traces::TARGET,

@@ -119,7 +119,7 @@ impl ApiTokenArgs {
 
 /// Requires an accepted bearer token on every route of `router` but the probes (`/healthz`,
 /// `/readyz`); `None` leaves the router open. A GET may carry the token as `?token=` instead,
-/// so a browser can open the dashboard (`/?token=...`) and its live tail.
+/// for the dashboard's live tail (a browser's `EventSource` cannot set headers).
 pub fn protect<S: Clone + Send + Sync + 'static>(
     router: axum::Router<S>,
     tokens: Option<Tokens>,

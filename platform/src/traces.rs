@@ -34,6 +34,9 @@ pub const TARGET: &str = "eddy::trace";
 /// The traces URL (`<endpoint>/v1/traces`) once traces are on; unset while they are off.
 static COLLECTOR: OnceLock<String> = OnceLock::new();
 
+/// The tracing UI's link template, once traces are on and one is given.
+static TRACE_UI: OnceLock<String> = OnceLock::new();
+
 /// How spans are encoded on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OtlpProtocol {
@@ -62,6 +65,11 @@ pub struct TraceArgs {
         global = true
     )]
     pub otlp_protocol: Option<OtlpProtocol>,
+    /// Your tracing UI's address of one trace, `{traceId}` standing for its id, e.g.
+    /// `http://127.0.0.1:16686/trace/{traceId}` (Jaeger): the dashboard links each event's
+    /// trace there.
+    #[arg(long = "trace-ui-url", env = "EDDY_TRACE_UI_URL", global = true)]
+    pub trace_ui_url: Option<String>,
 }
 
 impl TraceArgs {
@@ -95,6 +103,21 @@ pub fn enabled() -> bool {
 /// while traces are on.
 pub fn collector_endpoint() -> Option<&'static str> {
     COLLECTOR.get().map(String::as_str)
+}
+
+/// The tracing UI's page of the trace `trace_id` (32 hex digits), when traces are on and
+/// `--trace-ui-url` is given.
+pub fn ui_link(trace_id: &str) -> Option<String> {
+    let valid = trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit());
+    let template = TRACE_UI.get()?;
+    valid.then(|| template.replace("{traceId}", trace_id))
+}
+
+/// The trace id of a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`).
+pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+    let mut fields = traceparent.trim().split('-');
+    let (_version, trace_id) = (fields.next()?, fields.next()?);
+    (trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(trace_id)
 }
 
 /// The exporter behind the spans; flushes what is queued and stops when dropped.
@@ -134,6 +157,9 @@ pub(crate) fn start(args: &TraceArgs, service: &str) -> crate::Result<Option<(Tr
     let tracer = provider.tracer("eddy");
     // A second start in one process (tests) keeps the first endpoint.
     let _ = COLLECTOR.set(traces_url);
+    if let Some(template) = args.trace_ui_url.as_ref().filter(|t| !t.trim().is_empty()) {
+        let _ = TRACE_UI.set(template.trim().to_owned());
+    }
     Ok(Some((tracer, Traces { provider })))
 }
 
@@ -226,11 +252,13 @@ mod tests {
         let args = TraceArgs {
             otlp_endpoint: Some(" http://127.0.0.1:4318/ ".to_owned()),
             otlp_protocol: None,
+            trace_ui_url: None,
         };
         assert_eq!(args.endpoint().as_deref(), Some("http://127.0.0.1:4318"));
         let empty = TraceArgs {
             otlp_endpoint: Some(String::new()),
             otlp_protocol: None,
+            trace_ui_url: None,
         };
         // An empty flag turns traces off.
         assert_eq!(empty.endpoint(), None);
@@ -241,7 +269,18 @@ mod tests {
         let args = TraceArgs {
             otlp_endpoint: None,
             otlp_protocol: Some(OtlpProtocol::HttpJson),
+            trace_ui_url: None,
         };
         assert_eq!(args.protocol(), Protocol::HttpJson);
+    }
+
+    #[test]
+    fn the_trace_id_is_the_second_field_of_a_traceparent() {
+        assert_eq!(
+            trace_id_of("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        assert_eq!(trace_id_of("00-short-00f067aa0ba902b7-01"), None);
+        assert_eq!(trace_id_of(""), None);
     }
 }
