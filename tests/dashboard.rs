@@ -18,7 +18,8 @@ const TOKEN: &str = "dashboard-test-token";
 /// temporary directory.
 fn screenshot_dir() -> PathBuf {
     match std::env::var_os("EDDY_SCREENSHOT_DIR") {
-        Some(dir) => PathBuf::from(dir),
+        // Relative to the repository (the browser runs in tests/browser).
+        Some(dir) => up::repo().join(dir),
         None => {
             let dir = std::env::temp_dir().join(format!("eddy-dashboard-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
