@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cli;
 pub mod nats_auth;
+pub mod terminal;
 pub mod up;
 
 use std::path::PathBuf;
@@ -119,6 +120,10 @@ pub enum Command {
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
         output: cli::resources::Output,
+        /// After the list, print each resource again whenever it appears or changes, until
+        /// Ctrl-C (as `kubectl get -w`).
+        #[arg(short = 'w', long = "watch", env = "EDDY_WATCH")]
+        watch: bool,
         /// Where the API is and how to authenticate.
         #[command(flatten)]
         api: cli::resources::ApiArgs,
@@ -264,8 +269,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     // Only the services trace (a client verb has nothing to export); the guard flushes the
     // exporter when the command ends.
+    // `eddy up` keeps the terminal for its status lines and build progress.
+    let log_file = match &command {
+        Command::Up(args) => up::log_file(args)?,
+        _ => None,
+    };
     let traces = match traced_service(&command) {
-        Some(service) => log.init(&traces, service)?,
+        Some(service) => log.init_to(&traces, service, log_file.as_deref())?,
         None => log.init(&TraceArgs::default(), "eddy")?,
     };
     if matches!(
@@ -318,9 +328,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             name,
             all_namespaces,
             output,
+            watch,
             api,
         } => {
-            cli::resources::get(&api, kind, name.as_deref(), all_namespaces, output).await?;
+            cli::resources::get(&api, kind, name.as_deref(), all_namespaces, output, watch).await?;
         }
         Command::Delete {
             kind,

@@ -92,6 +92,10 @@ pub struct Args {
     /// which any process on the machine can read).
     #[arg(long = "bus-token-file", env = "EDDY_BUS_TOKEN_FILE")]
     pub bus_token_file: Option<PathBuf>,
+    /// Write the components' log lines to the terminal (stderr), as before, instead of
+    /// `<data-dir>/logs/eddy.log`.
+    #[arg(long = "log-to-terminal", env = "EDDY_LOG_TO_TERMINAL")]
+    pub log_to_terminal: bool,
     /// Manifests (files or directories) to apply once the platform is up, e.g. `examples/shop`.
     #[arg(long = "apply", short = 'f', env = "EDDY_APPLY", value_delimiter = ',')]
     pub apply: Vec<PathBuf>,
@@ -132,6 +136,12 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let shutdown = eddy_platform::shutdown::on_signal();
     let mut platform = Platform::start(&args, true, &shutdown).await?;
+    if let Some(local) = &platform.local_controller {
+        tokio::spawn(crate::terminal::show_builds(
+            local.build_progress(),
+            shutdown.child_token(),
+        ));
+    }
     if let Some(collector) = eddy_platform::traces::collector_endpoint() {
         eddy_platform::output::say(format!("traces      on     {collector}"));
     }
@@ -139,7 +149,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let result = match applied {
         Ok(()) => {
             eddy_platform::output::say("ready");
-            print_next_steps(&platform);
+            let log_file =
+                (!args.log_to_terminal).then(|| args.data_dir.join("logs").join("eddy.log"));
+            print_next_steps(&platform, log_file.as_deref());
             platform.wait(&shutdown).await
         }
         Err(error) => Err(error),
@@ -414,6 +426,19 @@ impl Platform {
 
 /// Creates the data dir readable by this user only (0700): it holds NATS credentials, the NATS
 /// store (function env), builds and logs. An existing one is tightened.
+/// Where `eddy up` writes the components' log lines (unless `--log-to-terminal`), created
+/// with its private data dir.
+pub fn log_file(args: &Args) -> anyhow::Result<Option<PathBuf>> {
+    if args.log_to_terminal {
+        return Ok(None);
+    }
+    create_private_dir(&args.data_dir)?;
+    let logs = args.data_dir.join("logs");
+    std::fs::create_dir_all(&logs)
+        .with_context(|| format!("cannot create the log dir {}", logs.display()))?;
+    Ok(Some(logs.join("eddy.log")))
+}
+
 fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
     std::fs::DirBuilder::new()
@@ -597,7 +622,7 @@ async fn deploy(
     }
 }
 
-fn print_next_steps(platform: &Platform) {
+fn print_next_steps(platform: &Platform, log_file: Option<&Path>) {
     use eddy_platform::output::say;
     say("");
     say(format!(
@@ -613,6 +638,13 @@ fn print_next_steps(platform: &Platform) {
         platform.gateway_url
     ));
     say(format!("  dashboard {}/", platform.api_url));
+    say(format!(
+        "  logs      {}   (functions: eddy logs <function> -f)",
+        log_file.map_or_else(
+            || "on this terminal".to_owned(),
+            |path| path.display().to_string()
+        )
+    ));
     say("  stop      Ctrl-C");
     say("");
 }

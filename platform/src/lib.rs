@@ -76,6 +76,14 @@ pub enum Error {
     /// The logging flags are invalid.
     #[error("invalid log filter: {0}")]
     LogFilter(String),
+    /// The log file could not be opened.
+    #[error("cannot open the log file {path}: {source}")]
+    LogFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The trace exporter could not be set up (a malformed endpoint).
     #[error("cannot export traces: {0}")]
     Traces(String),

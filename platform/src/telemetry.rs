@@ -41,13 +41,40 @@ impl LogArgs {
     /// (spans of [`traces::TARGET`] only; `service` is the default `service.name`). The guard
     /// it returns flushes the exporter when dropped. Calling it twice keeps the first setup.
     pub fn init(&self, traces: &TraceArgs, service: &str) -> crate::Result<Option<Traces>> {
+        self.init_to(traces, service, None)
+    }
+
+    /// [`Self::init`], with the log lines appended to `file` instead of stderr when given
+    /// (`eddy up` keeps the terminal for its status lines).
+    pub fn init_to(
+        &self,
+        traces: &TraceArgs,
+        service: &str,
+        file: Option<&std::path::Path>,
+    ) -> crate::Result<Option<Traces>> {
         let filter = EnvFilter::try_new(&self.log_level)
             .map_err(|error| crate::Error::LogFilter(error.to_string()))?;
+        let writer = match file {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|source| crate::Error::LogFile {
+                        path: path.to_owned(),
+                        source,
+                    })?;
+                // `&File` writes: one write per line, no lock of our own.
+                fmt::writer::BoxMakeWriter::new(std::sync::Arc::new(file))
+            }
+            None => fmt::writer::BoxMakeWriter::new(std::io::stderr),
+        };
+        let ansi = file.is_none();
         let Some((tracer, guard)) = traces::start(traces, service)? else {
             // Without traces the filter stays global: spans and events it rejects cost nothing.
             let _ = tracing_subscriber::registry()
                 .with(filter)
-                .with(log_layer(self.log_format))
+                .with(log_layer(self.log_format, writer, ansi))
                 .try_init();
             return Ok(None);
         };
@@ -55,7 +82,7 @@ impl LogArgs {
         // and only trace spans are exported.
         let exported = filter::filter_fn(|metadata| metadata.target() == traces::TARGET);
         let installed = tracing_subscriber::registry()
-            .with(log_layer(self.log_format).with_filter(filter))
+            .with(log_layer(self.log_format, writer, ansi).with_filter(filter))
             .with(
                 tracing_opentelemetry::layer()
                     .with_tracer(tracer)
@@ -67,17 +94,29 @@ impl LogArgs {
     }
 }
 
-/// The log lines' layer, to stderr in `format`.
-fn log_layer<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+/// The log lines' layer, to `writer` in `format` (colours only for a terminal's stderr).
+fn log_layer<S>(
+    format: LogFormat,
+    writer: fmt::writer::BoxMakeWriter,
+    ansi: bool,
+) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     match format {
-        LogFormat::Compact => fmt::layer().compact().with_writer(std::io::stderr).boxed(),
+        LogFormat::Compact => {
+            let layer = fmt::layer().compact().with_writer(writer);
+            // A file gets no colour codes; a terminal keeps the default (which honours NO_COLOR).
+            if ansi {
+                layer.boxed()
+            } else {
+                layer.with_ansi(false).boxed()
+            }
+        }
         LogFormat::Json => fmt::layer()
             .json()
             .flatten_event(true)
-            .with_writer(std::io::stderr)
+            .with_writer(writer)
             .boxed(),
     }
 }

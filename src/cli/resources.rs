@@ -328,13 +328,18 @@ fn warning_text(header: &str) -> &str {
         .map_or(header, |text| text.trim_matches('"'))
 }
 
-/// `eddy get KIND [NAME]`.
+/// How often `eddy get -w` asks the API.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `eddy get KIND [NAME]`; with `watch`, then a row (or, with `-o json|yaml`, a document) for
+/// each resource that appears or changes, as `kubectl get -w` prints them, until interrupted.
 pub async fn get(
     api: &ApiArgs,
     kind: Kind,
     name: Option<&str>,
     all_namespaces: bool,
     output: Output,
+    watch: bool,
 ) -> anyhow::Result<()> {
     if kind == Kind::Instances && name.is_none() {
         bail!("name the function: `eddy get instances FUNCTION`");
@@ -349,22 +354,135 @@ pub async fn get(
     } else {
         resource_url(&api.server, &api.namespace, kind, name)
     };
-    let response = api
-        .http()?
-        .get(&url)
+    let http = api.http()?;
+    let body = read(&http, &url, api).await?;
+    if !watch {
+        match output {
+            Output::Json => println!("{}", serde_json::to_string_pretty(&body)?),
+            Output::Yaml => print!("{}", serde_yaml::to_string(&body)?),
+            Output::Table => print!("{}", table(kind, body)?),
+        }
+        return Ok(());
+    }
+    watch_changes(&http, &url, api, kind, output, body).await
+}
+
+async fn read(http: &reqwest::Client, url: &str, api: &ApiArgs) -> anyhow::Result<Value> {
+    let response = http
+        .get(url)
         .send()
         .await
         .with_context(|| format!("cannot reach the eddy API at {}", api.server))?;
     if !response.status().is_success() {
         bail!("{}", refusal(response).await);
     }
-    let body: Value = response.json().await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&body)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&body)?),
-        Output::Table => print!("{}", table(kind, body)?),
+    Ok(response.json().await?)
+}
+
+/// Each item of a list (or the one resource) by `namespace/name`.
+fn items_by_key(body: &Value) -> Vec<(String, Value)> {
+    let items = match body.get("items").and_then(Value::as_array) {
+        Some(items) => items.clone(),
+        None => vec![body.clone()],
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            let key = format!(
+                "{}/{}",
+                item["metadata"]["namespace"].as_str().unwrap_or_default(),
+                item["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            (key, item)
+        })
+        .collect()
+}
+
+/// Prints what there is, then what changes, until Ctrl-C.
+async fn watch_changes(
+    http: &reqwest::Client,
+    url: &str,
+    api: &ApiArgs,
+    kind: Kind,
+    output: Output,
+    first: Value,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    // What was last printed of each resource: its row, or its document.
+    let mut shown: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let mut widths: Vec<usize> = Vec::new();
+    let mut body = first;
+    let mut header_printed = false;
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let mut out = String::new();
+        for (key, item) in items_by_key(&body) {
+            let printed = match output {
+                Output::Table => {
+                    let rows = table_rows(kind, serde_json::json!({ "items": [item] }))?;
+                    let Some(row) = rows.get(1) else { continue };
+                    if !header_printed {
+                        widths = rows[0].iter().map(|cell| cell.chars().count()).collect();
+                    }
+                    for (column, cell) in row.iter().enumerate() {
+                        if let Some(width) = widths.get_mut(column) {
+                            *width = (*width).max(cell.chars().count());
+                        }
+                    }
+                    if !header_printed {
+                        out.push_str(&aligned(&rows[0], &widths));
+                        header_printed = true;
+                    }
+                    aligned(row, &widths)
+                }
+                Output::Json => format!("{}\n", serde_json::to_string(&item)?),
+                Output::Yaml => format!("---\n{}", serde_yaml::to_string(&item)?),
+            };
+            if shown.get(&key) != Some(&printed) {
+                out.push_str(&printed);
+                shown.insert(key, printed);
+            }
+        }
+        if output == Output::Table && !header_printed {
+            // Nothing yet: the header still says what will come.
+            let rows = table_rows(kind, serde_json::json!({ "items": [] }))?;
+            widths = rows[0].iter().map(|cell| cell.chars().count()).collect();
+            out.push_str(&aligned(&rows[0], &widths));
+            header_printed = true;
+        }
+        if !out.is_empty() {
+            let mut stdout = std::io::stdout().lock();
+            // The reader went away (a closed pipe): stop watching.
+            if stdout
+                .write_all(out.as_bytes())
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return Ok(());
+            }
+        }
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            () = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        body = read(http, url, api).await?;
     }
-    Ok(())
+}
+
+/// One row padded to `widths`, three spaces between columns.
+fn aligned(row: &[String], widths: &[usize]) -> String {
+    let line: Vec<String> = row
+        .iter()
+        .enumerate()
+        .map(|(c, cell)| {
+            format!(
+                "{cell:<width$}",
+                width = widths.get(c).copied().unwrap_or(0)
+            )
+        })
+        .collect();
+    format!("{}\n", line.join("   ").trim_end())
 }
 
 /// One resource or a list of them, as the API answers.
@@ -399,8 +517,8 @@ fn condition(conditions: &[Condition], type_: ConditionType) -> String {
         .unwrap_or_else(|| "Unknown".to_owned())
 }
 
-/// The table `eddy get` prints, from what the API answered (one resource or a list).
-pub fn table(kind: Kind, body: Value) -> anyhow::Result<String> {
+/// The header and rows of the table `eddy get` prints.
+fn table_rows(kind: Kind, body: Value) -> anyhow::Result<Vec<Vec<String>>> {
     let mut rows: Vec<Vec<String>> = Vec::new();
     let text = |value: &Option<String>| value.clone().unwrap_or_default();
     match kind {
@@ -516,7 +634,12 @@ pub fn table(kind: Kind, body: Value) -> anyhow::Result<String> {
             }
         }
     }
-    Ok(format_rows(&rows))
+    Ok(rows)
+}
+
+/// The table `eddy get` prints, from what the API answered (one resource or a list).
+pub fn table(kind: Kind, body: Value) -> anyhow::Result<String> {
+    Ok(format_rows(&table_rows(kind, body)?))
 }
 
 /// Left-aligned columns separated by three spaces.

@@ -20,6 +20,8 @@ pub struct Up {
     pub gateway: String,
     pub dispatcher: String,
     pub nats: String,
+    /// Every line `eddy up` printed after "ready".
+    pub output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 pub fn repo() -> PathBuf {
@@ -60,6 +62,7 @@ impl Up {
             gateway: String::new(),
             dispatcher: String::new(),
             nats: String::new(),
+            output: std::sync::Arc::default(),
         };
         tokio::time::timeout(Duration::from_secs(180), async {
             while let Some(line) = lines.next_line().await.unwrap() {
@@ -82,7 +85,12 @@ impl Up {
         })
         .await
         .expect("eddy up did not get ready in time");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let output = up.output.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                output.lock().unwrap().push(line);
+            }
+        });
         up
     }
 

@@ -14,7 +14,8 @@ use std::{
     time::Duration,
 };
 
-pub use crate::runtimes::build_hash;
+pub use crate::local::progress::{Phase, Reporter};
+use crate::runtimes::build_hash;
 use eddy_model::{conditions::Reason, resources::Runtime};
 use eddy_platform::process;
 
@@ -95,12 +96,48 @@ pub enum Code<'a> {
     },
 }
 
-/// Builds (or finds) the build of a function.
+/// Builds (or finds) the build of a function, saying what it does to `reporter`.
 pub async fn build(
     config: &BuildConfig,
     runtime: Runtime,
     code: Code<'_>,
+    reporter: Option<&Reporter>,
 ) -> Result<Build, BuildFailure> {
+    let started = std::time::Instant::now();
+    let built = build_reported(config, runtime, code, reporter).await;
+    if let Some(reporter) = reporter {
+        match &built {
+            Ok((build, installed)) if build.fresh => reporter.report(Phase::Built {
+                installed: *installed,
+                seconds: started.elapsed().as_secs_f64(),
+            }),
+            Ok(_) => {}
+            Err(failure) => reporter.report(Phase::Failed(
+                failure
+                    .message
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )),
+        }
+    }
+    built.map(|(build, _)| build)
+}
+
+/// [`build`], and whether dependencies were installed.
+async fn build_reported(
+    config: &BuildConfig,
+    runtime: Runtime,
+    code: Code<'_>,
+    reporter: Option<&Reporter>,
+) -> Result<(Build, bool), BuildFailure> {
+    let report = |phase| {
+        if let Some(reporter) = reporter {
+            reporter.report(phase);
+        }
+    };
+    report(Phase::Runtime);
     let Prepared { program, libraries } = config.toolchain.prepare(runtime).await?;
     let hash = match code {
         Code::Inline {
@@ -127,7 +164,7 @@ pub async fn build(
         let (built_hash, built_tree) = marker.split_once(' ').unwrap_or((marker.as_str(), ""));
         let tree = tree_digest_of(&dir).await;
         if built_hash == hash && tree.as_deref() == Some(built_tree) {
-            return Ok(built(false));
+            return Ok((built(false), false));
         }
         tracing::warn!(dir = %dir.display(), "build directory changed since it was built; building it again");
     }
@@ -136,6 +173,7 @@ pub async fn build(
             .await
             .map_err(|error| BuildFailure::io("write", &path, &error))
     };
+    report(Phase::Source);
     // A half-finished earlier attempt is started over.
     let _ = tokio::fs::remove_dir_all(&dir).await;
     tokio::fs::create_dir_all(&function_dir)
@@ -200,14 +238,14 @@ pub async fn build(
         }
     };
     if has_dependencies {
-        install(config, runtime, &program, &function_dir).await?;
+        install(config, runtime, &program, &function_dir, reporter).await?;
     }
     let tree = tree_digest_of(&dir).await.ok_or_else(|| BuildFailure {
         reason: Reason::BuildFailed,
         message: format!("cannot read back the build directory {}", dir.display()),
     })?;
     write(dir.join(DONE_MARKER), format!("{hash} {tree}")).await?;
-    Ok(built(true))
+    Ok((built(true), has_dependencies))
 }
 
 /// Installs a function's own dependencies into its directory (`python` is the runtime's).
@@ -216,7 +254,16 @@ async fn install(
     runtime: Runtime,
     python: &Path,
     dir: &Path,
+    reporter: Option<&Reporter>,
 ) -> Result<(), BuildFailure> {
+    let tool = if runtime.node_major().is_some() {
+        "npm install"
+    } else {
+        "pip install"
+    };
+    if let Some(reporter) = reporter {
+        reporter.report(Phase::Installing { tool });
+    }
     let command = match runtime {
         Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 => {
             let mut command = tokio::process::Command::new(&config.toolchain.npm);
@@ -251,6 +298,7 @@ async fn install(
         dir,
         config.toolchain.timeout,
         "installing dependencies",
+        reporter,
     )
     .await
 }
@@ -262,6 +310,7 @@ pub async fn run_installer(
     dir: &Path,
     timeout: Duration,
     what: &str,
+    reporter: Option<&Reporter>,
 ) -> Result<(), BuildFailure> {
     let log_path = dir.join("build.log");
     let log = std::fs::File::create(&log_path)
@@ -293,7 +342,12 @@ pub async fn run_installer(
         message: format!("{what}: cannot run {program}: {error}"),
     })?;
     let group = process::group_of(&child);
-    let outcome = tokio::time::timeout(timeout, child.wait()).await;
+    let outcome = match reporter {
+        Some(reporter) => {
+            tokio::time::timeout(timeout, watch_output(&mut child, &log_path, reporter)).await
+        }
+        None => tokio::time::timeout(timeout, child.wait()).await,
+    };
     // Whatever the installer started and left running goes with it.
     if let Some(group) = group {
         process::kill_group(group);
@@ -315,6 +369,29 @@ pub async fn run_installer(
                 reason: Reason::BuildTimeout,
                 message: format!("{what} took longer than {timeout:?}:\n{}", read_log()),
             })
+        }
+    }
+}
+
+/// Waits for the installer, reporting the last line of its log whenever it changes.
+async fn watch_output(
+    child: &mut tokio::process::Child,
+    log_path: &Path,
+    reporter: &Reporter,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut every = tokio::time::interval(Duration::from_millis(250));
+    let mut last = String::new();
+    loop {
+        tokio::select! {
+            status = child.wait() => return status,
+            _ = every.tick() => {
+                let log = tokio::fs::read_to_string(log_path).await.unwrap_or_default();
+                let line = log.lines().rev().map(str::trim).find(|line| !line.is_empty()).unwrap_or_default();
+                if line != last {
+                    line.clone_into(&mut last);
+                    reporter.report(Phase::Output(last.clone()));
+                }
+            }
         }
     }
 }
@@ -501,6 +578,9 @@ mod tests {
                 Duration::from_secs(300),
             ),
         };
+        let progress = crate::local::progress::BuildProgress::default();
+        let mut events = progress.subscribe();
+        let reporter = progress.of("shop/first".to_owned());
         let first = build(
             &config,
             Runtime::Nodejs20,
@@ -508,9 +588,26 @@ mod tests {
                 source: "module.exports={main:()=>1}",
                 dependencies: "",
             },
+            Some(&reporter),
         )
         .await
         .unwrap();
+        let mut phases = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            assert_eq!(event.function, "shop/first");
+            phases.push(event.phase);
+        }
+        assert_eq!(phases[..2], [Phase::Runtime, Phase::Source]);
+        assert!(
+            matches!(
+                phases[2],
+                Phase::Built {
+                    installed: false,
+                    ..
+                }
+            ),
+            "{phases:?}"
+        );
         assert!(first.fresh);
         assert!(first.dir.join("server.mjs").is_file());
         assert_eq!(first.function_dir, first.dir.join("function"));
@@ -529,6 +626,7 @@ mod tests {
                 source: "module.exports={main:()=>1}",
                 dependencies: "",
             },
+            None,
         )
         .await
         .unwrap();
@@ -542,10 +640,26 @@ mod tests {
                 source: "def main(e, c): pass",
                 dependencies: "=== this is not a requirement\n",
             },
+            Some(&progress.of("shop/failed".to_owned())),
         )
         .await
         .unwrap_err();
         assert_eq!(failed.reason, Reason::DependencyInstallFailed);
+        let phases: Vec<Phase> = std::iter::from_fn(|| events.try_recv().ok())
+            .map(|event| event.phase)
+            .filter(|phase| !matches!(phase, Phase::Output(_)))
+            .collect();
+        assert_eq!(
+            phases,
+            [
+                Phase::Runtime,
+                Phase::Source,
+                Phase::Installing {
+                    tool: "pip install"
+                },
+                Phase::Failed("installing dependencies failed (exit status: 1):".to_owned()),
+            ]
+        );
         assert!(failed.message.contains("requirement"), "{}", failed.message);
     }
 }

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod git;
 pub mod inputs;
 pub mod pool;
+pub mod progress;
 pub mod spares;
 pub mod toolchain;
 
@@ -66,6 +67,7 @@ pub struct LocalController {
     sources: Arc<Sources>,
     gateway_url: String,
     shutdown: CancellationToken,
+    progress: progress::BuildProgress,
 }
 
 /// Where a Function's Git sources and mounted Secrets are kept locally.
@@ -164,7 +166,13 @@ impl LocalController {
             sources: Arc::new(sources),
             gateway_url: gateway_url.trim_end_matches('/').to_owned(),
             shutdown,
+            progress: progress::BuildProgress::default(),
         }
+    }
+
+    /// What builds are doing, for a terminal to show.
+    pub fn build_progress(&self) -> progress::BuildProgress {
+        self.progress.clone()
     }
 
     /// Follows the stored Functions (and the Secrets and ConfigMaps they read) until shutdown;
@@ -445,12 +453,18 @@ impl LocalController {
         inputs: &Inputs,
     ) -> Result<(build::Build, Option<String>), build::BuildFailure> {
         let runtime = function.spec.runtime;
+        let (namespace, name) = function.key();
+        let reporter = self.progress.of(format!("{namespace}/{name}"));
+        let reporter = Some(&reporter);
         if let Some(inline) = &function.spec.source.inline {
             let code = Code::Inline {
                 source: &inline.source,
                 dependencies: &inline.dependencies,
             };
-            return Ok((build::build(&self.build_config, runtime, code).await?, None));
+            return Ok((
+                build::build(&self.build_config, runtime, code, reporter).await?,
+                None,
+            ));
         }
         let Some(repository) = &function.spec.source.git_repository else {
             return Err(build::BuildFailure {
@@ -486,7 +500,7 @@ impl LocalController {
             identity: &identity,
         };
         Ok((
-            build::build(&self.build_config, runtime, code).await?,
+            build::build(&self.build_config, runtime, code, reporter).await?,
             Some(commit),
         ))
     }

