@@ -204,6 +204,38 @@ async fn a_user_deploys_calls_publishes_and_redrives_from_the_dashboard() {
 
     // What the dashboard showed is what the platform did.
     let http = reqwest::Client::new();
+    // Bad input to the page's endpoints is refused, naming the field.
+    for (path, body, field) in [
+        (
+            "/dashboard/invoke",
+            json!({"namespace": "default", "name": "greeter", "method": "GET", "path": "/../../metrics"}),
+            "path",
+        ),
+        (
+            "/dashboard/invoke",
+            json!({"namespace": "default", "name": "greeter", "method": "G ET", "path": "/"}),
+            "method",
+        ),
+        (
+            "/dashboard/publish",
+            json!({"type": " ", "source": "dashboard", "data": {}}),
+            "type",
+        ),
+    ] {
+        let response = http
+            .post(format!("{}{path}", up.api))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 422, "{body}");
+        let message = response.json::<Value>().await.unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(message.starts_with(&format!("{field}:")), "{message}");
+    }
     let letters: Value = http
         .get(format!("{}/dead-letters", up.dispatcher))
         .bearer_auth(TOKEN)

@@ -500,7 +500,12 @@ async fn publish(
             let body = response.bytes().await.unwrap_or_default();
             let message = serde_json::from_slice::<Value>(&body)
                 .ok()
-                .and_then(|body| body["message"].as_str().map(str::to_owned))
+                .and_then(|body| {
+                    body["error"]
+                        .as_str()
+                        .or_else(|| body["message"].as_str())
+                        .map(str::to_owned)
+                })
                 .unwrap_or_else(|| shown(&body).0);
             failure(status, format!("the event-bus refused it: {message}"))
         }
@@ -562,10 +567,17 @@ async fn invoke(
             "method: not an HTTP method",
         );
     };
-    if !form.path.starts_with('/') || form.path.contains(['\r', '\n', ' ', '#']) {
+    // The call stays inside the function's own address: no `..` segment (plain or
+    // percent-encoded) that the URL parser would resolve to another route of the gateway.
+    let path_only = form.path.split('?').next().unwrap_or_default();
+    let climbs = path_only.split('/').any(|segment| {
+        let segment = segment.to_ascii_lowercase().replace("%2e", ".");
+        segment == ".." || segment == "."
+    });
+    if !form.path.starts_with('/') || form.path.contains(['\r', '\n', ' ', '#']) || climbs {
         return failure(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "path: must start with / and hold no spaces or fragment",
+            "path: must start with / and hold no spaces, fragment or . and .. segments",
         );
     }
     let mut headers = reqwest::header::HeaderMap::new();
