@@ -149,8 +149,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let result = match applied {
         Ok(()) => {
             eddy_platform::output::say("ready");
-            let log_file =
-                (!args.log_to_terminal).then(|| args.data_dir.join("logs").join("eddy.log"));
+            let log_file = (!args.log_to_terminal).then(|| log_path(&args.data_dir));
             print_next_steps(&platform, log_file.as_deref());
             platform.wait(&shutdown).await
         }
@@ -433,10 +432,17 @@ pub fn log_file(args: &Args) -> anyhow::Result<Option<PathBuf>> {
         return Ok(None);
     }
     create_private_dir(&args.data_dir)?;
-    let logs = args.data_dir.join("logs");
-    std::fs::create_dir_all(&logs)
-        .with_context(|| format!("cannot create the log dir {}", logs.display()))?;
-    Ok(Some(logs.join("eddy.log")))
+    let path = log_path(&args.data_dir);
+    if let Some(logs) = path.parent() {
+        std::fs::create_dir_all(logs)
+            .with_context(|| format!("cannot create the log dir {}", logs.display()))?;
+    }
+    Ok(Some(path))
+}
+
+/// `<data-dir>/logs/eddy.log`.
+fn log_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("logs").join("eddy.log")
 }
 
 fn create_private_dir(dir: &Path) -> anyhow::Result<()> {

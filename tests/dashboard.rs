@@ -236,20 +236,19 @@ async fn a_user_deploys_calls_publishes_and_redrives_from_the_dashboard() {
             .to_owned();
         assert!(message.starts_with(&format!("{field}:")), "{message}");
     }
-    let letters: Value = http
-        .get(format!("{}/dead-letters", up.dispatcher))
-        .bearer_auth(TOKEN)
-        .send()
+    let dispatcher = |path: &str| {
+        http.get(format!("{}{path}", up.dispatcher))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let letters: Value = dispatcher("/dead-letters")
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
     assert_eq!(letters["items"], json!([]));
-    let subscriptions: Value = http
-        .get(format!("{}/subscriptions", up.dispatcher))
-        .bearer_auth(TOKEN)
-        .send()
+    let subscriptions: Value = dispatcher("/subscriptions")
         .await
         .unwrap()
         .json()

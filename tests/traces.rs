@@ -202,15 +202,9 @@ module.exports = { main: (event) => {
     let sequence = attribute(&store, "messaging.nats.stream_sequence").expect("the sequence");
     assert!(sequence.parse::<u64>().unwrap() >= 1, "{sequence}");
     // The dashboard's event detail names the trace and links it in the tracing UI.
-    let detail: Value = platform
-        .http
-        .get(format!("{}/dashboard/events/{sequence}", platform.api))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let detail = platform
+        .get_json(&format!("{}/dashboard/events/{sequence}", platform.api))
+        .await;
     assert_eq!(detail["traceId"], trace_id, "{detail}");
     assert_eq!(
         detail["traceUrl"],
@@ -219,18 +213,12 @@ module.exports = { main: (event) => {
     assert_eq!(detail["attributes"]["id"], "order-1");
     // The dispatcher's record of its deliveries (this platform's controller is not told where
     // the dispatcher is, so the detail above has none).
-    let deliveries: Value = platform
-        .http
-        .get(format!(
+    let deliveries = platform
+        .get_json(&format!(
             "{}/deliveries?sequence={sequence}",
             platform.dispatcher
         ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(deliveries["items"][0]["subscription"], "default/reserve");
     let attempt = &deliveries["items"][0]["attempts"][0];
     assert_eq!(attempt["outcome"], "delivered", "{deliveries}");

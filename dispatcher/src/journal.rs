@@ -37,6 +37,19 @@ pub enum Outcome {
     RedriveFailed,
 }
 
+impl Outcome {
+    /// The name traces and the admin API give it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retry => "retry",
+            Self::DeadLetter => "dead_letter",
+            Self::Redriven => "redriven",
+            Self::RedriveFailed => "redrive_failed",
+        }
+    }
+}
+
 /// One delivery attempt of one event.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -204,6 +217,22 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outcomes_have_one_name_in_traces_and_the_admin_api() {
+        for outcome in [
+            Outcome::Delivered,
+            Outcome::Retry,
+            Outcome::DeadLetter,
+            Outcome::Redriven,
+            Outcome::RedriveFailed,
+        ] {
+            assert_eq!(
+                serde_json::to_value(outcome).unwrap(),
+                serde_json::json!(outcome.label())
+            );
+        }
+    }
 
     #[test]
     fn keeps_the_latest_attempts_and_distinct_reply_types() {

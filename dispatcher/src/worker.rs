@@ -306,29 +306,25 @@ async fn handle(
                 tracing::warn!(%error, "ack failed; the event will be redelivered");
             }
             series.delivered(seconds);
-            recent.attempted(
-                stream_sequence,
-                attempt,
-                Some(status),
-                Recorded::Delivered,
-                None,
-                seconds,
-            );
             tracing::debug!(status, attempt, "delivered");
-            record_outcome(span.as_ref(), Some(status), Outcome::Delivered);
+            let attempt = Attempt {
+                sequence: stream_sequence,
+                number: attempt,
+                status: Some(status),
+                seconds,
+            };
+            record_outcome(span.as_ref(), recent, attempt, Outcome::Delivered);
         }
         Verdict::Retry { reason, status } if attempt < target.policy.max_attempts => {
-            record_outcome(span.as_ref(), status, Outcome::Retry(reason));
+            let tried = Attempt {
+                sequence: stream_sequence,
+                number: attempt,
+                status,
+                seconds,
+            };
+            record_outcome(span.as_ref(), recent, tried, Outcome::Retry(reason));
             let delay = target.policy.retry_delay(attempt);
             shared.metrics.retried(&target.label, reason, seconds);
-            recent.attempted(
-                stream_sequence,
-                attempt,
-                status,
-                Recorded::Retry,
-                Some(reason.label()),
-                seconds,
-            );
             tracing::warn!(
                 %reason, status, attempt,
                 max_attempts = target.policy.max_attempts, retry_in = ?delay, stream_sequence,
@@ -339,15 +335,13 @@ async fn handle(
             }
         }
         Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
-            record_outcome(span.as_ref(), status, Outcome::DeadLetter(reason));
-            recent.attempted(
-                stream_sequence,
-                attempt,
+            let tried = Attempt {
+                sequence: stream_sequence,
+                number: attempt,
                 status,
-                Recorded::DeadLetter,
-                Some(reason.label()),
                 seconds,
-            );
+            };
+            record_outcome(span.as_ref(), recent, tried, Outcome::DeadLetter(reason));
             dead_letter(
                 shared,
                 target,
@@ -388,7 +382,7 @@ fn delivery_span(
     span
 }
 
-/// What became of one attempt, as its trace span tells it.
+/// What became of one attempt.
 #[derive(Clone, Copy)]
 enum Outcome {
     Delivered,
@@ -396,21 +390,48 @@ enum Outcome {
     DeadLetter(Failure),
 }
 
-/// Writes what became of an attempt into its span (traces on); a dead letter's span says why.
-/// Called from the arm of `handle` that settles the event, so the span tells what was done.
-fn record_outcome(span: Option<&tracing::Span>, status: Option<u16>, outcome: Outcome) {
+/// The attempt whose outcome is recorded.
+#[derive(Clone, Copy)]
+struct Attempt {
+    /// The event's stream sequence.
+    sequence: u64,
+    /// 1 for the first.
+    number: u32,
+    /// The sink's status, when it answered.
+    status: Option<u16>,
+    /// How long it took.
+    seconds: f64,
+}
+
+/// Writes what became of an attempt where it is told: the Subscription's recent attempts (the
+/// dashboard) and its span (traces on), where a failure says why. Called from the arm of
+/// `handle` that settles the event, so both tell what was done.
+fn record_outcome(
+    span: Option<&tracing::Span>,
+    recent: &Recent,
+    attempt: Attempt,
+    outcome: Outcome,
+) {
+    let (recorded, failure) = match outcome {
+        Outcome::Delivered => (Recorded::Delivered, None),
+        Outcome::Retry(reason) => (Recorded::Retry, Some(("will retry", reason))),
+        Outcome::DeadLetter(reason) => (Recorded::DeadLetter, Some(("dead-lettered", reason))),
+    };
+    recent.attempted(
+        attempt.sequence,
+        attempt.number,
+        attempt.status,
+        recorded,
+        failure.map(|(_, reason)| reason.label()),
+        attempt.seconds,
+    );
     let Some(span) = span else {
         return;
     };
-    if let Some(status) = status {
+    if let Some(status) = attempt.status {
         span.record("http.response.status_code", status);
     }
-    let (label, failure) = match outcome {
-        Outcome::Delivered => ("delivered", None),
-        Outcome::Retry(reason) => ("retry", Some(("will retry", reason))),
-        Outcome::DeadLetter(reason) => ("dead_letter", Some(("dead-lettered", reason))),
-    };
-    span.record("eddy.outcome", label);
+    span.record("eddy.outcome", recorded.label());
     if let Some((what, reason)) = failure {
         span.record("eddy.reason", reason.label());
         span.record("otel.status_code", "error");

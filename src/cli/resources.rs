@@ -410,9 +410,11 @@ async fn watch_changes(
     use std::io::Write as _;
     // What was last printed of each resource: its row, or its document.
     let mut shown: std::collections::HashMap<String, String> = std::collections::HashMap::new();
-    let mut widths: Vec<usize> = Vec::new();
+    let header = table_rows(kind, serde_json::json!({ "items": [] }))?.swap_remove(0);
+    // Columns grow to fit what is printed, never shrink: rows printed earlier stay aligned.
+    let mut widths: Vec<usize> = header.iter().map(|cell| cell.chars().count()).collect();
     let mut body = first;
-    let mut header_printed = false;
+    let mut header_printed = output != Output::Table;
     let stop = tokio::signal::ctrl_c();
     tokio::pin!(stop);
     loop {
@@ -422,17 +424,10 @@ async fn watch_changes(
                 Output::Table => {
                     let rows = table_rows(kind, serde_json::json!({ "items": [item] }))?;
                     let Some(row) = rows.get(1) else { continue };
-                    if !header_printed {
-                        widths = rows[0].iter().map(|cell| cell.chars().count()).collect();
-                    }
                     for (column, cell) in row.iter().enumerate() {
                         if let Some(width) = widths.get_mut(column) {
                             *width = (*width).max(cell.chars().count());
                         }
-                    }
-                    if !header_printed {
-                        out.push_str(&aligned(&rows[0], &widths));
-                        header_printed = true;
                     }
                     aligned(row, &widths)
                 }
@@ -444,11 +439,9 @@ async fn watch_changes(
                 shown.insert(key, printed);
             }
         }
-        if output == Output::Table && !header_printed {
-            // Nothing yet: the header still says what will come.
-            let rows = table_rows(kind, serde_json::json!({ "items": [] }))?;
-            widths = rows[0].iter().map(|cell| cell.chars().count()).collect();
-            out.push_str(&aligned(&rows[0], &widths));
+        if !header_printed {
+            // Once, above the first rows (or alone, saying what will come).
+            out.insert_str(0, &aligned(&header, &widths));
             header_printed = true;
         }
         if !out.is_empty() {
@@ -654,17 +647,7 @@ pub fn format_rows(rows: &[Vec<String>]) -> String {
                 .unwrap_or(0)
         })
         .collect();
-    let mut out = String::new();
-    for row in rows {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
-    out
+    rows.iter().map(|row| aligned(row, &widths)).collect()
 }
 
 /// `eddy delete KIND NAME` or `eddy delete -f FILE`.

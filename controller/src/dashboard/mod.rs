@@ -80,6 +80,9 @@ pub struct DashboardState {
     pub function_metrics: Arc<FunctionMetrics>,
     /// The charts' samples.
     pub history: Mutex<History>,
+    /// The dispatcher's per-subscription items as last sampled (`None`: not reachable), so
+    /// the page's polls do not ask the dispatcher again.
+    pub dispatcher_items: Mutex<Option<Value>>,
 }
 
 impl DashboardState {
@@ -109,6 +112,7 @@ impl DashboardState {
                 .unwrap_or_default(),
             function_metrics,
             history: Mutex::new(History::new(SAMPLES_KEPT)),
+            dispatcher_items: Mutex::default(),
         }
     }
 
@@ -126,11 +130,14 @@ impl DashboardState {
         response.json::<Value>().await.ok().filter(Value::is_object)
     }
 
-    /// Takes one sample of every counter the charts draw.
+    /// Takes one sample of every counter the charts draw, keeping the dispatcher's items for
+    /// the page.
     async fn sample(&self) -> Sample {
         let mut sample = Sample::default();
-        if let Some(items) = self.dispatcher_subscriptions().await
-            && let Some(items) = items["items"].as_array()
+        let dispatcher = self.dispatcher_subscriptions().await;
+        if let Some(items) = dispatcher
+            .as_ref()
+            .and_then(|body| body["items"].as_array())
         {
             for item in items {
                 let (Some(namespace), Some(name)) =
@@ -154,6 +161,10 @@ impl DashboardState {
                 .functions
                 .insert(format!("{namespace}/{name}"), totals);
         }
+        *self
+            .dispatcher_items
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = dispatcher;
         sample
     }
 
@@ -258,7 +269,12 @@ async fn snapshot(
         .list::<Subscription>(None)
         .await
         .unwrap_or_default();
-    let counts = state.dispatcher_subscriptions().await;
+    // As sampled for the charts (every 2 s, as often as the page polls).
+    let counts = state
+        .dispatcher_items
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     let item_of = |namespace: &str, name: &str| {
         counts
             .as_ref()

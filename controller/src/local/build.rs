@@ -14,8 +14,8 @@ use std::{
     time::Duration,
 };
 
-pub use crate::local::progress::{Phase, Reporter};
-use crate::runtimes::build_hash;
+use crate::local::progress::{self, Phase, Reporter};
+pub use crate::runtimes::build_hash;
 use eddy_model::{conditions::Reason, resources::Runtime};
 use eddy_platform::process;
 
@@ -105,22 +105,26 @@ pub async fn build(
 ) -> Result<Build, BuildFailure> {
     let started = std::time::Instant::now();
     let built = build_reported(config, runtime, code, reporter).await;
-    if let Some(reporter) = reporter {
-        match &built {
-            Ok((build, installed)) if build.fresh => reporter.report(Phase::Built {
+    match &built {
+        Ok((build, installed)) if build.fresh => progress::report(
+            reporter,
+            Phase::Built {
                 installed: *installed,
                 seconds: started.elapsed().as_secs_f64(),
-            }),
-            Ok(_) => {}
-            Err(failure) => reporter.report(Phase::Failed(
+            },
+        ),
+        Ok(_) => {}
+        Err(failure) => progress::report(
+            reporter,
+            Phase::Failed(
                 failure
                     .message
                     .lines()
                     .next()
                     .unwrap_or_default()
                     .to_owned(),
-            )),
-        }
+            ),
+        ),
     }
     built.map(|(build, _)| build)
 }
@@ -132,12 +136,7 @@ async fn build_reported(
     code: Code<'_>,
     reporter: Option<&Reporter>,
 ) -> Result<(Build, bool), BuildFailure> {
-    let report = |phase| {
-        if let Some(reporter) = reporter {
-            reporter.report(phase);
-        }
-    };
-    report(Phase::Runtime);
+    progress::report(reporter, Phase::Runtime);
     let Prepared { program, libraries } = config.toolchain.prepare(runtime).await?;
     let hash = match code {
         Code::Inline {
@@ -173,7 +172,7 @@ async fn build_reported(
             .await
             .map_err(|error| BuildFailure::io("write", &path, &error))
     };
-    report(Phase::Source);
+    progress::report(reporter, Phase::Source);
     // A half-finished earlier attempt is started over.
     let _ = tokio::fs::remove_dir_all(&dir).await;
     tokio::fs::create_dir_all(&function_dir)
@@ -261,9 +260,7 @@ async fn install(
     } else {
         "pip install"
     };
-    if let Some(reporter) = reporter {
-        reporter.report(Phase::Installing { tool });
-    }
+    progress::report(reporter, Phase::Installing { tool });
     let command = match runtime {
         Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 => {
             let mut command = tokio::process::Command::new(&config.toolchain.npm);

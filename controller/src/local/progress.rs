@@ -84,3 +84,10 @@ impl Reporter {
         });
     }
 }
+
+/// Says `phase` to `reporter`, when there is one.
+pub fn report(reporter: Option<&Reporter>, phase: Phase) {
+    if let Some(reporter) = reporter {
+        reporter.report(phase);
+    }
+}
