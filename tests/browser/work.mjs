@@ -52,6 +52,10 @@ const browser = await chromium.launch({
     "--disable-background-networking", "--disable-component-update", "--disable-sync"],
 });
 const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+// Every action (a click waits for its target to be enabled) gets the same patience as the waits:
+// on a loaded CI machine Playwright's 30 s default is not enough.
+page.setDefaultTimeout(TIMEOUT);
+page.setDefaultNavigationTimeout(TIMEOUT);
 const text = (selector) => page.textContent(selector).then((t) => (t || "").trim());
 const waitFor = (what, fn, arg) => {
   step = what;
@@ -193,7 +197,11 @@ try {
   console.log(JSON.stringify(seen));
 } catch (error) {
   await page.screenshot({ path: `${screenshots}/dashboard-failed.png`, fullPage: true }).catch(() => {});
-  console.error(`dashboard step "${step}" failed: ${error.message}\nseen so far: ${JSON.stringify(seen)}`);
+  // What the page said when it stopped, so a failure in CI explains itself without the screenshot.
+  const shown = await page.evaluate(() => Object.fromEntries(["#summary", "#function-status", "#save-message",
+    "#call-status", "#publish-message", "#detail-title", "#deliveries", "#dead-letters"]
+    .map((selector) => [selector, (document.querySelector(selector)?.textContent || "").trim().slice(0, 400)]))).catch(() => ({}));
+  console.error(`dashboard step "${step}" failed: ${error.message}\nthe page showed: ${JSON.stringify(shown)}\nseen so far: ${JSON.stringify(seen)}`);
   process.exitCode = 1;
 } finally {
   await browser.close();
