@@ -106,6 +106,11 @@ impl Component {
         self.child.id()
     }
 
+    /// CPU time it has used so far, seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.child.id().map_or(0.0, cpu_seconds)
+    }
+
     /// Stops it.
     pub async fn stop(mut self) {
         eddy_platform::process::terminate(&mut self.child, Duration::from_secs(10)).await;
@@ -232,6 +237,15 @@ pub struct IngestRound {
     pub forwarder: Option<Rate>,
     /// async-nats publishing the same messages.
     pub raw: Rate,
+    /// The event-bus process's CPU time per event while it was measured, µs.
+    pub event_bus_cpu_us: f64,
+    /// The forwarder process's CPU time per event while it was measured, µs.
+    pub forwarder_cpu_us: Option<f64>,
+}
+
+/// CPU µs per operation of a process that used `cpu_seconds` for `rate`. Pure.
+fn cpu_us_per(cpu_seconds: f64, rate: &Rate) -> f64 {
+    cpu_seconds * 1e6 / rate.count.max(1) as f64
 }
 
 pub(super) async fn start_nats(args: &LoadArgs, dir: &Path) -> anyhow::Result<NatsChild> {
@@ -339,18 +353,25 @@ async fn ingest_against(
     for round in 0..args.rounds.max(1) as u64 {
         // Distinct ids per round and contender: nothing is a duplicate.
         let offset = (round + 3) << 40;
+        // Throughput on two shared cores moves with everything else on the machine; the CPU
+        // each process spends per event is the steadier measure of its own work.
+        let cpu_before = bus.cpu_seconds();
         let event_bus = over_http(bus_name.clone(), bus_url.clone(), args.duration, offset).await?;
-        let forwarder = match &forwarder_url {
-            Some(url) => Some(
-                over_http(
+        let event_bus_cpu_us = cpu_us_per(bus.cpu_seconds() - cpu_before, &event_bus);
+        let (forwarder, forwarder_cpu_us) = match (&forwarder_url, &forwarder) {
+            (Some(url), Some(process)) => {
+                let cpu_before = process.cpu_seconds();
+                let rate = over_http(
                     format!("forwarder{protocol}"),
                     url.clone(),
                     args.duration,
                     offset + (1 << 39),
                 )
-                .await?,
-            ),
-            None => None,
+                .await?;
+                let cpu_us = cpu_us_per(process.cpu_seconds() - cpu_before, &rate);
+                (Some(rate), Some(cpu_us))
+            }
+            _ => (None, None),
         };
         let raw = closed_loop("raw async-nats", args.connections, args.duration, {
             let (js, data) = (js.clone(), data.clone());
@@ -361,6 +382,8 @@ async fn ingest_against(
             event_bus,
             forwarder,
             raw,
+            event_bus_cpu_us,
+            forwarder_cpu_us,
         });
     }
     let rss = bus.peak_rss_mib();
