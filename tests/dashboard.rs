@@ -28,21 +28,6 @@ fn screenshot_dir() -> PathBuf {
     }
 }
 
-async fn api_put(up: &Up, path: &str, manifest: Value) {
-    let response = reqwest::Client::new()
-        .put(format!("{}{path}", up.api))
-        .bearer_auth(TOKEN)
-        .json(&manifest)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        response.status().is_success(),
-        "{}",
-        response.text().await.unwrap()
-    );
-}
-
 #[tokio::test]
 async fn a_user_deploys_calls_publishes_and_redrives_from_the_dashboard() {
     let data_dir = tempfile::tempdir().unwrap();
@@ -56,9 +41,8 @@ async fn a_user_deploys_calls_publishes_and_redrives_from_the_dashboard() {
 
     // The Subscription the user's function will take events from (the function comes from
     // the editor, in the browser).
-    api_put(
-        &up,
-        "/apis/eddy.dev/v1alpha1/namespaces/default/subscriptions/greetings",
+    up.apply_with_token(
+        Some(TOKEN),
         json!({
             "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
             "metadata": {"name": "greetings", "namespace": "default"},

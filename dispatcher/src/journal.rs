@@ -161,28 +161,25 @@ impl Journal {
             .clone()
     }
 
-    /// Notes that the sink of `subscription` answered with an event of `ty`.
-    pub fn replied(&self, subscription: &str, ty: &str) {
-        let recent = self
-            .subscriptions
+    /// The record of `subscription` if it has one (a lookup never creates one).
+    fn existing(&self, subscription: &str) -> Option<Arc<Recent>> {
+        self.subscriptions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(subscription)
-            .cloned();
-        if let Some(recent) = recent {
+            .cloned()
+    }
+
+    /// Notes that the sink of `subscription` answered with an event of `ty`.
+    pub fn replied(&self, subscription: &str, ty: &str) {
+        if let Some(recent) = self.existing(subscription) {
             recent.replied(ty);
         }
     }
 
     /// The reply types seen from the sink of `subscription`.
     pub fn reply_types(&self, subscription: &str) -> Vec<String> {
-        let recent = self
-            .subscriptions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(subscription)
-            .cloned();
-        recent
+        self.existing(subscription)
             .map(|recent| recent.reply_types())
             .unwrap_or_default()
     }

@@ -299,6 +299,12 @@ async fn handle(
         None => delivery.await,
     };
     let seconds = started.elapsed().as_secs_f64();
+    let tried = |status| Attempt {
+        sequence: stream_sequence,
+        number: attempt,
+        status,
+        seconds,
+    };
     match verdict {
         Verdict::Delivered { status } => {
             if let Err(error) = message.ack().await {
@@ -307,22 +313,15 @@ async fn handle(
             }
             series.delivered(seconds);
             tracing::debug!(status, attempt, "delivered");
-            let attempt = Attempt {
-                sequence: stream_sequence,
-                number: attempt,
-                status: Some(status),
-                seconds,
-            };
-            record_outcome(span.as_ref(), recent, attempt, Outcome::Delivered);
+            record_outcome(
+                span.as_ref(),
+                recent,
+                tried(Some(status)),
+                Outcome::Delivered,
+            );
         }
         Verdict::Retry { reason, status } if attempt < target.policy.max_attempts => {
-            let tried = Attempt {
-                sequence: stream_sequence,
-                number: attempt,
-                status,
-                seconds,
-            };
-            record_outcome(span.as_ref(), recent, tried, Outcome::Retry(reason));
+            record_outcome(span.as_ref(), recent, tried(status), Outcome::Retry(reason));
             let delay = target.policy.retry_delay(attempt);
             shared.metrics.retried(&target.label, reason, seconds);
             tracing::warn!(
@@ -335,13 +334,12 @@ async fn handle(
             }
         }
         Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
-            let tried = Attempt {
-                sequence: stream_sequence,
-                number: attempt,
-                status,
-                seconds,
-            };
-            record_outcome(span.as_ref(), recent, tried, Outcome::DeadLetter(reason));
+            record_outcome(
+                span.as_ref(),
+                recent,
+                tried(status),
+                Outcome::DeadLetter(reason),
+            );
             dead_letter(
                 shared,
                 target,

@@ -130,21 +130,25 @@ impl Up {
 
     /// PUTs a Function or Subscription manifest into the default namespace.
     pub async fn apply(&self, manifest: Value) {
+        self.apply_with_token(None, manifest).await;
+    }
+
+    /// [`Up::apply`] with the API's bearer token (`eddy up --api-tokens`).
+    pub async fn apply_with_token(&self, token: Option<&str>, manifest: Value) {
         let kind = if manifest["kind"] == "Function" {
             "functions"
         } else {
             "subscriptions"
         };
         let name = manifest["metadata"]["name"].as_str().unwrap().to_owned();
-        let response = reqwest::Client::new()
-            .put(format!(
-                "{}/apis/eddy.dev/v1alpha1/namespaces/default/{kind}/{name}",
-                self.api
-            ))
-            .json(&manifest)
-            .send()
-            .await
-            .unwrap();
+        let mut request = reqwest::Client::new().put(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/{kind}/{name}",
+            self.api
+        ));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.json(&manifest).send().await.unwrap();
         assert!(
             response.status().is_success(),
             "{}",

@@ -790,60 +790,45 @@ fn summary(message: &jetstream::Message) -> Value {
 }
 
 async fn tail(State(state): State<Arc<DashboardState>>) -> Response {
-    let start = match state.js.get_stream(EVENTS_STREAM).await {
-        Ok(mut stream) => match stream.info().await {
-            Ok(info) => info
-                .state
-                .last_sequence
-                .saturating_sub(TAIL_HISTORY - 1)
-                .max(1),
-            Err(_) => 1,
-        },
-        Err(_) => {
-            return (
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "event stream unavailable",
-            )
-                .into_response();
-        }
-    };
-    let consumer = match state.js.get_stream(EVENTS_STREAM).await {
-        Ok(stream) => {
-            stream
-                .create_consumer(OrderedConfig {
-                    deliver_policy: DeliverPolicy::ByStartSequence {
-                        start_sequence: start,
-                    },
-                    ..Default::default()
-                })
-                .await
-        }
+    let unavailable =
+        || (StatusCode::SERVICE_UNAVAILABLE, "event stream unavailable").into_response();
+    let mut stream = match state.js.get_stream(EVENTS_STREAM).await {
+        Ok(stream) => stream,
         Err(error) => {
             tracing::warn!(%error, "dashboard tail: no stream");
-            return (
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "event stream unavailable",
-            )
-                .into_response();
+            return unavailable();
         }
     };
+    // The last TAIL_HISTORY events first, then what comes.
+    let start = match stream.info().await {
+        Ok(info) => info
+            .state
+            .last_sequence
+            .saturating_sub(TAIL_HISTORY - 1)
+            .max(1),
+        Err(_) => 1,
+    };
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            ..Default::default()
+        })
+        .await;
     let messages = match consumer {
         Ok(consumer) => consumer.messages().await,
         Err(error) => {
             tracing::warn!(%error, "dashboard tail: cannot create consumer");
-            return (
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "event stream unavailable",
-            )
-                .into_response();
+            return unavailable();
         }
     };
-    let Ok(messages) = messages else {
-        return (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "event stream unavailable",
-        )
-            .into_response();
+    let messages = match messages {
+        Ok(messages) => messages,
+        Err(error) => {
+            tracing::warn!(%error, "dashboard tail: cannot read the consumer");
+            return unavailable();
+        }
     };
     let events = messages.filter_map(|message| async move {
         let message = message.ok()?;
