@@ -62,8 +62,7 @@ async fn publish(http: &reqwest::Client, url: &str, sequence: u64) -> anyhow::Re
 
 async fn consumer_settled(js: &async_nats::jetstream::Context) -> anyhow::Result<bool> {
     let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
-    let info = stream.consumer_info("sub_bench_e2e").await?;
-    Ok(info.num_pending == 0 && info.num_ack_pending == 0)
+    super::consumer_settled(&stream, "sub_bench_e2e").await
 }
 
 async fn wait_settled(js: &async_nats::jetstream::Context) -> anyhow::Result<()> {

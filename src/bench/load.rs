@@ -581,8 +581,7 @@ pub async fn prepare_dispatch(
 /// Waits until the bench consumer has nothing pending or unacknowledged.
 pub async fn drained(stream: &jetstream::stream::Stream, started: Instant) -> anyhow::Result<()> {
     loop {
-        let info = stream.consumer_info(BENCH_CONSUMER).await?;
-        if info.num_pending == 0 && info.num_ack_pending == 0 {
+        if super::consumer_settled(stream, BENCH_CONSUMER).await? {
             return Ok(());
         }
         if started.elapsed() > Duration::from_secs(600) {

@@ -87,8 +87,7 @@ async fn publish(http: &reqwest::Client, url: &str, sequence: u64) -> bool {
 async fn settled(js: &async_nats::jetstream::Context) -> anyhow::Result<bool> {
     let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
     for consumer in ["sub_bench_first", "sub_bench_second"] {
-        let info = stream.consumer_info(consumer).await?;
-        if info.num_pending > 0 || info.num_ack_pending > 0 {
+        if !super::consumer_settled(&stream, consumer).await? {
             return Ok(false);
         }
     }

@@ -259,51 +259,24 @@ impl Platform {
             .ok()
     }
 
-    /// Waits until a subscription's consumer has nothing pending, nothing unacknowledged, and has
-    /// acknowledged past the last stored event its filters match. The last condition matters:
-    /// JetStream counts a new event into `num_pending` only after it has acknowledged the
-    /// publish, so on a loaded machine the first two alone can read "settled" before the event
-    /// (measured: about 1 in 100 reads right after the publish ack, under load).
+    /// Waits until a subscription's consumer has delivered every event it matches
+    /// ([`eddy::bench::consumer_settled`]: nothing pending or unacknowledged is not enough on
+    /// its own right after a publish).
     pub async fn wait_settled(&self, name: &str) {
         eventually(
             &format!("subscription {name} to settle"),
             Duration::from_secs(60),
             || async {
-                let Some(info) = self.consumer_info(name).await else {
+                let Ok(stream) = self.js.get_stream("EDDY_EVENTS").await else {
                     return false;
                 };
-                if info.num_pending != 0 || info.num_ack_pending != 0 {
-                    return false;
-                }
-                let Some(last) = self.last_matching_sequence(&info.config).await else {
-                    return false;
-                };
-                info.ack_floor.stream_sequence >= last
+                eddy::bench::consumer_settled(&stream, &format!("sub_default_{name}"))
+                    .await
+                    .unwrap_or(false)
             },
         )
         .await
         .unwrap();
-    }
-
-    /// The highest stream sequence of a stored event that a consumer's filters match (0 when
-    /// none does); `None` when the stream cannot be read.
-    async fn last_matching_sequence(&self, config: &jetstream::consumer::Config) -> Option<u64> {
-        let stream = self.js.get_stream("EDDY_EVENTS").await.ok()?;
-        let mut filters = config.filter_subjects.clone();
-        if !config.filter_subject.is_empty() {
-            filters.push(config.filter_subject.clone());
-        }
-        let mut last = 0;
-        for filter in filters {
-            match stream.get_last_raw_message_by_subject(&filter).await {
-                Ok(message) => last = last.max(message.sequence),
-                Err(error)
-                    if error.kind()
-                        == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {}
-                Err(_) => return None,
-            }
-        }
-        Some(last)
     }
 
     /// Dead letters of a subscription, as the dispatcher lists them.
