@@ -338,17 +338,34 @@ async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
     )
     .await;
     platform.stop(false).await;
-    let (max_rate, latencies) = result?;
+    let measured = result?;
     println!(
-        "e2e: publish -> nodejs20 no-op function ({} connections for the maximum, {:?} per run)",
+        "e2e: publish -> nodejs20 no-op function ({} connections for the closed loop, {:?} per rate)",
         flags.connections, flags.duration
     );
-    println!("maximum sustained rate: {max_rate:.0} events/s");
+    println!(
+        "closed loop (the search's bracket): {:.0} events/s",
+        measured.closed_loop_rate
+    );
+    for probe in &measured.probes {
+        println!(
+            "  offered {:>6}/s for {:?}: {:>6} left behind, {}",
+            probe.rate,
+            flags.duration,
+            probe.backlog,
+            if probe.sustained {
+                "sustained"
+            } else {
+                "falling behind"
+            }
+        );
+    }
+    println!("maximum sustained rate: {:.0} events/s", measured.max_rate);
     println!(
         "{:>10} {:>8} {:>10} {:>10} {:>10}",
         "rate/s", "count", "p50 ms", "p99 ms", "p999 ms"
     );
-    for latency in &latencies {
+    for latency in &measured.latencies {
         println!(
             "{:>10} {:>8} {:>10.2} {:>10.2} {:>10.2}",
             latency.rate, latency.count, latency.p50_ms, latency.p99_ms, latency.p999_ms
@@ -356,7 +373,9 @@ async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
     }
     write_json(
         flags.out.as_ref(),
-        &json!({"scenario": "e2e", "maxRate": max_rate, "latencies": latencies}),
+        &json!({"scenario": "e2e", "maxRate": measured.max_rate,
+            "closedLoopRate": measured.closed_loop_rate, "probes": measured.probes,
+            "latencies": measured.latencies}),
     )
 }
 
