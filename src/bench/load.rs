@@ -225,6 +225,8 @@ pub struct LoadArgs {
     pub rounds: usize,
     /// Send over HTTP/2 (prior knowledge, one connection, `connections` streams).
     pub http2: bool,
+    /// The event-bus's log filter.
+    pub event_bus_log_level: String,
 }
 
 /// One round of `ingest`: the event-bus, the forwarder (single events only) and raw publishing,
@@ -283,6 +285,8 @@ async fn ingest_against(
 ) -> anyhow::Result<(Vec<IngestRound>, f64)> {
     let bus = Component::start(
         &[
+            "--log-level",
+            &args.event_bus_log_level,
             "event-bus",
             "--addr",
             "127.0.0.1:0",
