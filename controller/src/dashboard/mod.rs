@@ -414,18 +414,19 @@ async fn event_detail(
     let trace_url = trace_id.as_deref().and_then(traces::ui_link);
     let (deliveries, dead_letters) = match &state.dispatcher_url {
         Some(url) => {
-            let deliveries = state
-                .http
-                .get(format!("{url}/deliveries?sequence={sequence}"))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await;
-            let letters = state
-                .http
-                .get(format!("{url}/dead-letters"))
-                .timeout(Duration::from_secs(5))
-                .send()
-                .await;
+            // Two independent reads of the dispatcher: asked at once, not one after the other.
+            let (deliveries, letters) = futures::join!(
+                state
+                    .http
+                    .get(format!("{url}/deliveries?sequence={sequence}"))
+                    .timeout(Duration::from_secs(2))
+                    .send(),
+                state
+                    .http
+                    .get(format!("{url}/dead-letters"))
+                    .timeout(Duration::from_secs(5))
+                    .send(),
+            );
             let items = |response: Result<reqwest::Response, reqwest::Error>| async move {
                 match response {
                     Ok(response) if response.status().is_success() => response
