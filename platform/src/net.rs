@@ -9,13 +9,15 @@
 
 use std::{
     net::{IpAddr, SocketAddr},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
 use axum::serve::{Listener, ListenerExt as _};
 use axum::{
-    Router,
     body::Body,
     extract::Request,
     response::{IntoResponse, Response},
@@ -76,7 +78,8 @@ pub fn no_delay(listener: TcpListener) -> impl Listener<Io = TcpStream, Addr = S
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Longest wait for a request's headers, and for the next request on an idle keep-alive
-    /// connection; the connection is closed after it.
+    /// connection: an HTTP/1.1 connection with no request under way for this long (checked four
+    /// times per timeout, so at most a quarter more) is closed.
     #[arg(long = "header-read-timeout", env = "EDDY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_read_timeout: Duration,
     /// Longest wait for the next piece of a request body; a body that stalls longer fails.
@@ -175,31 +178,42 @@ async fn sniff(stream: &TcpStream, within: Duration) -> Option<Protocol> {
 /// `--max-connections`).
 pub const HTTP2_MAX_STREAMS: u32 = 256;
 
-/// Serves `router` on `listener` until `shutdown`, then lets in-flight requests finish for at
-/// most `drain`. Returns once every connection is closed or the drain ran out.
-pub async fn serve(
+/// Serves `service` (an [`axum::Router`], or a service that routes its hottest path itself) on
+/// `listener` until `shutdown`, then lets in-flight requests finish for at most `drain`. Returns
+/// once every connection is closed or the drain ran out.
+pub async fn serve<S>(
     listener: TcpListener,
-    router: Router,
+    service: S,
     limits: &ServeArgs,
     browsers: Browsers,
     shutdown: CancellationToken,
     drain: Duration,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let local = listener.local_addr()?;
     let guard = Guard {
-        router,
+        service,
         port: local.port(),
         browsers: local.ip().is_loopback().then_some(browsers),
         body_timeout: limits.body_timeout,
+        activity: None,
     };
     // HTTP/1.1, and HTTP/2 over cleartext with prior knowledge: many requests in flight on one
     // connection share its reads and writes. Which one a connection speaks is read from its
     // first bytes (`sniff`) within the header timeout, so a client that connects and sends
     // nothing is let go as an idle HTTP/1.1 one is.
     let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // The header timeout is kept by each connection's watchdog (`closed_when_idle`), not by
+    // hyper, whose timer is armed and dropped around every request's head.
     http.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout(None)
         .keep_alive(true);
     http.http2()
         .timer(TokioTimer::new())
@@ -247,7 +261,7 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
-        let service = TowerToHyperService::new(guard.clone());
+        let mut guard = guard.clone();
         let (builders, watcher) = (builders.clone(), graceful.watcher());
         let stopping = shutdown.clone();
         tokio::spawn(async move {
@@ -256,15 +270,29 @@ pub async fn serve(
                 protocol = sniff(&stream, header_read_timeout) => protocol,
                 () = stopping.cancelled() => None,
             };
-            let builder = match protocol {
-                Some(Protocol::Http1) => &builders.0,
-                Some(Protocol::Http2) => &builders.1,
+            let (builder, activity) = match protocol {
+                Some(Protocol::Http1) => (&builders.0, Some(Arc::new(Activity::default()))),
+                // HTTP/2 has its pings, and no head read between requests.
+                Some(Protocol::Http2) => (&builders.1, None),
                 None => return,
             };
-            let connection = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned();
-            if let Err(error) = watcher.watch(connection).await {
+            guard.activity.clone_from(&activity);
+            let connection = watcher.watch(
+                builder
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(guard))
+                    .into_owned(),
+            );
+            let ended = match activity {
+                Some(activity) => tokio::select! {
+                    ended = connection => ended,
+                    () = closed_when_idle(&activity, header_read_timeout) => {
+                        tracing::debug!(timeout = ?header_read_timeout, "closing a connection with no request under way");
+                        Ok(())
+                    }
+                },
+                None => connection.await,
+            };
+            if let Err(error) = ended {
                 tracing::debug!(%error, "connection ended with an error");
             }
             drop(permit);
@@ -281,40 +309,178 @@ pub async fn serve(
 }
 
 /// The service every connection runs: the browser checks of a loopback listener and the body
-/// stall timeout, then the router. A plain service rather than an axum middleware, which boxed
-/// and cloned per request and cost the event-bus a sixth of its throughput.
+/// stall timeout, then the listener's service. A plain service rather than an axum middleware,
+/// which boxed and cloned per request and cost the event-bus a sixth of its throughput.
 #[derive(Clone)]
-struct Guard {
-    router: Router,
+struct Guard<S> {
+    service: S,
     port: u16,
     /// `None`: not on loopback, no browser checks.
     browsers: Option<Browsers>,
     body_timeout: Duration,
+    /// The connection's requests, for its idle watchdog (HTTP/1.1 only).
+    activity: Option<Arc<Activity>>,
 }
 
-impl tower::Service<http::Request<hyper::body::Incoming>> for Guard {
-    type Response = Response;
+/// What an HTTP/1.1 connection's watchdog sees of it: how many times a request began or
+/// finished, and how many are unfinished (their response not yet sent in full). A few atomic
+/// counts per request, where hyper's own header timeout registered and removed a timer around
+/// every request's head.
+#[derive(Debug, Default)]
+struct Activity {
+    changes: AtomicU64,
+    unfinished: AtomicUsize,
+}
+
+/// A request that is not finished: held by its response future, then by its response body
+/// until the body is sent (or dropped with the connection).
+struct Unfinished(Arc<Activity>);
+
+impl Unfinished {
+    fn begin(activity: &Arc<Activity>) -> Self {
+        activity.changes.fetch_add(1, Ordering::Relaxed);
+        activity.unfinished.fetch_add(1, Ordering::Relaxed);
+        Self(activity.clone())
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        self.0.unfinished.fetch_sub(1, Ordering::Relaxed);
+        self.0.changes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a connection's quiet checks: it is idle once `CHECKS` checks in a row, a quarter of the
+/// header timeout apart, saw no request begin or finish and none unfinished, i.e. after between
+/// one and one and a quarter header timeouts with nothing under way. Pure.
+#[derive(Debug, Default)]
+struct IdleWatch {
+    seen: u64,
+    quiet: u32,
+}
+
+impl IdleWatch {
+    const CHECKS: u32 = 4;
+
+    /// One check: whether the connection is now idle for the whole timeout.
+    fn is_idle(&mut self, changes: u64, unfinished: usize) -> bool {
+        if changes != self.seen || unfinished > 0 {
+            self.seen = changes;
+            self.quiet = 0;
+            return false;
+        }
+        self.quiet += 1;
+        self.quiet >= Self::CHECKS
+    }
+}
+
+/// Returns once the connection has had no request under way for `timeout`: idle between
+/// requests, or stuck in a request's head (slowloris). A request being served or a response
+/// being sent, however long, keeps it open (the body has its own stall timeout).
+async fn closed_when_idle(activity: &Activity, timeout: Duration) {
+    let period = (timeout / IdleWatch::CHECKS).max(Duration::from_millis(1));
+    let mut checks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watch = IdleWatch::default();
+    loop {
+        checks.tick().await;
+        let changes = activity.changes.load(Ordering::Relaxed);
+        if watch.is_idle(changes, activity.unfinished.load(Ordering::Relaxed)) {
+            return;
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response future that hands its request's [`Unfinished`] mark on to the response body.
+    struct Watched<F> {
+        #[pin]
+        inner: F,
+        unfinished: Option<Unfinished>,
+    }
+}
+
+impl<F: Future<Output = Result<Response, std::convert::Infallible>>> Future for Watched<F> {
+    type Output = Result<http::Response<Finishing<Body>>, std::convert::Infallible>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let Ok(response) = std::task::ready!(this.inner.poll(cx));
+        let unfinished = this.unfinished.take();
+        std::task::Poll::Ready(Ok(response.map(|body| Finishing {
+            body,
+            _unfinished: unfinished,
+        })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request unfinished until it is sent in full: hyper drops
+    /// a body once its last frame is written.
+    pub struct Finishing<B> {
+        #[pin]
+        body: B,
+        _unfinished: Option<Unfinished>,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for Finishing<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<S> tower::Service<http::Request<hyper::body::Incoming>> for Guard<S>
+where
+    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>,
+{
+    type Response = http::Response<Finishing<Body>>;
     type Error = std::convert::Infallible;
-    type Future = futures::future::Either<
-        std::future::Ready<Result<Response, std::convert::Infallible>>,
-        <Router as tower::Service<Request>>::Future,
+    type Future = Watched<
+        futures::future::Either<
+            std::future::Ready<Result<Response, std::convert::Infallible>>,
+            S::Future,
+        >,
     >;
 
     fn poll_ready(
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), Self::Error>> {
-        tower::Service::<Request>::poll_ready(&mut self.router, cx)
+        self.service.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
+        let unfinished = self.activity.as_ref().map(Unfinished::begin);
         let request = request.map(|body| Body::new(StallTimeout::new(body, self.body_timeout)));
-        if let Some(browsers) = self.browsers
-            && let Err((status, message)) = check_browser(&request, self.port, browsers)
+        let inner = match self
+            .browsers
+            .map(|browsers| check_browser(&request, self.port, browsers))
         {
-            return futures::future::Either::Left(std::future::ready(Ok(refuse(status, message))));
-        }
-        futures::future::Either::Right(self.router.call(request))
+            Some(Err((status, message))) => {
+                futures::future::Either::Left(std::future::ready(Ok(refuse(status, message))))
+            }
+            _ => futures::future::Either::Right(self.service.call(request)),
+        };
+        Watched { inner, unfinished }
     }
 }
 
@@ -524,6 +690,7 @@ pub fn raise_fd_limit() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::Router;
 
     #[tokio::test]
     async fn a_port_is_shared_only_when_every_listener_asks() {
@@ -533,6 +700,158 @@ mod tests {
         assert_eq!(second.local_addr().unwrap(), addr);
         let error = bind(addr, false).expect_err("a listener that did not ask is refused");
         assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse);
+    }
+
+    #[test]
+    fn a_connection_is_idle_after_four_quiet_checks_in_a_row() {
+        let mut watch = IdleWatch::default();
+        // Nothing ever happened: idle at the fourth check.
+        assert!(!watch.is_idle(0, 0));
+        assert!(!watch.is_idle(0, 0));
+        assert!(!watch.is_idle(0, 0));
+        assert!(watch.is_idle(0, 0));
+
+        let mut watch = IdleWatch::default();
+        assert!(!watch.is_idle(0, 0));
+        assert!(!watch.is_idle(0, 0));
+        assert!(!watch.is_idle(0, 0));
+        // A request began: the count starts over, and runs on only once it finished.
+        assert!(!watch.is_idle(1, 1));
+        for _ in 0..10 {
+            assert!(!watch.is_idle(1, 1), "a request under way keeps it open");
+        }
+        assert!(!watch.is_idle(2, 0), "it finished since the last check");
+        assert!(!watch.is_idle(2, 0));
+        assert!(!watch.is_idle(2, 0));
+        assert!(!watch.is_idle(2, 0));
+        assert!(watch.is_idle(2, 0));
+    }
+
+    /// Serves a router whose handlers take longer than the header timeout, on loopback.
+    async fn slow_server(header_read_timeout: Duration) -> (SocketAddr, CancellationToken) {
+        use axum::routing::get;
+        let router = Router::new()
+            .route(
+                "/slow",
+                get(async move || {
+                    tokio::time::sleep(header_read_timeout * 3).await;
+                    "done"
+                }),
+            )
+            .route(
+                "/stream",
+                get(async move || {
+                    let chunks = futures::stream::unfold(0, move |sent| async move {
+                        if sent == 3 {
+                            return None;
+                        }
+                        tokio::time::sleep(header_read_timeout).await;
+                        Some((
+                            Ok::<_, std::convert::Infallible>(format!("{sent}")),
+                            sent + 1,
+                        ))
+                    });
+                    Body::from_stream(chunks)
+                }),
+            );
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ServeArgs {
+            header_read_timeout,
+            body_timeout: Duration::from_secs(30),
+            max_connections: 16,
+        };
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            serve(
+                listener,
+                router,
+                &limits,
+                Browsers::SameOrigin,
+                stop,
+                Duration::from_secs(1),
+            )
+            .await
+        });
+        (addr, shutdown)
+    }
+
+    /// Reads one HTTP/1.1 response off `stream` (chunked or not) and returns it whole.
+    async fn read_response(stream: &mut TcpStream) -> String {
+        use tokio::io::AsyncReadExt as _;
+        let mut answer = Vec::new();
+        let mut buffer = [0_u8; 1024];
+        loop {
+            let text = String::from_utf8_lossy(&answer).into_owned();
+            let complete = match text.split_once("\r\n\r\n") {
+                Some((head, body)) if head.contains("transfer-encoding: chunked") => {
+                    body.ends_with("0\r\n\r\n")
+                }
+                Some((head, body)) => head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length: "))
+                    .and_then(|length| length.trim().parse::<usize>().ok())
+                    .is_some_and(|length| body.len() >= length),
+                None => false,
+            };
+            if complete {
+                return text;
+            }
+            let read = stream.read(&mut buffer).await.unwrap();
+            assert!(read > 0, "the connection closed mid-response: {text:?}");
+            answer.extend_from_slice(&buffer[..read]);
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_and_responses_outlast_the_header_timeout_and_idle_connections_do_not() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let timeout = Duration::from_millis(200);
+        let (addr, shutdown) = slow_server(timeout).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+
+        // A handler busy for three header timeouts is answered on the same connection.
+        stream
+            .write_all(b"GET /slow HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_response(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("done"), "{answer}");
+
+        // So is a response whose body takes three header timeouts to send.
+        stream
+            .write_all(b"GET /stream HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_response(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.contains("\r\n0\r\n") && answer.contains("\r\n2\r\n"),
+            "{answer}"
+        );
+
+        // Then nothing: the idle connection is closed.
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "an idle keep-alive connection is closed");
+        assert!(rest.is_empty(), "{rest:?}");
+
+        // As is one stuck halfway through a request's head.
+        let mut stuck = TcpStream::connect(addr).await.unwrap();
+        stuck
+            .write_all(b"POST /slow HTTP/1.1\r\nhost: 127.0")
+            .await
+            .unwrap();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(20), stuck.read_to_end(&mut rest)).await;
+        assert!(
+            closed.is_ok(),
+            "a connection stuck in a request's head is closed"
+        );
+        shutdown.cancel();
     }
 
     #[test]
