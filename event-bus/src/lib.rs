@@ -15,7 +15,7 @@ use eddy_platform::{
 };
 use tokio::{net::TcpListener, sync::Notify};
 
-pub use routes::{AppState, router};
+pub use routes::{AppState, Service, router, service};
 
 /// Errors that stop the event-bus.
 #[derive(Debug, thiserror::Error)]
@@ -231,7 +231,7 @@ impl EventBus {
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
         eddy_platform::net::serve(
             listener,
-            router(self.state),
+            service(self.state),
             &self.serve,
             eddy_platform::net::Browsers::SameOrigin,
             self.shutdown,
