@@ -218,9 +218,7 @@ where
     fn call(&mut self, request: Request) -> Self::Future {
         let route = route_label(request.extensions().get::<MatchedPath>());
         if !is_traced(route) {
-            let logged = tracing::info_span!("request", route);
-            let inner = self.inner.call(request).instrument(logged);
-            return futures::future::Either::Left(Timed::new(&self.state, route, inner));
+            return untraced(&self.state, route, self.inner.call(request));
         }
         // The service that was made ready serves this request; a clone takes its place.
         let ready = self.inner.clone();
@@ -248,12 +246,18 @@ fn track<F>(
 where
     F: Future<Output = Result<Response, Infallible>> + Send + 'static,
 {
-    let logged = tracing::info_span!("request", route);
-    if is_traced(route) {
-        let traced = Box::pin(async move { Ok(traced_publish(request, serve, logged).await) });
-        return futures::future::Either::Right(Timed::new(state, route, traced));
+    if !is_traced(route) {
+        return untraced(state, route, serve(request));
     }
-    futures::future::Either::Left(Timed::new(state, route, serve(request).instrument(logged)))
+    let logged = tracing::info_span!("request", route);
+    let traced = Box::pin(async move { Ok(traced_publish(request, serve, logged).await) });
+    futures::future::Either::Right(Timed::new(state, route, traced))
+}
+
+/// `serving` under the `request` span, timed under `route`.
+fn untraced<F>(state: &Arc<AppState>, route: &'static str, serving: F) -> Tracked<F> {
+    let logged = tracing::info_span!("request", route);
+    futures::future::Either::Left(Timed::new(state, route, serving.instrument(logged)))
 }
 
 pin_project_lite::pin_project! {

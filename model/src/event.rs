@@ -388,7 +388,7 @@ fn check_required(name: &'static str, value: Option<&str>) -> Result<(), EventEr
     }
 }
 
-/// Maps an SDK error to the attribute it is about, when it says.
+/// The NATS subject an event is stored under; an error names the attribute at fault.
 fn subject_of(source: &str, ty: &str) -> Result<String, EventError> {
     subject::event_subject(source, ty).map_err(|error| match error {
         subject::SubjectError::EmptySource => EventError::invalid("source", error.to_string()),

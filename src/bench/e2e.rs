@@ -20,6 +20,7 @@ use std::{
 };
 
 use anyhow::bail;
+use eddy_model::resources::consumer_name;
 use serde_json::json;
 
 use crate::up::Platform;
@@ -110,7 +111,7 @@ async fn publish(http: &reqwest::Client, url: &str, sequence: u64) -> anyhow::Re
 
 async fn consumer_settled(js: &async_nats::jetstream::Context) -> anyhow::Result<bool> {
     let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
-    super::consumer_settled(&stream, "sub_bench_e2e").await
+    super::consumer_settled(&stream, &consumer_name("bench", "e2e")).await
 }
 
 async fn wait_settled(js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
@@ -235,7 +236,7 @@ async fn finish(mut sends: tokio::task::JoinSet<anyhow::Result<()>>) -> anyhow::
 /// Events stored for the bench subscription and not yet delivered and acknowledged.
 async fn undelivered(js: &async_nats::jetstream::Context) -> anyhow::Result<u64> {
     let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
-    let info = stream.consumer_info("sub_bench_e2e").await?;
+    let info = stream.consumer_info(consumer_name("bench", "e2e")).await?;
     Ok(info.num_pending + info.num_ack_pending as u64)
 }
 

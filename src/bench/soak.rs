@@ -86,8 +86,9 @@ async fn publish(http: &reqwest::Client, url: &str, sequence: u64) -> bool {
 
 async fn settled(js: &async_nats::jetstream::Context) -> anyhow::Result<bool> {
     let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
-    for consumer in ["sub_bench_first", "sub_bench_second"] {
-        if !super::consumer_settled(&stream, consumer).await? {
+    for subscription in ["first", "second"] {
+        let consumer = eddy_model::resources::consumer_name("bench", subscription);
+        if !super::consumer_settled(&stream, &consumer).await? {
             return Ok(false);
         }
     }

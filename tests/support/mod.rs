@@ -23,7 +23,8 @@ use axum::{
     response::{IntoResponse, Response},
     routing::post,
 };
-use eddy_platform::shutdown::CancellationToken;
+use eddy_model::resources::consumer_name;
+use eddy_platform::{nats::EVENTS_STREAM, shutdown::CancellationToken};
 use eddy_testing::{NatsServer, eventually};
 use serde_json::{Value, json};
 
@@ -252,9 +253,9 @@ impl Platform {
 
     /// The consumer of a subscription, if it exists.
     pub async fn consumer_info(&self, name: &str) -> Option<jetstream::consumer::Info> {
-        let stream = self.js.get_stream("EDDY_EVENTS").await.ok()?;
+        let stream = self.js.get_stream(EVENTS_STREAM).await.ok()?;
         stream
-            .consumer_info(format!("sub_default_{name}"))
+            .consumer_info(consumer_name("default", name))
             .await
             .ok()
     }
@@ -267,10 +268,10 @@ impl Platform {
             &format!("subscription {name} to settle"),
             Duration::from_secs(60),
             || async {
-                let Ok(stream) = self.js.get_stream("EDDY_EVENTS").await else {
+                let Ok(stream) = self.js.get_stream(EVENTS_STREAM).await else {
                     return false;
                 };
-                eddy::bench::consumer_settled(&stream, &format!("sub_default_{name}"))
+                eddy::bench::consumer_settled(&stream, &consumer_name("default", name))
                     .await
                     .unwrap_or(false)
             },
