@@ -40,8 +40,9 @@ const GALLOP: f64 = 1.5;
 /// what it has.
 const MAX_GALLOPS: usize = 6;
 
-/// Halvings of the bracket once a rate fell behind: resolution 1/32 of its width, under 2% of
-/// the maximum.
+/// Rates tried once the search has a bracket, the one that made it included (it fell behind
+/// above a sustained rate): four midpoints after it, so the bracket shrinks to 1/16 of its width,
+/// about 3% of the maximum when it spans one gallop.
 const BISECTIONS: usize = 5;
 
 /// One rate offered during the search for the maximum.
