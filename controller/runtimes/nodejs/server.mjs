@@ -435,9 +435,8 @@ function fromGateway(req) {
 }
 
 async function serve(req, res) {
-  // What Express does to every request before its router: its request and response methods.
-  Object.setPrototypeOf(req, app.request);
-  Object.setPrototypeOf(res, app.response);
+  // What Express does to every request before its router (its request and response methods are
+  // already there: see ExpressRequest below).
   req.res = res;
   res.req = req;
   res.locals = Object.create(null);
@@ -473,7 +472,18 @@ async function serve(req, res) {
   await callFunction(req, res);
 }
 
-const server = http.createServer((req, res) => {
+// Express gives each request its methods by changing the prototype of Node's request and
+// response objects (Object.setPrototypeOf). V8 then gives each of them a map of its own, and
+// those outlive the request: a third of what a request allocates survived each young-generation
+// GC, which took 2-4 ms instead of 0.2-0.4 and left old space to grow until a full GC. Node
+// builds its request and response objects from classes it is given, so they are made with
+// Express's prototypes from the start.
+class ExpressRequest extends http.IncomingMessage {}
+Object.setPrototypeOf(ExpressRequest.prototype, app.request);
+class ExpressResponse extends http.ServerResponse {}
+Object.setPrototypeOf(ExpressResponse.prototype, app.response);
+
+const server = http.createServer({ IncomingMessage: ExpressRequest, ServerResponse: ExpressResponse }, (req, res) => {
   serve(req, res).catch((error) => {
     // A body past REQ_MB_LIMIT, malformed JSON: said in plain words with their status.
     if (res.headersSent) {
