@@ -190,6 +190,9 @@ pub struct Platform {
     /// The token the gateway accepts for every function (new each run); a dispatcher started
     /// separately against this platform needs it for token-protected functions.
     pub platform_token: String,
+    /// The gateway, called in this process by the dispatcher started beside it (and by any other
+    /// started in this process): deliveries to functions skip a loopback HTTP exchange.
+    pub gateway_in_process: Option<eddy_dispatcher::worker::InProcessGateway>,
     components: Vec<Component>,
     token: CancellationToken,
     nats: Option<NatsChild>,
@@ -235,6 +238,7 @@ impl Platform {
             nats_users,
             local_controller: None,
             platform_token: String::new(),
+            gateway_in_process: None,
             components: Vec::new(),
             token: shutdown.child_token(),
             nats,
@@ -341,6 +345,8 @@ impl Platform {
         )
         .await?;
         self.local_controller = Some(controller.backend());
+        self.gateway_in_process =
+            eddy_dispatcher::worker::InProcessGateway::new(gateway_local, controller.gateway());
         self.platform_token.clone_from(&platform_token);
         self.components.push((
             "controller",
@@ -366,6 +372,7 @@ impl Platform {
         dispatcher_args.api_auth = args.api_auth.clone();
         dispatcher_args.serve = args.serve.clone();
         dispatcher_args.platform_token = Some(platform_token);
+        dispatcher_args.gateway = self.gateway_in_process.clone();
         let dispatcher =
             eddy_dispatcher::Dispatcher::new(dispatcher_args, self.token.child_token()).await?;
         self.components.push((

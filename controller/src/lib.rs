@@ -523,6 +523,12 @@ impl Controller {
         })
     }
 
+    /// The gateway's service, to be called in this process as well as served (the dispatcher
+    /// `eddy up` runs beside it delivers to functions through it).
+    pub fn gateway(&self) -> Router {
+        self.gateway.clone()
+    }
+
     /// The local backend (tests reach instance processes through it).
     pub fn backend(&self) -> Arc<local::LocalController> {
         self.backend.clone()

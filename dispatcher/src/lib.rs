@@ -172,6 +172,10 @@ pub struct Args {
     /// Bearer tokens for the admin API (dead letters, replay, metrics).
     #[command(flatten)]
     pub api_auth: eddy_platform::auth::ApiTokenArgs,
+    /// The function gateway of this process, when one runs beside the dispatcher (`eddy up`):
+    /// deliveries to its address are handed to it directly instead of over loopback HTTP.
+    #[arg(skip)]
+    pub gateway: Option<worker::InProcessGateway>,
 }
 
 impl Args {
@@ -225,6 +229,7 @@ impl Dispatcher {
             serve,
             platform_token,
             api_auth,
+            gateway,
         } = args;
         let api_tokens = api_auth.load()?;
         let client = nats
@@ -267,7 +272,8 @@ impl Dispatcher {
         );
         let shared = Arc::new(worker::Shared {
             js,
-            deliveries: worker::sink_client(Duration::from_secs(60)),
+            deliveries: worker::Deliveries::over_http(worker::sink_client(Duration::from_secs(60)))
+                .with_gateway(gateway),
             replies,
             sinks,
             metrics: metrics::Metrics::new(),

@@ -40,9 +40,8 @@ use crate::{
 pub struct Shared {
     /// JetStream (dead letters, consumers).
     pub js: jetstream::Context,
-    /// HTTP client for sinks: hyper's pooled client, no redirects (a sink cannot bounce us
-    /// elsewhere), the request built from the pre-parsed sink URI.
-    pub deliveries: SinkClient,
+    /// How deliveries reach sinks.
+    pub deliveries: Deliveries,
     /// Sink resolution.
     pub sinks: Sinks,
     /// Metrics.
@@ -59,6 +58,57 @@ pub struct Shared {
 
 /// The client deliveries go through.
 pub type SinkClient = Client<HttpConnector, Full<Bytes>>;
+
+/// How deliveries reach sinks: over HTTP, except those to a gateway running in this process.
+#[derive(Debug, Clone)]
+pub struct Deliveries {
+    /// HTTP client for sinks: hyper's pooled client, no redirects (a sink cannot bounce us
+    /// elsewhere), the request built from the pre-parsed sink URI.
+    client: SinkClient,
+    gateway: Option<InProcessGateway>,
+}
+
+impl Deliveries {
+    /// Every delivery over HTTP through `client`.
+    pub fn over_http(client: SinkClient) -> Self {
+        Self {
+            client,
+            gateway: None,
+        }
+    }
+
+    /// Deliveries to `gateway`'s address are handed to it in this process.
+    pub fn with_gateway(mut self, gateway: Option<InProcessGateway>) -> Self {
+        self.gateway = gateway;
+        self
+    }
+
+    /// The in-process gateway, when `uri` points at it.
+    fn in_process(&self, uri: &http::Uri) -> Option<&InProcessGateway> {
+        self.gateway
+            .as_ref()
+            .filter(|gateway| uri.authority() == Some(&gateway.authority))
+    }
+}
+
+/// The function gateway of this process (`eddy up` runs it beside the dispatcher), called
+/// directly: a delivery to a function behind it skips a loopback HTTP exchange (a write and a
+/// read at each end, and two connection tasks woken) and gets the same routing, access checks
+/// and answers as over HTTP.
+#[derive(Debug, Clone)]
+pub struct InProcessGateway {
+    /// The gateway's listening address, as sink URLs name it.
+    authority: http::uri::Authority,
+    service: axum::Router,
+}
+
+impl InProcessGateway {
+    /// The gateway `service`, listening at `addr`.
+    pub fn new(addr: std::net::SocketAddr, service: axum::Router) -> Option<Self> {
+        let authority = http::uri::Authority::try_from(addr.to_string()).ok()?;
+        Some(Self { authority, service })
+    }
+}
 
 /// A pooled HTTP/1 client for sinks.
 pub fn sink_client(pool_idle_timeout: Duration) -> SinkClient {
@@ -509,18 +559,33 @@ pub async fn deliver(
     }
 }
 
-/// Sends the request and reads a 2xx answer's body (a possible reply event).
+/// Sends the request (over HTTP, or to the gateway of this process) and reads a 2xx answer's
+/// body (a possible reply event).
 async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<Bytes>>) -> Answer {
-    let response = match shared.deliveries.request(request).await {
-        Ok(response) => response,
+    if let Some(gateway) = shared.deliveries.in_process(request.uri()) {
+        use tower::ServiceExt as _;
+        // The router's error type is `Infallible`: every failure is an answer.
+        let Ok(response) = gateway.service.clone().oneshot(request).await;
+        return answer(shared, target, response).await;
+    }
+    match shared.deliveries.client.request(request).await {
+        Ok(response) => answer(shared, target, response).await,
         Err(error) => {
             tracing::debug!(%error, "delivery failed in transport");
-            return Answer {
+            Answer {
                 verdict: delivery::classify_error(&error),
                 reply: None,
-            };
+            }
         }
-    };
+    }
+}
+
+/// What the sink's `response` means, with the reply event a 2xx answer carries.
+async fn answer<B>(shared: &Shared, target: &Target, response: http::Response<B>) -> Answer
+where
+    B: http_body::Body,
+    B::Error: Into<axum::BoxError>,
+{
     let verdict = delivery::classify_status(response.status().as_u16());
     if !matches!(verdict, Verdict::Delivered { .. }) {
         return Answer {

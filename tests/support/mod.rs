@@ -165,6 +165,8 @@ impl Platform {
         args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
         args.ack_wait = ack_wait;
         args.platform_token = Some(self.platform_token.clone());
+        // As `eddy up` starts it: deliveries to functions call the gateway in this process.
+        args.gateway = self._up.gateway_in_process.clone();
         let token = self.shutdown.child_token();
         self.dispatchers.lock().unwrap().push(token.clone());
         let dispatcher = eddy_dispatcher::Dispatcher::new(args, token).await.unwrap();
