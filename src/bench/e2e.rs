@@ -45,6 +45,11 @@ const MAX_GALLOPS: usize = 6;
 /// about 3% of the maximum when it spans one gallop.
 const BISECTIONS: usize = 5;
 
+/// Publishes a probe keeps unanswered at most. A rate this far behind is not sustained anyway;
+/// without a cap every tick opens one more connection and a probe well above the maximum runs
+/// the process out of file descriptors. Ticks skipped at the cap count as left behind.
+const MAX_UNANSWERED: usize = 2_000;
+
 /// One rate offered during the search for the maximum.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Probe {
@@ -199,8 +204,8 @@ pub(super) async fn wait_ready(
 }
 
 /// Publishes at `rate` events per second for `window` (open loop: a send does not wait for the
-/// one before). Returns the publishes still unanswered when the window ended, and a handle on
-/// them.
+/// one before, up to [`MAX_UNANSWERED`] at once). Returns the events left behind when the window
+/// ended (publishes unanswered, and ticks skipped at the cap), and a handle on the unanswered.
 async fn offer(
     http: &reqwest::Client,
     url: &str,
@@ -212,19 +217,24 @@ async fn offer(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let begun = Instant::now();
     let mut sends = tokio::task::JoinSet::new();
+    let mut skipped: u64 = 0;
     while begun.elapsed() < window {
         tick.tick().await;
+        while let Some(sent) = sends.try_join_next() {
+            sent??;
+        }
+        if sends.len() >= MAX_UNANSWERED {
+            skipped += 1;
+            continue;
+        }
         let (http, url, sequence) = (
             http.clone(),
             url.to_owned(),
             next.fetch_add(1, Ordering::Relaxed),
         );
         sends.spawn(async move { publish(&http, &url, sequence).await });
-        while let Some(sent) = sends.try_join_next() {
-            sent??;
-        }
     }
-    Ok((sends.len() as u64, sends))
+    Ok((sends.len() as u64 + skipped, sends))
 }
 
 async fn finish(mut sends: tokio::task::JoinSet<anyhow::Result<()>>) -> anyhow::Result<()> {
