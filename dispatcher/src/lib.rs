@@ -272,8 +272,10 @@ impl Dispatcher {
         );
         let shared = Arc::new(worker::Shared {
             js,
-            deliveries: worker::Deliveries::over_http(worker::sink_client(Duration::from_secs(60)))
-                .with_gateway(gateway),
+            deliveries: worker::Deliveries::new(
+                worker::sink_client(Duration::from_secs(60)),
+                gateway,
+            ),
             replies,
             sinks,
             metrics: metrics::Metrics::new(),

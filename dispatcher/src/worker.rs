@@ -69,18 +69,10 @@ pub struct Deliveries {
 }
 
 impl Deliveries {
-    /// Every delivery over HTTP through `client`.
-    pub fn over_http(client: SinkClient) -> Self {
-        Self {
-            client,
-            gateway: None,
-        }
-    }
-
-    /// Deliveries to `gateway`'s address are handed to it in this process.
-    pub fn with_gateway(mut self, gateway: Option<InProcessGateway>) -> Self {
-        self.gateway = gateway;
-        self
+    /// Deliveries over HTTP through `client`, except those to `gateway`'s address, which are
+    /// handed to it in this process.
+    pub fn new(client: SinkClient, gateway: Option<InProcessGateway>) -> Self {
+        Self { client, gateway }
     }
 
     /// The in-process gateway, when `uri` points at it.
