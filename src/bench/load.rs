@@ -159,6 +159,84 @@ fn cpu_ticks(stat: &str) -> Option<u64> {
     Some(user + system)
 }
 
+/// Busy CPU time of the whole machine so far, all cores added (seconds); 0 when it cannot be
+/// read. Every process counts: eddy's, nats-server, the sink and the bench itself.
+pub fn machine_busy_seconds() -> f64 {
+    let ticks_per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |ticks| ticks as f64);
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|stat| busy_ticks(&stat))
+        .map_or(0.0, |ticks| ticks as f64 / ticks_per_second)
+}
+
+/// Busy ticks from `/proc/stat`'s first line: user, nice, system, irq and softirq (idle, iowait
+/// and the time a hypervisor stole are not work done here; guest time is already in user). Pure.
+fn busy_ticks(stat: &str) -> Option<u64> {
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let field = |index: usize| fields.get(index).copied();
+    Some(field(0)? + field(1)? + field(2)? + field(5)? + field(6)?)
+}
+
+/// The machine's CPU over one measured phase, and the shares of the processes in it.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct MachineCpu {
+    /// Busy CPU time of every process per operation, µs.
+    pub us_per_op: f64,
+    /// Cores busy on average (busy CPU seconds per wall second).
+    pub cores_busy: f64,
+    /// nats-server's CPU per operation, µs.
+    pub nats_us: f64,
+    /// The bench process's CPU per operation (raw clients, load generator, sink), µs.
+    pub bench_us: f64,
+    /// The measured eddy process's CPU per operation, µs (0 in phases without one).
+    pub eddy_us: f64,
+}
+
+/// Measures the machine's busy CPU, and nats-server's and the bench's, from `start` until
+/// `finish`.
+pub struct MachineMeter {
+    busy: f64,
+    nats: (u32, f64),
+    bench: f64,
+    started: Instant,
+}
+
+impl MachineMeter {
+    /// Starts measuring now; `nats_pid` is nats-server's process.
+    pub fn start(nats_pid: u32) -> Self {
+        Self {
+            busy: machine_busy_seconds(),
+            nats: (nats_pid, cpu_seconds(nats_pid)),
+            bench: cpu_seconds(std::process::id()),
+            started: Instant::now(),
+        }
+    }
+
+    /// What the machine spent on `rate` since `start`; `eddy` is the eddy process started
+    /// within the phase, if any (all its CPU counts).
+    pub fn finish(&self, rate: &Rate, eddy: Option<&Component>) -> MachineCpu {
+        let busy = machine_busy_seconds() - self.busy;
+        let (nats_pid, nats_before) = self.nats;
+        MachineCpu {
+            us_per_op: cpu_us_per(busy, rate),
+            cores_busy: busy / self.started.elapsed().as_secs_f64().max(1e-9),
+            nats_us: cpu_us_per(cpu_seconds(nats_pid) - nats_before, rate),
+            bench_us: cpu_us_per(cpu_seconds(std::process::id()) - self.bench, rate),
+            eddy_us: eddy.map_or(0.0, |eddy| cpu_us_per(eddy.cpu_seconds(), rate)),
+        }
+    }
+}
+
 /// Runs `workers` closed loops of `operation` for `duration`; returns the rate and latencies.
 pub(super) async fn closed_loop<F, Fut>(
     name: &str,
@@ -492,6 +570,8 @@ pub struct DispatchRound {
     pub ack_only: Rate,
     /// The dispatcher's HTTP client posting to the sink (same concurrency).
     pub http_only: Rate,
+    /// The whole machine's CPU in each of the three phases: dispatcher, ack only, HTTP only.
+    pub machine_cpu: [MachineCpu; 3],
 }
 
 impl DispatchRound {
@@ -499,6 +579,14 @@ impl DispatchRound {
     /// when the cores (shared by NATS, the sink and the dispatcher) are the limit.
     pub fn both_in_series(&self) -> f64 {
         1.0 / (1.0 / self.ack_only.per_second.max(1e-9) + 1.0 / self.http_only.per_second.max(1e-9))
+    }
+
+    /// The machine's CPU per event through the dispatcher over what the two raw halves cost it
+    /// together: above 1 is work the dispatcher adds; at 1, a shortfall against the halves in
+    /// series is cores left idle (waits), not work.
+    pub fn cpu_to_halves(&self) -> f64 {
+        let [dispatcher, ack_only, http_only] = self.machine_cpu;
+        dispatcher.us_per_op / (ack_only.us_per_op + http_only.us_per_op).max(1e-9)
     }
 }
 
@@ -513,7 +601,10 @@ pub async fn dispatch(
     let dir = tempfile::tempdir()?;
     std::fs::create_dir_all(dir.path().join("logs"))?;
     let mut nats = start_nats(args, dir.path()).await?;
-    let result = dispatch_against(args, events, in_flight, &nats.url).await;
+    let result = match nats.pid() {
+        Some(pid) => dispatch_against(args, events, in_flight, &nats.url, pid).await,
+        None => Err(anyhow::anyhow!("nats-server is not running")),
+    };
     nats.stop().await;
     result
 }
@@ -600,6 +691,7 @@ async fn dispatch_against(
     events: u64,
     in_flight: usize,
     nats_url: &str,
+    nats_pid: u32,
 ) -> anyhow::Result<(Vec<DispatchRound>, f64)> {
     let sink = noop_sink().await?;
     let client = async_nats::connect(nats_url).await?;
@@ -624,17 +716,21 @@ async fn dispatch_against(
             + 1;
         store_events(&js, &data, round * events, events, args.connections).await?;
         let started = Instant::now();
+        let machine = MachineMeter::start(nats_pid);
         let dispatcher =
             Component::start(&dispatcher_args(nats_url), "dispatcher ready on ").await?;
         drained(&stream, started).await?;
         let through_dispatcher = Rate::from("dispatcher", events, started.elapsed(), Vec::new());
+        let dispatcher_cpu = machine.finish(&through_dispatcher, Some(&dispatcher));
         rss = rss.max(dispatcher.peak_rss_mib());
         dispatcher.stop().await;
 
         // Raw limit 1: a consumer that acks without delivering, same in-flight bound, pulled
         // as the dispatcher pulls. A fresh one per round from this round's first event: a
         // consumer kept idle between rounds pulls erratically afterwards (0.4k–7.5k events/s
-        // at 1 in flight), a fresh one does not.
+        // at 1 in flight). A fresh one can stall too, less often: some rounds run 5-10x
+        // slower with the machine idle (docs/benchmarks.md, "Dispatch"); the per-phase CPU
+        // figures printed show such a round (cores busy far below 1).
         let name = format!("bench_ack_only_{round}");
         let consumer = stream
             .create_consumer(pull::Config {
@@ -648,6 +744,7 @@ async fn dispatch_against(
             })
             .await?;
         let started = Instant::now();
+        let machine = MachineMeter::start(nats_pid);
         let mut messages = consumer
             .stream()
             .max_messages_per_batch(in_flight)
@@ -657,19 +754,8 @@ async fn dispatch_against(
             .await?;
         let mut acked = 0;
         while acked < events {
-            let Some(message) = messages.next().await else {
-                bail!("the ack-only consumer stopped")
-            };
-            let message = match message {
-                Ok(message) => message,
-                // As in the dispatcher: a missed heartbeat is reported, the stream goes on.
-                Err(error)
-                    if error.kind()
-                        == jetstream::consumer::pull::MessagesErrorKind::MissingHeartbeat =>
-                {
-                    continue;
-                }
-                Err(error) => bail!("the ack-only consumer failed: {error}"),
+            let Some(message) = pulled(messages.next().await)? else {
+                continue;
             };
             message.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             acked += 1;
@@ -680,10 +766,12 @@ async fn dispatch_against(
             started.elapsed(),
             Vec::new(),
         );
+        let ack_only_cpu = machine.finish(&ack_only, None);
         drop(messages);
         stream.delete_consumer(&name).await?;
 
         let started = Instant::now();
+        let machine = MachineMeter::start(nats_pid);
         let next = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for _ in 0..in_flight {
@@ -706,13 +794,28 @@ async fn dispatch_against(
             task.await??;
         }
         let http_only = Rate::from("plain HTTP client", events, started.elapsed(), Vec::new());
+        let http_only_cpu = machine.finish(&http_only, None);
         rounds.push(DispatchRound {
             dispatcher: through_dispatcher,
             ack_only,
             http_only,
+            machine_cpu: [dispatcher_cpu, ack_only_cpu, http_only_cpu],
         });
     }
     Ok((rounds, rss))
+}
+
+/// What the ack-only consumer's stream gave: an event, or nothing for a missed heartbeat (as
+/// in the dispatcher, reported and the stream goes on).
+fn pulled(
+    item: Option<Result<jetstream::Message, pull::MessagesError>>,
+) -> anyhow::Result<Option<jetstream::Message>> {
+    match item {
+        None => bail!("the ack-only consumer stopped"),
+        Some(Ok(message)) => Ok(Some(message)),
+        Some(Err(error)) if error.kind() == pull::MessagesErrorKind::MissingHeartbeat => Ok(None),
+        Some(Err(error)) => bail!("the ack-only consumer failed: {error}"),
+    }
 }
 
 /// Stores `events` bench events numbered from `first` with `workers` concurrent publishers
@@ -757,5 +860,15 @@ mod tests {
         assert_eq!(cpu_ticks(stat), Some(731 + 269));
         assert_eq!(cpu_ticks("4242 (cut"), None);
         assert!(cpu_seconds(std::process::id()) >= 0.0);
+    }
+
+    #[test]
+    fn machine_busy_time_leaves_out_idle_iowait_and_steal() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let stat = "cpu  100 2 30 5000 7 1 4 9 0 0\ncpu0 50 1 15 2500 3 0 2 4 0 0\n";
+        assert_eq!(busy_ticks(stat), Some(100 + 2 + 30 + 1 + 4));
+        assert_eq!(busy_ticks("cpu0 1 2 3 4 5 6 7\n"), None);
+        assert_eq!(busy_ticks("cpu  1 2 3\n"), None);
+        assert!(machine_busy_seconds() > 0.0);
     }
 }
