@@ -137,14 +137,18 @@ pub fn memory_mib(pid: u32, field: &str) -> f64 {
 
 /// CPU time a process has used so far (user and system), seconds; 0 when it cannot be read.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let ticks_per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |ticks| ticks as f64);
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| cpu_ticks(&stat))
-        .map_or(0.0, |ticks| ticks as f64 / ticks_per_second)
+        .map_or(0.0, |ticks| ticks as f64 / ticks_per_second())
+}
+
+/// The kernel's clock ticks per second, the unit of `/proc`'s CPU times.
+fn ticks_per_second() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |ticks| ticks as f64)
 }
 
 /// utime + stime from a `/proc/<pid>/stat` line (fields 14 and 15; the command name, which may
@@ -162,14 +166,10 @@ fn cpu_ticks(stat: &str) -> Option<u64> {
 /// Busy CPU time of the whole machine so far, all cores added (seconds); 0 when it cannot be
 /// read. Every process counts: eddy's, nats-server, the sink and the bench itself.
 pub fn machine_busy_seconds() -> f64 {
-    let ticks_per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |ticks| ticks as f64);
     std::fs::read_to_string("/proc/stat")
         .ok()
         .and_then(|stat| busy_ticks(&stat))
-        .map_or(0.0, |ticks| ticks as f64 / ticks_per_second)
+        .map_or(0.0, |ticks| ticks as f64 / ticks_per_second())
 }
 
 /// Busy ticks from `/proc/stat`'s first line: user, nice, system, irq and softirq (idle, iowait
@@ -202,13 +202,50 @@ pub struct MachineCpu {
     pub eddy_us: f64,
 }
 
+/// CPU time of a set of processes, and of the bench process, from a starting point.
+pub(super) struct CpuMeter {
+    pids: Vec<u32>,
+    start: f64,
+    own_start: f64,
+    began: Instant,
+}
+
+impl CpuMeter {
+    /// Starts measuring `pids` (and the bench process) now.
+    pub(super) fn start(pids: Vec<u32>) -> Self {
+        let start = pids.iter().map(|pid| cpu_seconds(*pid)).sum();
+        Self {
+            pids,
+            start,
+            own_start: cpu_seconds(std::process::id()),
+            began: Instant::now(),
+        }
+    }
+
+    /// CPU seconds used since the start: (the processes', the bench's own).
+    fn used(&self) -> (f64, f64) {
+        let used: f64 = self.pids.iter().map(|pid| cpu_seconds(*pid)).sum();
+        let own = cpu_seconds(std::process::id());
+        (used - self.start, own - self.own_start)
+    }
+
+    /// Wall-clock seconds since the start.
+    fn wall(&self) -> f64 {
+        self.began.elapsed().as_secs_f64().max(1e-9)
+    }
+
+    /// Cores busy since the start: (the processes', the bench's own).
+    pub(super) fn cores(&self) -> (f64, f64) {
+        let ((used, own), wall) = (self.used(), self.wall());
+        (used / wall, own / wall)
+    }
+}
+
 /// Measures the machine's busy CPU, and nats-server's and the bench's, from `start` until
 /// `finish`.
 pub struct MachineMeter {
     busy: f64,
-    nats: (u32, f64),
-    bench: f64,
-    started: Instant,
+    nats_and_bench: CpuMeter,
 }
 
 impl MachineMeter {
@@ -216,9 +253,7 @@ impl MachineMeter {
     pub fn start(nats_pid: u32) -> Self {
         Self {
             busy: machine_busy_seconds(),
-            nats: (nats_pid, cpu_seconds(nats_pid)),
-            bench: cpu_seconds(std::process::id()),
-            started: Instant::now(),
+            nats_and_bench: CpuMeter::start(vec![nats_pid]),
         }
     }
 
@@ -226,12 +261,12 @@ impl MachineMeter {
     /// within the phase, if any (all its CPU counts).
     pub fn finish(&self, rate: &Rate, eddy: Option<&Component>) -> MachineCpu {
         let busy = machine_busy_seconds() - self.busy;
-        let (nats_pid, nats_before) = self.nats;
+        let (nats, bench) = self.nats_and_bench.used();
         MachineCpu {
             us_per_op: cpu_us_per(busy, rate),
-            cores_busy: busy / self.started.elapsed().as_secs_f64().max(1e-9),
-            nats_us: cpu_us_per(cpu_seconds(nats_pid) - nats_before, rate),
-            bench_us: cpu_us_per(cpu_seconds(std::process::id()) - self.bench, rate),
+            cores_busy: busy / self.nats_and_bench.wall(),
+            nats_us: cpu_us_per(nats, rate),
+            bench_us: cpu_us_per(bench, rate),
             eddy_us: eddy.map_or(0.0, |eddy| cpu_us_per(eddy.cpu_seconds(), rate)),
         }
     }
@@ -729,7 +764,7 @@ async fn dispatch_against(
         // as the dispatcher pulls. A fresh one per round from this round's first event: a
         // consumer kept idle between rounds pulls erratically afterwards (0.4k–7.5k events/s
         // at 1 in flight). A fresh one can stall too, less often: some rounds run 5-10x
-        // slower with the machine idle (docs/benchmarks.md, "Dispatch"); the per-phase CPU
+        // slower with the machine idle (docs/benchmarks.md, "Where the goals stand"); the per-phase CPU
         // figures printed show such a round (cores busy far below 1).
         let name = format!("bench_ack_only_{round}");
         let consumer = stream
@@ -754,8 +789,19 @@ async fn dispatch_against(
             .await?;
         let mut acked = 0;
         while acked < events {
-            let Some(message) = pulled(messages.next().await)? else {
-                continue;
+            let Some(message) = messages.next().await else {
+                bail!("the ack-only consumer stopped")
+            };
+            let message = match message {
+                Ok(message) => message,
+                // As in the dispatcher: a missed heartbeat is reported, the stream goes on.
+                Err(error)
+                    if error.kind()
+                        == jetstream::consumer::pull::MessagesErrorKind::MissingHeartbeat =>
+                {
+                    continue;
+                }
+                Err(error) => bail!("the ack-only consumer failed: {error}"),
             };
             message.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             acked += 1;
@@ -803,19 +849,6 @@ async fn dispatch_against(
         });
     }
     Ok((rounds, rss))
-}
-
-/// What the ack-only consumer's stream gave: an event, or nothing for a missed heartbeat (as
-/// in the dispatcher, reported and the stream goes on).
-fn pulled(
-    item: Option<Result<jetstream::Message, pull::MessagesError>>,
-) -> anyhow::Result<Option<jetstream::Message>> {
-    match item {
-        None => bail!("the ack-only consumer stopped"),
-        Some(Ok(message)) => Ok(Some(message)),
-        Some(Err(error)) if error.kind() == pull::MessagesErrorKind::MissingHeartbeat => Ok(None),
-        Some(Err(error)) => bail!("the ack-only consumer failed: {error}"),
-    }
 }
 
 /// Stores `events` bench events numbered from `first` with `workers` concurrent publishers

@@ -533,13 +533,11 @@ async fn dispatch(flags: &LoadFlags, events: u64, in_flight: usize) -> anyhow::R
                 cpu.us_per_op, cpu.cores_busy, cpu.eddy_us, cpu.nats_us, cpu.bench_us
             );
         }
-        println!(
-            "dispatcher / the two halves added: {:.2}",
-            round.cpu_to_halves()
-        );
+        let cpu_to_halves = round.cpu_to_halves();
+        println!("dispatcher / the two halves added: {cpu_to_halves:.2}");
         to_min.push(round.dispatcher.per_second / limit.max(1e-9));
         to_both.push(round.dispatcher.per_second / both.max(1e-9));
-        to_cpu.push(round.cpu_to_halves());
+        to_cpu.push(cpu_to_halves);
     }
     let (to_min, to_both, to_cpu) = (spread(&to_min), spread(&to_both), spread(&to_cpu));
     println!("dispatcher / lower raw half: {}", show_spread(&to_min));

@@ -15,7 +15,7 @@ use futures::StreamExt as _;
 use serde::Serialize;
 
 use super::load::{
-    self, Component, closed_loop, cpu_seconds, drained, noop_sink, payload, prepare_dispatch,
+    self, Component, CpuMeter, closed_loop, drained, noop_sink, payload, prepare_dispatch,
     publish_http, publish_raw, store_events,
 };
 use crate::up::NatsChild;
@@ -58,34 +58,6 @@ pub struct ScalePoint {
     pub per_nats_core: f64,
     /// Cores the bench process (load generator, sink) kept busy.
     pub bench_cores: f64,
-}
-
-/// CPU time of a set of processes from a starting point.
-struct CpuMeter {
-    pids: Vec<u32>,
-    start: f64,
-    own_start: f64,
-    began: Instant,
-}
-
-impl CpuMeter {
-    fn start(pids: Vec<u32>) -> Self {
-        let start = pids.iter().map(|pid| cpu_seconds(*pid)).sum();
-        Self {
-            pids,
-            start,
-            own_start: cpu_seconds(std::process::id()),
-            began: Instant::now(),
-        }
-    }
-
-    /// Cores busy since the start: (the processes', the bench's own).
-    fn cores(&self) -> (f64, f64) {
-        let wall = self.began.elapsed().as_secs_f64().max(1e-9);
-        let used: f64 = self.pids.iter().map(|pid| cpu_seconds(*pid)).sum();
-        let own = cpu_seconds(std::process::id());
-        ((used - self.start) / wall, (own - self.own_start) / wall)
-    }
 }
 
 /// A measurement of `role` with `per_second` events/s, given the meters of the role's processes
