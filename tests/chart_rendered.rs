@@ -13,34 +13,15 @@ use std::{
     process::Command,
 };
 
+use eddy_testing::control_plane;
 use serde_yaml::Value;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn tools() -> PathBuf {
-    std::env::var_os("EDDY_TOOLS_DIR").map_or_else(|| repo().join(".tools"), PathBuf::from)
-}
-
-/// A tool from the tools dir, else from PATH; a clear failure when neither has it.
 fn tool(relative: &str) -> PathBuf {
-    let installed = tools().join(relative);
-    if installed.is_file() {
-        return installed;
-    }
-    let name = Path::new(relative).file_name().expect("a file name");
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{} is not installed: run scripts/setup --tests",
-                name.to_string_lossy()
-            )
-        })
+    control_plane::tool(relative).unwrap()
 }
 
 fn run(command: &mut Command) -> String {
@@ -80,19 +61,8 @@ fn lowest_kubernetes_version() -> String {
     version
 }
 
-/// A copy of the chart without its NATS dependency (which cannot be fetched here).
 fn chart_without_nats(dir: &Path) -> PathBuf {
-    let chart = dir.join("eddy");
-    run(Command::new("cp")
-        .arg("-r")
-        .arg(repo().join("charts/eddy"))
-        .arg(&chart));
-    let text = std::fs::read_to_string(chart.join("Chart.yaml")).unwrap();
-    let start = text
-        .find("dependencies:")
-        .expect("the chart declares its dependencies");
-    std::fs::write(chart.join("Chart.yaml"), &text[..start]).unwrap();
-    chart
+    control_plane::chart_without_nats(dir).unwrap()
 }
 
 /// Checks `objects` (a multi-document YAML file) with kubernetes-validate --strict against

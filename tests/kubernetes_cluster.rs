@@ -1,188 +1,1602 @@
-//! The Kubernetes backend against a real cluster (the current kubeconfig context), with Kaniko
-//! building into `EDDY_TEST_REGISTRY` (default `localhost:5000`, e.g. kind's local registry).
-//! Run with `cargo test --test kubernetes_cluster -- --ignored`. The controller runs in this
-//! process; the CRDs are applied first.
+//! The Kubernetes mode against a real control plane (`scripts/kube`: etcd, kube-apiserver with
+//! RBAC, kube-controller-manager, kube-scheduler, and kwok as the node; no container runs).
+//!
+//! The chart is installed with `helm install` (from a copy without the NATS subchart, which
+//! cannot be fetched here: an external NATS, Istio off), and eddy's controller, dispatcher and
+//! gateway run as processes of this test with the env the chart's Deployments give them and a
+//! token of their chart ServiceAccount, so the API server enforces exactly the chart's RBAC.
+//!
+//! The tests run one at a time (a nextest test group, and a lock for `cargo test`): they share
+//! one release and each starts its own controller, which holds the chart's Lease while it runs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
 
-use eddy_model::resources::{Function, SinkPolicy, Subscription};
-use eddy_testing::eventually;
-use k8s_openapi::{
-    api::{apps::v1::Deployment, core::v1::Namespace},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+use anyhow::{Context as _, Result};
+use eddy_model::resources::{Function, validate_function, validate_subscription};
+use eddy_testing::{
+    control_plane::{ControlPlane, chart_without_nats, run},
+    eventually,
+};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    autoscaling::v2::HorizontalPodAutoscaler,
+    batch::v1::Job,
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Pod, Service},
 };
 use kube::{
-    Api, Client, CustomResourceExt as _,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    Api, Client,
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    core::{ApiResource, GroupVersionKind},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
-const NAMESPACE: &str = "eddy-cluster-test";
+#[path = "../model/tests/cases/mod.rs"]
+mod cases;
+mod support;
 
-async fn setup() -> (Client, eddy_platform::shutdown::CancellationToken) {
-    let client = Client::try_default()
+/// The shared release and its namespace.
+const RELEASE: &str = "eddy";
+const SYSTEM: &str = "eddy-system";
+/// The chart's Lease, short so that a test's controller takes over quickly from the last one's.
+const LEASE_DURATION: &str = "4s";
+
+/// Values every install here needs: no NATS subchart, no Istio (no mesh CRDs on this cluster).
+const BASE_VALUES: &[&str] = &[
+    "nats.enabled=false",
+    "externalNats.url=nats://127.0.0.1:4222",
+    "istio.enabled=false",
+    "gateway.expose.mode=none",
+    "eventBus.stream.replicas=1",
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One test at a time in this process (`cargo test`); nextest runs this binary's tests one
+/// at a time through its test group.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
+    LOCK.get_or_init(Default::default).lock().await
+}
+
+/// `helm install` of `chart` as `release` in `namespace` with `values` files (under the chart's
+/// `ci/`) and `--set`s.
+fn helm_install(
+    plane: &ControlPlane,
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    values: &[&str],
+    sets: &[&str],
+) -> Result<String> {
+    let mut helm = plane.helm()?;
+    helm.args(["install", release]).arg(chart).args([
+        "--namespace",
+        namespace,
+        "--create-namespace",
+    ]);
+    for file in values {
+        helm.arg("--values").arg(chart.join("ci").join(file));
+    }
+    for set in BASE_VALUES.iter().chain(sets) {
+        helm.args(["--set", set]);
+    }
+    run(&mut helm)
+}
+
+/// The release every test but the install test uses: Kyma compatibility on (Kyma's kinds are
+/// cluster-wide, so one release per cluster serves them), installed once per control plane.
+fn shared_release(plane: &ControlPlane) -> Result<()> {
+    let lock = std::fs::File::create(plane.dir().join("release.lock"))?;
+    lock.lock()?;
+    if run(plane
+        .helm()?
+        .args(["status", RELEASE, "--namespace", SYSTEM]))
+    .is_ok()
+    {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let chart = chart_without_nats(dir.path())?;
+    helm_install(
+        plane,
+        &chart,
+        RELEASE,
+        SYSTEM,
+        &["kyma-compatibility-values.yaml"],
+        &[
+            &format!("controller.leaseDuration={LEASE_DURATION}"),
+            "controller.registry=registry.test:5000/eddy",
+            "controller.allowedSinks=http://127.0.0.1:",
+        ],
+    )?;
+    Ok(())
+}
+
+/// One of the chart's components (`controller`, `dispatcher`, `gateway`) run as a process with
+/// its Deployment's env and a token of its ServiceAccount; killed on drop.
+struct Component {
+    child: Child,
+    name: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Component {
+    /// Starts `component` of the shared release; `overrides` replace or add env entries.
+    async fn start(
+        plane: &ControlPlane,
+        admin: &Client,
+        component: &str,
+        overrides: &[(&str, &str)],
+    ) -> Result<Self> {
+        let deployments: Api<Deployment> = Api::namespaced(admin.clone(), SYSTEM);
+        let name = format!("{RELEASE}-{component}");
+        let deployment = deployments.get(&name).await?;
+        let pod = deployment
+            .spec
+            .template
+            .spec
+            .context("the Deployment's pod spec")?;
+        let account = pod
+            .service_account_name
+            .clone()
+            .context("the chart names a ServiceAccount")?;
+        let container = &pod.containers[0];
+        let identity = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        let mut env = BTreeMap::new();
+        for var in container.env.iter().flatten() {
+            let value = match (&var.value, &var.value_from) {
+                (Some(value), _) => value.clone(),
+                (None, Some(from)) => {
+                    match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                        Some("metadata.namespace") => SYSTEM.to_owned(),
+                        Some("metadata.name") => identity.clone(),
+                        other => panic!("{name}: env {} from {other:?}", var.name),
+                    }
+                }
+                (None, None) => String::new(),
+            };
+            env.insert(var.name.clone(), value);
+        }
+        for (key, value) in overrides {
+            env.insert((*key).to_owned(), (*value).to_owned());
+        }
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = plane
+            .service_account_kubeconfig(admin, SYSTEM, &account, &dir.path().join("kubeconfig"))
+            .await?;
+        let log = dir.path().join("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_eddy"))
+            .args(container.args.iter().flatten())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", dir.path())
+            .env("TMPDIR", dir.path())
+            .envs(&env)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("EDDY_LOG_FORMAT", "compact")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::options().append(true).open(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Self {
+            child,
+            name: identity,
+            log,
+            _dir: dir,
+        })
+    }
+
+    /// The `http://host:port` the process says it is ready on (its log's "ready on http://…"),
+    /// waited for.
+    async fn url(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            let address = log.lines().find_map(|line| {
+                let rest = line.split("ready on http://").nth(1)?;
+                rest.split(['/', ' ', '"']).next().map(str::to_owned)
+            });
+            if let Some(address) = address {
+                return format!("http://{address}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never said it was ready:\n{log}",
+                self.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The process's log so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a node failure would.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait, as a rolling update would.
+    fn stop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+}
+
+impl Drop for Component {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- {} log ---\n{}", self.name, self.log());
+        }
+    }
+}
+
+/// What every test starts from: the control plane, an admin client, the shared release, and a
+/// namespace of the test's own (deleted at the end).
+struct Cluster {
+    plane: &'static ControlPlane,
+    admin: Client,
+    namespace: String,
+}
+
+impl Cluster {
+    async fn new(prefix: &str) -> Self {
+        let plane = ControlPlane::shared().unwrap();
+        let admin = plane.client().await.unwrap();
+        shared_release(plane).unwrap();
+        let namespace = plane.namespace(&admin, prefix).await.unwrap();
+        Self {
+            plane,
+            admin,
+            namespace,
+        }
+    }
+
+    /// The chart's `component` with `overrides`, as a process.
+    async fn component(&self, component: &str, overrides: &[(&str, &str)]) -> Component {
+        Component::start(self.plane, &self.admin, component, overrides)
+            .await
+            .unwrap()
+    }
+
+    async fn controller(&self) -> Component {
+        Component::start(
+            self.plane,
+            &self.admin,
+            "controller",
+            &[("EDDY_API_ADDR", "127.0.0.1:0")],
+        )
         .await
-        .expect("a cluster in the kubeconfig");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let apply = PatchParams::apply("eddy-tests").force();
-    for crd in [Function::crd(), Subscription::crd()] {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(&name, &apply, &Patch::Apply(&crd))
+        .unwrap()
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.admin.clone(), &self.namespace)
+    }
+
+    fn dynamic(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        Api::namespaced_with(self.admin.clone(), &self.namespace, &resource)
+    }
+
+    /// `kubectl apply --server-side` of `yaml` into the test's namespace.
+    fn kubectl_apply(&self, yaml: &str) -> Result<String> {
+        let mut kubectl = self.plane.kubectl()?;
+        kubectl
+            .args(["apply", "--server-side", "--field-manager", "kubectl", "-n"])
+            .arg(&self.namespace)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = kubectl.spawn()?;
+        std::io::Write::write_all(&mut child.stdin.take().context("stdin")?, yaml.as_bytes())?;
+        let output = child.wait_with_output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "kubectl apply failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// An example directory's manifests, with the sinks' `.default.svc` pointed at the test's
+    /// namespace (the examples are written for `default`).
+    fn example(&self, dir: &str) -> String {
+        let mut text = String::new();
+        let mut files: Vec<_> = std::fs::read_dir(repo().join("examples").join(dir))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        files.sort();
+        // The Secret and ConfigMap the functions read come first.
+        files.sort_by_key(|path| !path.ends_with("config.yaml"));
+        for file in files {
+            text.push_str("---\n");
+            text.push_str(&std::fs::read_to_string(file).unwrap());
+            text.push('\n');
+        }
+        text.replace(".default.svc", &format!(".{}.svc", self.namespace))
+    }
+
+    /// The status condition `type_` of Function `name` (of `api_version`), as (status, reason, message).
+    async fn condition(
+        &self,
+        api_version: &str,
+        name: &str,
+        type_: &str,
+    ) -> Option<(String, String, String)> {
+        let object = self
+            .dynamic(api_version, "Function")
+            .get_opt(name)
+            .await
+            .ok()??;
+        let conditions = object.data["status"]["conditions"].as_array()?.clone();
+        let condition = conditions.iter().find(|c| c["type"] == type_)?;
+        Some((
+            condition["status"].as_str()?.to_owned(),
+            condition["reason"].as_str().unwrap_or_default().to_owned(),
+            condition["message"].as_str().unwrap_or_default().to_owned(),
+        ))
+    }
+
+    async fn wait_running(&self, api_version: &str, name: &str, within: Duration) {
+        let result = eventually(&format!("Function {name} Running"), within, || async {
+            self.condition(api_version, name, "Running")
+                .await
+                .is_some_and(|(status, _, _)| status == "True")
+        })
+        .await;
+        if let Err(error) = result {
+            let object = self.dynamic(api_version, "Function").get_opt(name).await;
+            panic!("{error}: {object:#?}");
+        }
+    }
+
+    async fn finish(self) {
+        let _ = self
+            .plane
+            .delete_namespace(&self.admin, &self.namespace)
+            .await;
+    }
+}
+
+fn function(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "eddy.dev/v1alpha1", "kind": "Function", "metadata": {"name": name}, "spec": spec})
+}
+
+fn inline(source: &str) -> Value {
+    json!({"runtime": "nodejs22", "source": {"inline": {"source": source}}})
+}
+
+// --- the chart -------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_chart_installs_with_each_values_set_and_its_crds_are_accepted() {
+    let _serial = serial().await;
+    let plane = ControlPlane::shared().unwrap();
+    let admin = plane.client().await.unwrap();
+    // Kyma compatibility: the shared release.
+    shared_release(plane).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let chart = chart_without_nats(dir.path()).unwrap();
+    for (release, values) in [
+        ("external-nats", "external-nats-values.yaml"),
+        ("istio-off", "istio-off-values.yaml"),
+    ] {
+        let namespace = plane.namespace(&admin, release).await.unwrap();
+        let output = helm_install(plane, &chart, release, &namespace, &[values], &[]).unwrap();
+        assert!(output.contains("STATUS: deployed"), "{output}");
+        run(plane
+            .helm()
+            .unwrap()
+            .args(["uninstall", release, "--namespace", &namespace]))
+        .unwrap();
+        plane.delete_namespace(&admin, &namespace).await.unwrap();
+    }
+    // Every CRD the chart and `eddy crds` carry is served.
+    let crds = run(plane.kubectl().unwrap().args(["get", "crds", "-o", "name"])).unwrap();
+    for crd in [
+        "functions.eddy.dev",
+        "subscriptions.eddy.dev",
+        "functions.serverless.kyma-project.io",
+        "subscriptions.eventing.kyma-project.io",
+    ] {
+        assert!(crds.contains(crd), "{crd} missing: {crds}");
+    }
+    let printed = run(Command::new(env!("CARGO_BIN_EXE_eddy")).arg("crds")).unwrap();
+    let mut apply = plane.kubectl().unwrap();
+    apply
+        .args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--dry-run=server",
+            "-f",
+            "-",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = apply.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), printed.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the API server refuses `eddy crds`: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+// --- validation ------------------------------------------------------------------------------
+
+/// Every CEL rule: each invalid object of the shared table is refused by the API server with
+/// the message the local validation gives for it, and each valid one is stored, defaults and all.
+#[tokio::test]
+async fn the_api_server_refuses_what_local_validation_refuses_with_the_same_message() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("cel").await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let subscriptions = cluster.dynamic("eddy.dev/v1alpha1", "Subscription");
+    let mut checked = 0;
+    let mut mismatches = Vec::new();
+    for (kind, api, base, table) in [
+        (
+            "Function",
+            &functions,
+            cases::base_function(),
+            cases::function_cases(),
+        ),
+        (
+            "Subscription",
+            &subscriptions,
+            cases::base_subscription(),
+            cases::subscription_cases(),
+        ),
+    ] {
+        for (index, (what, patch, valid)) in table.into_iter().enumerate() {
+            let mut object = cases::merged(&base, &patch);
+            let name = format!("case-{index}");
+            if patch["metadata"]["name"].is_null() {
+                object["metadata"]["name"] = json!(name);
+            }
+            object["metadata"]["namespace"] = json!(cluster.namespace);
+            // The base sink is a Service of the base's namespace: the test's own here.
+            if let Some(sink) = object["spec"]["sink"].as_str() {
+                let sink = sink.replace(".shop.svc", &format!(".{}.svc", cluster.namespace));
+                object["spec"]["sink"] = json!(sink);
+            }
+            // The local messages (the sink's namespace is the controller's check, not a rule).
+            let local: Vec<String> = if kind == "Function" {
+                serde_json::from_value::<Function>(object.clone())
+                    .map_err(|e| vec![e.to_string()])
+                    .map(|f| {
+                        validate_function(&f)
+                            .into_iter()
+                            .map(|e| e.message)
+                            .collect()
+                    })
+                    .unwrap_or_else(|errors| errors)
+            } else {
+                serde_json::from_value::<eddy_model::resources::Subscription>(object.clone())
+                    .map_err(|e| vec![e.to_string()])
+                    .map(|s| {
+                        validate_subscription(&s, &Default::default())
+                            .into_iter()
+                            .map(|e| e.message)
+                            .collect()
+                    })
+                    .unwrap_or_else(|errors| errors)
+            };
+            let dynamic: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+            let answer = api.create(&PostParams::default(), &dynamic).await;
+            match (valid, answer) {
+                (true, Ok(_)) => {}
+                (true, Err(error)) => panic!("{kind} {what:?} is valid but refused: {error}"),
+                (false, Ok(_)) => panic!("{kind} {what:?} is invalid but the API server stored it"),
+                (false, Err(kube::Error::Api(status))) => {
+                    assert_eq!(status.code, 422, "{kind} {what:?}: {status:?}");
+                    assert!(
+                        !local.is_empty(),
+                        "{kind} {what:?}: local validation accepts it"
+                    );
+                    // A CEL rule answers with eddy's own message; the schema's own checks
+                    // (type, enum, maxLength) in the API server's words.
+                    let same = local.iter().any(|m| status.message.contains(m.as_str()));
+                    let schema = [
+                        "Unsupported value",
+                        "Too long",
+                        "should be",
+                        "must have at most",
+                        "in body must be",
+                    ]
+                    .iter()
+                    .any(|words| status.message.contains(words));
+                    if !same && !schema {
+                        mismatches.push(format!(
+                            "{kind} {what:?}: the API server says {:?}, local validation {local:?}",
+                            status.message
+                        ));
+                    }
+                    checked += 1;
+                }
+                (false, Err(error)) => panic!("{kind} {what:?}: {error}"),
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+    assert!(checked > 20, "only {checked} invalid cases checked");
+    cluster.finish().await;
+}
+
+/// The CRD defaults the API server fills in are the ones the code assumes, and they survive
+/// Kyma's conversion and validation (a Kyma Function with FUNC_TIMEOUT is valid as stored).
+#[tokio::test]
+async fn stored_defaults_survive_the_kyma_conversion_and_validation() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("defaults").await;
+    cluster
+        .kubectl_apply(
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata: {name: timed}\nspec:\n  runtime: nodejs22\n  env: [{name: FUNC_TIMEOUT, value: \"10\"}]\n  source: {inline: {source: \"module.exports = {main: () => 'ok'}\"}}\n---\napiVersion: eventing.kyma-project.io/v1alpha2\nkind: Subscription\nmetadata: {name: bare}\nspec:\n  sink: http://timed.NS.svc.cluster.local\n  source: shop\n  types: [order.created.v1]\n"
+                .replace("NS", &cluster.namespace)
+                .as_str(),
+        )
+        .unwrap();
+    for (api_version, kind, name) in [
+        ("serverless.kyma-project.io/v1alpha2", "Function", "timed"),
+        ("eventing.kyma-project.io/v1alpha2", "Subscription", "bare"),
+    ] {
+        let stored = cluster.dynamic(api_version, kind).get(name).await.unwrap();
+        let manifest = serde_json::to_value(&stored).unwrap();
+        let native = eddy_model::kyma::to_native(manifest.clone())
+            .unwrap_or_else(|errors| panic!("{kind} as stored: {errors:?}\n{manifest:#}"));
+        if kind == "Function" {
+            let function: Function = serde_json::from_value(native).unwrap();
+            let errors = validate_function(&function);
+            assert!(errors.is_empty(), "{errors:?}");
+            assert_eq!(function.spec.timeout(), Duration::from_secs(10));
+        } else {
+            let subscription: eddy_model::resources::Subscription =
+                serde_json::from_value(native).unwrap();
+            let errors = validate_subscription(&subscription, &Default::default());
+            assert!(errors.is_empty(), "{errors:?}");
+            assert_eq!(
+                manifest["spec"]["config"]["maxInFlightMessages"], "10",
+                "{manifest:#}"
+            );
+            assert_eq!(manifest["spec"]["typeMatching"], "standard", "{manifest:#}");
+        }
+    }
+    cluster.finish().await;
+}
+
+// --- the controller --------------------------------------------------------------------------
+
+/// examples/shop and examples/kyma, applied with kubectl into a namespace of the test's
+/// choosing, reach Running under the chart's RBAC, with every child object owned.
+#[tokio::test]
+async fn the_examples_reach_running_under_the_charts_rbac() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("examples").await;
+    let controller = cluster.controller().await;
+    cluster.kubectl_apply(&cluster.example("shop")).unwrap();
+    cluster.kubectl_apply(&cluster.example("kyma")).unwrap();
+    let shop = ["stock-reserver", "reservation-recorder", "price-quote"];
+    let kyma = ["greeter", "orders", "audit", "db-info"];
+    for name in shop {
+        cluster
+            .wait_running("eddy.dev/v1alpha1", name, Duration::from_secs(60))
+            .await;
+    }
+    for name in kyma {
+        cluster
+            .wait_running(
+                "serverless.kyma-project.io/v1alpha2",
+                name,
+                Duration::from_secs(60),
+            )
+            .await;
+    }
+    let deployments: Api<Deployment> = cluster.api();
+    let services: Api<Service> = cluster.api();
+    let jobs: Api<Job> = cluster.api();
+    let config_maps: Api<ConfigMap> = cluster.api();
+    for name in shop.iter().chain(&kyma) {
+        let deployment = deployments.get(name).await.unwrap();
+        let owner = &deployment.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "Function", "{name}");
+        assert_eq!(owner.controller, Some(true), "{name}");
+        let service = services.get(name).await.unwrap();
+        assert_eq!(service.metadata.owner_references.unwrap()[0].name, *name);
+        let selector = format!("eddy.dev/function={name}");
+        let built = jobs
+            .list(&ListParams::default().labels(&selector))
             .await
             .unwrap();
-    }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace =
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
-    namespaces
-        .patch(NAMESPACE, &apply, &Patch::Apply(&namespace))
-        .await
-        .unwrap();
-    let shutdown = eddy_platform::shutdown::CancellationToken::new();
-    let args = eddy_controller::KubernetesArgs {
-        registry: std::env::var("EDDY_TEST_REGISTRY").unwrap_or_else(|_| "localhost:5000".into()),
-        insecure_registry: true,
-        ..Default::default()
-    };
-    let context = Arc::new(eddy_controller::kubernetes::Context::new(
-        client.clone(),
-        args.render_config(),
-        SinkPolicy::default(),
-    ));
-    tokio::spawn(eddy_controller::kubernetes::run(
-        client.clone(),
-        context,
-        shutdown.clone(),
-    ));
-    (client, shutdown)
-}
-
-fn function(name: &str, spec: serde_json::Value) -> Function {
-    serde_json::from_value(json!({
-        "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": spec,
-    }))
-    .unwrap()
-}
-
-#[tokio::test]
-#[ignore = "needs cluster"]
-async fn the_api_server_refuses_what_local_validation_refuses() {
-    let (client, shutdown) = setup().await;
-    let functions: Api<Function> = Api::namespaced(client, NAMESPACE);
-    let invalid = function(
-        "bad-scale",
-        json!({"runtime": "nodejs20", "source": {"inline": {"source": "x"}},
-               "scaleConfig": {"minReplicas": 3, "maxReplicas": 2}, "env": [{"name": "FUNC_NAME", "value": "x"}]}),
-    );
-    let error = functions
-        .create(&PostParams::default(), &invalid)
-        .await
-        .unwrap_err();
-    let kube::Error::Api(status) = error else {
-        panic!("{error}")
-    };
-    assert_eq!(status.code, 422);
-    assert!(status.message.contains("maxReplicas"), "{}", status.message);
-    assert!(
-        status.message.contains("is set by the platform"),
-        "{}",
-        status.message
-    );
-    shutdown.cancel();
-}
-
-#[tokio::test]
-#[ignore = "needs cluster"]
-async fn a_function_is_built_runs_and_goes_with_everything_it_owns() {
-    let (client, shutdown) = setup().await;
-    let functions: Api<Function> = Api::namespaced(client.clone(), NAMESPACE);
-    let hello = function(
-        "hello",
-        json!({"runtime": "nodejs20", "source": {"inline": {"source": "module.exports = { main: () => 'hello' }"}}}),
-    );
-    functions
-        .create(&PostParams::default(), &hello)
-        .await
-        .unwrap();
-    eventually("the function to run", Duration::from_secs(600), || async {
-        functions
-            .get("hello")
+        assert!(!built.items.is_empty(), "{name} has a build Job");
+        let sources = config_maps
+            .list(&ListParams::default().labels(&selector))
             .await
-            .ok()
-            .and_then(|f| f.status)
-            .is_some_and(|status| {
-                status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Running" && c.status == "True")
-            })
+            .unwrap();
+        assert!(!sources.items.is_empty(), "{name} has a ConfigMap");
+    }
+    // The greeter keeps Kyma's FUNC_TIMEOUT.
+    let greeter = deployments.get("greeter").await.unwrap();
+    let env = greeter.spec.template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    let timeout = env.iter().find(|var| var.name == "FUNC_TIMEOUT").unwrap();
+    assert_eq!(timeout.value.as_deref(), Some("10"));
+    // An autoscaled function has its HPA.
+    let hpas: Api<HorizontalPodAutoscaler> = cluster.api();
+    let orders = hpas.get("orders").await.unwrap();
+    assert_eq!(orders.spec.max_replicas, 3);
+    // The chart's RBAC let the controller do all of it.
+    let log = controller.log();
+    assert!(!log.contains("forbidden"), "a request was refused:\n{log}");
+    drop(controller);
+    cluster.finish().await;
+}
+
+/// A changed source gets a new build Job and a rollout; a scale change gets none; a failed
+/// build gives BuildFailed and is tried again later.
+#[tokio::test]
+async fn builds_follow_the_source_and_a_failed_build_is_reported() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("builds").await;
+    let _controller = cluster.controller().await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let apply = PatchParams::apply("test").force();
+    let hello = function("hello", inline("module.exports = {main: () => 'one'}"));
+    functions
+        .patch("hello", &apply, &Patch::Apply(&hello))
+        .await
+        .unwrap();
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "hello", Duration::from_secs(60))
+        .await;
+    let jobs: Api<Job> = cluster.api();
+    let deployments: Api<Deployment> = cluster.api();
+    let selector = ListParams::default().labels("eddy.dev/function=hello");
+    let first_image = image_of(&deployments.get("hello").await.unwrap());
+    assert_eq!(jobs.list(&selector).await.unwrap().items.len(), 1);
+
+    // A scale change: no new build, the same image, the new replica count.
+    let mut scaled = hello.clone();
+    scaled["spec"]["replicas"] = json!(2);
+    functions
+        .patch("hello", &apply, &Patch::Apply(&scaled))
+        .await
+        .unwrap();
+    eventually(
+        "the Deployment scaled to 2",
+        Duration::from_secs(30),
+        || async {
+            deployments
+                .get("hello")
+                .await
+                .is_ok_and(|d| d.spec.replicas == Some(2))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        jobs.list(&selector).await.unwrap().items.len(),
+        1,
+        "no build for a scale change"
+    );
+    assert_eq!(
+        image_of(&deployments.get("hello").await.unwrap()),
+        first_image
+    );
+
+    // A changed source: a new Job, then the Deployment rolls to its image.
+    let mut changed = scaled.clone();
+    changed["spec"]["source"]["inline"]["source"] = json!("module.exports = {main: () => 'two'}");
+    functions
+        .patch("hello", &apply, &Patch::Apply(&changed))
+        .await
+        .unwrap();
+    eventually(
+        "the Deployment on a new image",
+        Duration::from_secs(60),
+        || async {
+            deployments
+                .get("hello")
+                .await
+                .is_ok_and(|d| image_of(&d) != first_image)
+        },
+    )
+    .await
+    .unwrap();
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "hello", Duration::from_secs(60))
+        .await;
+
+    // A build that fails (the test node fails every build pod of a Function named build-fails).
+    let failing = function("build-fails", inline("module.exports = {main: () => 'x'}"));
+    functions
+        .patch("build-fails", &apply, &Patch::Apply(&failing))
+        .await
+        .unwrap();
+    eventually("BuildFailed", Duration::from_secs(60), || async {
+        cluster
+            .condition("eddy.dev/v1alpha1", "build-fails", "BuildReady")
+            .await
+            .is_some_and(|(status, reason, _)| status == "False" && reason == "BuildFailed")
     })
     .await
     .unwrap();
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let deployment = deployments.get("hello").await.unwrap();
-    let owner = &deployment.metadata.owner_references.unwrap()[0];
-    assert_eq!(owner.kind, "Function");
-
-    functions
-        .delete("hello", &DeleteParams::foreground())
+    let (_, _, message) = cluster
+        .condition("eddy.dev/v1alpha1", "build-fails", "BuildReady")
         .await
         .unwrap();
-    eventually(
-        "the garbage collector to remove the Deployment",
-        Duration::from_secs(120),
-        || async {
-            deployments
-                .get_opt("hello")
-                .await
-                .is_ok_and(|d| d.is_none())
-        },
-    )
-    .await
-    .unwrap();
-    shutdown.cancel();
+    assert!(
+        message.contains("the build failed (test node)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("trying again at"),
+        "the retry is announced: {message}"
+    );
+    let failed = functions.get("build-fails").await.unwrap();
+    assert_eq!(
+        failed.data["status"]["buildFailures"], 1,
+        "{:#?}",
+        failed.data
+    );
+    cluster.finish().await;
 }
 
+fn image_of(deployment: &Deployment) -> String {
+    deployment.spec.template.spec.as_ref().unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap()
+}
+
+/// Deleting a Function removes every object it owns (kube-controller-manager's garbage
+/// collector, following the owner references).
 #[tokio::test]
-#[ignore = "needs cluster"]
-async fn a_subscription_waits_for_its_sink_service() {
-    let (client, shutdown) = setup().await;
-    let subscriptions: Api<Subscription> = Api::namespaced(client, NAMESPACE);
-    let subscription: Subscription = serde_json::from_value(json!({
-        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
-        "metadata": {"name": "to-nowhere", "namespace": NAMESPACE},
-        "spec": {"sink": format!("http://nowhere.{NAMESPACE}.svc.cluster.local"), "types": ["order.created.v1"]},
-    }))
-    .unwrap();
-    let _ = subscriptions
-        .delete("to-nowhere", &DeleteParams::default())
-        .await;
-    subscriptions
-        .create(&PostParams::default(), &subscription)
+async fn a_deleted_function_leaves_nothing_behind() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("gc").await;
+    let _controller = cluster.controller().await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let mut spec = inline("module.exports = {main: () => 'gone soon'}");
+    spec["scaleConfig"] = json!({"minReplicas": 1, "maxReplicas": 2});
+    functions
+        .patch(
+            "brief",
+            &PatchParams::apply("test"),
+            &Patch::Apply(function("brief", spec)),
+        )
         .await
         .unwrap();
-    eventually(
-        "the SinkNotFound status",
-        Duration::from_secs(60),
-        || async {
-            subscriptions
-                .get("to-nowhere")
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "brief", Duration::from_secs(60))
+        .await;
+    functions
+        .delete("brief", &DeleteParams::default())
+        .await
+        .unwrap();
+    let selector = ListParams::default().labels("eddy.dev/function=brief");
+    let deployments: Api<Deployment> = cluster.api();
+    let services: Api<Service> = cluster.api();
+    let jobs: Api<Job> = cluster.api();
+    let config_maps: Api<ConfigMap> = cluster.api();
+    let hpas: Api<HorizontalPodAutoscaler> = cluster.api();
+    let pods: Api<Pod> = cluster.api();
+    eventually("every child gone", Duration::from_secs(60), || async {
+        deployments
+            .list(&selector)
+            .await
+            .is_ok_and(|l| l.items.is_empty())
+            && services.get_opt("brief").await.is_ok_and(|s| s.is_none())
+            && jobs.list(&selector).await.is_ok_and(|l| l.items.is_empty())
+            && config_maps
+                .list(&selector)
                 .await
-                .ok()
-                .and_then(|s| s.status)
-                .is_some_and(|status| {
-                    !status.ready && status.conditions.iter().any(|c| c.reason == "SinkNotFound")
-                })
+                .is_ok_and(|l| l.items.is_empty())
+            && hpas.get_opt("brief").await.is_ok_and(|h| h.is_none())
+            && pods.list(&selector).await.is_ok_and(|l| l.items.is_empty())
+    })
+    .await
+    .unwrap();
+    cluster.finish().await;
+}
+
+/// `kubectl scale` sets the Function's replicas through the scale subresource; an HPA can
+/// target the Function.
+#[tokio::test]
+async fn kubectl_scale_and_an_hpa_work_on_a_function() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("scale").await;
+    let _controller = cluster.controller().await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    functions
+        .patch(
+            "scaled",
+            &PatchParams::apply("test"),
+            &Patch::Apply(function(
+                "scaled",
+                inline("module.exports = {main: () => 1}"),
+            )),
+        )
+        .await
+        .unwrap();
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "scaled", Duration::from_secs(60))
+        .await;
+    run(cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args([
+            "scale",
+            "functions.eddy.dev/scaled",
+            "--replicas",
+            "3",
+            "-n",
+        ])
+        .arg(&cluster.namespace))
+    .unwrap();
+    let deployments: Api<Deployment> = cluster.api();
+    eventually(
+        "the Deployment at 3 replicas",
+        Duration::from_secs(30),
+        || async {
+            deployments
+                .get("scaled")
+                .await
+                .is_ok_and(|d| d.status.and_then(|s| s.ready_replicas) == Some(3))
         },
     )
     .await
     .unwrap();
-    subscriptions
-        .delete("to-nowhere", &DeleteParams::default())
+    eventually("status.replicas 3", Duration::from_secs(30), || async {
+        functions
+            .get("scaled")
+            .await
+            .is_ok_and(|f| f.data["status"]["replicas"] == 3)
+    })
+    .await
+    .unwrap();
+    let scale = run(cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["get", "--raw"])
+        .arg(format!(
+            "/apis/eddy.dev/v1alpha1/namespaces/{}/functions/scaled/scale",
+            cluster.namespace
+        )))
+    .unwrap();
+    let scale: Value = serde_json::from_str(&scale).unwrap();
+    assert_eq!(
+        scale["status"]["selector"], "eddy.dev/function=scaled",
+        "{scale:#}"
+    );
+    // An HPA whose target is the Function: the API server accepts it and the controller-manager
+    // reads the Function's scale subresource for it.
+    let hpas: Api<HorizontalPodAutoscaler> = cluster.api();
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "metadata": {"name": "scaled-by-keda-like"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "eddy.dev/v1alpha1", "kind": "Function", "name": "scaled"},
+            "minReplicas": 1, "maxReplicas": 4,
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}]
+        }
+    }))
+    .unwrap();
+    hpas.create(&PostParams::default(), &hpa).await.unwrap();
+    eventually(
+        "the HPA reading the Function's scale",
+        Duration::from_secs(60),
+        || async {
+            hpas.get("scaled-by-keda-like").await.is_ok_and(|h| {
+                h.status.is_some_and(|s| {
+                    s.current_replicas == Some(3)
+                        || s.conditions
+                            .iter()
+                            .flatten()
+                            .any(|c| c.type_ == "AbleToScale" && c.status == "True")
+                })
+            })
+        },
+    )
+    .await
+    .unwrap();
+    cluster.finish().await;
+}
+
+/// Two controllers: one leads; SIGKILL it and the other takes over within the lease duration;
+/// only the leader wrote (managedFields).
+#[tokio::test]
+async fn a_standby_controller_takes_over_within_the_lease_duration() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("leader").await;
+    let mut first = cluster.controller().await;
+    let leases: Api<Lease> = Api::namespaced(cluster.admin.clone(), SYSTEM);
+    let lease_name = format!("{RELEASE}-controller");
+    eventually(
+        "the first controller to lead",
+        Duration::from_secs(30),
+        || async {
+            leases.get(&lease_name).await.is_ok_and(|l| {
+                l.spec.and_then(|s| s.holder_identity).as_deref() == Some(first.name.as_str())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let second = cluster.controller().await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let apply = PatchParams::apply("test");
+    functions
+        .patch(
+            "led",
+            &apply,
+            &Patch::Apply(function("led", inline("module.exports = {main: () => 1}"))),
+        )
         .await
         .unwrap();
-    shutdown.cancel();
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "led", Duration::from_secs(60))
+        .await;
+    first.kill();
+    let killed = Instant::now();
+    functions
+        .patch(
+            "after",
+            &apply,
+            &Patch::Apply(function(
+                "after",
+                inline("module.exports = {main: () => 2}"),
+            )),
+        )
+        .await
+        .unwrap();
+    eventually("the standby to lead", Duration::from_secs(10), || async {
+        leases.get(&lease_name).await.is_ok_and(|l| {
+            l.spec.and_then(|s| s.holder_identity).as_deref() == Some(second.name.as_str())
+        })
+    })
+    .await
+    .unwrap();
+    let took_over = killed.elapsed();
+    assert!(
+        took_over <= Duration::from_secs(4) + Duration::from_secs(2),
+        "took over after {took_over:?}, the lease is {LEASE_DURATION}"
+    );
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "after", Duration::from_secs(60))
+        .await;
+    // Only the controller's field manager wrote the children.
+    let deployments: Api<Deployment> = cluster.api();
+    for name in ["led", "after"] {
+        let deployment = deployments.get(name).await.unwrap();
+        let managers: Vec<String> = deployment
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|f| f.operation.as_deref() == Some("Apply"))
+            .filter_map(|f| f.manager.clone())
+            .collect();
+        assert_eq!(managers, ["eddy-controller"], "{name}");
+    }
+    eprintln!("the standby took over {took_over:?} after the leader's SIGKILL");
+    drop(second);
+    cluster.finish().await;
+}
+
+/// A watch whose resourceVersion is gone (etcd compacted, the API server's watch cache new)
+/// gets 410 Gone; the controller, the dispatcher and the gateway list again and miss no change
+/// made meanwhile (additions, a change, a deletion).
+#[tokio::test]
+async fn watches_relist_after_410_gone_and_miss_nothing() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("gone").await;
+    let ns = cluster.namespace.clone();
+    // Without leader election, so that pausing it below cannot cost it the lead (a new leader
+    // lists anyway, which would hide what this test is about).
+    let controller = cluster
+        .component(
+            "controller",
+            &[
+                ("EDDY_API_ADDR", "127.0.0.1:0"),
+                ("EDDY_LEADER_ELECTION", "false"),
+            ],
+        )
+        .await;
+    let events = Events::start(&cluster).await;
+    let dispatcher = events.dispatcher(&cluster).await;
+    let (gateway, url) = gateway(&cluster, &function_services().await).await;
+    let sink = support::Sink::ok().await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let subscriptions = cluster.dynamic("eddy.dev/v1alpha1", "Subscription");
+    let apply = PatchParams::apply("test");
+    functions
+        .patch(
+            "before",
+            &apply,
+            &Patch::Apply(with_access("before", json!({"mode": "public"}))),
+        )
+        .await
+        .unwrap();
+    for name in ["kept", "dropped"] {
+        subscriptions
+            .patch(
+                name,
+                &apply,
+                &Patch::Apply(eddy_subscription(name, &sink.url, &["order.created.v1"])),
+            )
+            .await
+            .unwrap();
+    }
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "before", Duration::from_secs(60))
+        .await;
+    eventually(
+        "the consumers and the route",
+        Duration::from_secs(30),
+        || async {
+            events.consumer(&ns, "kept").await.is_some()
+                && events.consumer(&ns, "dropped").await.is_some()
+                && call(&format!("{url}/{ns}/before/"), None).await.0 == 200
+        },
+    )
+    .await
+    .unwrap();
+
+    // The three paused (SIGSTOP) see nothing of the changes; etcd is compacted past them and
+    // the API server restarted, so their watches resume from a revision that is gone.
+    let pids: Vec<String> = [&controller, &dispatcher, &gateway]
+        .iter()
+        .map(|component| component.child.id().to_string())
+        .collect();
+    for pid in &pids {
+        run(Command::new("kill").args(["-STOP", pid])).unwrap();
+    }
+    let digest = eddy_platform::auth::Tokens::digest_text("secret");
+    functions
+        .patch(
+            "before",
+            &apply,
+            &Patch::Apply(with_access(
+                "before",
+                json!({"mode": "token", "tokenDigests": [digest]}),
+            )),
+        )
+        .await
+        .unwrap();
+    for index in 0..3 {
+        let name = format!("during-{index}");
+        functions
+            .patch(
+                &name,
+                &apply,
+                &Patch::Apply(with_access(&name, json!({"mode": "public"}))),
+            )
+            .await
+            .unwrap();
+    }
+    subscriptions
+        .patch(
+            "added",
+            &apply,
+            &Patch::Apply(eddy_subscription("added", &sink.url, &["order.paid.v1"])),
+        )
+        .await
+        .unwrap();
+    subscriptions
+        .delete("dropped", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster.plane.compact_etcd().unwrap();
+    cluster.plane.restart_api_server().unwrap();
+    for pid in &pids {
+        run(Command::new("kill").args(["-CONT", pid])).unwrap();
+    }
+    for index in 0..3 {
+        cluster
+            .wait_running(
+                "eddy.dev/v1alpha1",
+                &format!("during-{index}"),
+                Duration::from_secs(90),
+            )
+            .await;
+    }
+    eventually(
+        "the dispatcher and the gateway to catch up",
+        Duration::from_secs(60),
+        || async {
+            events.consumer(&ns, "added").await.is_some()
+                && events.consumer(&ns, "dropped").await.is_none()
+                && events.consumer(&ns, "kept").await.is_some()
+                && call(&format!("{url}/{ns}/before/"), None).await.0 == 401
+                && call(&format!("{url}/{ns}/before/"), Some("secret")).await.0 == 200
+                && call(&format!("{url}/{ns}/during-2/"), None).await.0 == 200
+        },
+    )
+    .await
+    .unwrap();
+    drop((controller, dispatcher, gateway));
+    cluster.finish().await;
+}
+
+/// A field another manager set on a child: the controller applies with force, so the fields it
+/// owns (the Deployment's replicas) are taken back at its next reconcile, and fields it does not
+/// set (another tool's annotation) are left alone.
+#[tokio::test]
+async fn the_controller_takes_back_its_fields_and_leaves_the_rest() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("fields").await;
+    let controller = cluster.controller().await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let mut spec = inline("module.exports = {main: () => 'owned'}");
+    spec["replicas"] = json!(1);
+    functions
+        .patch(
+            "owned",
+            &PatchParams::apply("test"),
+            &Patch::Apply(function("owned", spec)),
+        )
+        .await
+        .unwrap();
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "owned", Duration::from_secs(60))
+        .await;
+    let kubectl = |args: &[&str]| {
+        let mut command = cluster.plane.kubectl().unwrap();
+        command.args(args).arg("-n").arg(&cluster.namespace);
+        run(&mut command).unwrap()
+    };
+    kubectl(&["annotate", "deployment", "owned", "example.com/team=shop"]);
+    kubectl(&["scale", "deployment", "owned", "--replicas", "3"]);
+    let deployments: Api<Deployment> = cluster.api();
+    eventually(
+        "the replicas taken back",
+        Duration::from_secs(30),
+        || async {
+            deployments.get("owned").await.is_ok_and(|d| {
+                d.spec.replicas == Some(1)
+                    && d.metadata.managed_fields.iter().flatten().any(|f| {
+                        f.manager.as_deref() == Some("eddy-controller")
+                            && f.fields_v1
+                                .as_ref()
+                                .is_some_and(|v| v.0["f:spec"]["f:replicas"].is_object())
+                    })
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let deployment = deployments.get("owned").await.unwrap();
+    assert_eq!(
+        deployment
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("example.com/team")
+            .map(String::as_str),
+        Some("shop"),
+        "another manager's annotation is kept"
+    );
+    let log = controller.log();
+    assert!(!log.contains("forbidden"), "a request was refused:\n{log}");
+    drop(controller);
+    cluster.finish().await;
+}
+
+// --- the dispatcher and the gateway ------------------------------------------------------------
+
+/// A nats-server and the chart's event-bus in front of it, as processes.
+/// (Fields drop in order: the event-bus stops before its nats-server.)
+struct Events {
+    bus: Component,
+    nats: eddy_testing::NatsServer,
+    bus_url: String,
+    js: async_nats::jetstream::Context,
+    http: reqwest::Client,
+}
+
+impl Events {
+    async fn start(cluster: &Cluster) -> Self {
+        let nats = eddy_testing::NatsServer::start().unwrap();
+        let bus = cluster
+            .component(
+                "event-bus",
+                &[
+                    ("EDDY_NATS_URL", &nats.url()),
+                    ("EDDY_BUS_ADDR", "127.0.0.1:0"),
+                ],
+            )
+            .await;
+        let bus_url = bus.url().await;
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        Self {
+            bus,
+            nats,
+            bus_url,
+            js,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// The chart's dispatcher against this nats-server.
+    async fn dispatcher(&self, cluster: &Cluster) -> Component {
+        cluster
+            .component(
+                "dispatcher",
+                &[
+                    ("EDDY_NATS_URL", &self.nats.url()),
+                    ("EDDY_DISPATCHER_ADDR", "127.0.0.1:0"),
+                ],
+            )
+            .await
+    }
+
+    async fn publish(&self, ty: &str, id: &str) {
+        let response = self
+            .http
+            .post(format!("{}/publish", self.bus_url))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", "shop")
+            .header("ce-type", ty)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204, "publish {id}: {}", self.bus.log());
+    }
+
+    /// The consumer of Subscription `namespace/name`, if there is one.
+    async fn consumer(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<async_nats::jetstream::consumer::Info> {
+        let stream = self
+            .js
+            .get_stream(eddy_platform::nats::EVENTS_STREAM)
+            .await
+            .ok()?;
+        stream
+            .consumer_info(eddy_model::resources::consumer_name(namespace, name))
+            .await
+            .ok()
+    }
+
+    /// Waits until Subscription `namespace/name`'s consumer has delivered all it matches.
+    async fn settled(&self, namespace: &str, name: &str) {
+        eventually(
+            &format!("{name} to settle"),
+            Duration::from_secs(30),
+            || async {
+                let Ok(stream) = self.js.get_stream(eddy_platform::nats::EVENTS_STREAM).await
+                else {
+                    return false;
+                };
+                eddy::bench::consumer_settled(
+                    &stream,
+                    &eddy_model::resources::consumer_name(namespace, name),
+                )
+                .await
+                .unwrap_or(false)
+            },
+        )
+        .await
+        .unwrap();
+    }
+}
+
+fn eddy_subscription(name: &str, sink: &str, types: &[&str]) -> Value {
+    json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription", "metadata": {"name": name},
+        "spec": {"sink": sink, "source": "shop", "types": types},
+    })
+}
+
+fn kyma_subscription(name: &str, sink: &str, types: &[&str]) -> Value {
+    json!({
+        "apiVersion": "eventing.kyma-project.io/v1alpha2", "kind": "Subscription",
+        "metadata": {"name": name},
+        "spec": {"sink": sink, "source": "shop", "types": types},
+    })
+}
+
+/// The chart's dispatcher reads Subscriptions of both API groups from the API server (under its
+/// ClusterRole), delivers each matching event to a sink it may reach, and follows updates and
+/// deletions.
+#[tokio::test]
+async fn the_dispatcher_delivers_for_subscriptions_of_both_groups_and_follows_them() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("dispatch").await;
+    let events = Events::start(&cluster).await;
+    let dispatcher = events.dispatcher(&cluster).await;
+    let ns = cluster.namespace.clone();
+    let (native, kyma) = (support::Sink::ok().await, support::Sink::ok().await);
+    let eddy_api = cluster.dynamic("eddy.dev/v1alpha1", "Subscription");
+    let kyma_api = cluster.dynamic("eventing.kyma-project.io/v1alpha2", "Subscription");
+    let apply = PatchParams::apply("test");
+    let created = ["order.created.v1"];
+    eddy_api
+        .patch(
+            "on-order",
+            &apply,
+            &Patch::Apply(eddy_subscription("on-order", &native.url, &created)),
+        )
+        .await
+        .unwrap();
+    kyma_api
+        .patch(
+            "kyma-on-order",
+            &apply,
+            &Patch::Apply(kyma_subscription("kyma-on-order", &kyma.url, &created)),
+        )
+        .await
+        .unwrap();
+    for name in ["on-order", "kyma-on-order"] {
+        eventually(
+            &format!("the consumer of {name}"),
+            Duration::from_secs(30),
+            || async { events.consumer(&ns, name).await.is_some() },
+        )
+        .await
+        .unwrap();
+    }
+    for index in 0..5 {
+        events
+            .publish("order.created.v1", &format!("c-{index}"))
+            .await;
+    }
+    native.wait_for(5).await;
+    kyma.wait_for(5).await;
+    let expected: Vec<String> = (0..5).map(|i| format!("c-{i}")).collect();
+    for sink in [&native, &kyma] {
+        let mut ids = sink.ids();
+        ids.sort();
+        assert_eq!(ids, expected);
+    }
+
+    // An update: the consumer's filter follows the object.
+    eddy_api
+        .patch(
+            "on-order",
+            &apply,
+            &Patch::Apply(eddy_subscription(
+                "on-order",
+                &native.url,
+                &["order.paid.v1"],
+            )),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the filter to follow the update",
+        Duration::from_secs(30),
+        || async {
+            events.consumer(&ns, "on-order").await.is_some_and(|info| {
+                info.config.filter_subjects == ["eddy.events.shop.order.paid.v1"]
+                    || info.config.filter_subject == "eddy.events.shop.order.paid.v1"
+            })
+        },
+    )
+    .await
+    .unwrap();
+    events.publish("order.created.v1", "c-after").await;
+    events.publish("order.paid.v1", "p-1").await;
+    native.wait_for(6).await;
+    kyma.wait_for(6).await;
+    events.settled(&ns, "on-order").await;
+    assert_eq!(
+        native.ids()[5..],
+        ["p-1".to_owned()],
+        "only the new type after the update"
+    );
+    assert_eq!(kyma.ids()[5..], ["c-after".to_owned()]);
+
+    // Deletions: the consumers go.
+    eddy_api
+        .delete("on-order", &DeleteParams::default())
+        .await
+        .unwrap();
+    kyma_api
+        .delete("kyma-on-order", &DeleteParams::default())
+        .await
+        .unwrap();
+    for name in ["on-order", "kyma-on-order"] {
+        eventually(
+            &format!("the consumer of {name} to go"),
+            Duration::from_secs(30),
+            || async { events.consumer(&ns, name).await.is_none() },
+        )
+        .await
+        .unwrap();
+    }
+    let log = dispatcher.log();
+    assert!(!log.contains("forbidden"), "a request was refused:\n{log}");
+    drop(dispatcher);
+    cluster.finish().await;
+}
+
+/// Stands in for every function Service (the gateway's `--function-url` points here): answers
+/// with the path it was asked for.
+async fn function_services() -> String {
+    let app = axum::Router::new()
+        .fallback(|request: axum::extract::Request| async move { request.uri().path().to_owned() });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// The chart's gateway with its function URLs pointed at `services`.
+async fn gateway(cluster: &Cluster, services: &str) -> (Component, String) {
+    let function_url = format!("{services}/svc/{{namespace}}/{{function}}");
+    let gateway = cluster
+        .component(
+            "gateway",
+            &[
+                ("EDDY_GATEWAY_ADDR", "127.0.0.1:0"),
+                ("EDDY_FUNCTION_URL", &function_url),
+            ],
+        )
+        .await;
+    let url = gateway.url().await;
+    let http = reqwest::Client::new();
+    eventually(
+        "the gateway to list Functions",
+        Duration::from_secs(30),
+        || async {
+            http.get(format!("{url}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        },
+    )
+    .await
+    .unwrap();
+    (gateway, url)
+}
+
+/// GET `url` with an optional bearer token: (status, body).
+async fn call(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut request = reqwest::Client::new().get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    match request.send().await {
+        Ok(response) => (
+            response.status().as_u16(),
+            response.text().await.unwrap_or_default(),
+        ),
+        Err(error) => (0, error.to_string()),
+    }
+}
+
+fn with_access(name: &str, access: Value) -> Value {
+    let mut spec = inline("module.exports = {main: () => 1}");
+    spec["access"] = access;
+    function(name, spec)
+}
+
+/// The chart's gateway reads Functions from the API server (under its ClusterRole): 404 for one
+/// that does not exist, `access` enforced, and it follows changes and deletions.
+#[tokio::test]
+async fn the_gateway_routes_by_the_functions_it_reads_and_enforces_access() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("gateway").await;
+    let ns = cluster.namespace.clone();
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let apply = PatchParams::apply("test");
+    let digest = eddy_platform::auth::Tokens::digest_text("vault-token");
+    functions
+        .patch(
+            "hello",
+            &apply,
+            &Patch::Apply(with_access("hello", json!({"mode": "public"}))),
+        )
+        .await
+        .unwrap();
+    functions
+        .patch(
+            "vault",
+            &apply,
+            &Patch::Apply(with_access(
+                "vault",
+                json!({"mode": "token", "tokenDigests": [digest]}),
+            )),
+        )
+        .await
+        .unwrap();
+    let (gateway, url) = gateway(&cluster, &function_services().await).await;
+
+    assert_eq!(
+        call(&format!("{url}/{ns}/hello/a?b=c"), None).await,
+        (200, format!("/svc/{ns}/hello/a"))
+    );
+    let (status, body) = call(&format!("{url}/{ns}/nobody/"), None).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.contains(&format!("function {ns}/nobody not found")),
+        "{body}"
+    );
+    assert_eq!(call(&format!("{url}/{ns}/vault/"), None).await.0, 401);
+    assert_eq!(
+        call(&format!("{url}/{ns}/vault/"), Some("other")).await.0,
+        401
+    );
+    assert_eq!(
+        call(&format!("{url}/{ns}/vault/"), Some("vault-token")).await,
+        (200, format!("/svc/{ns}/vault/"))
+    );
+
+    // Changes and deletions are followed.
+    functions
+        .patch(
+            "hello",
+            &apply,
+            &Patch::Apply(with_access(
+                "hello",
+                json!({"mode": "token", "tokenDigests": [digest]}),
+            )),
+        )
+        .await
+        .unwrap();
+    functions
+        .delete("vault", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the gateway to follow", Duration::from_secs(30), || async {
+        call(&format!("{url}/{ns}/hello/"), None).await.0 == 401
+            && call(&format!("{url}/{ns}/vault/"), Some("vault-token"))
+                .await
+                .0
+                == 404
+    })
+    .await
+    .unwrap();
+    let log = gateway.log();
+    assert!(!log.contains("forbidden"), "a request was refused:\n{log}");
+    drop(gateway);
+    cluster.finish().await;
 }

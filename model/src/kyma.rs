@@ -142,6 +142,22 @@ pub fn crds()
         crd.spec.names.short_names = None;
         for version in &mut crd.spec.versions {
             version.name = VERSION.to_owned();
+            // Kyma's `config` is a map of strings: its tools read the default back as "10".
+            if group == SUBSCRIPTION_GROUP
+                && let Some(max_in_flight) = version
+                    .schema
+                    .as_mut()
+                    .and_then(|schema| schema.open_api_v3_schema.as_mut())
+                    .and_then(|root| root.properties.as_mut()?.get_mut("spec"))
+                    .and_then(|spec| spec.properties.as_mut()?.get_mut("config"))
+                    .and_then(|config| config.properties.as_mut()?.get_mut("maxInFlightMessages"))
+            {
+                max_in_flight.default = Some(
+                    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON(
+                        Value::from(crate::resources::DEFAULT_MAX_IN_FLIGHT.to_string()),
+                    ),
+                );
+            }
         }
         crd
     })

@@ -165,8 +165,7 @@ impl Runtime {
     kind = "Function",
     namespaced,
     validation = Rule::new(r"self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63")
-        .message("metadata.name must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter, at most 63 characters")
-        .field_path(".metadata.name"),
+        .message("metadata.name must be a DNS-1035 label: lower-case letters, digits and '-', starting with a letter, at most 63 characters"),
     status = "FunctionStatus",
     // `kubectl scale` and KEDA set `spec.replicas`; the selector lets an HPA find the pods.
     scale(
@@ -180,6 +179,8 @@ impl Runtime {
     printcolumn = r#"{"name":"URL","type":"string","jsonPath":".status.url"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!has(self.timeoutSeconds) || !has(self.env) || !self.env.exists(e, e.name == 'FUNC_TIMEOUT')")
+    .message("FUNC_TIMEOUT and spec.timeoutSeconds both set the timeout; keep one").field_path(".env"))]
 pub struct FunctionSpec {
     /// `nodejs20`, `nodejs22`, `nodejs24`, `python311` or `python312`.
     pub runtime: Runtime,
@@ -204,9 +205,10 @@ pub struct FunctionSpec {
     /// Who may invoke it through the gateway (default: anyone who reaches the gateway).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<AccessSpec>,
-    /// Longest a handler may run before it is answered 504 (default 180).
+    /// Longest a handler may run before it is answered 504 (default: `FUNC_TIMEOUT` in `env`,
+    /// else 180). No schema default: the API server would fill it in beside a Kyma user's
+    /// `FUNC_TIMEOUT`, and the two would conflict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("default" = 180))]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 3600").message("must be between 1 and 3600"))]
     pub timeout_seconds: Option<i32>,
     /// Secrets whose keys appear as files under `mountPath` in every instance.
@@ -258,7 +260,7 @@ pub struct AccessSpec {
     /// SHA-256 digests of the bearer tokens that may invoke it, as `sha256:<64 hex digits>`
     /// (`eddy token digest TOKEN` prints one); the tokens themselves are never stored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
+    #[schemars(length(max = 32), inner(length(max = 71)))]
     #[x_kube(validation = Rule::new("self.all(d, d.matches('^sha256:[0-9a-f]{64}$'))").message("each must be sha256: followed by 64 lower-case hex digits"))]
     pub token_digests: Vec<String>,
     /// With mode `jwt`: the issuer and keys a caller's JWT must be signed by, and what it must
@@ -377,7 +379,7 @@ pub struct GitRepositorySource {
     pub url: String,
     /// Branch, tag or commit.
     #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("self.matches('^[^-\\s][^\\s]*$')").message("must be a branch, tag or commit: no spaces, not starting with '-'"))]
+    #[x_kube(validation = Rule::new(r"self.matches('^[^-\\s][^\\s]*$')").message("must be a branch, tag or commit: no spaces, not starting with '-'"))]
     pub reference: String,
     /// Directory of the function in the repository (default: the top).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -433,7 +435,7 @@ pub struct EnvVar {
     /// Name (a C identifier; names the platform sets are reserved).
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
-    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message("is set by the platform"))]
+    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message(Message::Expression("self + ' is set by the platform'".into())))]
     pub name: String,
     /// Value.
     #[serde(default)]
@@ -750,7 +752,9 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
         {
             errors.push(FieldError::new(
                 field,
-                format!("{} is given more than once", var.name),
+                // The CRD rule's words (a message naming the name costs the API server's
+                // whole CEL budget); the field names the entry.
+                "env names must be unique",
             ));
         }
         validate_env_value(spec, index, var, &mut errors);
@@ -1185,8 +1189,7 @@ pub enum TypeMatching {
     kind = "Subscription",
     namespaced,
     validation = Rule::new(r"self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63")
-        .message("metadata.name must be a DNS-1123 label: lower-case letters, digits and '-', at most 63 characters")
-        .field_path(".metadata.name"),
+        .message("metadata.name must be a DNS-1123 label: lower-case letters, digits and '-', at most 63 characters"),
     status = "SubscriptionStatus",
     shortname = "sub",
     printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
@@ -1733,7 +1736,7 @@ impl SubscriptionSpec {
                     } else if resolved.iter().any(|t: &TypeStatus| t.subject == subject) {
                         errors.push(FieldError::new(
                             format!("spec.types[{index}]"),
-                            "given more than once",
+                            "types must be given once each",
                         ));
                     } else {
                         resolved.push(TypeStatus {
@@ -1799,7 +1802,11 @@ pub fn validate_subscription(subscription: &Subscription, sinks: &SinkPolicy) ->
         .namespace
         .as_deref()
         .unwrap_or("default");
+    let http_url = (spec.sink.starts_with("http://") || spec.sink.starts_with("https://"))
+        && url::Url::parse(&spec.sink).is_ok();
     match parse_function_sink(&spec.sink) {
+        // The same words as the CRD's rule on `sink`.
+        _ if !http_url => errors.push(FieldError::new("spec.sink", "must be an http(s) URL")),
         Some(sink) if sink.namespace != namespace => errors.push(FieldError::new(
             "spec.sink",
             format!("must be a Service in the Subscription's namespace ({namespace})"),

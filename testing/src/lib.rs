@@ -18,6 +18,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
+pub mod control_plane;
 pub mod rbac;
 
 /// Oldest server release eddy supports.
