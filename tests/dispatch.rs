@@ -1082,6 +1082,47 @@ async fn an_event_whose_dead_letter_cannot_be_written_is_kept() {
     assert_eq!(letters[0]["reason"], "http_4xx");
 }
 
+/// A Subscription whose consumer was lost (deleted by hand, or by another dispatcher's sweep
+/// that listed before the Subscription existed) gets it back from the Subscription's creation:
+/// the event published while there was no consumer is delivered, not skipped.
+#[tokio::test]
+async fn a_lost_consumer_is_created_again_from_the_subscriptions_creation() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let sink = Sink::ok().await;
+    let (status, body) = platform
+        .put_subscription(
+            "late",
+            json!({"sink": sink.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let mut dispatcher = platform.spawn_dispatcher("30s").await;
+    platform.wait_subscription_ready("late").await;
+    platform
+        .publish("shop", "order.created.v1", "before", json!({}))
+        .await;
+    sink.wait_for(1).await;
+    platform.wait_settled("late").await;
+    dispatcher.child.kill().await.unwrap();
+    let stream = platform.js.get_stream("EDDY_EVENTS").await.unwrap();
+    stream.delete_consumer("sub_default_late").await.unwrap();
+    platform
+        .publish("shop", "order.created.v1", "while-lost", json!({}))
+        .await;
+    let _dispatcher = platform.spawn_dispatcher("30s").await;
+    eventually(
+        "the event published while the consumer was lost",
+        Duration::from_secs(20),
+        || async { sink.ids().contains(&"while-lost".to_owned()) },
+    )
+    .await
+    .unwrap();
+}
+
 /// A consumer whose Subscription was deleted while no dispatcher ran is removed when one
 /// starts; its other consumers and the ones eddy does not own are left alone.
 #[tokio::test]

@@ -5,6 +5,7 @@ use std::time::Duration;
 use async_nats::jetstream::{
     self,
     consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
+    context::ConsumerInfoErrorKind,
 };
 use eddy_model::resources::DeliveryPolicy;
 
@@ -22,6 +23,20 @@ pub struct ConsumerPlan {
     /// How long a delivery may go without an ack or in-progress ack before JetStream hands the
     /// event to another dispatcher.
     pub ack_wait: Duration,
+    /// The Subscription's creation: a consumer created for it (first, or again after it was
+    /// lost) delivers every event stored since then, so none published after the Subscription
+    /// existed is skipped. `None` delivers only events stored after the consumer.
+    pub deliver_from: Option<time::OffsetDateTime>,
+}
+
+impl ConsumerPlan {
+    /// Where a new consumer of this plan starts.
+    pub fn deliver_policy(&self) -> DeliverPolicy {
+        match self.deliver_from {
+            Some(start_time) => DeliverPolicy::ByStartTime { start_time },
+            None => DeliverPolicy::New,
+        }
+    }
 }
 
 /// The consumer configuration for a plan. `max_deliver` is one more than `maxAttempts`: the
@@ -58,8 +73,10 @@ pub fn needs_update(existing: &jetstream::consumer::Config, wanted: &pull::Confi
         || existing.ack_wait != wanted.ack_wait
 }
 
-/// Creates the consumer (delivering only new events) or updates it in place (keeping its
-/// position and deliver policy).
+/// Creates the consumer (delivering from the Subscription's creation) or updates it in place
+/// (keeping its position and deliver policy). Only a consumer JetStream says does not exist is
+/// created: any other failure to read it (a timeout, JetStream unavailable) is an error for the
+/// caller to retry, never a reason to start over.
 pub async fn ensure(
     stream: &jetstream::stream::Stream,
     plan: &ConsumerPlan,
@@ -79,13 +96,14 @@ pub async fn ensure(
                 .await
                 .map_err(|e| Error::consumer(&plan.name, "get", e))
         }
-        Err(_) => {
-            tracing::info!(consumer = %plan.name, "creating consumer");
+        Err(error) if error.kind() == ConsumerInfoErrorKind::NotFound => {
+            tracing::info!(consumer = %plan.name, deliver_from = ?plan.deliver_from, "creating consumer");
             stream
-                .create_consumer(consumer_config(plan, DeliverPolicy::New))
+                .create_consumer(consumer_config(plan, plan.deliver_policy()))
                 .await
                 .map_err(|e| Error::consumer(&plan.name, "create", e))
         }
+        Err(error) => Err(Error::consumer(&plan.name, "read", error)),
     }
 }
 
@@ -105,7 +123,24 @@ mod tests {
                 timeout: Duration::from_secs(5),
             },
             ack_wait: Duration::from_secs(30),
+            deliver_from: None,
         }
+    }
+
+    #[test]
+    fn a_new_consumer_starts_at_the_subscriptions_creation() {
+        assert_eq!(plan().deliver_policy(), DeliverPolicy::New);
+        let created = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let plan = ConsumerPlan {
+            deliver_from: Some(created),
+            ..plan()
+        };
+        assert_eq!(
+            plan.deliver_policy(),
+            DeliverPolicy::ByStartTime {
+                start_time: created
+            }
+        );
     }
 
     #[test]

@@ -157,6 +157,13 @@ pub fn plan_for(
         filter_subjects: types.into_iter().map(|t| t.subject).collect(),
         policy,
         ack_wait,
+        deliver_from: subscription
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|created| {
+                time::OffsetDateTime::from_unix_timestamp_nanos(created.0.as_nanosecond()).ok()
+            }),
     };
     let target = Target {
         label: format!("{namespace}/{name}"),

@@ -521,6 +521,8 @@ impl Manager {
             filter_subjects: live.config.filter_subjects.clone(),
             policy: target.policy,
             ack_wait: self.ack_wait,
+            // A replay's start is its own (below).
+            deliver_from: None,
         };
         let deliver_policy = match from {
             ReplayFrom::Time(start_time) => DeliverPolicy::ByStartTime {

@@ -124,6 +124,20 @@ pub fn is_permanent(error: &Error) -> bool {
     }
 }
 
+/// Whether the API server refused to create an object because its namespace is being deleted:
+/// the Function goes with the namespace, so there is nothing to report or retry. Pure.
+pub fn is_namespace_terminating(error: &Error) -> bool {
+    let Error::Kube(kube::Error::Api(status)) = error else {
+        return false;
+    };
+    status.details.as_ref().is_some_and(|details| {
+        details
+            .causes
+            .iter()
+            .any(|cause| cause.reason == "NamespaceTerminating")
+    })
+}
+
 /// Where a build stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BuildState {
@@ -530,6 +544,10 @@ pub async fn reconcile_function(function: Arc<Function>, context: Arc<Context>) 
         Ok(action) => {
             context.record_success(&key);
             Ok(action)
+        }
+        Err(error) if is_namespace_terminating(&error) => {
+            tracing::debug!(function = %key, "its namespace is being deleted; nothing to do");
+            Ok(Action::await_change())
         }
         Err(error) if is_permanent(&error) => {
             tracing::warn!(function = %key, %error, "cannot reconcile the function; reported in status");

@@ -1579,6 +1579,24 @@ fn retries_back_off_and_refusals_are_permanent() {
 }
 
 #[test]
+fn a_refusal_for_a_terminating_namespace_is_told_apart() {
+    let status = |causes: serde_json::Value| {
+        let status: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "configmaps \"x\" is forbidden",
+            "details": {"name": "x", "kind": "configmaps", "causes": causes},
+        }))
+        .unwrap();
+        Error::Kube(kube::Error::Api(Box::new(status)))
+    };
+    let terminating = status(
+        json!([{"reason": "NamespaceTerminating", "message": "namespace shop is being terminated", "field": "metadata.namespace"}]),
+    );
+    assert!(is_namespace_terminating(&terminating));
+    assert!(!is_namespace_terminating(&status(json!([]))));
+}
+
+#[test]
 fn build_log_tail_reads_the_termination_message() {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "p"},
