@@ -886,13 +886,28 @@ async fn an_invalid_reply_is_refused_counted_and_the_event_still_delivered() {
 }
 
 /// A new Subscription sees events published after it exists, not the ones stored before
-/// (deliver policy "new"; `eddy replay` is how to get older ones).
+/// (its consumer starts at its creation; `eddy replay` is how to get older ones).
 #[tokio::test]
 async fn a_new_subscription_starts_with_new_events() {
     let platform = Platform::start().await;
     platform
         .publish("shop", "order.created.v1", "before", json!({}))
         .await;
+    // A Subscription starts at its creationTimestamp, which has whole seconds: an event of the
+    // same second would be its first. Create it in a later second.
+    let published = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    eventually("the next second", Duration::from_secs(3), || async {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            > published
+    })
+    .await
+    .unwrap();
     let sink = Sink::ok().await;
     platform
         .subscribe(
