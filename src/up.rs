@@ -233,7 +233,7 @@ impl Platform {
             api_url: String::new(),
             gateway_url: String::new(),
             dispatcher_url: String::new(),
-            api_token: args.api_auth.api_tokens.first().cloned(),
+            api_token: args.api_auth.client_token()?,
             nats_url: nats_url.clone(),
             nats_users,
             local_controller: None,
@@ -493,6 +493,12 @@ impl NatsChild {
         let _ = std::fs::remove_dir_all(&run_dir);
         std::fs::create_dir_all(&run_dir)?;
         let mut command = tokio::process::Command::new(binary);
+        // nats-server needs nothing of eddy's environment, which may hold the API, event-bus
+        // and platform tokens: /proc/<pid>/environ of a Go process is readable by its user.
+        command.env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            command.env("PATH", path);
+        }
         if let Some(users) = users {
             let config = run_dir.join("nats.conf");
             crate::nats_auth::write_private(&config, users.server_config().as_bytes())?;

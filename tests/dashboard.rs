@@ -195,6 +195,22 @@ async fn a_user_deploys_calls_publishes_and_redrives_from_the_dashboard() {
             json!({"namespace": "default", "name": "greeter", "method": "GET", "path": "/../../metrics"}),
             "path",
         ),
+        // A tab or a backslash, which URL parsers drop or read as `/`, cannot climb out either.
+        (
+            "/dashboard/invoke",
+            json!({"namespace": "default", "name": "greeter", "method": "GET", "path": "/.\t./.\t./metrics"}),
+            "path",
+        ),
+        (
+            "/dashboard/invoke",
+            json!({"namespace": "default", "name": "greeter", "method": "GET", "path": "/.\t./.\t./victim/vfn"}),
+            "path",
+        ),
+        (
+            "/dashboard/invoke",
+            json!({"namespace": "default", "name": "greeter", "method": "GET", "path": "/..\\..\\metrics"}),
+            "path",
+        ),
         (
             "/dashboard/invoke",
             json!({"namespace": "default", "name": "greeter", "method": "G ET", "path": "/"}),
@@ -203,6 +219,11 @@ async fn a_user_deploys_calls_publishes_and_redrives_from_the_dashboard() {
         (
             "/dashboard/publish",
             json!({"type": " ", "source": "dashboard", "data": {}}),
+            "type",
+        ),
+        (
+            "/dashboard/publish",
+            json!({"type": "order.created.v1\r\nx-injected: 1", "source": "dashboard", "data": {}}),
             "type",
         ),
     ] {

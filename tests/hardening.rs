@@ -854,3 +854,69 @@ async fn nothing_is_left_running_when_eddy_is_sigkilled() {
     .await
     .unwrap_or_else(|error| panic!("{error}: {:?}", processes_inside(data_dir.path())));
 }
+
+/// eddy's tokens stay out of nats-server's environment (which every process of the same user,
+/// a function's included, can read in /proc/<pid>/environ), and `eddy up --api-token-file F
+/// --apply DIR` applies its own manifests with a token from that file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_out_of_nats_server_and_apply_uses_the_token_file() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let inputs = tempfile::tempdir().unwrap();
+    let token_file = inputs.path().join("api-tokens");
+    std::fs::write(&token_file, "# operators\n\nfile-api-token\n").unwrap();
+    let manifests = inputs.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("settings.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\ndata: {greeting: hello}\n",
+    )
+    .unwrap();
+    let up = Up::start(
+        data_dir.path(),
+        &[
+            "--api-token-file",
+            token_file.to_str().unwrap(),
+            "--apply",
+            manifests.to_str().unwrap(),
+        ],
+        &[("EDDY_BUS_TOKENS", "bus-secret-token")],
+    )
+    .await;
+    // Applied before `ready`, with the file's token.
+    let list: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/configmaps", up.api))
+        .bearer_auth("file-api-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|item| item["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["settings"], "{list}");
+
+    let nats: Vec<String> = processes_inside(data_dir.path())
+        .into_iter()
+        .filter(|process| process.contains("nats-server"))
+        .collect();
+    assert_eq!(nats.len(), 1, "{nats:?}");
+    let pid = nats[0].split(':').next().unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        environ.contains("PATH="),
+        "the environment was read: {environ}"
+    );
+    for secret in ["bus-secret-token", "EDDY_"] {
+        assert!(
+            !environ.contains(secret),
+            "nats-server's environment holds {secret}: {environ}"
+        );
+    }
+    up.stop().await;
+}

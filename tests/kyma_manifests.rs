@@ -460,3 +460,50 @@ async fn kyma_fields_eddy_cannot_honour_are_refused_by_name() {
         "{causes}"
     );
 }
+
+/// A mount inside another (`/s` and `/s/inner`, which Kubernetes allows) shows its own Secret:
+/// the deepest mount wins, in both runtimes.
+#[tokio::test(flavor = "multi_thread")]
+async fn nested_secret_mounts_each_show_their_own_secret() {
+    let platform = Platform::start().await;
+    put_secret(&platform, "outer", json!({"a": "from-outer"})).await;
+    put_secret(&platform, "inner", json!({"b": "from-inner"})).await;
+    let mounts = json!([
+        {"secretName": "outer", "mountPath": "/s"},
+        {"secretName": "inner", "mountPath": "/s/inner"},
+    ]);
+    for (name, runtime, source) in [
+        (
+            "nested-node",
+            "nodejs22",
+            r#"const fs = require("fs"); module.exports = { main: () => fs.readFileSync("/s/a", "utf8") + " " + fs.readFileSync("/s/inner/b", "utf8") };"#,
+        ),
+        (
+            "nested-python",
+            "python311",
+            "def main(event, context):\n    return open('/s/a').read() + ' ' + open('/s/inner/b').read()\n",
+        ),
+    ] {
+        let function = json!({
+            "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+            "metadata": {"name": name},
+            "spec": {"runtime": runtime, "source": {"inline": {"source": source}}, "secretMounts": mounts},
+        });
+        let (status, body) = platform
+            .put_json(
+                &format!(
+                    "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/{name}"
+                ),
+                &function,
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        platform.wait_running_at("default", name).await;
+        let (status, body) = call(&platform, "default", name, None).await;
+        assert_eq!(
+            (status, body),
+            (200, json!("from-outer from-inner")),
+            "{name}"
+        );
+    }
+}

@@ -84,18 +84,29 @@ async fn api_tokens_guard_the_controller_api_the_dashboard_and_the_dispatcher_ad
         get(format!("{api}/dashboard/events"), None).await.status(),
         401
     );
-    assert_eq!(
-        get(format!("{api}/dashboard/state?token={TOKEN}"), None)
-            .await
-            .status(),
-        200
-    );
-    assert_eq!(
-        get(format!("{api}/dashboard/state?token=nope"), None)
+    // `?token=` opens the live tail only (a browser EventSource cannot set headers): not the
+    // rest of the API, the dashboard's other data or the dispatcher's admin API.
+    // Past the token check (the tail itself answers 503 here: no events stream yet).
+    assert_ne!(
+        get(format!("{api}/dashboard/events?token={TOKEN}"), None)
             .await
             .status(),
         401
     );
+    assert_eq!(
+        get(format!("{api}/dashboard/events?token=nope"), None)
+            .await
+            .status(),
+        401
+    );
+    for url in [
+        format!("{api}/dashboard/state?token={TOKEN}"),
+        format!("{functions}?token={TOKEN}"),
+        format!("{api}/api/v1/namespaces/default/secrets?token={TOKEN}"),
+        format!("{dispatcher}/dead-letters?token={TOKEN}"),
+    ] {
+        assert_eq!(get(url.clone(), None).await.status(), 401, "{url}");
+    }
 
     assert_eq!(
         get(format!("{dispatcher}/dead-letters"), None)
@@ -329,6 +340,16 @@ fn now_seconds() -> i64 {
 
 /// A JWT signed with `pem` (ES256) under `kid`, with `claims` over a valid base.
 fn jwt(pem: &str, kid: &str, claims: serde_json::Value) -> String {
+    jwt_with_crit(pem, kid, claims, None)
+}
+
+/// [`jwt`] whose header lists `crit` extensions.
+fn jwt_with_crit(
+    pem: &str,
+    kid: &str,
+    claims: serde_json::Value,
+    crit: Option<Vec<String>>,
+) -> String {
     use jsonwebtoken::{Algorithm, EncodingKey, Header};
     let mut all = json!({
         "iss": ISSUER, "sub": "alice", "aud": "orders",
@@ -343,6 +364,7 @@ fn jwt(pem: &str, kid: &str, claims: serde_json::Value) -> String {
     }
     let mut header = Header::new(Algorithm::ES256);
     header.kid = Some(kid.to_owned());
+    header.crit = crit;
     let key = EncodingKey::from_ec_pem(pem.as_bytes()).unwrap();
     jsonwebtoken::encode(&header, &all, &key).unwrap()
 }
@@ -370,7 +392,8 @@ async fn serve_jwks() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>
 }
 
 /// JWT access as Kyma's APIRule offers it: a valid token from the issuer gets in (200); an
-/// expired one, one from another issuer or audience, one signed with a key the issuer never
+/// expired one, one not valid yet, one from another issuer or audience or without `aud`, one
+/// with a critical header extension, one signed with a key the issuer never
 /// published, an HMAC one and none at all get 401; a valid one without the required claim
 /// gets 403. The issuer's keys are fetched once and reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -426,6 +449,30 @@ async fn a_jwt_protected_function_takes_only_valid_tokens_of_its_issuer() {
 
     let (status, _, body) = call(Some(jwt(ISSUER_KEY, "key-1", json!({"aud": "billing"})))).await;
     assert_eq!(status, 401, "another audience: {body}");
+    // Audiences are configured: a token for no audience in particular is not for this one.
+    let (status, _, body) = call(Some(jwt(ISSUER_KEY, "key-1", json!({"aud": null})))).await;
+    assert_eq!(status, 401, "no aud: {body}");
+    assert!(body.contains("lacks aud"), "{body}");
+
+    // Not valid yet (nbf), beyond the 30 s leeway: refused; within it: let in.
+    let early = jwt(ISSUER_KEY, "key-1", json!({"nbf": now_seconds() + 600}));
+    let (status, _, body) = call(Some(early)).await;
+    assert_eq!(status, 401, "nbf in ten minutes: {body}");
+    assert!(body.contains("not valid yet"), "{body}");
+    let skewed = jwt(ISSUER_KEY, "key-1", json!({"nbf": now_seconds() + 10}));
+    let (status, _, body) = call(Some(skewed)).await;
+    assert_eq!(status, 200, "nbf within the leeway: {body}");
+
+    // A critical header extension eddy does not understand (RFC 7515 4.1.11).
+    let critical = jwt_with_crit(
+        ISSUER_KEY,
+        "key-1",
+        json!({}),
+        Some(vec!["exp-ext".to_owned()]),
+    );
+    let (status, _, body) = call(Some(critical)).await;
+    assert_eq!(status, 401, "crit: {body}");
+    assert!(body.contains("crit"), "{body}");
 
     let (status, _, body) = call(Some(jwt(
         ISSUER_KEY,
@@ -463,4 +510,54 @@ async fn a_jwt_protected_function_takes_only_valid_tokens_of_its_issuer() {
     );
     let (status, _, _) = call(Some(jwt(ISSUER_KEY, "key-1", json!({})))).await;
     assert_eq!(status, 200, "still let in");
+}
+
+/// A cold-started instance (no warm spare) gets its instance secret and publish token on
+/// stdin, not in its environment: /proc/<pid>/environ, which every process of the same user
+/// can read (another function's included), shows neither, and the instance still answers
+/// through the gateway (it has its secret). Both runtimes.
+#[tokio::test]
+async fn a_cold_instance_keeps_its_secrets_out_of_its_environment() {
+    let platform = Platform::start_with(support::Options {
+        warm_spares: 0,
+        ..support::Options::default()
+    })
+    .await;
+    for (name, runtime, source) in [
+        (
+            "cold-node",
+            "nodejs20",
+            "module.exports = {main: () => 'ok'}",
+        ),
+        (
+            "cold-python",
+            "python311",
+            "def main(event, context):\n    return 'ok'\n",
+        ),
+    ] {
+        platform
+            .deploy(
+                name,
+                json!({"runtime": runtime, "source": {"inline": {"source": source}}}),
+            )
+            .await;
+        let response = platform.invoke(name, "/").send().await.unwrap();
+        assert_eq!(response.status(), 200, "{name}");
+        let pids = platform.pids(name);
+        assert!(!pids.is_empty(), "{name} runs");
+        for pid in pids {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+            let environ = String::from_utf8_lossy(&environ);
+            assert!(
+                environ.contains(&format!("FUNC_NAME={name}")),
+                "{name}: {environ}"
+            );
+            for secret in ["EDDY_INSTANCE_SECRET", "EDDY_PUBLISHER_TOKEN"] {
+                assert!(
+                    !environ.contains(secret),
+                    "{name}'s environment holds {secret}"
+                );
+            }
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! JWT access (`spec.access.mode: jwt`), checked by the gateway as Kyma's APIRule does: a bearer
-//! JWT signed with one of the issuer's keys (its JWKS), with the issuer's `iss`, not expired
-//! (30 s leeway), for one of the audiences when they are given, and carrying every required
-//! claim. No token, a bad signature, the wrong issuer or audience, an expired token: 401. A
+//! JWT signed with one of the issuer's keys (its JWKS), with the issuer's `iss`, not expired and
+//! already valid (`exp`, `nbf`; 30 s leeway), naming one of the audiences in `aud` when they are
+//! given, without critical header extensions (`crit`), and carrying every required claim. No
+//! token, a bad signature, the wrong issuer or audience, an expired token: 401. A
 //! valid token without a required claim: 403. The issuer's keys cannot be fetched: 503.
 //!
 //! The JWKS is fetched on first use, kept for 5 minutes, and fetched again at once (at most every
@@ -97,11 +98,14 @@ impl JwtVerifier {
                 .filter(|alg| is_elliptic(*alg) == elliptic)
                 .collect();
             validation.leeway = LEEWAY_SECONDS;
+            validation.validate_nbf = true;
             validation.set_issuer(&[spec.issuer.as_str()]);
-            validation.set_required_spec_claims(&["exp", "iss"]);
             if spec.audiences.is_empty() {
+                validation.set_required_spec_claims(&["exp", "iss"]);
                 validation.validate_aud = false;
             } else {
+                // A token without `aud` is for no audience in particular: refused.
+                validation.set_required_spec_claims(&["exp", "iss", "aud"]);
                 validation.set_audience(&spec.audiences);
             }
             validation
@@ -139,6 +143,12 @@ impl JwtVerifier {
                 "JWT algorithm {:?} is not accepted",
                 header.alg
             )));
+        }
+        // RFC 7515 4.1.11: extensions listed in `crit` must be understood; eddy knows none.
+        if header.crit.is_some() {
+            return Err(Refusal::unauthenticated(
+                "the JWT names critical header extensions (crit), which are not supported",
+            ));
         }
         let jwks = self.keys_for(header.kid.as_deref()).await?;
         let jwk = match header.kid.as_deref() {
@@ -251,7 +261,11 @@ fn describe(kind: &ErrorKind) -> &'static str {
         ErrorKind::InvalidIssuer => "the JWT is from another issuer",
         ErrorKind::InvalidAudience => "the JWT is for another audience",
         ErrorKind::InvalidSignature => "the JWT's signature does not verify",
-        ErrorKind::MissingRequiredClaim(_) => "the JWT lacks exp or iss",
+        ErrorKind::MissingRequiredClaim(claim) => match claim.as_str() {
+            "aud" => "the JWT lacks aud",
+            "iss" => "the JWT lacks iss",
+            _ => "the JWT lacks exp",
+        },
         ErrorKind::InvalidAlgorithm => "the JWT's algorithm does not match the issuer's key",
         _ => "the JWT is not valid",
     }

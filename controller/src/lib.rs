@@ -493,7 +493,7 @@ impl Controller {
             js.clone(),
             dispatcher_url,
             // The dispatcher of `eddy up` takes the same API tokens as the controller.
-            dispatcher_client(api_auth.api_tokens.first().map(String::as_str)),
+            dispatcher_client(api_auth.client_token()?.as_deref()),
             local_gateway_url,
             bus_url,
             function_publisher_token,
@@ -509,6 +509,7 @@ impl Controller {
         let api = eddy_platform::auth::protect(
             api::router(state).merge(dashboard::router(dashboard)),
             api_tokens,
+            dashboard::QUERY_TOKEN_PATHS,
         )
         .merge(dashboard::page_router())
         .route("/healthz", axum::routing::get(|| async { "ok" }));

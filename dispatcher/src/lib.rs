@@ -301,6 +301,7 @@ impl Dispatcher {
                 client,
             })),
             api_tokens,
+            &[],
         );
         Ok(Self {
             router,

@@ -437,8 +437,9 @@ pub struct EnvVar {
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
     #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message(Message::Expression("self + ' is set by the platform'".into())))]
     pub name: String,
-    /// Value.
+    /// Value (no NUL byte: a process environment cannot hold one).
     #[serde(default)]
+    #[x_kube(validation = Rule::new(r"!self.contains('\x00')").message("must not contain a NUL byte"))]
     pub value: String,
     /// The value, from a Secret or ConfigMap key in the Function's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -967,6 +968,12 @@ fn validate_env_value(
     errors: &mut Vec<FieldError>,
 ) {
     let field = format!("spec.env[{index}]");
+    if var.value.contains('\0') {
+        errors.push(FieldError::new(
+            format!("{field}.value"),
+            "must not contain a NUL byte",
+        ));
+    }
     if let Some(source) = &var.value_from {
         if !var.value.is_empty() {
             errors.push(FieldError::new(

@@ -30,11 +30,8 @@ impl Tokens {
                 path: path.to_path_buf(),
                 source,
             })?;
-            for line in text.lines() {
-                let line = line.trim();
-                if !line.is_empty() && !line.starts_with('#') {
-                    tokens.add(line);
-                }
+            for line in token_lines(&text) {
+                tokens.add(line);
             }
         }
         Ok((!tokens.digests.is_empty()).then_some(tokens))
@@ -115,32 +112,73 @@ impl ApiTokenArgs {
     pub fn load(&self) -> Result<Option<Tokens>> {
         Tokens::load(&self.api_tokens, self.api_token_file.as_deref())
     }
+
+    /// A token to call the API with: the first listed, else the file's first, or `None` when
+    /// authentication is off.
+    pub fn client_token(&self) -> Result<Option<String>> {
+        if let Some(token) = self
+            .api_tokens
+            .iter()
+            .map(|t| t.trim())
+            .find(|t| !t.is_empty())
+        {
+            return Ok(Some(token.to_owned()));
+        }
+        let Some(path) = self.api_token_file.as_deref() else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| Error::TokenFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(token_lines(&text).next().map(str::to_owned))
+    }
+}
+
+/// The tokens of a token file: one per line, blank lines and `#` comments left out.
+fn token_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
 }
 
 /// Requires an accepted bearer token on every route of `router` but the probes (`/healthz`,
-/// `/readyz`); `None` leaves the router open. A GET may carry the token as `?token=` instead,
-/// for the dashboard's live tail (a browser's `EventSource` cannot set headers).
+/// `/readyz`); `None` leaves the router open. A GET of one of `query_token_paths` may carry the
+/// token as `?token=` instead (the dashboard's live tail: a browser's `EventSource` cannot set
+/// headers); nowhere else, so tokens stay out of other URLs, their logs and histories.
 pub fn protect<S: Clone + Send + Sync + 'static>(
     router: axum::Router<S>,
     tokens: Option<Tokens>,
+    query_token_paths: &'static [&'static str],
 ) -> axum::Router<S> {
     match tokens {
         Some(tokens) => router.layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::new(tokens),
+            std::sync::Arc::new(Protection {
+                tokens,
+                query_token_paths,
+            }),
             require_token,
         )),
         None => router,
     }
 }
 
+struct Protection {
+    tokens: Tokens,
+    query_token_paths: &'static [&'static str],
+}
+
 async fn require_token(
-    axum::extract::State(tokens): axum::extract::State<std::sync::Arc<Tokens>>,
+    axum::extract::State(protection): axum::extract::State<std::sync::Arc<Protection>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let path = request.uri().path();
     let open = path == "/healthz" || path == "/readyz";
-    if open || tokens.allows(request.headers()) || query_token_allowed(&tokens, &request) {
+    let tokens = &protection.tokens;
+    let by_query =
+        protection.query_token_paths.contains(&path) && query_token_allowed(tokens, &request);
+    if open || tokens.allows(request.headers()) || by_query {
         return next.run(request).await;
     }
     crate::errors::ErrorResponse::new(

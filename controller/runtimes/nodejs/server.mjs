@@ -49,6 +49,28 @@ async function becomeInstance() {
   process.exit(0);
 }
 
+// A cold-started instance gets its secrets (below) as one JSON line on stdin, not in its
+// environment, which every process of the same user can read in /proc/<pid>/environ.
+if (process.env.EDDY_SECRETS_ON_STDIN) await readSecrets();
+
+async function readSecrets() {
+  delete process.env.EDDY_SECRETS_ON_STDIN;
+  let text = "";
+  process.stdin.setEncoding("utf8");
+  for await (const chunk of process.stdin) {
+    text += chunk;
+    if (text.includes("\n")) break;
+  }
+  process.stdin.destroy();
+  const end = text.indexOf("\n");
+  if (end < 0) {
+    // Without its secret an instance would take calls from anyone on the machine: refuse to run.
+    console.error("eddy: the instance's secrets did not arrive on stdin");
+    process.exit(1);
+  }
+  Object.assign(process.env, JSON.parse(text.slice(0, end)));
+}
+
 const env = process.env;
 const functionName = env.FUNC_NAME || "";
 const namespace = env.SERVICE_NAMESPACE || env.FUNC_NAMESPACE || "";
@@ -171,6 +193,8 @@ if (env.EDDY_SECRET_MOUNTS) {
     path.resolve(mountPath).replace(/\/+$/, ""),
     dir,
   ]);
+  // The deepest mount first: `/s/inner` inside `/s` shows its own Secret, as on Kubernetes.
+  mounts.sort((a, b) => b[0].length - a[0].length);
   delete env.EDDY_SECRET_MOUNTS;
   const remap = (target) => {
     const text = target instanceof URL ? (target.protocol === "file:" ? fileURLToPath(target) : null) : typeof target === "string" ? target : null;

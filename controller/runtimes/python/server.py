@@ -52,6 +52,22 @@ def become_instance():
 if os.environ.get("EDDY_SPARE"):
     become_instance()
 
+
+def read_secrets():
+    """A cold-started instance gets its secrets (below) as one JSON line on stdin, not in its
+    environment, which every process of the same user can read in /proc/<pid>/environ."""
+    import json
+
+    line = sys.stdin.readline()
+    if not line.endswith("\n"):
+        # Without its secret an instance would take calls from anyone on the machine.
+        sys.exit("eddy: the instance's secrets did not arrive on stdin")
+    os.environ.update(json.loads(line))
+
+
+if os.environ.pop("EDDY_SECRETS_ON_STDIN", None):
+    read_secrets()
+
 env = os.environ
 function_name = env.get("FUNC_NAME", "")
 namespace = env.get("SERVICE_NAMESPACE") or env.get("FUNC_NAMESPACE", "")
@@ -183,6 +199,8 @@ def install_secret_mounts(text):
     import json
 
     mounts = [(os.path.abspath(path).rstrip("/"), directory) for path, directory in json.loads(text).items()]
+    # The deepest mount first: `/s/inner` inside `/s` shows its own Secret, as on Kubernetes.
+    mounts.sort(key=lambda mount: len(mount[0]), reverse=True)
 
     def remap(target):
         try:

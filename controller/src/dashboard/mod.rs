@@ -243,11 +243,16 @@ pub fn page_router() -> Router {
     Router::new().route("/", get(page))
 }
 
+/// The only path that takes the API token as `?token=`: the live tail, which the page reads
+/// with a browser `EventSource` (it cannot set headers).
+pub const QUERY_TOKEN_PATHS: &[&str] = &[LIVE_TAIL];
+const LIVE_TAIL: &str = "/dashboard/events";
+
 /// The dashboard's data and actions (behind the API's tokens, when they are on).
 pub fn router(state: Arc<DashboardState>) -> Router {
     Router::new()
         .route("/dashboard/state", get(snapshot))
-        .route("/dashboard/events", get(tail))
+        .route(LIVE_TAIL, get(tail))
         .route("/dashboard/events/{sequence}", get(event_detail))
         .route("/dashboard/publish", post(publish))
         .route("/dashboard/invoke", post(invoke))
@@ -483,18 +488,25 @@ async fn publish(
     State(state): State<Arc<DashboardState>>,
     Json(form): Json<PublishForm>,
 ) -> Response {
-    for (field, value) in [("type", &form.ty), ("source", &form.source)] {
+    let id = form
+        .id
+        .filter(|id| !id.trim().is_empty())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    for (field, value) in [("type", &form.ty), ("source", &form.source), ("id", &id)] {
         if value.trim().is_empty() {
             return failure(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("{field}: must not be empty"),
             );
         }
+        // Sent as a `ce-` header: a line break or another control character cannot be.
+        if header::HeaderValue::from_str(value).is_err() {
+            return failure(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("{field}: must hold no line breaks or other control characters"),
+            );
+        }
     }
-    let id = form
-        .id
-        .filter(|id| !id.trim().is_empty())
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let mut request = state
         .callers
         .post(format!("{}/publish", state.bus_url))
@@ -562,6 +574,33 @@ const HOP_BY_HOP: [&str; 8] = [
 
 /// Calls a function through the gateway, as any caller would (its access rules apply), and
 /// answers the status, headers, body and time taken.
+/// The gateway URL of a dashboard call of `namespace/name` at `path`, or `None` when the call
+/// would leave the function's own address. `path` must be visible ASCII (no spaces, tabs or
+/// other controls, which URL parsers drop, and no backslash, which they read as `/`), without a
+/// fragment or a `.`/`..` segment (plain or percent-encoded); and the URL as parsed must still
+/// be under `/<namespace>/<name>`. Pure.
+pub fn invoke_url(gateway: &str, namespace: &str, name: &str, path: &str) -> Option<String> {
+    let path_only = path.split('?').next().unwrap_or_default();
+    let climbs = path_only.split('/').any(|segment| {
+        let segment = segment.to_ascii_lowercase().replace("%2e", ".");
+        segment == ".." || segment == "."
+    });
+    let visible = path
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'\\' && b != b'#');
+    if !path.starts_with('/') || !visible || climbs {
+        return None;
+    }
+    let url = format!(
+        "{gateway}/{namespace}/{name}{}",
+        if path == "/" { "" } else { path }
+    );
+    let parsed = url::Url::parse(&url).ok()?;
+    let base = format!("/{namespace}/{name}");
+    let inside = parsed.path() == base || parsed.path().starts_with(&format!("{base}/"));
+    inside.then_some(url)
+}
+
 async fn invoke(
     State(state): State<Arc<DashboardState>>,
     Json(form): Json<InvokeForm>,
@@ -584,19 +623,12 @@ async fn invoke(
             "method: not an HTTP method",
         );
     };
-    // The call stays inside the function's own address: no `..` segment (plain or
-    // percent-encoded) that the URL parser would resolve to another route of the gateway.
-    let path_only = form.path.split('?').next().unwrap_or_default();
-    let climbs = path_only.split('/').any(|segment| {
-        let segment = segment.to_ascii_lowercase().replace("%2e", ".");
-        segment == ".." || segment == "."
-    });
-    if !form.path.starts_with('/') || form.path.contains(['\r', '\n', ' ', '#']) || climbs {
+    let Some(url) = invoke_url(&state.gateway_url, &form.namespace, &form.name, &form.path) else {
         return failure(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "path: must start with / and hold no spaces, fragment or . and .. segments",
+            "path: must start with / and hold only visible ASCII, no backslash, fragment or . and .. segments",
         );
-    }
+    };
     let mut headers = reqwest::header::HeaderMap::new();
     for (name, value) in &form.headers {
         let (Ok(header_name), Ok(header_value)) = (
@@ -613,13 +645,6 @@ async fn invoke(
         }
         headers.append(header_name, header_value);
     }
-    let url = format!(
-        "{}/{}/{}{}",
-        state.gateway_url,
-        form.namespace,
-        form.name,
-        if form.path == "/" { "" } else { &form.path }
-    );
     let started = Instant::now();
     let sent = state
         .callers
@@ -842,4 +867,35 @@ async fn tail(State(state): State<Arc<DashboardState>>) -> Response {
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::invoke_url;
+
+    #[test]
+    fn invoke_urls_stay_under_the_function() {
+        let url = |path: &str| invoke_url("http://127.0.0.1:8080", "shop", "quote", path);
+        assert_eq!(
+            url("/").as_deref(),
+            Some("http://127.0.0.1:8080/shop/quote")
+        );
+        assert_eq!(
+            url("/orders/7?expand=lines").as_deref(),
+            Some("http://127.0.0.1:8080/shop/quote/orders/7?expand=lines")
+        );
+        for escape in [
+            "/../../metrics",
+            "/%2e%2e/%2E%2E/metrics",
+            "/.\t./.\t./metrics",
+            "/.\n./x",
+            "/..\\..\\metrics",
+            "/a b",
+            "/#frag",
+            "relative",
+            "/ä",
+        ] {
+            assert_eq!(url(escape), None, "{escape:?}");
+        }
+    }
 }

@@ -844,23 +844,39 @@ impl Pool {
         }
         let program = &revision.program;
         let server = crate::runtimes::files(revision.runtime).server_file;
+        // The secrets go on stdin, not into the environment: a process's environment is
+        // readable by every process of its user (/proc/<pid>/environ), other functions included.
+        let (secrets, env): (Vec<_>, Vec<_>) = env
+            .into_iter()
+            .partition(|(name, _)| SECRET_ENV.iter().any(|secret| name == *secret));
         let mut command = tokio::process::Command::new(program);
         command
             .arg(server)
             .current_dir(&revision.dir)
             .env_clear()
             .envs(env)
-            .stdin(Stdio::null())
+            .env("EDDY_SECRETS_ON_STDIN", "1")
+            .stdin(Stdio::piped())
             .stdout(open()?)
             .stderr(open()?);
         process::supervise(&mut command);
-        command
+        let mut child = command
             .spawn()
-            .map(|child| (child, false))
-            .map_err(|e| format!("cannot run {}: {e}", program.display()))
+            .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+        let line = secrets_line(&secrets)?;
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| "the instance has no stdin".to_owned())?;
+        tokio::io::AsyncWriteExt::write_all(&mut stdin, &line)
+            .await
+            .map_err(|e| format!("cannot hand the instance its secrets: {e}"))?;
+        // Closed: an instance reads nothing more on stdin.
+        drop(stdin);
+        Ok((child, false))
     }
 
-    /// An instance's whole environment: the fixed part, the instance's own settings and the
+    /// An instance's whole environment (the secrets among it go to a cold start on stdin): the fixed part, the instance's own settings and the
     /// function's `env`; never eddy's own environment.
     fn instance_env(&self, instance: &Instance, revision: &Revision) -> Vec<(OsString, OsString)> {
         let mut env = spares::base_env();
@@ -951,6 +967,24 @@ impl Pool {
             tokio::time::sleep(pause).await;
         }
     }
+}
+
+/// The entries of an instance's environment a cold start gets on stdin instead.
+const SECRET_ENV: [&str; 2] = ["EDDY_INSTANCE_SECRET", "EDDY_PUBLISHER_TOKEN"];
+
+/// The JSON line of `secrets` a cold-started runtime server reads from stdin
+/// (`EDDY_SECRETS_ON_STDIN`) before it serves. Pure.
+fn secrets_line(secrets: &[(OsString, OsString)]) -> Result<Vec<u8>, String> {
+    let mut vars = serde_json::Map::new();
+    for (name, value) in secrets {
+        let value = value
+            .to_str()
+            .ok_or_else(|| format!("{} is not UTF-8", name.to_string_lossy()))?;
+        vars.insert(name.to_string_lossy().into_owned(), value.into());
+    }
+    let mut line = serde_json::to_vec(&vars).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    Ok(line)
 }
 
 /// The spares an instance of `revision` can start from.

@@ -199,6 +199,11 @@ pub fn function_cases() -> Vec<Case> {
             false,
         ),
         (
+            "env value with a NUL byte",
+            json!({"spec": {"env": [{"name": "A", "value": "a\u{0}b"}]}}),
+            false,
+        ),
+        (
             "replicas above 100",
             json!({"spec": {"scaleConfig": null, "replicas": 101}}),
             false,
