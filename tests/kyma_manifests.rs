@@ -389,6 +389,88 @@ async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
     assert_eq!((status, body), (200, json!({"version": "v2"})));
 }
 
+/// A bare repository at `bare` with `hello/` at v1 on `main`; the work tree is `work`.
+fn repository_at(bare: &Path, work: &Path) {
+    std::fs::create_dir_all(bare).unwrap();
+    git(bare, &["init", "-q", "--bare", "-b", "main"]);
+    std::fs::create_dir_all(work).unwrap();
+    git(work, &["init", "-q", "-b", "main"]);
+    git(work, &["remote", "add", "origin", bare.to_str().unwrap()]);
+    push_version(work, "v1");
+}
+
+fn git_function(name: &str, url: &str) -> Value {
+    json!({
+        "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+        "metadata": {"name": name},
+        "spec": {"runtime": "nodejs22", "source": {"gitRepository": {"url": url, "reference": "main", "baseDir": "hello"}}},
+    })
+}
+
+/// Several Functions of one repository and reference applied at once all build (one checkout,
+/// shared); a Function whose repository could not be reached at first is tried again at each
+/// poll and runs once it can be.
+#[tokio::test(flavor = "multi_thread")]
+async fn functions_of_one_repository_build_together_and_an_unreachable_source_is_retried() {
+    let platform = Platform::start_with(Options {
+        git_poll_interval: Duration::from_millis(500),
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let repos = tempfile::tempdir().unwrap();
+    let bare = repos.path().join("shared.git");
+    repository_at(&bare, &repos.path().join("work"));
+    let url = format!("file://{}", bare.display());
+    let names: Vec<String> = (0..5).map(|i| format!("same-repo-{i}")).collect();
+    let applied = futures::future::join_all(names.iter().map(|name| {
+        let platform = &platform;
+        let function = git_function(name, &url);
+        async move {
+            platform
+                .put_json(
+                    &format!("/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/{name}"),
+                    &function,
+                )
+                .await
+        }
+    }))
+    .await;
+    for (status, body) in applied {
+        assert_eq!(status, 201, "{body}");
+    }
+    for name in &names {
+        platform.wait_running_at("default", name).await;
+        let (status, body) = call(&platform, "default", name, None).await;
+        assert_eq!((status, body), (200, json!({"version": "v1"})), "{name}");
+    }
+
+    // A repository that is not there yet: SourceUnavailable, then running once it is.
+    let later = repos.path().join("later.git");
+    let function = git_function("comes-later", &format!("file://{}", later.display()));
+    let (status, body) = platform
+        .put_json(
+            "/apis/serverless.kyma-project.io/v1alpha2/namespaces/default/functions/comes-later",
+            &function,
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    eventually(
+        "the unreachable source to be reported",
+        Duration::from_secs(30),
+        || async {
+            let (status, reason, _) = platform.condition("comes-later", "BuildReady").await;
+            status == "False" && reason == "SourceUnavailable"
+        },
+    )
+    .await
+    .unwrap();
+    repository_at(&later, &repos.path().join("later-work"));
+    platform.wait_running_at("default", "comes-later").await;
+    let (status, body) = call(&platform, "default", "comes-later", None).await;
+    assert_eq!((status, body), (200, json!({"version": "v1"})));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kyma_fields_eddy_cannot_honour_are_refused_by_name() {
     let platform = Platform::start_with(Options {

@@ -157,6 +157,10 @@ async fn build_reported(
         hash: hash.clone(),
         fresh,
     };
+    // One build of a hash at a time: Functions with the same code (or one Git commit) applied
+    // together wait for the first build and reuse it.
+    let lock = super::path_lock::of(&dir);
+    let _held = lock.lock().await;
     if let Ok(marker) = tokio::fs::read_to_string(dir.join(DONE_MARKER)).await {
         // Reused only when its files are still the ones built: a build directory changed on
         // disk (by a function, or anyone with access to the data dir) is built again.

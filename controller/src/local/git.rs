@@ -138,11 +138,20 @@ pub async fn checkout(
     if target.join(".eddy-checked-out").is_file() {
         return Ok(target);
     }
-    let staging = config
-        .dir
-        .join("checkouts")
-        .join(&repository)
-        .join(format!(".{commit}.{}", std::process::id()));
+    // One fetch per commit at a time: Functions of one repository and reference applied
+    // together wait for the first and reuse its checkout.
+    let lock = super::path_lock::of(&target);
+    let _held = lock.lock().await;
+    if target.join(".eddy-checked-out").is_file() {
+        return Ok(target);
+    }
+    // A staging folder of this call's own (another process may check out the same commit).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let staging = config.dir.join("checkouts").join(&repository).join(format!(
+        ".{commit}.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let _ = tokio::fs::remove_dir_all(&staging).await;
     tokio::fs::create_dir_all(&staging)
         .await

@@ -9,6 +9,7 @@ pub mod build;
 pub mod gateway;
 pub mod git;
 pub mod inputs;
+mod path_lock;
 pub mod pool;
 pub mod progress;
 pub mod spares;
@@ -256,6 +257,11 @@ impl LocalController {
                 .collect();
             for (function, tracked) in watched {
                 let Some(deployed) = tracked.deployed_commit.lock().clone() else {
+                    // Never built: a source that could not be reached is tried again at each
+                    // poll (one still building, or failed for another reason, is left alone).
+                    if Self::source_was_unavailable(&tracked) {
+                        self.start_reconcile(function, tracked);
+                    }
                     continue;
                 };
                 let Some(git) = &function.spec.source.git_repository else {
@@ -642,6 +648,15 @@ impl LocalController {
     }
 
     /// A failed build: said in status; requests wait no longer when nothing else can run.
+    /// Whether the last build stopped because the Git source could not be reached.
+    fn source_was_unavailable(tracked: &Tracked) -> bool {
+        tracked.status.lock().conditions.iter().any(|condition| {
+            condition.type_ == ConditionType::BuildReady.as_str()
+                && condition.status == "False"
+                && condition.reason == Reason::SourceUnavailable.as_str()
+        })
+    }
+
     fn build_failed(tracked: &Tracked, failure: build::BuildFailure, generation: i64) {
         tracing::warn!(reason = %failure.reason, "build failed");
         if !tracked.pool.has_revision() {
