@@ -23,11 +23,52 @@ fn mode(path: &Path) -> u32 {
 }
 
 async fn connect_as(url: &str, user: &str, password: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::with_user_and_password(user.to_owned(), password.to_owned())
-        .custom_inbox_prefix(format!("_INBOX_{user}"))
-        .connect(url)
-        .await
-        .unwrap()
+    connect_watching(url, user, password).await.0
+}
+
+/// The server's permission violations one connection was told of.
+type Violations = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// [`connect_as`], keeping the permission violations the server reports.
+async fn connect_watching(
+    url: &str,
+    user: &str,
+    password: &str,
+) -> (async_nats::Client, Violations) {
+    let violations = Violations::default();
+    let seen = violations.clone();
+    let client =
+        async_nats::ConnectOptions::with_user_and_password(user.to_owned(), password.to_owned())
+            .custom_inbox_prefix(format!("_INBOX_{user}"))
+            .event_callback(move |event| {
+                let seen = seen.clone();
+                async move {
+                    if let async_nats::Event::ServerError(async_nats::ServerError::Other(text)) =
+                        event
+                        && text.to_lowercase().contains("permissions violation")
+                    {
+                        seen.lock().unwrap().push(text);
+                    }
+                }
+            })
+            .connect(url)
+            .await
+            .unwrap();
+    (client, violations)
+}
+
+/// Waits until the server has said that publishing to `subject` is not permitted: an
+/// operation counts as denied only then (a timeout or a missing stream would not).
+async fn denied(violations: &Violations, subject: &str, what: &str) {
+    eventually(what, Duration::from_secs(10), || async {
+        violations
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|text| text.contains(&format!("Publish to \"{subject}\"")))
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error}: {:?}", violations.lock().unwrap()));
 }
 
 fn jetstream(client: async_nats::Client) -> async_nats::jetstream::Context {
@@ -48,21 +89,32 @@ async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
     let passwords: Value = serde_json::from_slice(&std::fs::read(&secrets).unwrap()).unwrap();
     let password = |user: &str| passwords[user].as_str().unwrap().to_owned();
 
-    // No user, or a wrong password: no connection at all.
-    let anonymous = async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(2));
-    assert!(
-        tokio::time::timeout(Duration::from_secs(10), anonymous.connect(&up.nats))
-            .await
-            .map_or(true, |connected| connected.is_err()),
+    // No user, or a wrong password: refused by the server as an authorization violation (not
+    // merely a connection that failed or took too long).
+    let refused = |connected: Result<async_nats::Client, async_nats::ConnectError>| {
+        connected.err().map(|error| error.kind())
+    };
+    let anonymous = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(10))
+        .connect(&up.nats)
+        .await;
+    assert_eq!(
+        refused(anonymous),
+        Some(async_nats::ConnectErrorKind::AuthorizationViolation),
         "an anonymous client must not connect"
     );
     let wrong = async_nats::ConnectOptions::with_user_and_password(
         "eddy-controller".into(),
         "guess".into(),
     )
+    .connection_timeout(Duration::from_secs(10))
     .connect(&up.nats)
     .await;
-    assert!(wrong.is_err(), "a wrong password must not connect");
+    assert_eq!(
+        refused(wrong),
+        Some(async_nats::ConnectErrorKind::AuthorizationViolation),
+        "a wrong password must not connect"
+    );
 
     // The controller owns the bucket: it reads and writes it (so the denials below mean it).
     let controller =
@@ -72,7 +124,9 @@ async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
     bucket.delete("probe").await.unwrap();
 
     // The event-bus publishes events and sees nothing of the bucket.
-    let bus = jetstream(connect_as(&up.nats, "eddy-event-bus", &password("eddy-event-bus")).await);
+    let (bus, bus_violations) =
+        connect_watching(&up.nats, "eddy-event-bus", &password("eddy-event-bus")).await;
+    let bus = jetstream(bus);
     bus.get_stream("EDDY_EVENTS")
         .await
         .expect("the event-bus keeps its stream");
@@ -80,17 +134,30 @@ async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
         bus.get_key_value("eddy_resources").await.is_err(),
         "the event-bus reads no resources"
     );
+    denied(
+        &bus_violations,
+        "$JS.API.STREAM.INFO.KV_eddy_resources",
+        "the event-bus refused the bucket",
+    )
+    .await;
 
     // The dispatcher reads resources but never writes them; it stores reply events but cannot
     // change, purge or delete the events stream.
-    let dispatcher =
-        jetstream(connect_as(&up.nats, "eddy-dispatcher", &password("eddy-dispatcher")).await);
+    let (dispatcher, dispatcher_violations) =
+        connect_watching(&up.nats, "eddy-dispatcher", &password("eddy-dispatcher")).await;
+    let dispatcher = jetstream(dispatcher);
     let readable = dispatcher.get_key_value("eddy_resources").await.unwrap();
     readable.get("anything").await.unwrap();
     assert!(
         readable.put("evil", "1".into()).await.is_err(),
         "the dispatcher writes no resources"
     );
+    denied(
+        &dispatcher_violations,
+        "$KV.eddy_resources.evil",
+        "the dispatcher refused a write to the bucket",
+    )
+    .await;
     let stored = match dispatcher.publish("eddy.events.s.t", "x".into()).await {
         Ok(ack) => ack.await.is_ok(),
         Err(_) => false,
@@ -101,10 +168,22 @@ async fn nats_takes_only_eddys_users_each_with_the_least_it_needs() {
         events.purge().await.is_err(),
         "the dispatcher cannot purge the events stream"
     );
+    denied(
+        &dispatcher_violations,
+        "$JS.API.STREAM.PURGE.EDDY_EVENTS",
+        "the dispatcher refused a purge",
+    )
+    .await;
     assert!(
         dispatcher.delete_stream("EDDY_EVENTS").await.is_err(),
         "the dispatcher cannot delete the events stream"
     );
+    denied(
+        &dispatcher_violations,
+        "$JS.API.STREAM.DELETE.EDDY_EVENTS",
+        "the dispatcher refused a stream deletion",
+    )
+    .await;
     assert!(
         events.info().await.unwrap().state.messages >= 1,
         "the events stream keeps what it held"
