@@ -203,12 +203,8 @@ async fn the_gateway_routes_to_function_services_and_enforces_access() {
         .iter()
         .flat_map(|(method, uri)| eddy_testing::rbac::needed_by(method, uri))
         .collect();
-    let template = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/charts/eddy/templates/gateway.yaml"
-    ))
-    .unwrap();
-    assert_eq!(made, eddy_testing::rbac::granted_by_cluster_role(&template));
+    let rendered = eddy_testing::rbac::rendered("gateway.yaml", &[]).unwrap();
+    assert_eq!(made, eddy_testing::rbac::granted_by_cluster_role(&rendered));
 }
 
 /// The gateway's `/metrics` text.

@@ -437,8 +437,10 @@ pub struct EnvVar {
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
     #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message(Message::Expression("self + ' is set by the platform'".into())))]
     pub name: String,
-    /// Value (no NUL byte: a process environment cannot hold one).
+    /// Value (no NUL byte: a process environment cannot hold one; at most 64 KiB, which also
+    /// keeps the rule within the API server's cost budget).
     #[serde(default)]
+    #[schemars(length(max = 65536))]
     #[x_kube(validation = Rule::new(r"!self.contains('\x00')").message("must not contain a NUL byte"))]
     pub value: String,
     /// The value, from a Secret or ConfigMap key in the Function's namespace.

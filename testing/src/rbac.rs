@@ -54,26 +54,48 @@ pub fn needed_by(method: &str, path_and_query: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// What the ClusterRole in a chart template grants (template lines dropped). Panics on a
-/// wildcard: the chart names every group, resource and verb.
-pub fn granted_by_cluster_role(template: &str) -> BTreeSet<String> {
-    granted_by_role(template, "ClusterRole")
+/// The chart's `template` (a file under `templates/`) as Helm renders it with the chart's
+/// defaults and `sets` (external NATS, from a copy without the NATS subchart): what a cluster
+/// would be given, conditional rules decided as they would be.
+pub fn rendered(template: &str, sets: &[&str]) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let dir = tempfile::tempdir()?;
+    let chart = crate::control_plane::chart_without_nats(dir.path())?;
+    let mut helm = std::process::Command::new(crate::control_plane::tool("bin/helm")?);
+    helm.args(["template", "eddy"])
+        .arg(&chart)
+        .args(["--show-only", &format!("templates/{template}")])
+        .args([
+            "--set",
+            "nats.enabled=false",
+            "--set",
+            "externalNats.url=nats://nats:4222",
+        ]);
+    for set in sets {
+        helm.args(["--set", set]);
+    }
+    crate::control_plane::run(&mut helm).with_context(|| format!("rendering {template}"))
 }
 
-/// What the role of `kind` (`ClusterRole` or `Role`) in a chart template grants (template
-/// lines dropped). Panics on a wildcard.
-pub fn granted_by_role(template: &str, kind: &str) -> BTreeSet<String> {
+/// What the ClusterRole in rendered YAML ([`rendered`]) grants. Panics on a wildcard: the
+/// chart names every group, resource and verb.
+pub fn granted_by_cluster_role(rendered: &str) -> BTreeSet<String> {
+    granted_by_role(rendered, "ClusterRole")
+}
+
+/// What the role of `kind` (`ClusterRole` or `Role`) in rendered YAML grants. Panics on a
+/// wildcard, or on a template line left in (render the chart first).
+pub fn granted_by_role(rendered: &str, kind: &str) -> BTreeSet<String> {
     let top_level = format!("kind: {kind}");
-    let document = template
+    let document = rendered
         .split("\n---")
         .find(|doc| doc.lines().any(|line| line == top_level))
         .unwrap_or_else(|| panic!("a {kind}"));
-    let plain: String = document
-        .lines()
-        .filter(|line| !line.contains("{{"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let role: serde_yaml::Value = serde_yaml::from_str(&plain).expect("the role as YAML");
+    assert!(
+        !document.contains("{{"),
+        "render the chart first: {document}"
+    );
+    let role: serde_yaml::Value = serde_yaml::from_str(document).expect("the role as YAML");
     let mut granted = BTreeSet::new();
     for rule in role["rules"].as_sequence().expect("rules") {
         let list = |key: &str| -> Vec<String> {
@@ -156,7 +178,7 @@ mod tests {
 
     #[test]
     fn cluster_roles_are_read_rule_by_rule() {
-        let template = "kind: ServiceAccount\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: {{ .Release.Name }}-x\nrules:\n  - apiGroups: [\"\", apps]\n    resources: [pods, deployments]\n    verbs: [get]\n";
+        let template = "kind: ServiceAccount\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: eddy-x\nrules:\n  - apiGroups: [\"\", apps]\n    resources: [pods, deployments]\n    verbs: [get]\n";
         assert_eq!(
             granted_by_cluster_role(template),
             set(&[
