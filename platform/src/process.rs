@@ -16,7 +16,15 @@ use tokio::process::{Child, Command};
 
 /// Puts the child in its own process group and asks the kernel to SIGTERM it when eddy dies.
 pub fn supervise(command: &mut Command) {
-    command.process_group(0).kill_on_drop(true);
+    command.kill_on_drop(true);
+    supervise_std(command.as_std_mut());
+}
+
+/// [`supervise`] for a `std` command (the test harness's nats-servers): its own process group,
+/// SIGTERM when the spawning thread's process dies. Killing it on drop is the caller's part.
+pub fn supervise_std(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt as _;
+    command.process_group(0);
     #[cfg(target_os = "linux")]
     #[allow(unsafe_code)]
     // SAFETY: the closure runs between fork and exec and calls only prctl(2), which is

@@ -141,6 +141,9 @@ impl NatsServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        // Gone with the test process even when it is killed (an aborted or timed-out test
+        // binary never runs Drop).
+        eddy_platform::process::supervise_std(&mut command);
         let child = command
             .spawn()
             .with_context(|| format!("cannot start {}; {INSTALL_HINT}", self.binary.display()))?;
