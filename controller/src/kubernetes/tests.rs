@@ -964,11 +964,12 @@ async fn a_refused_apply_goes_to_status_and_a_transient_error_is_retried() {
     assert!(!is_permanent(&error));
 }
 
-/// Kubernetes' garbage collector deletes what a Function owns when the Function goes: every
-/// object carries a controller owner reference to it, and the reconciler adds no finalizer that
-/// could hold the delete up.
+/// What lets Kubernetes' garbage collector delete what a Function owns: every rendered object
+/// carries a controller owner reference to it, and none a finalizer that could hold the delete
+/// up. (The collection itself is shown against a real API server and kube-controller-manager:
+/// `tests/kubernetes_cluster.rs`, `a_deleted_function_leaves_nothing_behind`.)
 #[test]
-fn deleting_a_function_leaves_nothing_behind() {
+fn every_rendered_object_is_owned_by_its_function_without_finalizers() {
     let function = function(json!({}));
     let rendered = render(&function, &config()).expect("renders");
     let mut metas = vec![
@@ -1621,10 +1622,11 @@ fn the_crds_print_as_yaml_with_their_rules() {
     assert!(yaml.contains("x-kubernetes-int-or-string: true"));
 }
 
-/// `kubectl scale` and KEDA work on a Function: the CRD serves the scale subresource on the
-/// fields the controller reads and writes.
+/// The CRD declares the scale subresource on the fields the controller reads and writes.
+/// (`kubectl scale` and an HPA using it are shown against a real API server:
+/// `tests/kubernetes_cluster.rs`, `kubectl_scale_and_an_hpa_work_on_a_function`.)
 #[test]
-fn the_function_crd_serves_the_scale_subresource() {
+fn the_function_crd_declares_the_scale_subresource_on_the_controllers_fields() {
     let crd = serde_json::to_value(<Function as kube::CustomResourceExt>::crd()).expect("JSON");
     assert_eq!(
         crd["spec"]["versions"][0]["subresources"]["scale"],
