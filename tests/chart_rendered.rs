@@ -117,6 +117,11 @@ fn validate(objects: &Path, version: &str, custom_groups: &[&str]) -> BTreeMap<S
 /// Lints and renders the chart with `values` (files under charts/eddy/ci, or none) and checks
 /// every object, the CRDs included; returns the count of each kind.
 fn render_chart(values: Option<&str>, extra: &[&str]) -> BTreeMap<String, usize> {
+    render_chart_text(values, extra).0
+}
+
+/// [`render_chart`], and the rendered YAML.
+fn render_chart_text(values: Option<&str>, extra: &[&str]) -> (BTreeMap<String, usize>, String) {
     let dir = tempfile::tempdir().unwrap();
     let chart = chart_without_nats(dir.path());
     let mut value_args: Vec<String> = Vec::new();
@@ -146,8 +151,8 @@ fn render_chart(values: Option<&str>, extra: &[&str]) -> BTreeMap<String, usize>
         .arg(&chart)
         .args(&value_args));
     let objects = dir.path().join("rendered.yaml");
-    std::fs::write(&objects, rendered).unwrap();
-    validate(
+    std::fs::write(&objects, &rendered).unwrap();
+    let kinds = validate(
         &objects,
         &version,
         &[
@@ -156,7 +161,62 @@ fn render_chart(values: Option<&str>, extra: &[&str]) -> BTreeMap<String, usize>
             "gateway.networking.k8s.io",
             "monitoring.coreos.com",
         ],
-    )
+    );
+    (kinds, rendered)
+}
+
+/// Who each rendered Istio AuthorizationPolicy lets in, by policy name: the principals and
+/// namespaces of its rules' sources, and whether a rule without a source opens more than the
+/// probes (GET of /healthz, /readyz, /metrics).
+fn authorization_policies(rendered: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+    let mut policies = BTreeMap::new();
+    for document in rendered.split("\n---") {
+        let Ok(object) = serde_yaml::from_str::<serde_json::Value>(document) else {
+            continue;
+        };
+        if object["kind"] != "AuthorizationPolicy" {
+            continue;
+        }
+        assert_eq!(object["spec"]["action"], "ALLOW", "{object:#}");
+        let (mut principals, mut namespaces) = (Vec::new(), Vec::new());
+        for rule in object["spec"]["rules"].as_array().unwrap() {
+            let Some(sources) = rule["from"].as_array() else {
+                // Open to anyone: only the probes may be.
+                for operation in rule["to"].as_array().unwrap() {
+                    assert_eq!(
+                        operation["operation"]["methods"],
+                        serde_json::json!(["GET"]),
+                        "{object:#}"
+                    );
+                    for path in operation["operation"]["paths"].as_array().unwrap() {
+                        let path = path.as_str().unwrap();
+                        assert!(
+                            ["/healthz", "/readyz", "/metrics"].contains(&path),
+                            "{path} open to anyone: {object:#}"
+                        );
+                    }
+                }
+                continue;
+            };
+            for source in sources {
+                let strings = |key: &str| -> Vec<String> {
+                    source["source"][key]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|v| v.as_str().unwrap().to_owned())
+                        .collect()
+                };
+                principals.extend(strings("principals"));
+                namespaces.extend(strings("namespaces"));
+            }
+        }
+        principals.sort();
+        namespaces.sort();
+        let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+        policies.insert(name, (principals, namespaces));
+    }
+    policies
 }
 
 fn count(kinds: &BTreeMap<String, usize>, kind: &str) -> usize {
@@ -166,11 +226,39 @@ fn count(kinds: &BTreeMap<String, usize>, kind: &str) -> usize {
 #[test]
 fn the_chart_renders_valid_objects_with_its_default_values() {
     // The defaults, with only what the absent NATS subchart forces.
-    let kinds = render_chart(
+    let (kinds, rendered) = render_chart_text(
         None,
         &["nats.enabled=false", "externalNats.url=nats://nats:4222"],
     );
     assert_eq!(count(&kinds, "customresourcedefinition"), 2, "{kinds:?}");
+    // Who gets in, read from the policies' rules: functions take only the dispatcher and the
+    // gateway, the event-bus only the dispatcher and the function namespaces, the gateway only
+    // the ingress gateway; anything else open is a probe.
+    let sa = |name: &str| format!("cluster.local/ns/eddy-system/sa/{name}");
+    let policies = authorization_policies(&rendered);
+    let expected: BTreeMap<String, (Vec<String>, Vec<String>)> = [
+        (
+            "eddy-functions",
+            vec![sa("eddy-dispatcher"), sa("eddy-gateway")],
+            vec![],
+        ),
+        (
+            "eddy-event-bus",
+            vec![sa("eddy-dispatcher")],
+            vec!["default".to_owned()],
+        ),
+        (
+            "eddy-gateway",
+            vec![
+                "cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account".to_owned(),
+            ],
+            vec![],
+        ),
+    ]
+    .into_iter()
+    .map(|(name, principals, namespaces)| (name.to_owned(), (principals, namespaces)))
+    .collect();
+    assert_eq!(policies, expected);
     assert_eq!(
         count(&kinds, "deployment"),
         4,

@@ -739,7 +739,21 @@ async fn dead_letters_can_be_redriven_and_events_replayed() {
     }
     platform.wait_settled("redo").await;
     platform.wait_settled("bystander").await;
-    assert_eq!(platform.dead_letters("redo").await.len(), 3);
+    let ids = |sink: &Sink, from: usize| {
+        let mut ids: Vec<String> = sink.ids().into_iter().skip(from).collect();
+        ids.sort();
+        ids
+    };
+    let all = ["r-0", "r-1", "r-2"].map(str::to_owned).to_vec();
+    let mut lettered: Vec<String> = platform
+        .dead_letters("redo")
+        .await
+        .iter()
+        .map(|letter| letter["id"].as_str().unwrap().to_owned())
+        .collect();
+    lettered.sort();
+    assert_eq!(lettered, all, "each failed event is a dead letter, once");
+    assert_eq!(ids(&sink, 0), all, "one attempt each");
 
     healthy.store(true, std::sync::atomic::Ordering::SeqCst);
     let outcome: Value = platform
@@ -756,7 +770,11 @@ async fn dead_letters_can_be_redriven_and_events_replayed() {
         .unwrap();
     assert_eq!(outcome, json!({"delivered": 3, "failed": 0}));
     assert!(platform.dead_letters("redo").await.is_empty());
-    assert_eq!(sink.count(), 6);
+    assert_eq!(
+        ids(&sink, 3),
+        all,
+        "the redrive delivered each dead letter once"
+    );
 
     // Replay from the first event: the one subscription gets all three again, no other does.
     let response = platform
@@ -782,8 +800,12 @@ async fn dead_letters_can_be_redriven_and_events_replayed() {
     )
     .await
     .unwrap();
-    assert_eq!(sink.count(), 9);
-    assert_eq!(bystander.count(), 3);
+    assert_eq!(ids(&sink, 6), all, "the replay delivered each event once");
+    assert_eq!(
+        ids(&bystander, 0),
+        all,
+        "the other subscription got no replay"
+    );
 }
 
 /// A sink's redirect is not followed: the event is dead-lettered as `http_3xx` and the place the
