@@ -83,6 +83,12 @@ async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
     let total = sink.count();
     let unique: HashSet<String> = sink.ids().into_iter().collect();
     assert_eq!(unique, expected, "every published event arrived");
+    // Only what was in flight at the kill comes again: at most maxInFlightMessages (10).
+    assert!(
+        total - unique.len() <= 10,
+        "{} deliveries came twice; at most the 10 in flight at the kill may",
+        total - unique.len()
+    );
     println!(
         "dispatcher SIGKILL: published {EVENTS}, delivered {total} ({} unique), delivered twice {}, \
          delivered before the kill {delivered_before_restart}",

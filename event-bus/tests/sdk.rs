@@ -50,11 +50,17 @@ async fn run_script(program: &Path, script: &str, bus: &Bus) -> Vec<Value> {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
+/// Every stored event by its id; an id stored twice fails the test (a duplicate is not keyed
+/// away).
 async fn stored_by_id(bus: &Bus) -> HashMap<String, StreamMessage> {
     let mut stored = HashMap::new();
     for sequence in 1..=bus.stored_count().await {
         let message = bus.stored(sequence).await;
-        stored.insert(header(&message, "ce-id").unwrap().to_owned(), message);
+        let id = header(&message, "ce-id").unwrap().to_owned();
+        assert!(
+            stored.insert(id.clone(), message).is_none(),
+            "event {id} was stored twice"
+        );
     }
     stored
 }
