@@ -1,7 +1,8 @@
 //! The CRDs' CEL rules (`x-kubernetes-validations`) and the local validation must refuse the
-//! same objects: the rules are evaluated here with kube's client-side CEL engine (schema
-//! defaults applied first, as the API server does) and compared with `validate_function` and
-//! `validate_subscription` case by case.
+//! same objects with the same words: the rules are evaluated here with kube's client-side CEL
+//! engine (schema defaults applied first, as the API server does) and compared with
+//! `validate_function` and `validate_subscription` case by case, messages included. (The same
+//! table runs against a real API server in `tests/kubernetes_cluster.rs`.)
 //!
 //! Not compared: the sink's namespace (CEL on a CRD cannot read `metadata.namespace`, so the
 //! controller checks it and reports it in the Subscription's status) and the schema's own
@@ -10,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use eddy_model::resources::{
-    Function, SinkPolicy, Subscription, validate_function, validate_subscription,
+    FieldError, Function, SinkPolicy, Subscription, validate_function, validate_subscription,
 };
 use kube::CustomResourceExt;
 use kube::core::cel::{
@@ -32,10 +33,10 @@ fn schema_of(
     serde_json::to_value(schema).expect("schema serializes")
 }
 
-/// Ok when every rule holds; the failures otherwise. A rule that cannot be evaluated (an
-/// unsupported function, a runtime error) fails the test: a refusal must come from a rule that
-/// evaluated to false.
-fn cel_accepts(schema: &Value, object: &Value) -> Result<(), String> {
+/// Ok when every rule holds; the failures' messages otherwise. A rule that cannot be evaluated
+/// (an unsupported function, a runtime error) fails the test: a refusal must come from a rule
+/// that evaluated to false.
+fn cel_accepts(schema: &Value, object: &Value) -> Result<(), Vec<String>> {
     let Err(errors) = Validator::new().validate(schema, object, None) else {
         return Ok(());
     };
@@ -47,27 +48,38 @@ fn cel_accepts(schema: &Value, object: &Value) -> Result<(), String> {
             error.rule
         );
     }
-    Err(errors
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; "))
+    Err(errors.iter().map(|error| error.message.clone()).collect())
+}
+
+/// CEL and the local validation agree on `case`: both accept it, or both refuse it and every
+/// rule's message is one the local validation gives (the words a user sees are the same in
+/// both modes).
+fn agree(case: &str, valid: bool, cel: Result<(), Vec<String>>, local: &[FieldError]) {
+    assert_eq!(cel.is_ok(), valid, "CEL on {case}: {cel:?}");
+    assert_eq!(
+        local.is_empty(),
+        valid,
+        "local validation on {case}: {local:?}"
+    );
+    if let Err(messages) = cel {
+        for message in messages {
+            assert!(
+                local.iter().any(|error| message.contains(&error.message)),
+                "{case}: CEL says {message:?}, local validation {local:?}"
+            );
+        }
+    }
 }
 
 #[test]
 fn function_rules_match_local_validation() {
     let schema = schema_of(&Function::crd());
     for (case, patch, valid) in function_cases() {
-        let object = merged(&base_function(), &patch);
+        // As the API server sees it: with the schema's defaults.
+        let object = defaulted(&schema, &merged(&base_function(), &patch));
         let cel = cel_accepts(&schema, &object);
         let function: Function = serde_json::from_value(object).expect(case);
-        let local = validate_function(&function);
-        assert_eq!(cel.is_ok(), valid, "CEL on {case}: {cel:?}");
-        assert_eq!(
-            local.is_empty(),
-            valid,
-            "local validation on {case}: {local:?}"
-        );
+        agree(case, valid, cel, &validate_function(&function));
     }
 }
 
@@ -80,15 +92,14 @@ fn subscription_rules_match_local_validation() {
         allowed: vec!["http://".into(), "https://".into()],
     };
     for (case, patch, valid) in subscription_cases() {
-        let object = merged(&base_subscription(), &patch);
+        let object = defaulted(&schema, &merged(&base_subscription(), &patch));
         let cel = cel_accepts(&schema, &object);
         let subscription: Subscription = serde_json::from_value(object).expect(case);
-        let local = validate_subscription(&subscription, &open);
-        assert_eq!(cel.is_ok(), valid, "CEL on {case}: {cel:?}");
-        assert_eq!(
-            local.is_empty(),
+        agree(
+            case,
             valid,
-            "local validation on {case}: {local:?}"
+            cel,
+            &validate_subscription(&subscription, &open),
         );
     }
 }
