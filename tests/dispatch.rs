@@ -320,14 +320,16 @@ async fn never_more_than_max_in_flight_deliveries_to_one_subscription() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_delivery_is_kept_alive_by_in_progress_acks() {
-    // ack wait 1s, a sink that takes 2.5s: without in-progress acks JetStream would redeliver.
+    // Ack wait 3 s, a sink that takes 7 s (over two ack waits): without in-progress acks
+    // JetStream would redeliver. In-progress acks go every second (a third of the ack wait), so
+    // a loaded machine has two seconds of slack before a late one would count as a redelivery.
     let platform = Platform::start_with(Options {
-        ack_wait: Duration::from_secs(1),
+        ack_wait: Duration::from_secs(3),
         ..Options::default()
     })
     .await;
     let sink = Sink::start(
-        Duration::from_millis(2500),
+        Duration::from_secs(7),
         Arc::new(|_, _| StatusCode::OK.into_response()),
     )
     .await;
