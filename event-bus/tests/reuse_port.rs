@@ -12,31 +12,41 @@ use eddy_testing::{NatsServer, eventually};
 async fn buses_sharing_a_port_join_once_they_can_store_and_then_store_every_event() {
     let mut nats = NatsServer::start().unwrap();
     nats.kill();
+    // Where NATS was, something that accepts connections and never speaks NATS: the buses'
+    // attempts to connect are seen, and none of them can get ready.
+    let silent = std::net::TcpListener::bind(("127.0.0.1", nats.port())).unwrap();
+    silent.set_nonblocking(true).unwrap();
     let addr: SocketAddr = {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         probe.local_addr().unwrap()
     };
-    let shutdown = CancellationToken::new();
-    let mut buses = Vec::new();
+    let (mut shutdowns, mut buses) = (Vec::new(), Vec::new());
     for _ in 0..2 {
         let mut args = Args::new(addr, nats.url());
         args.reuse_port = true;
         args.publish_timeout = Duration::from_secs(2);
+        let shutdown = CancellationToken::new();
         buses.push(tokio::spawn(eddy_event_bus::run(args, shutdown.clone())));
+        shutdowns.push(shutdown);
     }
 
-    // Neither takes connections while NATS is away (a bus that listened at once would be
-    // reached well within the half second).
-    let reached = tokio::time::timeout(Duration::from_millis(500), async {
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            tokio::task::yield_now().await;
+    // Both have bound the port and are trying NATS (two connections seen, at least), and
+    // neither takes connections: a bus that cannot store events does not listen.
+    let mut attempts = Vec::new();
+    eventually("both buses to try NATS", Duration::from_secs(20), || {
+        while let Ok((connection, _)) = silent.accept() {
+            attempts.push(connection);
         }
+        let tried = attempts.len() >= 2;
+        async move { tried }
     })
-    .await;
+    .await
+    .unwrap();
     assert!(
-        reached.is_err(),
+        tokio::net::TcpStream::connect(addr).await.is_err(),
         "a bus that cannot store events must not take connections"
     );
+    drop((silent, attempts));
 
     nats.restart().unwrap();
     let url = format!("http://{addr}/publish");
@@ -75,7 +85,30 @@ async fn buses_sharing_a_port_join_once_they_can_store_and_then_store_every_even
     let mut stream = js.get_stream("EDDY_EVENTS").await.unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 40);
 
-    shutdown.cancel();
+    // The first bus stops: every new connection now goes to the second, which stores it (the
+    // second was serving on the shared port all along, not just bound to it).
+    shutdowns[0].cancel();
+    buses.remove(0).await.unwrap().unwrap();
+    for i in 40..60 {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let response = http
+            .post(&url)
+            .header("ce-specversion", "1.0")
+            .header("ce-id", format!("shared-{i}"))
+            .header("ce-source", "reuse-port-test")
+            .header("ce-type", "shared.port.v1")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 204, "event {i} to the second bus");
+    }
+    assert_eq!(stream.info().await.unwrap().state.messages, 60);
+
+    shutdowns[1].cancel();
     for bus in buses {
         bus.await.unwrap().unwrap();
     }
