@@ -561,3 +561,79 @@ async fn a_cold_instance_keeps_its_secrets_out_of_its_environment() {
         }
     }
 }
+
+/// The issuer's keys over time: with none fetched yet and the issuer down, calls get 503; once
+/// it answers, its keys serve; a rotated key (a token naming a key id the held set lacks) is
+/// fetched without a restart (at most every 10 s); and while the issuer is down again, the keys
+/// fetched before keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_keys_are_fetched_rotated_and_kept_while_the_issuer_is_down() {
+    use axum::response::IntoResponse as _;
+    use jsonwebtoken::{Algorithm, EncodingKey, jwk::Jwk};
+    use std::sync::{Arc, Mutex};
+    let jwk = |pem: &str, kid: &str| {
+        let key = EncodingKey::from_ec_pem(pem.as_bytes()).unwrap();
+        let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
+        jwk.common.key_id = Some(kid.to_owned());
+        json!({"keys": [jwk]})
+    };
+    // `None`: the issuer is down (503).
+    let published: Arc<Mutex<Option<serde_json::Value>>> = Arc::default();
+    let serving = published.clone();
+    let app = axum::Router::new().route(
+        "/jwks",
+        axum::routing::get(move || {
+            let document = serving.lock().unwrap().clone();
+            async move {
+                match document {
+                    Some(document) => axum::Json(document).into_response(),
+                    None => axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                }
+            }
+        }),
+    );
+    let (listener, url) = listener().await;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let platform = Platform::start().await;
+    platform
+        .deploy(
+            "rotating",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": GUARDED}}, "access": {
+                "mode": "jwt", "jwt": {"issuer": ISSUER, "jwksUri": format!("{url}/jwks")},
+            }}),
+        )
+        .await;
+    let call = |token: String| {
+        let request = platform.invoke("rotating", "/").bearer_auth(token);
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let first = || jwt(ISSUER_KEY, "key-1", json!({}));
+    let second = || jwt(OTHER_KEY, "key-2", json!({}));
+
+    let (status, body) = call(first()).await;
+    assert_eq!(status, 503, "no keys yet, the issuer down: {body}");
+
+    *published.lock().unwrap() = Some(jwk(ISSUER_KEY, "key-1"));
+    let (status, body) = call(first()).await;
+    assert_eq!(status, 200, "the issuer's key: {body}");
+
+    // Rotation: the issuer now publishes key-2 only.
+    *published.lock().unwrap() = Some(jwk(OTHER_KEY, "key-2"));
+    eddy_testing::eventually(
+        "the rotated key to be fetched",
+        Duration::from_secs(30),
+        || async { call(second()).await.0 == 200 },
+    )
+    .await
+    .unwrap();
+    let (status, body) = call(first()).await;
+    assert_eq!(status, 401, "the retired key: {body}");
+
+    // The issuer goes down: the keys held keep serving.
+    *published.lock().unwrap() = None;
+    let (status, body) = call(second()).await;
+    assert_eq!(status, 200, "the held key while the issuer is down: {body}");
+}
