@@ -693,7 +693,7 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
 }
 
 /// A manifest of 200,000 nested `[` took the YAML parser minutes to refuse; it is refused at
-/// once, naming why, before anything is sent.
+/// once, naming why, before anything is sent; so is one over 8 MiB.
 #[tokio::test]
 async fn deeply_nested_manifests_are_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -718,6 +718,27 @@ async fn deeply_nested_manifests_are_refused_at_once() {
         "refused after {:?}",
         started.elapsed()
     );
+
+    // Over 8 MiB: refused by its size, before it is parsed (or anything is sent).
+    let big = dir.path().join("big.yaml");
+    std::fs::write(
+        &big,
+        format!(
+            "# {}
+",
+            "x".repeat(8 * 1024 * 1024)
+        ),
+    )
+    .unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["apply", "--server", "http://127.0.0.1:9", "-f"])
+        .arg(&big)
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("manifests are at most 8388608"), "{stderr}");
 }
 
 /// Bad names and oversized resources get 404 / 413 / 422 (they used to reach the store and come
