@@ -184,7 +184,7 @@ async fn a_sink_that_fails_twice_gets_the_event_on_attempt_three() {
         .subscribe(
             "flaky",
             json!({"sink": sink.url, "types": ["order.created.v1"],
-                "delivery": {"maxAttempts": 5, "initialDelay": "100ms", "maxDelay": "200ms"}}),
+                "delivery": {"maxAttempts": 5, "backoff": "exponential", "initialDelay": "300ms", "maxDelay": "600ms"}}),
         )
         .await;
     platform
@@ -192,6 +192,13 @@ async fn a_sink_that_fails_twice_gets_the_event_on_attempt_three() {
         .await;
     platform.wait_settled("flaky").await;
     assert_eq!(sink.attempts("retry-me"), 3);
+    // The backoff is applied between attempts: 300 ms, then 600 ms (exponential, capped).
+    let arrivals: Vec<std::time::Instant> = sink.received().iter().map(|r| r.at).collect();
+    let gaps: Vec<Duration> = arrivals.windows(2).map(|pair| pair[1] - pair[0]).collect();
+    assert!(
+        gaps[0] >= Duration::from_millis(300) && gaps[1] >= Duration::from_millis(600),
+        "the waits between attempts were {gaps:?}"
+    );
     assert!(platform.dead_letters("flaky").await.is_empty());
     let counts = subscription_counts(&platform, "flaky").await;
     assert_eq!(counts["delivered"], 1);

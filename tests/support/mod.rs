@@ -361,6 +361,8 @@ impl Platform {
 pub struct Received {
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// When the request arrived.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -495,7 +497,11 @@ impl Sink {
 }
 
 async fn receive(State(state): State<Arc<SinkState>>, headers: HeaderMap, body: Bytes) -> Response {
-    let received = Received { headers, body };
+    let received = Received {
+        headers,
+        body,
+        at: std::time::Instant::now(),
+    };
     let id = received.header("ce-id").to_owned();
     {
         let mut active = state.active_ids.lock().unwrap();
