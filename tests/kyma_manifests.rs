@@ -588,4 +588,22 @@ async fn nested_secret_mounts_each_show_their_own_secret() {
             "{name}"
         );
     }
+    // The files behind the mounts are private: directories 0700, files 0600.
+    fn walk(dir: &Path, seen: &mut Vec<(std::path::PathBuf, u32)>) {
+        use std::os::unix::fs::PermissionsExt as _;
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let mode = entry.metadata().unwrap().permissions().mode() & 0o777;
+            seen.push((entry.path(), mode));
+            if entry.file_type().unwrap().is_dir() {
+                walk(&entry.path(), seen);
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    walk(&platform.data_dir.path().join("secret-mounts"), &mut seen);
+    assert!(seen.iter().any(|(path, _)| path.is_file()), "{seen:?}");
+    for (path, mode) in &seen {
+        let wanted = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(*mode, wanted, "{}", path.display());
+    }
 }
