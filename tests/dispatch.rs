@@ -916,6 +916,59 @@ async fn an_invalid_reply_is_refused_counted_and_the_event_still_delivered() {
     assert_eq!(stream.info().await.unwrap().state.messages, 1);
 }
 
+/// A reply over `--max-reply-size` (1 MiB) is not stored: counted as `reply_too_large`, and
+/// the event it answers is delivered (acked, not retried).
+#[tokio::test]
+async fn a_reply_over_the_size_limit_is_counted_and_the_event_still_delivered() {
+    let platform = Platform::start().await;
+    let replier = Sink::start(
+        Duration::ZERO,
+        Arc::new(|_, _| {
+            (
+                StatusCode::OK,
+                [
+                    ("ce-specversion", "1.0"),
+                    ("ce-id", "huge-reply"),
+                    ("ce-source", "stock-service"),
+                    ("ce-type", "stock.reserved.v1"),
+                    ("content-type", "application/json"),
+                ],
+                format!("\"{}\"", "x".repeat(2 * 1024 * 1024)),
+            )
+                .into_response()
+        }),
+    )
+    .await;
+    platform
+        .subscribe(
+            "big-answers",
+            json!({"sink": replier.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .publish("shop", "order.created.v1", "q-2", json!({}))
+        .await;
+    platform.wait_settled("big-answers").await;
+    assert_eq!(replier.attempts("q-2"), 1, "delivered once, not retried");
+    assert!(platform.dead_letters("big-answers").await.is_empty());
+    eventually("the oversized reply to be counted", Duration::from_secs(20), || async {
+        metric(
+            &platform,
+            "eddy_dispatcher_failures_total{subscription=\"default/big-answers\",reason=\"reply_too_large\"}",
+        )
+        .await
+            == Some(1.0)
+    })
+    .await
+    .unwrap();
+    let mut stream = platform.js.get_stream("EDDY_EVENTS").await.unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().state.messages,
+        1,
+        "the reply was not stored"
+    );
+}
+
 /// A new Subscription sees events published after it exists, not the ones stored before
 /// (its consumer starts at its creation; `eddy replay` is how to get older ones).
 #[tokio::test]
