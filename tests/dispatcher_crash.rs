@@ -97,3 +97,78 @@ async fn every_event_is_delivered_across_a_dispatcher_sigkill() {
     );
     drop(restarted);
 }
+
+/// A dispatcher killed during an event's last attempt: JetStream hands the event out once more
+/// (`max_deliver` is maxAttempts + 1), and the next dispatcher puts it in dead letters as
+/// `max_attempts` without calling the sink again, so no event is stranded at the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_last_attempt_died_with_its_dispatcher_goes_to_dead_letters() {
+    let platform = Platform::start_with(Options {
+        ack_wait: Duration::from_secs(2),
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let mut dispatcher = platform.spawn_dispatcher("2s").await;
+    // The first (and last: maxAttempts 1) attempt is held, so the kill finds it in flight.
+    let sink = Sink::holding(
+        Duration::ZERO,
+        "last",
+        Duration::from_secs(120),
+        Arc::new(|_, _| StatusCode::OK.into_response()),
+    )
+    .await;
+    platform
+        .subscribe(
+            "once",
+            json!({"sink": sink.url, "types": ["tick.v1"], "delivery": {"maxAttempts": 1}}),
+        )
+        .await;
+    platform
+        .publish("clock", "tick.v1", "last", json!({}))
+        .await;
+    eddy_testing::eventually(
+        "the last attempt to be in flight",
+        Duration::from_secs(30),
+        || async { sink.in_flight_ids().contains(&"last".to_owned()) },
+    )
+    .await
+    .unwrap();
+    dispatcher.child.start_kill().unwrap();
+    dispatcher.child.wait().await.unwrap();
+
+    let restarted = platform.spawn_dispatcher("2s").await;
+    let http = reqwest::Client::new();
+    let letters = || async {
+        let body: serde_json::Value = http
+            .get(format!(
+                "{}/dead-letters?subscription=default/once",
+                restarted.url
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["items"].as_array().unwrap().clone()
+    };
+    eddy_testing::eventually(
+        "the event in dead letters",
+        Duration::from_secs(30),
+        || async { !letters().await.is_empty() },
+    )
+    .await
+    .unwrap();
+    let letters = letters().await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["id"], "last");
+    assert_eq!(letters[0]["reason"], "max_attempts");
+    platform.wait_settled("once").await;
+    assert_eq!(
+        sink.attempts("last"),
+        1,
+        "the sink is not called past maxAttempts"
+    );
+    drop(restarted);
+}
