@@ -58,6 +58,21 @@ async fn the_event_bus_and_the_gateway_speak_http2_with_prior_knowledge() {
         stream.info().await.unwrap().state.messages,
         stored_before + 64
     );
+    // Each of the 64, once: by id, not by count.
+    let mut stored = Vec::new();
+    for sequence in stored_before + 1..=stored_before + 64 {
+        let message = stream.get_raw_message(sequence).await.unwrap();
+        let id = message
+            .headers
+            .get("ce-id")
+            .map(|value| value.as_str().to_owned())
+            .unwrap_or_default();
+        stored.push(id);
+    }
+    stored.sort();
+    let mut expected: Vec<String> = (0..64).map(|i| format!("h2-{i}")).collect();
+    expected.sort();
+    assert_eq!(stored, expected);
 
     // A function invoked over HTTP/2 through the gateway sees the host the caller named.
     let (status, body) = platform
