@@ -68,8 +68,10 @@ fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<
     let task = tokio::spawn(async move {
         let mut bodies = Vec::new();
         for (index, exchange) in exchanges.into_iter().enumerate() {
+            // Generous: a reconcile may run the real `git` between two requests, and a loaded
+            // machine is slow; a request that never comes fails the test all the same.
             let (request, send) =
-                tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+                tokio::time::timeout(Duration::from_secs(30), handle.next_request())
                     .await
                     .unwrap_or_else(|_| {
                         panic!(
@@ -126,7 +128,7 @@ fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<
                     .expect("response"),
             );
         }
-        let extra = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        let extra = tokio::time::timeout(Duration::from_secs(30), handle.next_request())
             .await
             .expect("the client is dropped after the reconcile");
         if let Some((request, _)) = extra {
