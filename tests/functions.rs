@@ -825,6 +825,61 @@ async fn deleting_a_function_stops_its_instances() {
     .unwrap();
 }
 
+/// A process a function started in a session of its own (a detached child, `setsid`) leaves
+/// the function's process group; it is stopped with the function all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detached_child_of_a_function_goes_with_it() {
+    let platform = Platform::start().await;
+    let source = r#"
+        const { spawn } = require("child_process");
+        let child;
+        module.exports = { main: () => {
+            child ??= spawn("sleep", ["300"], { detached: true, stdio: "ignore" });
+            return { pid: child.pid };
+        } };
+    "#;
+    platform
+        .deploy(
+            "spawner",
+            json!({"runtime": "nodejs22", "source": {"inline": {"source": source}}}),
+        )
+        .await;
+    let answer: serde_json::Value = platform
+        .invoke("spawner", "/")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pid = answer["pid"].as_i64().unwrap();
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit(") ")
+                .next()
+                .is_some_and(|rest| rest.starts_with('Z'))
+        })
+    };
+    assert!(!gone(), "the detached child runs");
+    let response = platform
+        .http
+        .delete(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/spawner",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    eventually(
+        "the detached child to stop",
+        Duration::from_secs(30),
+        || async { gone() },
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_scales_a_function_out_and_quiet_scales_it_back() {
     let platform = Arc::new(

@@ -91,21 +91,88 @@ pub fn signal_group(child: &Child, signal: Signal) {
 
 /// SIGTERM to the group, then SIGKILL after `grace` if it is still there; reaps the child.
 /// Only for children started with [`supervise`] (group leaders): signals go to the group.
+/// Descendants that left the group (`setsid`, a detached child) are killed afterwards.
 pub async fn terminate(child: &mut Child, grace: Duration) {
     if matches!(child.try_wait(), Ok(Some(_))) {
         return;
     }
+    let left_the_group = descendants(child);
     signal_group(child, Signal::SIGTERM);
     if tokio::time::timeout(grace, child.wait()).await.is_err() {
         signal_group(child, Signal::SIGKILL);
         let _ = child.wait().await;
     }
+    kill_all(&left_the_group);
 }
 
-/// SIGKILL to the group, at once; reaps the child.
+/// SIGKILL to the group and to descendants that left it, at once; reaps the child.
 pub async fn kill(child: &mut Child) {
+    let left_the_group = descendants(child);
     signal_group(child, Signal::SIGKILL);
     let _ = child.wait().await;
+    kill_all(&left_the_group);
+}
+
+/// A process seen below a child: its pid and start time (clock ticks since boot), so that a pid
+/// reused since is not killed.
+type Seen = (i32, u64);
+
+/// Every process below `child` (children, theirs, …) as `/proc` shows them now, whatever their
+/// group or session: what a function started with `setsid` or as a detached child is not in the
+/// function's group, and would outlive it.
+fn descendants(child: &Child) -> Vec<Seen> {
+    let Some(root) = child.id().and_then(|pid| i32::try_from(pid).ok()) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children: std::collections::HashMap<i32, Vec<Seen>> = Default::default();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse().ok())
+        else {
+            continue;
+        };
+        if let Some((parent, started)) = parent_and_start(pid) {
+            children.entry(parent).or_default().push((pid, started));
+        }
+    }
+    let mut found = Vec::new();
+    let mut next = vec![root];
+    while let Some(parent) = next.pop() {
+        for &(pid, started) in children.get(&parent).into_iter().flatten() {
+            found.push((pid, started));
+            next.push(pid);
+        }
+    }
+    found
+}
+
+/// The parent pid and start time of `pid`, from `/proc/<pid>/stat`.
+fn parent_and_start(pid: i32) -> Option<(i32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`: the command may hold spaces and parentheses, so fields are
+    // counted from the last `)`. ppid is field 4, starttime field 22.
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .collect();
+    let parent = fields.get(1)?.parse().ok()?;
+    let started = fields.get(19)?.parse().ok()?;
+    Some((parent, started))
+}
+
+/// SIGKILL to each of `seen` that is still the same process.
+fn kill_all(seen: &[Seen]) {
+    for &(pid, started) in seen {
+        if parent_and_start(pid).is_some_and(|(_, now)| now == started) {
+            // ESRCH (gone meanwhile) is fine.
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -123,5 +190,46 @@ mod tests {
             soft == hard || hard == nix::sys::resource::RLIM_INFINITY,
             "{soft} < {hard}"
         );
+    }
+
+    /// Whether `pid` is gone (a zombie waiting for its reaper counts as gone).
+    fn gone(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit(") ")
+                .next()
+                .is_some_and(|rest| rest.starts_with('Z'))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_child_that_left_the_group_goes_with_it() {
+        use tokio::io::AsyncBufReadExt as _;
+        for stop in ["kill", "terminate"] {
+            let mut command = Command::new("sh");
+            command
+                .args(["-c", "setsid sleep 300 & echo $!; wait"])
+                .stdout(std::process::Stdio::piped());
+            supervise(&mut command);
+            let mut child = command.spawn().unwrap();
+            let mut line = String::new();
+            tokio::io::BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .await
+                .unwrap();
+            let escaped: i32 = line.trim().parse().unwrap();
+            assert!(!gone(escaped), "the setsid child runs");
+            match stop {
+                "kill" => kill(&mut child).await,
+                _ => terminate(&mut child, Duration::from_secs(5)).await,
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !gone(escaped) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{stop}: {escaped} outlived its parent"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 }
