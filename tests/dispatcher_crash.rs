@@ -138,21 +138,7 @@ async fn an_event_whose_last_attempt_died_with_its_dispatcher_goes_to_dead_lette
     dispatcher.child.wait().await.unwrap();
 
     let restarted = platform.spawn_dispatcher("2s").await;
-    let http = reqwest::Client::new();
-    let letters = || async {
-        let body: serde_json::Value = http
-            .get(format!(
-                "{}/dead-letters?subscription=default/once",
-                restarted.url
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        body["items"].as_array().unwrap().clone()
-    };
+    let letters = || platform.dead_letters_at(&restarted.url, "once");
     eddy_testing::eventually(
         "the event in dead letters",
         Duration::from_secs(30),

@@ -470,16 +470,7 @@ async fn the_gateway_counts_calls_errors_cold_starts_and_instances_per_function(
         waits_before + 1
     );
 
-    let response = platform
-        .http
-        .delete(format!(
-            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/counted",
-            platform.api
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    platform.delete_function("counted").await;
     eventually(
         "the deleted function's series to go",
         Duration::from_secs(20),
@@ -792,16 +783,7 @@ async fn deleting_a_function_stops_its_instances() {
         .await;
     let pids = platform.pids("ephemeral");
     assert_eq!(pids.len(), 1);
-    let response = platform
-        .http
-        .delete(format!(
-            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/ephemeral",
-            platform.api
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    platform.delete_function("ephemeral").await;
     eventually("the instance to stop", Duration::from_secs(20), || async {
         let alive = std::path::Path::new(&format!("/proc/{}", pids[0])).exists();
         !alive && platform.pids("ephemeral").is_empty()
@@ -852,25 +834,10 @@ async fn a_detached_child_of_a_function_goes_with_it() {
         .json()
         .await
         .unwrap();
-    let pid = answer["pid"].as_i64().unwrap();
-    let gone = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-            stat.rsplit(") ")
-                .next()
-                .is_some_and(|rest| rest.starts_with('Z'))
-        })
-    };
+    let pid = u32::try_from(answer["pid"].as_u64().unwrap()).unwrap();
+    let gone = || eddy_testing::process_gone(pid);
     assert!(!gone(), "the detached child runs");
-    let response = platform
-        .http
-        .delete(format!(
-            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/spawner",
-            platform.api
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    platform.delete_function("spawner").await;
     eventually(
         "the detached child to stop",
         Duration::from_secs(30),

@@ -629,7 +629,7 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
         .collect();
     assert!(leaked.is_empty(), "the install saw {leaked:?}");
 
-    let leftover: i32 = std::fs::read_to_string(build_dir.join("function/leftover.pid"))
+    let leftover: u32 = std::fs::read_to_string(build_dir.join("function/leftover.pid"))
         .unwrap()
         .trim()
         .parse()
@@ -637,11 +637,7 @@ async fn builds_see_no_secrets_leave_nothing_running_and_are_not_trusted_when_ch
     eventually(
         "the install's background process to be gone",
         Duration::from_secs(30),
-        || async {
-            // Gone, or a zombie waiting for its reaper.
-            std::fs::read_to_string(format!("/proc/{leftover}/stat"))
-                .map_or(true, |stat| stat.split_whitespace().nth(2) == Some("Z"))
-        },
+        || async { eddy_testing::process_gone(leftover) },
     )
     .await
     .unwrap();

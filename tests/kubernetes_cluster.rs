@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use eddy_model::resources::{Function, validate_function, validate_subscription};
 use eddy_testing::{
-    control_plane::{ControlPlane, chart_without_nats, run},
+    control_plane::{ControlPlane, chart_without_nats, run, run_with_input},
     eventually,
 };
 use k8s_openapi::api::{
@@ -317,19 +317,8 @@ impl Cluster {
         kubectl
             .args(["apply", "--server-side", "--field-manager", "kubectl", "-n"])
             .arg(&self.namespace)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = kubectl.spawn()?;
-        std::io::Write::write_all(&mut child.stdin.take().context("stdin")?, yaml.as_bytes())?;
-        let output = child.wait_with_output()?;
-        anyhow::ensure!(
-            output.status.success(),
-            "kubectl apply failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+            .args(["-f", "-"]);
+        run_with_input(&mut kubectl, yaml)
     }
 
     /// An example directory's manifests, with the sinks' `.default.svc` pointed at the test's
@@ -448,26 +437,17 @@ async fn the_chart_installs_with_each_values_set_and_its_crds_are_accepted() {
     }
     let printed = run(Command::new(env!("CARGO_BIN_EXE_eddy")).arg("crds")).unwrap();
     let mut apply = plane.kubectl().unwrap();
-    apply
-        .args([
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--dry-run=server",
-            "-f",
-            "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = apply.spawn().unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), printed.as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "the API server refuses `eddy crds`: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    apply.args([
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--dry-run=server",
+        "-f",
+        "-",
+    ]);
+    if let Err(error) = run_with_input(&mut apply, &printed) {
+        panic!("the API server refuses `eddy crds`: {error:#}");
+    }
 }
 
 // --- validation ------------------------------------------------------------------------------

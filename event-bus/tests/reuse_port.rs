@@ -61,26 +61,7 @@ async fn buses_sharing_a_port_join_once_they_can_store_and_then_store_every_even
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
     for i in 0..40 {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap();
-        let response = http
-            .post(&url)
-            .header("ce-specversion", "1.0")
-            .header("ce-id", format!("shared-{i}"))
-            .header("ce-source", "reuse-port-test")
-            .header("ce-type", "shared.port.v1")
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(
-            response.status(),
-            204,
-            "event {i}: {:?}",
-            response.text().await
-        );
+        publish_on_a_fresh_connection(&url, i).await;
     }
     let mut stream = js.get_stream("EDDY_EVENTS").await.unwrap();
     assert_eq!(stream.info().await.unwrap().state.messages, 40);
@@ -90,21 +71,7 @@ async fn buses_sharing_a_port_join_once_they_can_store_and_then_store_every_even
     shutdowns[0].cancel();
     buses.remove(0).await.unwrap().unwrap();
     for i in 40..60 {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .build()
-            .unwrap();
-        let response = http
-            .post(&url)
-            .header("ce-specversion", "1.0")
-            .header("ce-id", format!("shared-{i}"))
-            .header("ce-source", "reuse-port-test")
-            .header("ce-type", "shared.port.v1")
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 204, "event {i} to the second bus");
+        publish_on_a_fresh_connection(&url, i).await;
     }
     assert_eq!(stream.info().await.unwrap().state.messages, 60);
 
@@ -112,4 +79,29 @@ async fn buses_sharing_a_port_join_once_they_can_store_and_then_store_every_even
     for bus in buses {
         bus.await.unwrap().unwrap();
     }
+}
+
+/// Publishes event `shared-<i>` on a connection of its own (the kernel picks the bus that
+/// takes it); asserts it was stored (204).
+async fn publish_on_a_fresh_connection(url: &str, i: usize) {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let response = http
+        .post(url)
+        .header("ce-specversion", "1.0")
+        .header("ce-id", format!("shared-{i}"))
+        .header("ce-source", "reuse-port-test")
+        .header("ce-type", "shared.port.v1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        204,
+        "event {i}: {:?}",
+        response.text().await
+    );
 }

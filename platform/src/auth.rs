@@ -176,9 +176,10 @@ async fn require_token(
     let path = request.uri().path();
     let open = path == "/healthz" || path == "/readyz";
     let tokens = &protection.tokens;
-    let by_query =
-        protection.query_token_paths.contains(&path) && query_token_allowed(tokens, &request);
-    if open || tokens.allows(request.headers()) || by_query {
+    if open
+        || tokens.allows(request.headers())
+        || (protection.query_token_paths.contains(&path) && query_token_allowed(tokens, &request))
+    {
         return next.run(request).await;
     }
     crate::errors::ErrorResponse::new(

@@ -68,6 +68,28 @@ pub fn run(command: &mut Command) -> Result<String> {
     let output = command
         .output()
         .with_context(|| format!("starting {command:?}"))?;
+    outcome(command, &output)
+}
+
+/// [`run`] with `input` on the command's stdin (`kubectl apply -f -`).
+pub fn run_with_input(command: &mut Command, input: &str) -> Result<String> {
+    use std::{io::Write as _, process::Stdio};
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))?;
+    child
+        .stdin
+        .take()
+        .context("the command's stdin")?
+        .write_all(input.as_bytes())?;
+    let output = child.wait_with_output()?;
+    outcome(command, &output)
+}
+
+fn outcome(command: &Command, output: &std::process::Output) -> Result<String> {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     ensure!(
         output.status.success(),

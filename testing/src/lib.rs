@@ -298,6 +298,16 @@ fn parse_version(text: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
+/// Whether process `pid` is gone: no longer in `/proc`, or a zombie waiting for its reaper.
+pub fn process_gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        // `pid (comm) state …`: the command may hold spaces, so the state follows the last `)`.
+        stat.rsplit(") ")
+            .next()
+            .is_some_and(|rest| rest.starts_with('Z'))
+    })
+}
+
 /// Polls `condition` until it holds or `timeout` passes; the error names `what`.
 pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut condition: F) -> Result<()>
 where

@@ -223,6 +223,20 @@ impl Platform {
         .unwrap();
     }
 
+    /// DELETEs a Function through the API; asserts 200.
+    pub async fn delete_function(&self, name: &str) {
+        let response = self
+            .http
+            .delete(format!(
+                "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/{name}",
+                self.api
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "deleting {name}");
+    }
+
     pub async fn delete_subscription(&self, name: &str) {
         let response = self
             .http
@@ -284,11 +298,16 @@ impl Platform {
 
     /// Dead letters of a subscription, as the dispatcher lists them.
     pub async fn dead_letters(&self, name: &str) -> Vec<Value> {
+        self.dead_letters_at(&self.dispatcher, name).await
+    }
+
+    /// Dead letters of a subscription, as the dispatcher at `dispatcher` (its admin URL) lists
+    /// them.
+    pub async fn dead_letters_at(&self, dispatcher: &str, name: &str) -> Vec<Value> {
         let body: Value = self
             .http
             .get(format!(
-                "{}/dead-letters?subscription=default/{name}",
-                self.dispatcher
+                "{dispatcher}/dead-letters?subscription=default/{name}"
             ))
             .send()
             .await

@@ -572,8 +572,6 @@ const HOP_BY_HOP: [&str; 8] = [
     "content-length",
 ];
 
-/// Calls a function through the gateway, as any caller would (its access rules apply), and
-/// answers the status, headers, body and time taken.
 /// The gateway URL of a dashboard call of `namespace/name` at `path`, or `None` when the call
 /// would leave the function's own address. `path` must be visible ASCII (no spaces, tabs or
 /// other controls, which URL parsers drop, and no backslash, which they read as `/`), without a
@@ -601,6 +599,8 @@ pub fn invoke_url(gateway: &str, namespace: &str, name: &str, path: &str) -> Opt
     inside.then_some(url)
 }
 
+/// Calls a function through the gateway, as any caller would (its access rules apply), and
+/// answers the status, headers, body and time taken.
 async fn invoke(
     State(state): State<Arc<DashboardState>>,
     Json(form): Json<InvokeForm>,

@@ -146,12 +146,11 @@ pub async fn checkout(
         return Ok(target);
     }
     // A staging folder of this call's own (another process may check out the same commit).
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let staging = config.dir.join("checkouts").join(&repository).join(format!(
-        ".{commit}.{}.{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
+    let staging = config
+        .dir
+        .join("checkouts")
+        .join(&repository)
+        .join(format!(".{commit}.{}", unique_suffix()));
     let _ = tokio::fs::remove_dir_all(&staging).await;
     tokio::fs::create_dir_all(&staging)
         .await
@@ -217,6 +216,16 @@ pub async fn checkout(
     Ok(target)
 }
 
+/// A name no other call, in this process or another, gets: `<pid>-<counter>`.
+fn unique_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 /// A private directory for one `git` run's key and helper files, removed on drop.
 struct Scratch(PathBuf);
 
@@ -226,12 +235,7 @@ impl Scratch {
         let base = config.dir.join("tmp");
         std::fs::create_dir_all(&base)
             .map_err(|error| BuildFailure::io("create", &base, &error))?;
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let path = base.join(format!(
-            "{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
+        let path = base.join(unique_suffix());
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)

@@ -647,7 +647,6 @@ impl LocalController {
         true
     }
 
-    /// A failed build: said in status; requests wait no longer when nothing else can run.
     /// Whether the last build stopped because the Git source could not be reached.
     fn source_was_unavailable(tracked: &Tracked) -> bool {
         tracked.status.lock().conditions.iter().any(|condition| {
@@ -657,6 +656,7 @@ impl LocalController {
         })
     }
 
+    /// A failed build: said in status; requests wait no longer when nothing else can run.
     fn build_failed(tracked: &Tracked, failure: build::BuildFailure, generation: i64) {
         tracing::warn!(reason = %failure.reason, "build failed");
         if !tracked.pool.has_revision() {

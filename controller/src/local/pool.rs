@@ -876,8 +876,9 @@ impl Pool {
         Ok((child, false))
     }
 
-    /// An instance's whole environment (the secrets among it go to a cold start on stdin): the fixed part, the instance's own settings and the
-    /// function's `env`; never eddy's own environment.
+    /// An instance's whole environment: the fixed part, the instance's own settings and the
+    /// function's `env`; never eddy's own environment. (A cold start gets the secrets among it
+    /// on stdin.)
     fn instance_env(&self, instance: &Instance, revision: &Revision) -> Vec<(OsString, OsString)> {
         let mut env = spares::base_env();
         let mut set = |name: &str, value: &std::ffi::OsStr| env.push((name.into(), value.into()));
@@ -975,13 +976,7 @@ const SECRET_ENV: [&str; 2] = ["EDDY_INSTANCE_SECRET", "EDDY_PUBLISHER_TOKEN"];
 /// The JSON line of `secrets` a cold-started runtime server reads from stdin
 /// (`EDDY_SECRETS_ON_STDIN`) before it serves. Pure.
 fn secrets_line(secrets: &[(OsString, OsString)]) -> Result<Vec<u8>, String> {
-    let mut vars = serde_json::Map::new();
-    for (name, value) in secrets {
-        let value = value
-            .to_str()
-            .ok_or_else(|| format!("{} is not UTF-8", name.to_string_lossy()))?;
-        vars.insert(name.to_string_lossy().into_owned(), value.into());
-    }
+    let vars = spares::env_object(secrets)?;
     let mut line = serde_json::to_vec(&vars).map_err(|e| e.to_string())?;
     line.push(b'\n');
     Ok(line)

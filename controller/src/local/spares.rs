@@ -348,16 +348,7 @@ impl Spare {
         dir: &Path,
         log: std::fs::File,
     ) -> Result<tokio::process::Child, String> {
-        let mut vars = serde_json::Map::new();
-        for (name, value) in env {
-            let (Some(name), Some(value)) = (name.to_str(), value.to_str()) else {
-                return Err(format!(
-                    "the environment variable {} is not UTF-8",
-                    name.to_string_lossy()
-                ));
-            };
-            vars.insert(name.to_owned(), value.into());
-        }
+        let vars = env_object(env)?;
         let dir_text = dir
             .to_str()
             .ok_or_else(|| format!("{} is not UTF-8", dir.display()))?;
@@ -375,6 +366,24 @@ impl Spare {
         drop(self.stdin);
         Ok(self.child)
     }
+}
+
+/// Environment variables as a JSON object, as a runtime server reads them from stdin (a spare's
+/// hand-over, a cold start's secrets). Only UTF-8 names and values can be sent.
+pub fn env_object(
+    env: &[(OsString, OsString)],
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut vars = serde_json::Map::new();
+    for (name, value) in env {
+        let (Some(name), Some(value)) = (name.to_str(), value.to_str()) else {
+            return Err(format!(
+                "the environment variable {} is not UTF-8",
+                name.to_string_lossy()
+            ));
+        };
+        vars.insert(name.to_owned(), value.into());
+    }
+    Ok(vars)
 }
 
 /// The fixed part of every instance's environment, also a spare's: never eddy's own settings.
