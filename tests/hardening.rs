@@ -700,14 +700,7 @@ async fn deeply_nested_manifests_are_refused_at_once() {
     )
     .unwrap();
     let started = Instant::now();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args(["apply", "--server", "http://127.0.0.1:9", "-f"])
-        .arg(&manifest)
-        .output()
-        .await
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused_apply(&manifest).await;
     assert!(stderr.contains("nested deeper than 64"), "{stderr}");
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -717,24 +710,22 @@ async fn deeply_nested_manifests_are_refused_at_once() {
 
     // Over 8 MiB: refused by its size, before it is parsed (or anything is sent).
     let big = dir.path().join("big.yaml");
-    std::fs::write(
-        &big,
-        format!(
-            "# {}
-",
-            "x".repeat(8 * 1024 * 1024)
-        ),
-    )
-    .unwrap();
+    std::fs::write(&big, format!("# {}\n", "x".repeat(8 * 1024 * 1024))).unwrap();
+    let stderr = refused_apply(&big).await;
+    assert!(stderr.contains("manifests are at most 8388608"), "{stderr}");
+}
+
+/// `eddy apply -f manifest` against a server nothing listens on: it must fail before sending
+/// anything; its stderr.
+async fn refused_apply(manifest: &std::path::Path) -> String {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
         .args(["apply", "--server", "http://127.0.0.1:9", "-f"])
-        .arg(&big)
+        .arg(manifest)
         .output()
         .await
         .unwrap();
     assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("manifests are at most 8388608"), "{stderr}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// Bad names and oversized resources get 404 / 413 / 422 (they used to reach the store and come
