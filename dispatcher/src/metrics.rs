@@ -72,6 +72,7 @@ pub struct Metrics {
     duration: Family<SubscriptionLabel, Histogram>,
     pending: Family<SubscriptionLabel, Gauge>,
     in_flight: Family<SubscriptionLabel, Gauge>,
+    stream_breaks: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -122,6 +123,12 @@ impl Metrics {
         );
         let in_flight = Family::<SubscriptionLabel, Gauge>::default();
         registry.register("in_flight", "Deliveries running now", in_flight.clone());
+        let stream_breaks = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "stream_breaks",
+            "Message streams from JetStream that ended and were opened again, by reason",
+            stream_breaks.clone(),
+        );
         Self {
             registry,
             delivered,
@@ -131,7 +138,18 @@ impl Metrics {
             duration,
             pending,
             in_flight,
+            stream_breaks,
         }
+    }
+
+    /// A subscription's message stream ended for `reason` (a fixed vocabulary) and is rebuilt.
+    pub fn stream_broke(&self, subscription: &str, reason: &'static str) {
+        self.stream_breaks
+            .get_or_create(&ReasonLabels {
+                subscription: subscription.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     fn label(subscription: &str) -> SubscriptionLabel {

@@ -147,7 +147,13 @@ pub async fn run(
         failures = 0;
         match consume(&shared, &target, consumer, false, &cancel).await {
             Ended::Cancelled | Ended::CaughtUp => return,
-            Ended::Broken => {
+            Ended::Broken { delivered } => {
+                // A stream that was delivering is opened again at once: waiting would only add
+                // latency to a Subscription that works. Only a stream that breaks before its
+                // first event (JetStream away, the consumer gone) backs off.
+                if delivered {
+                    continue;
+                }
                 failures += 1;
                 if sleep_or_cancel(CONSUMER_RETRY.delay(failures), &cancel).await {
                     return;
@@ -185,8 +191,32 @@ pub enum Ended {
     Cancelled,
     /// A replay delivered everything.
     CaughtUp,
-    /// The message stream failed; build it again.
-    Broken,
+    /// The message stream failed; build it again. `delivered`: it had handed out events first.
+    Broken {
+        /// At least one event came through the stream before it broke.
+        delivered: bool,
+    },
+}
+
+/// Why a message stream broke, as a metric label; `None` when the stream carries on by itself.
+///
+/// Only a missed idle heartbeat is left to the stream. After every other kind async-nats either
+/// ends the stream (consumer deleted, push based, a request over the consumer's limits) or keeps
+/// counting a pull request that will never be answered, which would stall the Subscription until
+/// the request expires (30 s and more): opening a new stream is the fast way back.
+fn stream_break(
+    kind: async_nats::jetstream::consumer::pull::MessagesErrorKind,
+) -> Option<&'static str> {
+    use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
+    match kind {
+        Kind::MissingHeartbeat => None,
+        Kind::ConsumerDeleted => Some("consumer_deleted"),
+        Kind::Pull => Some("pull_failed"),
+        Kind::PushBasedConsumer => Some("push_based"),
+        Kind::NoResponders => Some("no_responders"),
+        Kind::RequestLimitExceeded => Some("request_limit"),
+        Kind::Other => Some("other"),
+    }
 }
 
 /// Pulls and delivers until cancelled, broken, or (`until_caught_up`) nothing is left.
@@ -215,7 +245,8 @@ pub async fn consume(
         Ok(messages) => messages,
         Err(error) => {
             tracing::warn!(%error, "cannot open the message stream");
-            return Ended::Broken;
+            shared.metrics.stream_broke(&target.label, "open_failed");
+            return Ended::Broken { delivered: false };
         }
     };
     let series = shared.metrics.subscription(&target.label);
@@ -223,6 +254,7 @@ pub async fn consume(
     let mut sink = SinkCache::default();
     let mut running = FuturesUnordered::new();
     let mut asking: Option<futures::future::BoxFuture<'_, _>> = None;
+    let mut delivered = false;
     let mut tick = tokio::time::interval(if until_caught_up {
         Duration::from_millis(200)
     } else {
@@ -236,22 +268,23 @@ pub async fn consume(
             Some(()) = running.next(), if !running.is_empty() => {}
             message = messages.next(), if running.len() < max_in_flight => match message {
                 Some(Ok(message)) => {
+                    delivered = true;
                     let resolved = sink.get(&shared.sinks, &target.sink);
                     running.push(handle(shared, target, &series, &recent, resolved, message));
                 }
-                Some(Err(error)) => {
-                    use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
-                    match error.kind() {
-                        Kind::MissingHeartbeat => {
-                            tracing::debug!("missed heartbeat; the stream recovers on its own");
-                        }
-                        _ => {
-                            tracing::warn!(%error, "message stream failed; rebuilding");
-                            break Ended::Broken;
-                        }
+                Some(Err(error)) => match stream_break(error.kind()) {
+                    None => tracing::debug!("missed heartbeat; the stream recovers on its own"),
+                    Some(reason) => {
+                        tracing::warn!(%error, reason, "message stream failed; opening it again");
+                        shared.metrics.stream_broke(&target.label, reason);
+                        break Ended::Broken { delivered };
                     }
+                },
+                None => {
+                    tracing::warn!(reason = "ended", "message stream ended; opening it again");
+                    shared.metrics.stream_broke(&target.label, "ended");
+                    break Ended::Broken { delivered };
                 }
-                None => break Ended::Broken,
             },
             // Asked alongside the deliveries, not in their way: a slow answer (NATS electing a
             // leader) must not hold up settling events or their in-progress acks.
