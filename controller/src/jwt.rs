@@ -64,10 +64,22 @@ impl Refusal {
     }
 }
 
-/// The fetched keys and when they were fetched.
+/// The fetched keys, when they were fetched, and when a fetch was last tried.
 struct Keys {
     set: Arc<JwkSet>,
     fetched: Instant,
+    tried: Instant,
+}
+
+/// Whether to fetch the JWKS now, holding `held`, for a token whose key id the held keys lack
+/// (`lacks_kid`). Fresh keys serve for [`KEYS_FRESH_FOR`]; stale keys, or keys without the
+/// token's id, are fetched again, but at most every [`REFETCH_AT_MOST_EVERY`] counted from the
+/// last try: while the issuer is down, the held keys serve calls without each one waiting for
+/// a fetch that will fail.
+fn fetch_due(held: &Keys, lacks_kid: bool, now: Instant) -> bool {
+    let since_try = now.saturating_duration_since(held.tried);
+    let stale = now.saturating_duration_since(held.fetched) >= KEYS_FRESH_FOR;
+    (stale || lacks_kid) && since_try >= REFETCH_AT_MOST_EVERY
 }
 
 /// Checks bearer JWTs for one Function's `access.jwt`.
@@ -182,12 +194,12 @@ impl JwtVerifier {
     /// most every [`REFETCH_AT_MOST_EVERY`]).
     async fn keys_for(&self, kid: Option<&str>) -> Result<Arc<JwkSet>, Refusal> {
         let mut keys = self.keys.lock().await;
+        let now = Instant::now();
         let wanted = match keys.as_ref() {
             None => true,
             Some(held) => {
-                let age = held.fetched.elapsed();
                 let lacks_kid = kid.is_some_and(|kid| held.set.find(kid).is_none());
-                age >= KEYS_FRESH_FOR || (lacks_kid && age >= REFETCH_AT_MOST_EVERY)
+                fetch_due(held, lacks_kid, now)
             }
         };
         if wanted {
@@ -195,17 +207,21 @@ impl JwtVerifier {
                 Ok(set) => {
                     *keys = Some(Keys {
                         set: Arc::new(set),
-                        fetched: Instant::now(),
+                        fetched: now,
+                        tried: now,
                     });
                 }
                 Err(problem) => {
                     tracing::warn!(jwks = %self.spec.jwks_uri, %problem, "cannot fetch the issuer's keys");
                     // Keys fetched earlier keep serving while the issuer is unreachable.
-                    if keys.is_none() {
-                        return Err(Refusal {
-                            status: StatusCode::SERVICE_UNAVAILABLE,
-                            message: "the issuer's keys cannot be fetched".to_owned(),
-                        });
+                    match keys.as_mut() {
+                        Some(held) => held.tried = now,
+                        None => {
+                            return Err(Refusal {
+                                status: StatusCode::SERVICE_UNAVAILABLE,
+                                message: "the issuer's keys cannot be fetched".to_owned(),
+                            });
+                        }
                     }
                 }
             }
@@ -339,6 +355,40 @@ mod tests {
         assert_eq!(
             missing_claim(&json!({"level": {"x": 3}}), &number),
             Some("level")
+        );
+    }
+
+    /// Keys serve for five minutes, then are fetched again; a failed refresh (or a search for
+    /// an unknown key id) is tried again after ten seconds, not at every call.
+    #[test]
+    fn keys_are_fetched_again_after_five_minutes_and_failures_are_not_retried_at_every_call() {
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let mut held = Keys {
+            set: Arc::new(JwkSet { keys: Vec::new() }),
+            fetched: start,
+            tried: start,
+        };
+        assert!(!fetch_due(&held, false, at(1)), "fresh keys serve");
+        assert!(!fetch_due(&held, false, at(299)), "for five minutes");
+        assert!(
+            fetch_due(&held, false, at(300)),
+            "then they are fetched again"
+        );
+        // The issuer is down at 300 s: the stale keys serve, and the next try is 10 s later.
+        held.tried = at(300);
+        assert!(!fetch_due(&held, false, at(301)));
+        assert!(!fetch_due(&held, false, at(309)));
+        assert!(fetch_due(&held, false, at(310)));
+        // An unknown key id: fetched at once (the last try was long ago), then at most every
+        // 10 s.
+        held.tried = at(310);
+        held.fetched = at(310);
+        assert!(!fetch_due(&held, true, at(315)));
+        assert!(fetch_due(&held, true, at(320)));
+        assert!(
+            !fetch_due(&held, false, at(320)),
+            "known ids wait for the five minutes"
         );
     }
 
