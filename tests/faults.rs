@@ -352,5 +352,21 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
         missing.len(),
         &missing[..missing.len().min(5)]
     );
+    // Duplicates are bounded, not just printed. Three faults interrupt deliveries (the dispatcher,
+    // nats-server, an instance); each can redeliver only what was unacknowledged at that moment,
+    // which JetStream caps at maxInFlightMessages (10, the default). No event lives through two
+    // of them, so none may arrive more than twice.
+    let twice_or_more: Vec<(&String, &u64)> = seen.iter().filter(|(_, n)| **n > 2).collect();
+    assert!(
+        twice_or_more.is_empty(),
+        "events delivered more than twice: {twice_or_more:?}"
+    );
+    let duplicates: u64 = seen.values().map(|n| n.saturating_sub(1)).sum();
+    let bound = 3 * u64::from(eddy_model::resources::DEFAULT_MAX_IN_FLIGHT);
+    assert!(
+        duplicates <= bound,
+        "{duplicates} duplicates, more than the {bound} that three interrupted windows of \
+         maxInFlightMessages allow"
+    );
     shutdown.cancel();
 }

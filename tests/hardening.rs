@@ -1007,3 +1007,88 @@ async fn tokens_stay_out_of_nats_server_and_apply_uses_the_token_file() {
     }
     up.stop().await;
 }
+
+/// eddy's service processes (event-bus, dispatcher, controller, `eddy up`) are non-dumpable:
+/// a process of the same user cannot read their `/proc/<pid>/environ` (where tokens may be) or
+/// memory. The kernel shows it as the owner of `/proc/<pid>/environ`: root for a non-dumpable
+/// process, the process's own user otherwise. To see the difference when the tests run as root,
+/// the processes run as `nobody`; a CLI command (dumpable) is the control.
+#[tokio::test]
+async fn service_processes_are_not_dumpable() {
+    use std::os::unix::{fs::MetadataExt as _, process::CommandExt as _};
+    let as_root = nix::unistd::geteuid().is_root();
+    let user = if as_root {
+        65534
+    } else {
+        nix::unistd::geteuid().as_raw()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let spawn = |args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
+        command
+            .args(args)
+            .current_dir(dir.path())
+            .env("EDDY_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        if as_root {
+            command.uid(user).gid(65534);
+        }
+        command.spawn().unwrap()
+    };
+    let unreachable_nats = ["--nats-url", "nats://127.0.0.1:9"];
+    let mut services = vec![
+        (
+            "event-bus",
+            spawn(
+                &[
+                    &["event-bus", "--addr", "127.0.0.1:0"][..],
+                    &unreachable_nats,
+                ]
+                .concat(),
+            ),
+        ),
+        (
+            "dispatcher",
+            spawn(
+                &[
+                    &["dispatcher", "--addr", "127.0.0.1:0"][..],
+                    &unreachable_nats,
+                ]
+                .concat(),
+            ),
+        ),
+    ];
+    // The control: a CLI command that waits (here for an API that never answers).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let mut control = spawn(&["get", "functions", "--server", &silent_url]);
+    let owner = |pid: u32| {
+        std::fs::metadata(format!("/proc/{pid}/environ"))
+            .map(|meta| meta.uid())
+            .ok()
+    };
+    assert_eq!(
+        owner(control.id()),
+        Some(user),
+        "the control (a CLI command) stays dumpable, so the check tells them apart"
+    );
+    for (name, child) in &services {
+        let pid = child.id();
+        eventually(
+            &format!("{name}'s /proc/{pid}/environ to be root's (non-dumpable)"),
+            Duration::from_secs(20),
+            || async { owner(pid) == Some(0) },
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name} is dumpable: environ owned by {:?}", owner(pid)));
+    }
+    let _ = control.kill();
+    let _ = control.wait();
+    for (_, child) in &mut services {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -269,6 +269,25 @@ fn seen_kyma(event: watcher::Event<kube::api::DynamicObject>) -> Seen {
     }
 }
 
+/// Which kinds of Subscription have been listed whole at least once. Consumers without a
+/// Subscription are swept only once every kind is: before that, a Kyma Subscription not yet
+/// listed would look gone and lose its consumer.
+struct Listed(Vec<bool>);
+
+impl Listed {
+    fn new(kinds: usize) -> Self {
+        Self(vec![false; kinds])
+    }
+
+    /// `kind` finished a list; true when every kind has.
+    fn done(&mut self, kind: usize) -> bool {
+        if let Some(listed) = self.0.get_mut(kind) {
+            *listed = true;
+        }
+        self.0.iter().all(|listed| *listed)
+    }
+}
+
 /// Subscription objects through the Kubernetes API (eddy's and, with `kyma`, Kyma's); a
 /// relist reports what was deleted while the watch was down, as the store's watch does. The
 /// first [`Change::Synced`] waits for every kind's initial list, so no Subscription of one
@@ -296,7 +315,7 @@ async fn follow_kubernetes(
         kinds.push(kyma);
     }
     let mut resyncs: Vec<Resync> = kinds.iter().map(|_| Resync::default()).collect();
-    let mut listed = vec![false; kinds.len()];
+    let mut listed = Listed::new(kinds.len());
     let mut events = futures::stream::select_all(kinds);
     loop {
         let event = tokio::select! {
@@ -328,8 +347,7 @@ async fn follow_kubernetes(
                     .into_iter()
                     .map(|(namespace, name)| Change::Deleted { namespace, name })
                     .collect();
-                listed[kind] = true;
-                if listed.iter().all(|done| *done) {
+                if listed.done(kind) {
                     changes.push(Change::Synced);
                 }
                 changes
@@ -570,5 +588,39 @@ impl Manager {
             .instrument(span),
         );
         Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Listed;
+
+    /// The orphan sweep (`Change::Synced`) waits for eddy's and Kyma's lists, in either order;
+    /// a later relist of one kind needs no second list of the other.
+    #[test]
+    fn orphans_are_swept_only_once_both_kinds_are_listed() {
+        let (eddy, kyma) = (0, 1);
+        let mut listed = Listed::new(2);
+        assert!(
+            !listed.done(eddy),
+            "Kyma's Subscriptions are not listed yet"
+        );
+        assert!(listed.done(kyma));
+        assert!(
+            listed.done(eddy),
+            "a relist of eddy's kind, Kyma's still known"
+        );
+
+        let mut listed = Listed::new(2);
+        assert!(
+            !listed.done(kyma),
+            "eddy's Subscriptions are not listed yet"
+        );
+        assert!(listed.done(eddy));
+
+        assert!(
+            Listed::new(1).done(eddy),
+            "without Kyma, eddy's list is enough"
+        );
     }
 }

@@ -287,3 +287,93 @@ async fn decoded_attribute_values_make_the_subject_and_the_id() {
     assert_eq!(response.status(), 204);
     assert_eq!(bus.stored_count().await, 1);
 }
+
+/// `--max-concurrent-batches`: batches are read, parsed and published a few at a time, and the
+/// rest wait. A batch whose body is held half-sent keeps its slot: with two slots a second batch
+/// is answered meanwhile (the control, which also times how long an answer takes here); with one
+/// slot it is not, and once the first batch is finished both are stored, the first one's events
+/// before the second's.
+#[tokio::test]
+async fn batches_beyond_max_concurrent_batches_wait_for_a_slot() {
+    // How long the two-slot control took to answer, times ten: the one-slot case waits that long.
+    let mut control = Duration::ZERO;
+    for slots in [2_u32, 1] {
+        let bus = Bus::start_with(NatsServer::start().unwrap(), |args| {
+            args.max_concurrent_batches = slots;
+        })
+        .await;
+        let address = bus.url.trim_start_matches("http://").to_owned();
+        let held = batch(3, "held");
+        let (first_half, second_half) = held.split_at(held.len() / 2);
+        let mut holder = tokio::net::TcpStream::connect(&address).await.unwrap();
+        holder
+            .write_all(
+                format!(
+                    "POST /publish HTTP/1.1\r\nhost: {address}\r\n\
+                     content-type: application/cloudevents-batch+json\r\n\
+                     content-length: {}\r\n\r\n{first_half}",
+                    held.len()
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let second = tokio::spawn(
+            bus.post("/publish")
+                .header("content-type", "application/cloudevents-batch+json")
+                .body(batch(3, "waiting"))
+                .send(),
+        );
+        let mut second = Box::pin(second);
+        let answered_while_held = if slots == 2 {
+            let answer = tokio::time::timeout(Duration::from_secs(20), &mut second)
+                .await
+                .expect("with a free slot, the second batch is answered while the first is held")
+                .unwrap()
+                .unwrap();
+            // Ten times what the control took, and at least two seconds.
+            control = (started.elapsed() * 10).max(Duration::from_secs(2));
+            Some(answer.status())
+        } else {
+            assert!(
+                tokio::time::timeout(control, &mut second).await.is_err(),
+                "the second batch was answered within {control:?} while the only slot was held"
+            );
+            None
+        };
+        holder.write_all(second_half.as_bytes()).await.unwrap();
+        let mut answer = [0_u8; 12];
+        holder.read_exact(&mut answer).await.unwrap();
+        assert_eq!(
+            &answer, b"HTTP/1.1 204",
+            "the held batch is stored once sent"
+        );
+        let second_status = match answered_while_held {
+            Some(status) => status,
+            None => second.await.unwrap().unwrap().status(),
+        };
+        assert_eq!(second_status, 204);
+        let mut order = Vec::new();
+        for sequence in 1..=6 {
+            let stored = bus.stored(sequence).await;
+            order.push(header(&stored, "ce-id").unwrap().to_owned());
+        }
+        if slots == 1 {
+            assert_eq!(
+                order,
+                [
+                    "held-0",
+                    "held-1",
+                    "held-2",
+                    "waiting-0",
+                    "waiting-1",
+                    "waiting-2"
+                ],
+                "the waiting batch went in only after the held one"
+            );
+        } else {
+            assert_eq!(&order[..3], ["waiting-0", "waiting-1", "waiting-2"]);
+        }
+    }
+}

@@ -353,7 +353,9 @@ pub fn read_ports_file(dir: &std::path::Path) -> Option<String> {
         .flatten()
         .find(|entry| entry.path().extension().is_some_and(|ext| ext == "ports"))?;
     let text = std::fs::read_to_string(entry.path()).ok()?;
-    let url = text.split('"').find(|part| part.starts_with("nats://"))?;
+    let url = text
+        .split('"')
+        .find(|part| part.starts_with("nats://") || part.starts_with("tls://"))?;
     Some(url.replace("0.0.0.0", "127.0.0.1"))
 }
 

@@ -777,6 +777,111 @@ mod tests {
         (addr, shutdown)
     }
 
+    /// One HTTP/2 connection carries at most [`HTTP2_MAX_STREAMS`] requests at once, and counts
+    /// once against `--max-connections`: with a limit of two connections, 300 requests held on
+    /// one HTTP/2 connection leave room for an HTTP/1.1 request on a second.
+    #[tokio::test]
+    async fn an_http2_connection_carries_256_requests_and_counts_as_one_connection() {
+        use axum::routing::get;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let inside = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let release = CancellationToken::new();
+        let router = Router::new().route(
+            "/held",
+            get({
+                let (inside, peak, release) = (inside.clone(), peak.clone(), release.clone());
+                async move || {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    release.cancelled().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    "released"
+                }
+            }),
+        );
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ServeArgs {
+            header_read_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 2,
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn({
+            let stop = shutdown.clone();
+            async move {
+                serve(
+                    listener,
+                    router,
+                    &limits,
+                    Browsers::SameOrigin,
+                    stop,
+                    Duration::from_secs(1),
+                )
+                .await
+            }
+        });
+
+        // One HTTP/2 connection, 300 requests.
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        let requests: Vec<_> = (0..300)
+            .map(|_| {
+                let mut sender = sender.clone();
+                tokio::spawn(async move {
+                    let request = http::Request::get(format!("http://{addr}/held"))
+                        .body(axum::body::Body::empty())
+                        .unwrap();
+                    sender.send_request(request).await.map(|r| r.status())
+                })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while inside.load(Ordering::SeqCst) < HTTP2_MAX_STREAMS as usize {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} of 300 requests reached the handler",
+                inside.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        // A second connection is still let in: the first counted once, not 256 times.
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        {
+            use tokio::io::AsyncWriteExt as _;
+            plain
+                .write_all(b"GET /held HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                .await
+                .unwrap();
+        }
+        while inside.load(Ordering::SeqCst) < HTTP2_MAX_STREAMS as usize + 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the HTTP/1.1 request on a second connection never reached the handler"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        release.cancel();
+        for request in requests {
+            assert_eq!(request.await.unwrap().unwrap(), http::StatusCode::OK);
+        }
+        assert!(read_response(&mut plain).await.ends_with("released"));
+        assert_eq!(
+            peak.load(Ordering::SeqCst),
+            HTTP2_MAX_STREAMS as usize + 1,
+            "256 streams of the HTTP/2 connection at once, plus the HTTP/1.1 request"
+        );
+        shutdown.cancel();
+    }
+
     /// Reads one HTTP/1.1 response off `stream` (chunked or not) and returns it whole.
     async fn read_response(stream: &mut TcpStream) -> String {
         use tokio::io::AsyncReadExt as _;

@@ -5,7 +5,8 @@
 //! is killed when dropped. The binary is taken from
 //! `EDDY_NATS_SERVER`, then `PATH`, then the project's tool dir (`.tools/venv/bin`, where
 //! `scripts/setup` installs it). Tests that want to see NATS fail can [`NatsServer::kill`] and
-//! [`NatsServer::restart`] it on the same port and store.
+//! [`NatsServer::restart`] it on the same port and store. Its ports are claimed below the
+//! kernel's ephemeral range ([`PortClaim`]), so no other test can be handed one while it is down.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -41,6 +42,8 @@ pub struct NatsServer {
     binary: PathBuf,
     child: Option<Child>,
     port: u16,
+    /// Holds `port` for this server's whole life, restarts included.
+    _claim: PortClaim,
     store: tempfile::TempDir,
     extra_args: Vec<String>,
 }
@@ -70,14 +73,16 @@ impl NatsServer {
         let mut args: Vec<String> = extra_args.iter().map(|arg| (*arg).to_owned()).collect();
         args.push("-c".to_owned());
         args.push(config_file.to_string_lossy().into_owned());
+        let claim = PortClaim::new()?;
         let mut server = Self {
             binary,
             child: None,
-            port: 0,
+            port: claim.port,
+            _claim: claim,
             store,
             extra_args: args,
         };
-        server.spawn(None)?;
+        server.spawn()?;
         Ok(server)
     }
 
@@ -115,8 +120,7 @@ impl NatsServer {
     /// Starts the server again on the same port with the same store.
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
-        let port = self.port;
-        self.spawn(Some(port))
+        self.spawn()
     }
 
     /// The server's log, for failure messages.
@@ -124,11 +128,11 @@ impl NatsServer {
         std::fs::read_to_string(self.store.path().join("nats.log")).unwrap_or_default()
     }
 
-    fn spawn(&mut self, port: Option<u16>) -> Result<()> {
+    fn spawn(&mut self) -> Result<()> {
         let ports_dir = tempfile::Builder::new()
             .prefix("eddy-nats-ports-")
             .tempdir()?;
-        let port_arg = port.map_or_else(|| "-1".to_owned(), |port| port.to_string());
+        let port_arg = self.port.to_string();
         let mut command = Command::new(&self.binary);
         command
             .args(["-js", "-a", "127.0.0.1", "-p", &port_arg, "-sd"])
@@ -151,10 +155,9 @@ impl NatsServer {
 
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(port) = read_client_port(ports_dir.path())
-                && TcpStream::connect(("127.0.0.1", port)).is_ok()
+            if read_client_port(ports_dir.path()) == Some(self.port)
+                && TcpStream::connect(("127.0.0.1", self.port)).is_ok()
             {
-                self.port = port;
                 return Ok(());
             }
             if !self.is_running() {
@@ -185,36 +188,41 @@ impl Drop for NatsServer {
 pub struct NatsCluster {
     /// The members, `node-0`, `node-1`, ...
     pub nodes: Vec<NatsServer>,
+    /// The route ports, held while the cluster lives (a restarted node binds its own again).
+    _routes: Vec<PortClaim>,
 }
 
 impl NatsCluster {
     /// Starts `size` servers named `node-<i>` in the cluster `eddy`.
     pub fn start(size: usize) -> Result<Self> {
         let route_ports = (0..size)
-            .map(|_| free_port())
-            .collect::<Result<Vec<u16>>>()?;
+            .map(|_| PortClaim::new())
+            .collect::<Result<Vec<PortClaim>>>()?;
         let routes = route_ports
             .iter()
-            .map(|port| format!("nats://127.0.0.1:{port}"))
+            .map(|claim| format!("nats://127.0.0.1:{}", claim.port))
             .collect::<Vec<_>>()
             .join(",");
         let nodes = route_ports
             .iter()
             .enumerate()
-            .map(|(index, port)| {
+            .map(|(index, claim)| {
                 NatsServer::start_with_args(&[
                     "--cluster_name",
                     "eddy",
                     "--server_name",
                     &format!("node-{index}"),
                     "--cluster",
-                    &format!("nats://127.0.0.1:{port}"),
+                    &format!("nats://127.0.0.1:{}", claim.port),
                     "--routes",
                     &routes,
                 ])
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { nodes })
+        Ok(Self {
+            nodes,
+            _routes: route_ports,
+        })
     }
 
     /// Every member's client URL, comma-separated (what `--nats-url` takes).
@@ -232,11 +240,52 @@ impl NatsCluster {
     }
 }
 
-/// A port free right now (the OS picks it; a tiny race with other processes is accepted).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// A loopback port held by this process until dropped, for a server that must come back on
+/// the same port after a restart.
+///
+/// A port the OS hands out (`bind` to port 0) lies in the ephemeral range, and once its server
+/// is down the OS may hand it to any other test, which would then steal it from the restart.
+/// A claim lies below that range, where the OS never hands out ports on its own, and is marked
+/// by a file lock under the temporary directory, so that concurrent test processes never claim
+/// the same one.
+pub struct PortClaim {
+    /// The port.
+    pub port: u16,
+    _lock: std::fs::File,
+}
+
+impl PortClaim {
+    /// Claims a free port below the ephemeral range.
+    pub fn new() -> Result<Self> {
+        let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32768);
+        let low = ephemeral_low.saturating_sub(12_000).max(10_000);
+        let span = u32::from(ephemeral_low.saturating_sub(low)).max(1);
+        let dir = std::env::temp_dir().join("eddy-test-ports");
+        std::fs::create_dir_all(&dir)?;
+        // Start somewhere different in each process so that claims rarely meet.
+        let seed = std::process::id().wrapping_mul(2_654_435_761)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.subsec_nanos());
+        for step in 0..span {
+            let port = low + u16::try_from((seed.wrapping_add(step)) % span).unwrap_or(0);
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(format!("{port}.lock")))?;
+            if lock.try_lock().is_err() {
+                continue;
+            }
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(Self { port, _lock: lock });
+            }
+        }
+        bail!("no free port to claim between {low} and {ephemeral_low}")
+    }
 }
 
 /// Reads the client port from the ports file nats-server writes once it listens.
