@@ -1372,3 +1372,116 @@ module.exports = { main: (event) => {
     );
     follow.kill().await.unwrap();
 }
+
+/// With `--isolation cgroup` each instance runs in a control group of its own. Its Function's
+/// memory limit holds (XS: 128Mi; allocating 1 GiB gets the instance killed, and the status says
+/// it ran out of memory), its processes and threads are capped (`--max-function-tasks`), and a
+/// daemon that left its process group and its parent (which `--isolation none` cannot find at
+/// stop) goes with the function.
+#[tokio::test]
+async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind() {
+    let platform = Platform::start_with(Options {
+        isolation: eddy_controller::Isolation::Cgroup,
+        max_function_tasks: 64,
+        ..Options::default()
+    })
+    .await;
+    let source = r#"
+        const { spawn, execSync } = require("child_process");
+        const held = [];
+        module.exports = { main: (event) => {
+            const what = event.extensions.request.query.do;
+            if (what === "daemon") {
+                // setsid, and its parent shell exits at once: an orphan in a session of its own.
+                const pid = execSync("setsid sh -c 'sleep 300 >/dev/null 2>&1 & echo $!'");
+                return { pid: Number(String(pid).trim()) };
+            }
+            if (what === "fork") {
+                let started = 0;
+                for (let i = 0; i < 200; i++) {
+                    const child = spawn("sleep", ["300"], { stdio: "ignore" });
+                    child.on("error", () => {});
+                    if (child.pid) { started++; held.push(child); }
+                }
+                return { started };
+            }
+            if (what === "alloc") {
+                for (let i = 0; i < 64; i++) { held.push(Buffer.alloc(16 * 1024 * 1024, 1)); }
+                return { allocated: held.length };
+            }
+            return "ok";
+        } };
+    "#;
+    platform
+        .deploy(
+            "confined",
+            json!({"runtime": "nodejs22", "source": {"inline": {"source": source}},
+                "resourceConfiguration": {"function": {"profile": "XS"}}}),
+        )
+        .await;
+    let call = |what: &'static str| {
+        let request = platform.invoke("confined", &format!("/?do={what}"));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, response.text().await.unwrap())
+        }
+    };
+
+    let (status, body) = call("daemon").await;
+    assert_eq!(status, 200, "{body}");
+    let daemon: u32 = serde_json::from_str::<serde_json::Value>(&body).unwrap()["pid"]
+        .as_u64()
+        .unwrap()
+        .try_into()
+        .unwrap();
+    assert!(!eddy_testing::process_gone(daemon), "the daemon runs");
+
+    let (status, body) = call("fork").await;
+    assert_eq!(status, 200, "{body}");
+    let started = serde_json::from_str::<serde_json::Value>(&body).unwrap()["started"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        (1..64).contains(&started),
+        "{started} of 200 children started under a cap of 64 tasks (the runtime's own threads count)"
+    );
+
+    let (status, body) = call("alloc").await;
+    assert!(
+        status.is_server_error(),
+        "1 GiB in a 128Mi instance: {status} {body}"
+    );
+    let running = std::sync::Mutex::new(String::new());
+    eventually(
+        "the status to say the instance ran out of memory",
+        Duration::from_secs(30),
+        || async {
+            let function = platform.function("confined").await;
+            let (_, _, message) = support::condition_of(&function, "Running");
+            *running.lock().unwrap() = message.clone();
+            message.contains("out of memory")
+        },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("Running: {}", running.lock().unwrap()));
+    let running = running.lock().unwrap().clone();
+    assert!(
+        running.contains("128.0 MiB") || running.contains("128 MiB"),
+        "{running}"
+    );
+    // The killed instance's cgroup went with everything in it: the daemon too.
+    eventually("the daemon to be gone", Duration::from_secs(30), || async {
+        eddy_testing::process_gone(daemon)
+    })
+    .await
+    .unwrap();
+    // A new instance serves.
+    eventually(
+        "the function to answer again",
+        Duration::from_secs(60),
+        || async { call("").await.0 == 200 },
+    )
+    .await
+    .unwrap();
+}

@@ -1092,3 +1092,45 @@ async fn service_processes_are_not_dumpable() {
         let _ = child.wait();
     }
 }
+
+/// `eddy up --isolation cgroup` where cgroups cannot be made (an unprivileged user without a
+/// delegated cgroup) refuses to start and says why, rather than running functions unconfined.
+#[tokio::test]
+async fn isolation_that_cannot_be_had_refuses_to_start() {
+    if !nix::unistd::geteuid().is_root() {
+        // As an unprivileged user the outcome depends on delegation, which this test cannot
+        // arrange; as root it runs the command as `nobody`, who has none.
+        eprintln!("not root: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(["up", "--isolation", "cgroup", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--api-addr", "127.0.0.1:0", "--gateway-addr", "127.0.0.1:0"])
+        .args([
+            "--bus-addr",
+            "127.0.0.1:0",
+            "--dispatcher-addr",
+            "127.0.0.1:0",
+        ])
+        .current_dir(dir.path())
+        .env("HOME", dir.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .uid(65534)
+        .gid(65534)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), output)
+        .await
+        .expect("eddy up gave up within a minute")
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("--isolation cgroup"), "{said}");
+}

@@ -26,6 +26,9 @@ use tokio::net::TcpListener;
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `--isolation cgroup` cannot be had here.
+    #[error("--isolation cgroup: {0}")]
+    Isolation(String),
     /// Shared setup failed.
     #[error(transparent)]
     Api(#[from] eddy_platform::Error),
@@ -247,6 +250,15 @@ pub struct LocalArgs {
     pub function_publisher_token: Option<String>,
 }
 
+/// What confines a local function instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Isolation {
+    /// Nothing beyond eddy's own user and limits.
+    None,
+    /// A control group per instance: memory limit, task cap, and killed whole.
+    Cgroup,
+}
+
 /// Flags of functions in local mode: their toolchains, builds, instances, scaling and the
 /// gateway's limits. `eddy controller` and `eddy up` take the same set.
 #[derive(Debug, Clone, clap::Args)]
@@ -291,6 +303,19 @@ pub struct FunctionArgs {
     /// Longest an instance may take to answer /healthz after it starts.
     #[arg(long = "startup-timeout", env = "EDDY_STARTUP_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub startup_timeout: Duration,
+    /// What confines each function instance: `none` (it runs as eddy's user, with eddy's
+    /// limits), or `cgroup` (a control group of its own: its Function's memory limit, at most
+    /// --max-function-tasks processes and threads, and everything it started killed with it).
+    /// `cgroup` needs root, or a cgroup v2 delegated to the user.
+    #[arg(long = "isolation", env = "EDDY_ISOLATION", value_enum, default_value_t = Isolation::None)]
+    pub isolation: Isolation,
+    /// Processes and threads one instance may have at once, with `--isolation cgroup`.
+    #[arg(
+        long = "max-function-tasks",
+        env = "EDDY_MAX_FUNCTION_TASKS",
+        default_value_t = 512
+    )]
+    pub max_function_tasks: u64,
     /// Largest request body the gateway forwards.
     #[arg(
         long = "max-request-size",
@@ -386,6 +411,8 @@ impl Controller {
                             scale_down_window,
                             activation_timeout,
                             startup_timeout,
+                            isolation,
+                            max_function_tasks,
                             warm_spares,
                             max_request_size,
                             runtimes_dir,
@@ -435,6 +462,14 @@ impl Controller {
             scale_down_window,
             startup_timeout,
             drain_timeout,
+            cgroups: match isolation {
+                Isolation::None => None,
+                Isolation::Cgroup => Some(Arc::new(
+                    eddy_platform::cgroup::Cgroups::new("eddy")
+                        .map_err(|error| Error::Isolation(error.to_string()))?,
+                )),
+            },
+            max_function_tasks,
             spares: (warm_spares > 0).then(|| {
                 local::spares::Spares::start(
                     warm_spares,

@@ -596,6 +596,40 @@ fn is_zero(value: &i32) -> bool {
     *value == 0
 }
 
+/// The profile of a Function that names none (Kyma's default).
+pub const DEFAULT_PROFILE: &str = "L";
+
+/// Bytes of a Kubernetes quantity (`128Mi`, `1G`, `0.5Gi`, `1e9`, `512`), or `None` when it is
+/// not one.
+pub fn quantity_bytes(text: &str) -> Option<u64> {
+    const UNITS: [(&str, f64); 12] = [
+        ("Ki", 1024.0),
+        ("Mi", 1_048_576.0),
+        ("Gi", 1_073_741_824.0),
+        ("Ti", 1_099_511_627_776.0),
+        ("Pi", 1_125_899_906_842_624.0),
+        ("Ei", 1_152_921_504_606_846_976.0),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+    ];
+    let text = text.trim();
+    let (number, scale) = UNITS
+        .iter()
+        .find_map(|(suffix, scale)| text.strip_suffix(suffix).map(|n| (n, *scale)))
+        .unwrap_or((text, 1.0));
+    let value: f64 = number
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)?;
+    let bytes = (value * scale).ceil();
+    // Within u64 (an f64 above 2^64 would saturate silently).
+    (bytes < 1.8e19).then_some(bytes as u64)
+}
+
 /// Presets of `resourceConfiguration.function.profile`: (cpu request, memory request, cpu limit,
 /// memory limit).
 pub const PROFILES: [(&str, &str, &str, &str, &str); 5] = [
@@ -624,6 +658,28 @@ pub const RESERVED_ENV: [&str; 10] = [
 pub const DEFAULT_TIMEOUT_SECONDS: i32 = 180;
 
 impl FunctionSpec {
+    /// The memory limit of one instance in bytes: `resources.limits.memory` when resources are
+    /// given (none there: no limit), else the profile's ([`DEFAULT_PROFILE`] when none is named).
+    pub fn memory_limit_bytes(&self) -> Option<u64> {
+        let request = self
+            .resource_configuration
+            .as_ref()
+            .and_then(|r| r.function.as_ref());
+        if let Some(explicit) = request.and_then(|r| r.resources.as_ref()) {
+            return explicit
+                .limits
+                .get("memory")
+                .and_then(|quantity| quantity_bytes(&quantity.0));
+        }
+        let profile = request
+            .and_then(|r| r.profile.as_deref())
+            .unwrap_or(DEFAULT_PROFILE);
+        PROFILES
+            .iter()
+            .find(|preset| preset.0 == profile)
+            .and_then(|preset| quantity_bytes(preset.4))
+    }
+
     /// The (min, max) instance counts this spec asks for.
     pub fn replica_bounds(&self) -> (i32, i32) {
         match (self.scale_config, self.replicas) {
@@ -1850,6 +1906,22 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
         out.push_str(&serde_yaml::to_string(&crd)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod quantity_tests {
+    use super::*;
+
+    #[test]
+    fn quantities_are_read_as_kubernetes_writes_them() {
+        assert_eq!(quantity_bytes("128Mi"), Some(128 * 1024 * 1024));
+        assert_eq!(quantity_bytes("1G"), Some(1_000_000_000));
+        assert_eq!(quantity_bytes("0.5Gi"), Some(512 * 1024 * 1024));
+        assert_eq!(quantity_bytes("512"), Some(512));
+        assert_eq!(quantity_bytes("1e3"), Some(1000));
+        assert_eq!(quantity_bytes("lots"), None);
+        assert_eq!(quantity_bytes("-1Mi"), None);
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! or replaced alone.
 
 pub mod auth;
+pub mod cgroup;
 pub mod errors;
 pub mod flags;
 pub mod nats;
@@ -22,6 +23,9 @@ pub mod traces;
 /// Errors raised by the shared helpers.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Control groups cannot be used for function instances (`--isolation cgroup`).
+    #[error("cgroups: {0}")]
+    Cgroup(String),
     /// The NATS connection could not be set up (bad URL, unreadable credentials).
     #[error("cannot connect to NATS at {url}: {source}")]
     Connect {

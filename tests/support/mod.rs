@@ -47,6 +47,9 @@ pub struct Options {
     pub warm_spares: usize,
     /// Run a dispatcher in-process (tests that kill it run `eddy dispatcher` themselves).
     pub dispatcher: bool,
+    /// What confines each instance (`--isolation`), and its task cap.
+    pub isolation: eddy_controller::Isolation,
+    pub max_function_tasks: u64,
 }
 
 impl Default for Options {
@@ -63,6 +66,8 @@ impl Default for Options {
             npm: "npm".into(),
             warm_spares: 1,
             dispatcher: true,
+            isolation: eddy_controller::Isolation::None,
+            max_function_tasks: 512,
         }
     }
 }
@@ -119,6 +124,8 @@ impl Platform {
                 build_timeout: options.build_timeout,
                 npm: options.npm.clone(),
                 warm_spares: options.warm_spares,
+                isolation: options.isolation,
+                max_function_tasks: options.max_function_tasks,
                 ..Default::default()
             },
             nats_url: Some(nats.url()),

@@ -44,7 +44,7 @@ pub const BUILD_HASH_LABEL: &str = "eddy.dev/build-hash";
 /// The port function containers listen on.
 pub const FUNCTION_PORT: i32 = 8080;
 /// The default resource profile.
-pub const DEFAULT_PROFILE: &str = "L";
+pub use eddy_model::resources::DEFAULT_PROFILE;
 /// CPU utilization the HPA aims for by default, in percent of the request.
 pub const TARGET_CPU_UTILIZATION: i32 = 50;
 

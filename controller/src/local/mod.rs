@@ -707,6 +707,7 @@ impl LocalController {
                 env: inputs.env,
                 secret_mounts,
                 timeout_seconds: function.spec.timeout().as_secs(),
+                memory_limit: function.spec.memory_limit_bytes(),
             },
             usize::try_from(min).unwrap_or(0),
             usize::try_from(max).unwrap_or(1),

@@ -18,6 +18,7 @@ use std::{
 use parking_lot::Mutex;
 
 use eddy_model::{backoff::Backoff, resources::Runtime};
+use eddy_platform::cgroup::Cgroup;
 use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::sync::{Notify, watch};
 
@@ -48,6 +49,28 @@ pub struct PoolConfig {
     pub drain_timeout: Duration,
     /// Warm spares new instances start from, when there are any.
     pub spares: Option<Arc<Spares>>,
+    /// With `--isolation cgroup`: where each instance's control group goes.
+    pub cgroups: Option<Arc<eddy_platform::cgroup::Cgroups>>,
+    /// Processes and threads one instance may have, in its cgroup.
+    pub max_function_tasks: u64,
+}
+
+/// An instance's cgroup, if any; dropped (everything left in it killed, then removed) on a
+/// blocking thread, since that waits for the processes to go.
+struct ReleasedCgroup(Option<Cgroup>);
+
+impl ReleasedCgroup {
+    fn out_of_memory(&self) -> bool {
+        self.0.as_ref().is_some_and(Cgroup::out_of_memory)
+    }
+}
+
+impl Drop for ReleasedCgroup {
+    fn drop(&mut self) {
+        if let Some(cgroup) = self.0.take() {
+            tokio::task::spawn_blocking(move || drop(cgroup));
+        }
+    }
 }
 
 /// What to run: one generation of a Function.
@@ -74,6 +97,8 @@ pub struct Revision {
     pub secret_mounts: Vec<(String, PathBuf)>,
     /// Handler timeout, seconds.
     pub timeout_seconds: u64,
+    /// Memory limit of one instance (enforced with `--isolation cgroup`).
+    pub memory_limit: Option<u64>,
 }
 
 impl Revision {
@@ -86,6 +111,7 @@ impl Revision {
             && self.env == other.env
             && self.secret_mounts == other.secret_mounts
             && self.timeout_seconds == other.timeout_seconds
+            && self.memory_limit == other.memory_limit
     }
 }
 
@@ -752,7 +778,8 @@ impl Pool {
     async fn run_instance(self: Arc<Self>, instance: Arc<Instance>, revision: Arc<Revision>) {
         let label = format!("{}/{}#{}", self.namespace, self.name, instance.id);
         match self.spawn(&instance, &revision).await {
-            Ok((mut child, warm)) => {
+            Ok((mut child, warm, cgroup)) => {
+                let cgroup = ReleasedCgroup(cgroup);
                 instance
                     .pid
                     .store(u64::from(child.id().unwrap_or(0)), Ordering::Release);
@@ -767,7 +794,10 @@ impl Pool {
                         tokio::select! {
                                                    exit = child.wait() => {
                                                        let ran_for = started.elapsed();
-                                                       let text = exit.map_or_else(|e| e.to_string(), |status| status.to_string());
+                                                       let mut text = exit.map_or_else(|e| e.to_string(), |status| status.to_string());
+                                                       if cgroup.out_of_memory() {
+                                                           text = format!("{text}: out of memory, over its limit of {}", revision.memory_limit.map_or_else(|| "none".to_owned(), |bytes| bytesize::ByteSize(bytes).to_string()));
+                                                       }
                                                        tracing::warn!(instance = %label, status = %text, "instance exited; restarting");
                                                        if ran_for > Duration::from_secs(10) {
                                                            {
@@ -809,12 +839,26 @@ impl Pool {
     }
 
     /// Starts an instance: from a warm spare when one fits, else a new process. Returns the
-    /// process and whether it was a spare.
+    /// process, whether it was a spare, and its cgroup (with `--isolation cgroup`).
     async fn spawn(
         &self,
         instance: &Instance,
         revision: &Revision,
-    ) -> Result<(tokio::process::Child, bool), String> {
+    ) -> Result<(tokio::process::Child, bool, Option<Cgroup>), String> {
+        let cgroup = match &self.config.cgroups {
+            None => None,
+            Some(cgroups) => Some(
+                cgroups
+                    .create(
+                        &format!("{}_{}_{}", self.namespace, self.name, instance.id),
+                        eddy_platform::cgroup::Limits {
+                            memory_bytes: revision.memory_limit,
+                            max_tasks: Some(self.config.max_function_tasks),
+                        },
+                    )
+                    .map_err(|error| error.to_string())?,
+            ),
+        };
         let log_dir = self.config.logs_dir.join(&self.namespace);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
@@ -834,8 +878,12 @@ impl Pool {
             .filter(|_| spares::fits(revision.runtime, &revision.env))
             .and_then(|spares| spares.take(&spare_key(revision)));
         if let Some(spare) = spare {
+            // Into the instance's cgroup before it loads the function's code.
+            if let (Some(cgroup), Some(pid)) = (&cgroup, spare.id()) {
+                cgroup.add(pid).map_err(|error| error.to_string())?;
+            }
             match spare.become_instance(&env, &revision.dir, open()?).await {
-                Ok(child) => return Ok((child, true)),
+                Ok(child) => return Ok((child, true, cgroup)),
                 // The spare is gone (killed on drop); a new process does the same job.
                 Err(message) => {
                     tracing::warn!(function = %self.name, %message, "cannot use a warm spare")
@@ -860,6 +908,11 @@ impl Pool {
             .stdout(open()?)
             .stderr(open()?);
         process::supervise(&mut command);
+        if let Some(cgroup) = &cgroup {
+            cgroup
+                .join_on_spawn(command.as_std_mut())
+                .map_err(|error| error.to_string())?;
+        }
         let mut child = command
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
@@ -873,7 +926,7 @@ impl Pool {
             .map_err(|e| format!("cannot hand the instance its secrets: {e}"))?;
         // Closed: an instance reads nothing more on stdin.
         drop(stdin);
-        Ok((child, false))
+        Ok((child, false, cgroup))
     }
 
     /// An instance's whole environment: the fixed part, the instance's own settings and the

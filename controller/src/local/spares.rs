@@ -340,6 +340,11 @@ impl Spares {
 }
 
 impl Spare {
+    /// The spare's process id (none once it has exited).
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Makes this spare an instance: its environment becomes `env`, it moves to `dir`, and its
     /// output goes to `log` from now on.
     pub async fn become_instance(
