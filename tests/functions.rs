@@ -1374,7 +1374,7 @@ module.exports = { main: (event) => {
 }
 
 /// With `--isolation cgroup` each instance runs in a control group of its own. Its Function's
-/// memory limit holds (XS: 128Mi; allocating 1 GiB gets the instance killed, and the status says
+/// memory limit holds (XS: 256Mi, as in Kyma; allocating 1 GiB gets the instance killed, and the status says
 /// it ran out of memory), its processes and threads are capped (`--max-function-tasks`), and a
 /// daemon that left its process group and its parent (which `--isolation none` cannot find at
 /// stop) goes with the function.
@@ -1450,7 +1450,7 @@ async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind() {
     let (status, body) = call("alloc").await;
     assert!(
         status.is_server_error(),
-        "1 GiB in a 128Mi instance: {status} {body}"
+        "1 GiB in a 256Mi instance: {status} {body}"
     );
     let running = std::sync::Mutex::new(String::new());
     eventually(
@@ -1467,7 +1467,7 @@ async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind() {
     .unwrap_or_else(|_| panic!("Running: {}", running.lock().unwrap()));
     let running = running.lock().unwrap().clone();
     assert!(
-        running.contains("128.0 MiB") || running.contains("128 MiB"),
+        running.contains("256.0 MiB") || running.contains("256 MiB"),
         "{running}"
     );
     // The killed instance's cgroup went with everything in it: the daemon too.

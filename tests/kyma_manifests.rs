@@ -505,12 +505,20 @@ async fn kyma_fields_eddy_cannot_honour_are_refused_by_name() {
         }
     };
     let inline = json!({"inline": {"source": "module.exports = {main: () => 1}"}});
+    // fieldRef and resourceFieldRef are taken (as Kubernetes takes them); a field Kubernetes
+    // does not pass to env is not.
     let causes = refused(json!({"runtime": "nodejs22", "source": inline,
-        "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}))
+        "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}},
+                {"name": "GPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}))
     .await;
-    assert!(
-        causes.starts_with("spec.env[0].valueFrom.fieldRef: unknown field `fieldRef`, expected `secretKeyRef` or `configMapKeyRef`"),
-        "{causes}"
+    assert_eq!(
+        causes,
+        format!(
+            "spec.env[0].valueFrom.fieldRef.fieldPath: {}\n\
+             spec.env[1].valueFrom.resourceFieldRef.resource: {}",
+            eddy_model::resources::FIELD_PATH_MESSAGE,
+            eddy_model::resources::RESOURCE_MESSAGE
+        )
     );
     let causes = refused(json!({"runtime": "nodejs22", "source": inline,
         "env": [{"name": "FUNC_TIMEOUT", "value": "soon"}, {"name": "REQ_MB_LIMIT", "value": "0"}]})).await;
@@ -533,7 +541,7 @@ async fn kyma_fields_eddy_cannot_honour_are_refused_by_name() {
     .await;
     assert_eq!(
         causes,
-        "spec.source.gitRepository.url: must be an https, http, ssh, file or git@host:path URL\n\
+        "spec.source.gitRepository.url: must be an https, http, ssh, file or git@host:path URL, or host/path (github.com/org/repo)\n\
          spec.source.gitRepository.reference: must be a branch, tag or commit: no spaces, not starting with '-'"
     );
     let causes = refused(json!({"runtime": "nodejs18", "source": inline})).await;
@@ -606,4 +614,365 @@ async fn nested_secret_mounts_each_show_their_own_secret() {
         let wanted = if path.is_dir() { 0o700 } else { 0o600 };
         assert_eq!(*mode, wanted, "{}", path.display());
     }
+}
+
+/// Kyma's Subscription rules, applied as Kyma users write them: exact matching takes the type
+/// alone (`source: ""` included, and a source given anyway is ignored with a warning), standard
+/// matching takes the source too, the status lists Kyma's `cleanType`, and `config` keys of
+/// Kyma's EventMesh backend are kept and reported as ignored.
+#[tokio::test(flavor = "multi_thread")]
+async fn kyma_subscriptions_match_as_kyma_does() {
+    let platform = Platform::start().await;
+    let exact = support::Sink::ok().await;
+    let exact_with_source = support::Sink::ok().await;
+    let standard = support::Sink::ok().await;
+    let manifest = format!(
+        r#"apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata:
+  name: exact-any-source
+spec:
+  sink: {exact}
+  source: ""
+  types: [order.created.v1]
+  typeMatching: exact
+---
+apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata:
+  name: exact-source-ignored
+spec:
+  sink: {exact_with_source}
+  source: shop
+  types: [order.created.v1]
+  typeMatching: exact
+---
+apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata:
+  name: standard-from-shop
+spec:
+  sink: {standard}
+  source: shop
+  types: [order.created.v1, "order/shipped v1"]
+  typeMatching: standard
+  config:
+    maxInFlightMessages: "3"
+    webhookAuth: oauth2
+"#,
+        exact = exact.url,
+        exact_with_source = exact_with_source.url,
+        standard = standard.url,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("subscriptions.yaml");
+    std::fs::write(&file, manifest).unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", file.to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    for warning in [
+        "subscription.eddy.dev/exact-source-ignored: spec.source is ignored with exact type matching",
+        "subscription.eddy.dev/standard-from-shop: spec.config.webhookAuth is ignored",
+    ] {
+        assert!(stderr.contains(warning), "{warning} in {stderr}");
+    }
+    for name in [
+        "exact-any-source",
+        "exact-source-ignored",
+        "standard-from-shop",
+    ] {
+        platform.wait_subscription_ready(name).await;
+    }
+
+    platform
+        .publish("shop", "order.created.v1", "from-shop", json!({}))
+        .await;
+    platform
+        .publish("crm", "order.created.v1", "from-crm", json!({}))
+        .await;
+    exact.wait_for(2).await;
+    exact_with_source.wait_for(2).await;
+    standard.wait_for(1).await;
+    let mut ids = exact.ids();
+    ids.sort();
+    assert_eq!(ids, ["from-crm", "from-shop"], "exact: any source");
+    let mut ids = exact_with_source.ids();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["from-crm", "from-shop"],
+        "exact: the source is ignored"
+    );
+    // The standard one took shop's event; crm's was published after it and is not coming
+    // (the exact ones got it, so it was stored and dispatched).
+    platform.wait_settled("standard-from-shop").await;
+    assert_eq!(standard.ids(), ["from-shop"], "standard: only shop's");
+
+    let status = platform.subscription("standard-from-shop").await;
+    assert_eq!(
+        status["spec"]["config"]["webhookAuth"], "oauth2",
+        "kept as written"
+    );
+    let (_, _, message) = condition_of(&status, "Ready");
+    assert!(
+        message.contains("spec.config.webhookAuth is ignored"),
+        "{message}"
+    );
+    assert_eq!(
+        status["status"]["types"][1]["originalType"],
+        "order/shipped v1"
+    );
+    assert_eq!(status["status"]["types"][1]["cleanType"], "ordershippedv1");
+    let status = platform.subscription("exact-source-ignored").await;
+    let (_, _, message) = condition_of(&status, "Ready");
+    assert!(message.contains("spec.source is ignored"), "{message}");
+    assert_eq!(
+        status["status"]["types"][0]["cleanType"],
+        "order.created.v1"
+    );
+}
+
+/// What Kyma's samples write that Kubernetes allows: env names with `-` and `.` (`API-KEY`),
+/// `fieldRef` and `resourceFieldRef` (locally: the Function's name, namespace and labels, its
+/// profile's resources), Kyma's current body limit `FUNC_BODY_MB_LIMIT` in both runtimes, and
+/// the deprecated `template`, taken with a warning.
+#[tokio::test(flavor = "multi_thread")]
+async fn kyma_functions_take_kubernetes_env_forms_the_body_limit_and_template() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let node = r#"module.exports = { main: (event) => ({
+        key: process.env["API-KEY"], mode: process.env["app.mode"], pod: process.env.POD,
+        ns: process.env.NS, tier: process.env.TIER, mem: process.env.MEM,
+        size: JSON.stringify(event.data || "").length }) };"#;
+    let python = "def main(event, context):\n    return {'size': len(str(event['data']))}\n";
+    let manifest = format!(
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: envy
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: {node:?}
+  resourceConfiguration:
+    function:
+      profile: S
+  template:
+    labels:
+      tier: gold
+  env:
+    - name: API-KEY
+      value: k1
+    - name: app.mode
+      value: dev
+    - name: POD
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: NS
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: TIER
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.labels['tier']
+    - name: MEM
+      valueFrom:
+        resourceFieldRef:
+          resource: limits.memory
+          divisor: 1Mi
+    - name: FUNC_BODY_MB_LIMIT
+      value: "3"
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: small
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: {node:?}
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: pyenvy
+spec:
+  runtime: python312
+  source:
+    inline:
+      source: {python:?}
+  env:
+    - name: FUNC_BODY_MB_LIMIT
+      value: "1"
+"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("functions.yaml");
+    std::fs::write(&file, manifest).unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", file.to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("function.eddy.dev/envy: spec.template is deprecated"),
+        "{stderr}"
+    );
+    for name in ["envy", "small", "pyenvy"] {
+        platform.wait_running_at("default", name).await;
+    }
+    let (status, body) = call(&platform, "default", "envy", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"key": "k1", "mode": "dev", "pod": "envy", "ns": "default", "tier": "gold",
+               "mem": "256", "size": 2})
+    );
+    // A 2 MiB body: within envy's 3 MiB, over the 1 MiB default of small.
+    let big = json!({"blob": "x".repeat(2 * 1024 * 1024)});
+    let (status, body) = call(&platform, "default", "envy", Some(big.clone())).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["size"].as_u64().unwrap() > 2 * 1024 * 1024, "{body}");
+    let (status, _) = call(&platform, "default", "small", Some(big.clone())).await;
+    assert_eq!(status, 413, "the default limit is 1 MiB");
+    // Python: FUNC_BODY_MB_LIMIT in MiB (Kyma's python314), here under the body.
+    let (status, _) = call(&platform, "default", "pyenvy", Some(big)).await;
+    assert_eq!(status, 413, "python's limit is FUNC_BODY_MB_LIMIT");
+    let (status, body) = call(&platform, "default", "pyenvy", Some(json!({"a": 1}))).await;
+    assert_eq!(status, 200, "{body}");
+    // The status says what Kyma's does.
+    let function = platform.wait_running_at("default", "envy").await;
+    assert_eq!(function["status"]["functionResourceProfile"], "S");
+    assert_eq!(function["status"]["runtime"], "nodejs22");
+}
+
+/// Git URLs as Kyma's docs write them: a host and path without a scheme is fetched over HTTPS.
+#[test]
+fn a_git_url_without_a_scheme_is_fetched_over_https() {
+    use eddy_model::resources::git_remote_url;
+    assert_eq!(
+        git_remote_url("github.com/kyma-project/examples"),
+        "https://github.com/kyma-project/examples"
+    );
+    for as_written in [
+        "https://github.com/kyma-project/examples.git",
+        "git@github.com:kyma-project/examples.git",
+        "ssh://git@github.com/kyma-project/examples.git",
+        "file:///srv/repo",
+    ] {
+        assert_eq!(git_remote_url(as_written), as_written);
+    }
+}
+
+/// The shape of Kyma's in-cluster eventing sample: one repository holds an emitter and a
+/// receiver, both Functions and the Subscription between them are one file applied at once
+/// (`eddy apply`), both at the same reference. Both build from the one checkout, and the
+/// receiver gets what the emitter publishes.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_functions_of_one_repository_in_one_file_build_and_talk() {
+    let platform = Platform::start_with(Options {
+        git_poll_interval: Duration::from_millis(500),
+        ..Options::default()
+    })
+    .await;
+    let repos = tempfile::tempdir().unwrap();
+    let bare = repos.path().join("eventing.git");
+    let work = repos.path().join("work");
+    std::fs::create_dir_all(&bare).unwrap();
+    git(&bare, &["init", "-q", "--bare", "-b", "main"]);
+    std::fs::create_dir_all(work.join("emitter")).unwrap();
+    std::fs::create_dir_all(work.join("receiver")).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    git(&work, &["remote", "add", "origin", bare.to_str().unwrap()]);
+    std::fs::write(
+        work.join("emitter/handler.js"),
+        "module.exports = { main: async (event) => {\n\
+           await event.emitCloudEvent('sample.order.placed.v1', 'emitter', {order: event.data.order});\n\
+           return 'sent';\n} };\n",
+    )
+    .unwrap();
+    std::fs::write(
+        work.join("receiver/handler.js"),
+        "module.exports = { main: (event) => { console.log('received order ' + event.data.order); return ''; } };\n",
+    )
+    .unwrap();
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "-q", "-m", "sample"]);
+    git(&work, &["push", "-q", "origin", "HEAD:main"]);
+    let url = format!("file://{}", bare.display());
+    let manifest = format!(
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: emitter
+spec:
+  runtime: nodejs22
+  source:
+    gitRepository:
+      url: {url}
+      baseDir: /emitter
+      reference: main
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: receiver
+spec:
+  runtime: nodejs22
+  source:
+    gitRepository:
+      url: {url}
+      baseDir: /receiver
+      reference: main
+---
+apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata:
+  name: receiver-orders
+spec:
+  sink: http://receiver.default.svc.cluster.local
+  source: ""
+  types: [sample.order.placed.v1]
+  typeMatching: exact
+"#
+    );
+    let file = repos.path().join("sample.yaml");
+    std::fs::write(&file, manifest).unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", file.to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    for name in ["emitter", "receiver"] {
+        let function = platform.wait_running_at("default", name).await;
+        assert_eq!(function["status"]["repository"]["reference"], "main");
+        assert!(function["status"]["commit"].is_string(), "{function}");
+    }
+    platform.wait_subscription_ready("receiver-orders").await;
+    let (status, body) = call(
+        &platform,
+        "default",
+        "emitter",
+        Some(json!({"order": "o-17"})),
+    )
+    .await;
+    assert_eq!((status, body), (200, json!("sent")));
+    eventually(
+        "the receiver to log the order",
+        Duration::from_secs(30),
+        || async {
+            platform
+                .function_log("receiver")
+                .await
+                .contains("received order o-17")
+        },
+    )
+    .await
+    .unwrap();
 }

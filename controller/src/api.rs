@@ -370,11 +370,14 @@ impl ApiResource for Function {
     }
 
     fn warnings(&self) -> Vec<String> {
-        self.spec
+        let mut warnings: Vec<String> = self
+            .spec
             .kubernetes_only_fields()
             .into_iter()
             .map(|field| format!("{field} is ignored in local mode; it applies on Kubernetes"))
-            .collect()
+            .collect();
+        warnings.extend(self.spec.deprecated_fields());
+        warnings
     }
 }
 
@@ -393,6 +396,10 @@ impl ApiResource for Subscription {
 
     fn shown(&self) -> Value {
         in_applied_form(self, Self::API_VERSIONS)
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.spec.ignored_fields()
     }
 }
 

@@ -54,7 +54,7 @@ pub fn desired_status(
     now: &str,
 ) -> SubscriptionStatus {
     let mut status = previous.cloned().unwrap_or_default();
-    status.types = subscription.spec.type_subjects().unwrap_or_default();
+    status.types = subscription.type_subjects().unwrap_or_default();
     let (namespace, name) = subscription.key();
     status.backend = Some(SubscriptionBackend {
         type_: "nats-jetstream".to_owned(),
@@ -63,6 +63,13 @@ pub fn desired_status(
     });
     status.ready = readiness == Readiness::Ready;
     status.observed_generation = subscription.metadata.generation;
+    // What is written but not used is said where Kyma users look: the Ready condition.
+    let ignored = subscription.spec.ignored_fields();
+    let message = if ignored.is_empty() {
+        message
+    } else {
+        format!("{message}; {}", ignored.join("; "))
+    };
     set_condition(
         &mut status.conditions,
         condition_at(

@@ -149,7 +149,6 @@ pub fn plan_for(
         .delivery_policy()
         .map_err(|_| "invalid delivery settings".to_owned())?;
     let types = subscription
-        .spec
         .type_subjects()
         .map_err(|_| "invalid types".to_owned())?;
     let plan = ConsumerPlan {

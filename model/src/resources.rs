@@ -221,6 +221,10 @@ pub struct FunctionSpec {
     /// Annotations added to the function's instances (pods on Kubernetes).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// Kyma's deprecated place for the pods' labels and annotations: taken, under `labels` and
+    /// `annotations` (which win), with a warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplate>,
     /// An image to run instead of the runtime's (Kubernetes only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
@@ -373,9 +377,10 @@ pub struct FunctionSource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GitRepositorySource {
-    /// `https://…`, `http://…`, `ssh://…`, `git@host:path` or `file://…`.
+    /// `https://…`, `http://…`, `ssh://…`, `git@host:path`, `file://…`, or a host and path
+    /// without a scheme (`github.com/org/repo`, fetched over HTTPS).
     #[schemars(length(max = 2048))]
-    #[x_kube(validation = Rule::new("self.matches('^(https?://|ssh://|file://|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:)')").message("must be an https, http, ssh, file or git@host:path URL"))]
+    #[x_kube(validation = Rule::new("self.matches('^(https?://|ssh://|file://|[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:|[A-Za-z0-9][A-Za-z0-9-]*([.][A-Za-z0-9-]+)+(:[0-9]+)?/.)')").message(GIT_URL_MESSAGE))]
     pub url: String,
     /// Branch, tag or commit.
     #[schemars(length(max = 256))]
@@ -402,6 +407,18 @@ pub struct RepositoryAuth {
     /// The Secret holding the credentials.
     #[schemars(length(max = 253))]
     pub secret_name: String,
+}
+
+/// Kyma's deprecated `spec.template`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodTemplate {
+    /// Labels of the function's pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the function's pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Git credential kinds.
@@ -432,9 +449,10 @@ pub struct InlineSource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvVar {
-    /// Name (a C identifier; names the platform sets are reserved).
+    /// Name (as Kubernetes takes it: letters, digits, `_`, `-` and `.`, not starting with a
+    /// digit; names the platform sets are reserved).
     #[schemars(length(max = 256))]
-    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be a C identifier: letters, digits and _, not starting with a digit"))]
+    #[x_kube(validation = Rule::new("self.matches('^[-._A-Za-z][-._A-Za-z0-9]*$')").message(ENV_NAME_MESSAGE))]
     #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message(Message::Expression("self + ' is set by the platform'".into())))]
     pub name: String,
     /// Value (no NUL byte: a process environment cannot hold one; at most 64 KiB, which also
@@ -451,7 +469,7 @@ pub struct EnvVar {
 /// Where an environment variable's value comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new("has(self.secretKeyRef) != has(self.configMapKeyRef)").message("set exactly one of secretKeyRef and configMapKeyRef"))]
+#[x_kube(validation = Rule::new("[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), has(self.resourceFieldRef)].filter(x, x).size() == 1").message(VALUE_FROM_MESSAGE))]
 pub struct EnvVarSource {
     /// A key of a Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -459,6 +477,146 @@ pub struct EnvVarSource {
     /// A key of a ConfigMap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map_key_ref: Option<KeySelector>,
+    /// A field of the pod (locally: of the Function).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_ref: Option<FieldSelector>,
+    /// A resource limit or request of the function's container (locally: of its profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_field_ref: Option<ResourceFieldSelector>,
+}
+
+/// Why a `valueFrom` is refused.
+pub const VALUE_FROM_MESSAGE: &str =
+    "set exactly one of secretKeyRef, configMapKeyRef, fieldRef and resourceFieldRef";
+
+/// The pod fields `fieldRef` may name, as Kubernetes allows them for an env variable (besides
+/// `metadata.labels['…']` and `metadata.annotations['…']`).
+pub const POD_FIELDS: [&str; 9] = [
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+];
+
+/// The container resources `resourceFieldRef` may name.
+pub const CONTAINER_RESOURCES: [&str; 6] = [
+    "limits.cpu",
+    "limits.memory",
+    "limits.ephemeral-storage",
+    "requests.cpu",
+    "requests.memory",
+    "requests.ephemeral-storage",
+];
+
+/// A field of the pod, as Kubernetes' `ObjectFieldSelector`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FieldSelector {
+    /// `v1` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub api_version: Option<String>,
+    /// `metadata.name`, `metadata.namespace`, `metadata.labels['k']`, `status.podIP`, ….
+    #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new(r"self in ['metadata.name', 'metadata.namespace', 'metadata.uid', 'spec.nodeName', 'spec.serviceAccountName', 'status.hostIP', 'status.hostIPs', 'status.podIP', 'status.podIPs'] || self.matches('^metadata[.](labels|annotations)\\[\'[^\']+\'\\]$')").message(FIELD_PATH_MESSAGE))]
+    pub field_path: String,
+}
+
+/// Why a `fieldRef.fieldPath` is refused.
+pub const FIELD_PATH_MESSAGE: &str = "must be a pod field Kubernetes passes to env: metadata.name, metadata.namespace, metadata.uid, metadata.labels['…'], metadata.annotations['…'], spec.nodeName, spec.serviceAccountName, status.hostIP(s) or status.podIP(s)";
+
+/// A resource of the function's container, as Kubernetes' `ResourceFieldSelector`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceFieldSelector {
+    /// The container (the function's, when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub container_name: Option<String>,
+    /// `limits.cpu`, `limits.memory`, `requests.cpu`, `requests.memory`, ….
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self in ['limits.cpu', 'limits.memory', 'limits.ephemeral-storage', 'requests.cpu', 'requests.memory', 'requests.ephemeral-storage']").message(RESOURCE_MESSAGE))]
+    pub resource: String,
+    /// The unit of the value, a quantity (default `1`: whole cores, bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub divisor: Option<IntOrString>,
+}
+
+/// Why a `resourceFieldRef.resource` is refused.
+pub const RESOURCE_MESSAGE: &str = "must be limits.cpu, limits.memory, limits.ephemeral-storage, requests.cpu, requests.memory or requests.ephemeral-storage";
+
+/// What `fieldRef` and `resourceFieldRef` read in local mode, where there is no pod: the
+/// Function's name and namespace, its `spec.labels` and `spec.annotations` (what its pods carry
+/// on Kubernetes), loopback for the IPs, the machine's host name for the node, and the
+/// resources of its profile.
+pub struct LocalFields<'a> {
+    /// The Function's name.
+    pub name: &'a str,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its spec.
+    pub spec: &'a FunctionSpec,
+    /// The machine's host name.
+    pub node: &'a str,
+}
+
+impl LocalFields<'_> {
+    /// The value of `source` when it is a `fieldRef` or `resourceFieldRef`; `None` otherwise.
+    pub fn value(&self, source: &EnvVarSource) -> Option<String> {
+        if let Some(field) = &source.field_ref {
+            let path = field.field_path.as_str();
+            let key_of = |prefix: &str| {
+                path.strip_prefix(prefix)?
+                    .strip_prefix("['")?
+                    .strip_suffix("']")
+                    .map(str::to_owned)
+            };
+            return Some(match path {
+                "metadata.name" => self.name.to_owned(),
+                "metadata.namespace" => self.namespace.to_owned(),
+                "metadata.uid" => String::new(),
+                "spec.nodeName" => self.node.to_owned(),
+                "spec.serviceAccountName" => "default".to_owned(),
+                "status.hostIP" | "status.hostIPs" | "status.podIP" | "status.podIPs" => {
+                    "127.0.0.1".to_owned()
+                }
+                _ => {
+                    if let Some(key) = key_of("metadata.labels") {
+                        self.spec.pod_labels().remove(&key).unwrap_or_default()
+                    } else if let Some(key) = key_of("metadata.annotations") {
+                        self.spec.pod_annotations().remove(&key).unwrap_or_default()
+                    } else {
+                        String::new()
+                    }
+                }
+            });
+        }
+        let resource = source.resource_field_ref.as_ref()?;
+        let resources = self.spec.function_resources();
+        let (kind, name) = resource.resource.split_once('.')?;
+        let table = if kind == "limits" {
+            &resources.limits
+        } else {
+            &resources.requests
+        };
+        let value = table
+            .get(name)
+            .and_then(|quantity| quantity_value(&quantity.0))
+            .unwrap_or(0.0);
+        let divisor = resource
+            .divisor
+            .as_ref()
+            .and_then(|quantity| quantity_value(&quantity.to_string()))
+            .filter(|divisor| *divisor > 0.0)
+            .unwrap_or(1.0);
+        // Kubernetes rounds up: 150m of CPU is 1 core.
+        Some(format!("{}", (value / divisor).ceil()))
+    }
 }
 
 /// One key of a Secret or ConfigMap.
@@ -590,6 +748,56 @@ pub struct FunctionStatus {
     /// The commit a Git source's reference resolved to, which the current build is of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
+    /// The image the function's pods run (Kubernetes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_image: Option<String>,
+    /// The resource profile in use (`XS` … `XL`, or `custom` for explicit resources), as Kyma
+    /// reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_resource_profile: Option<String>,
+    /// A Git source's reference and base directory, as Kyma reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<RepositoryStatus>,
+}
+
+/// A Git source as the status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryStatus {
+    /// The directory of the function in the repository.
+    #[serde(default)]
+    pub base_dir: String,
+    /// The branch, tag or commit asked for.
+    #[serde(default)]
+    pub reference: String,
+}
+
+impl FunctionStatus {
+    /// Fills in what the status says about the spec itself, as Kyma's does: the runtime, the
+    /// resource profile and a Git source's reference and base directory.
+    pub fn describe_spec(&mut self, spec: &FunctionSpec) {
+        self.runtime = Some(spec.runtime.as_str().to_owned());
+        let request = spec
+            .resource_configuration
+            .as_ref()
+            .and_then(|r| r.function.as_ref());
+        self.function_resource_profile = Some(match request {
+            Some(request) if request.resources.is_some() => "custom".to_owned(),
+            Some(request) => request
+                .profile
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PROFILE.to_owned()),
+            None => DEFAULT_PROFILE.to_owned(),
+        });
+        self.repository = spec
+            .source
+            .git_repository
+            .as_ref()
+            .map(|git| RepositoryStatus {
+                base_dir: git.base_dir.clone().unwrap_or_else(|| "/".to_owned()),
+                reference: git.reference.clone(),
+            });
+    }
 }
 
 fn is_zero(value: &i32) -> bool {
@@ -599,16 +807,17 @@ fn is_zero(value: &i32) -> bool {
 /// The profile of a Function that names none (Kyma's default).
 pub const DEFAULT_PROFILE: &str = "L";
 
-/// Bytes of a Kubernetes quantity (`128Mi`, `1G`, `0.5Gi`, `1e9`, `512`), or `None` when it is
-/// not one.
-pub fn quantity_bytes(text: &str) -> Option<u64> {
-    const UNITS: [(&str, f64); 12] = [
+/// The value of a Kubernetes quantity (`128Mi`, `1G`, `0.5Gi`, `150m`, `1e9`, `512`), or `None`
+/// when it is not one.
+pub fn quantity_value(text: &str) -> Option<f64> {
+    const UNITS: [(&str, f64); 13] = [
         ("Ki", 1024.0),
         ("Mi", 1_048_576.0),
         ("Gi", 1_073_741_824.0),
         ("Ti", 1_099_511_627_776.0),
         ("Pi", 1_125_899_906_842_624.0),
         ("Ei", 1_152_921_504_606_846_976.0),
+        ("m", 1e-3),
         ("k", 1e3),
         ("M", 1e6),
         ("G", 1e9),
@@ -625,7 +834,12 @@ pub fn quantity_bytes(text: &str) -> Option<u64> {
         .parse()
         .ok()
         .filter(|v: &f64| v.is_finite() && *v >= 0.0)?;
-    let bytes = (value * scale).ceil();
+    Some(value * scale)
+}
+
+/// Bytes of a Kubernetes quantity (rounded up), or `None` when it is not one.
+pub fn quantity_bytes(text: &str) -> Option<u64> {
+    let bytes = quantity_value(text)?.ceil();
     // Within u64 (an f64 above 2^64 would saturate silently).
     (bytes < 1.8e19).then_some(bytes as u64)
 }
@@ -633,7 +847,7 @@ pub fn quantity_bytes(text: &str) -> Option<u64> {
 /// Presets of `resourceConfiguration.function.profile`: (cpu request, memory request, cpu limit,
 /// memory limit).
 pub const PROFILES: [(&str, &str, &str, &str, &str); 5] = [
-    ("XS", "50m", "64Mi", "150m", "128Mi"),
+    ("XS", "50m", "64Mi", "150m", "256Mi"),
     ("S", "100m", "128Mi", "200m", "256Mi"),
     ("M", "200m", "256Mi", "400m", "512Mi"),
     ("L", "400m", "512Mi", "800m", "1024Mi"),
@@ -658,26 +872,75 @@ pub const RESERVED_ENV: [&str; 10] = [
 pub const DEFAULT_TIMEOUT_SECONDS: i32 = 180;
 
 impl FunctionSpec {
-    /// The memory limit of one instance in bytes: `resources.limits.memory` when resources are
-    /// given (none there: no limit), else the profile's ([`DEFAULT_PROFILE`] when none is named).
-    pub fn memory_limit_bytes(&self) -> Option<u64> {
+    /// The labels of the function's instances: `labels` over the deprecated `template.labels`.
+    pub fn pod_labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self
+            .template
+            .as_ref()
+            .map(|t| t.labels.clone())
+            .unwrap_or_default();
+        labels.extend(self.labels.clone());
+        labels
+    }
+
+    /// The annotations of the function's instances: `annotations` over the deprecated
+    /// `template.annotations`.
+    pub fn pod_annotations(&self) -> BTreeMap<String, String> {
+        let mut annotations = self
+            .template
+            .as_ref()
+            .map(|t| t.annotations.clone())
+            .unwrap_or_default();
+        annotations.extend(self.annotations.clone());
+        annotations
+    }
+
+    /// Warnings for what is accepted but deprecated.
+    pub fn deprecated_fields(&self) -> Vec<String> {
+        if self.template.is_some() {
+            vec!["spec.template is deprecated (as in Kyma): its labels and annotations are used as spec.labels and spec.annotations".to_owned()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Requests and limits of one instance: the explicit ones, or the profile's
+    /// ([`DEFAULT_PROFILE`] when none is named).
+    pub fn function_resources(&self) -> Resources {
         let request = self
             .resource_configuration
             .as_ref()
             .and_then(|r| r.function.as_ref());
-        if let Some(explicit) = request.and_then(|r| r.resources.as_ref()) {
-            return explicit
-                .limits
-                .get("memory")
-                .and_then(|quantity| quantity_bytes(&quantity.0));
+        if let Some(explicit) = request.and_then(|r| r.resources.clone()) {
+            return explicit;
         }
         let profile = request
             .and_then(|r| r.profile.as_deref())
             .unwrap_or(DEFAULT_PROFILE);
-        PROFILES
+        let (_, cpu_request, memory_request, cpu_limit, memory_limit) = PROFILES
             .iter()
+            .copied()
             .find(|preset| preset.0 == profile)
-            .and_then(|preset| quantity_bytes(preset.4))
+            .unwrap_or(PROFILES[3]);
+        let quantities = |pairs: [(&str, &str); 2]| {
+            pairs
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), Quantity(value.to_owned())))
+                .collect()
+        };
+        Resources {
+            requests: quantities([("cpu", cpu_request), ("memory", memory_request)]),
+            limits: quantities([("cpu", cpu_limit), ("memory", memory_limit)]),
+        }
+    }
+
+    /// The memory limit of one instance in bytes: `resources.limits.memory` when resources are
+    /// given (none there: no limit), else the profile's ([`DEFAULT_PROFILE`] when none is named).
+    pub fn memory_limit_bytes(&self) -> Option<u64> {
+        self.function_resources()
+            .limits
+            .get("memory")
+            .and_then(|quantity| quantity_bytes(&quantity.0))
     }
 
     /// The (min, max) instance counts this spec asks for.
@@ -774,6 +1037,8 @@ impl FunctionSpec {
 pub const FUNC_TIMEOUT_ENV: &str = "FUNC_TIMEOUT";
 /// The environment variable Kyma users set the Node.js body limit (MiB) with.
 pub const REQ_MB_LIMIT_ENV: &str = "REQ_MB_LIMIT";
+/// Kyma's current name for the body limit (MiB), of both runtimes.
+pub const FUNC_BODY_MB_LIMIT_ENV: &str = "FUNC_BODY_MB_LIMIT";
 
 /// Checks a Function; every problem is reported.
 pub fn validate_function(function: &Function) -> Vec<FieldError> {
@@ -795,11 +1060,8 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
     }
     for (index, var) in spec.env.iter().enumerate() {
         let field = format!("spec.env[{index}].name");
-        if !is_c_identifier(&var.name) {
-            errors.push(FieldError::new(
-                field,
-                "must be a C identifier: letters, digits and _, not starting with a digit",
-            ));
+        if !is_env_name(&var.name) {
+            errors.push(FieldError::new(field, ENV_NAME_MESSAGE));
         } else if RESERVED_ENV.contains(&var.name.as_str()) {
             errors.push(FieldError::new(
                 field,
@@ -821,6 +1083,15 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
     validate_secret_mounts(&spec.secret_mounts, &mut errors);
     validate_pod_metadata("spec.labels", &spec.labels, true, &mut errors);
     validate_pod_metadata("spec.annotations", &spec.annotations, false, &mut errors);
+    if let Some(template) = &spec.template {
+        validate_pod_metadata("spec.template.labels", &template.labels, true, &mut errors);
+        validate_pod_metadata(
+            "spec.template.annotations",
+            &template.annotations,
+            false,
+            &mut errors,
+        );
+    }
     if let Some(build) = spec
         .resource_configuration
         .as_ref()
@@ -963,6 +1234,33 @@ pub const BUILD_PROFILE_RESOURCES: [(&str, &str, &str, &str, &str); 4] = [
     ("fast", "1100m", "1100Mi", "1700m", "1100Mi"),
 ];
 
+/// A host and path without a scheme, as Kyma's docs write them (`github.com/org/repo`): the
+/// first segment names a host (it has a dot).
+fn is_schemeless_host_path(url: &str) -> bool {
+    url.split_once('/').is_some_and(|(host, path)| {
+        !path.is_empty()
+            && host.contains('.')
+            && !host.starts_with(['.', '-'])
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':'))
+    })
+}
+
+/// The URL `git` is given for a `gitRepository.url`: as written, except a host and path
+/// without a scheme (`github.com/org/repo`), which Kyma fetches over HTTPS.
+pub fn git_remote_url(url: &str) -> std::borrow::Cow<'_, str> {
+    let has_scheme = url.contains("://");
+    let scp_like = url
+        .split_once(':')
+        .is_some_and(|(head, _)| head.contains('@'));
+    if !has_scheme && !scp_like && is_schemeless_host_path(url) {
+        std::borrow::Cow::Owned(format!("https://{url}"))
+    } else {
+        std::borrow::Cow::Borrowed(url)
+    }
+}
+
 fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) {
     let url = git.url.as_str();
     let scp_like = url
@@ -978,10 +1276,12 @@ fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) 
     let known_scheme = ["https://", "http://", "ssh://", "file://"]
         .iter()
         .any(|scheme| url.starts_with(scheme));
-    if !(known_scheme || scp_like) || url.chars().any(char::is_whitespace) {
+    if !(known_scheme || scp_like || is_schemeless_host_path(url))
+        || url.chars().any(char::is_whitespace)
+    {
         errors.push(FieldError::new(
             "spec.source.gitRepository.url",
-            "must be an https, http, ssh, file or git@host:path URL",
+            GIT_URL_MESSAGE,
         ));
     }
     if git.reference.is_empty()
@@ -1039,11 +1339,44 @@ fn validate_env_value(
                 "set value or valueFrom, not both",
             ));
         }
-        match source.selector() {
-            None => errors.push(FieldError::new(
+        let kinds = [
+            source.secret_key_ref.is_some(),
+            source.config_map_key_ref.is_some(),
+            source.field_ref.is_some(),
+            source.resource_field_ref.is_some(),
+        ];
+        if kinds.iter().filter(|set| **set).count() != 1 {
+            errors.push(FieldError::new(
                 format!("{field}.valueFrom"),
-                "set exactly one of secretKeyRef and configMapKeyRef",
-            )),
+                VALUE_FROM_MESSAGE,
+            ));
+        }
+        if let Some(selector) = &source.field_ref {
+            let path = selector.field_path.as_str();
+            let keyed = ["metadata.labels['", "metadata.annotations['"]
+                .iter()
+                .any(|prefix| {
+                    path.strip_prefix(prefix)
+                        .and_then(|rest| rest.strip_suffix("']"))
+                        .is_some_and(|key| !key.is_empty() && !key.contains('\''))
+                });
+            if !(POD_FIELDS.contains(&path) || keyed) {
+                errors.push(FieldError::new(
+                    format!("{field}.valueFrom.fieldRef.fieldPath"),
+                    FIELD_PATH_MESSAGE,
+                ));
+            }
+        }
+        if let Some(selector) = &source.resource_field_ref
+            && !CONTAINER_RESOURCES.contains(&selector.resource.as_str())
+        {
+            errors.push(FieldError::new(
+                format!("{field}.valueFrom.resourceFieldRef.resource"),
+                RESOURCE_MESSAGE,
+            ));
+        }
+        match source.selector() {
+            None => {}
             Some((kind, selector)) => {
                 let at = match kind {
                     KeySource::Secret => format!("{field}.valueFrom.secretKeyRef"),
@@ -1081,10 +1414,15 @@ fn validate_env_value(
             field,
             "FUNC_TIMEOUT and spec.timeoutSeconds both set the timeout; keep one",
         )),
-        REQ_MB_LIMIT_ENV if !whole_number(1024) => errors.push(FieldError::new(
-            format!("{field}.value"),
-            "REQ_MB_LIMIT must be a whole number of MiB between 1 and 1024",
-        )),
+        REQ_MB_LIMIT_ENV | FUNC_BODY_MB_LIMIT_ENV if !whole_number(1024) => {
+            errors.push(FieldError::new(
+                format!("{field}.value"),
+                format!(
+                    "{} must be a whole number of MiB between 1 and 1024",
+                    var.name
+                ),
+            ));
+        }
         _ => {}
     }
 }
@@ -1180,11 +1518,20 @@ pub fn is_dns1123_subdomain(name: &str) -> bool {
     name.len() <= 253 && name.split('.').all(is_dns1123_label)
 }
 
-fn is_c_identifier(name: &str) -> bool {
+/// What Kubernetes takes as an environment variable name (`API-KEY`, `app.mode`, `_X1`).
+fn is_env_name(name: &str) -> bool {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
     let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    matches!(chars.next(), Some(c) if allowed(c) && !c.is_ascii_digit()) && chars.all(allowed)
 }
+
+/// Why a Git URL is refused.
+pub const GIT_URL_MESSAGE: &str =
+    "must be an https, http, ssh, file or git@host:path URL, or host/path (github.com/org/repo)";
+
+/// Why an env name is refused.
+pub const ENV_NAME_MESSAGE: &str =
+    "must consist of letters, digits, '_', '-' and '.', and must not start with a digit";
 
 /// DNS-1035 label: lower-case letters, digits and `-`, starting with a letter, at most 63.
 pub fn is_dns1035_label(name: &str) -> bool {
@@ -1263,15 +1610,17 @@ pub enum TypeMatching {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new(r"(has(self.typeMatching) && self.typeMatching == 'exact') || self.types.all(t, !t.matches('(^|[.])[*>][.]') && !t.matches('^[*>]$'))")
     .message("wildcards `*` and `>` may only end a prefix, as in `order.*` or `order.>`").field_path(".types"))]
+#[x_kube(validation = Rule::new(r"!has(self.source) || size(self.source) > 0 || (has(self.typeMatching) && self.typeMatching == 'exact')")
+    .message(EMPTY_SOURCE_MESSAGE).field_path(".source"))]
 pub struct SubscriptionSpec {
     /// Where events go: `http://<function>.<namespace>.svc.cluster.local`.
     #[schemars(length(max = 2048))]
     #[x_kube(validation = Rule::new("isURL(self) && (self.startsWith('http://') || self.startsWith('https://'))").message("must be an http(s) URL"))]
     pub sink: String,
-    /// Only events with this CloudEvents source.
+    /// Only events with this CloudEvents source (standard matching; exact matching, as Kyma's,
+    /// matches the type alone and ignores it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
-    #[x_kube(validation = Rule::new("size(self) > 0").message("must not be empty when given"))]
     pub source: Option<String>,
     /// Event types (or prefixes, with standard matching).
     #[schemars(length(max = 64), inner(length(max = 512)))]
@@ -1298,13 +1647,32 @@ pub struct SubscriptionSpec {
 
 /// Flow control of a Subscription.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct SubscriptionConfig {
     /// Most events in flight to the sink at once (Kyma writes it as a string; both are taken).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = 10))]
     #[x_kube(validation = Rule::new("string(self).matches('^[0-9]{1,5}$') && int(string(self)) >= 1 && int(string(self)) <= 10000").message("must be a whole number between 1 and 10000"))]
     pub max_in_flight_messages: Option<IntOrString>,
+    /// Other keys (those of Kyma's EventMesh backend): kept as written, not used, and reported
+    /// as ignored.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(skip)]
+    pub ignored: BTreeMap<String, serde_json::Value>,
+}
+
+/// Why an empty `source` is refused.
+pub const EMPTY_SOURCE_MESSAGE: &str =
+    "must not be empty with standard type matching (exact matching ignores it)";
+
+impl std::fmt::Display for IntOrString {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Int(n) => write!(f, "{n}"),
+            Self::String(text) => f.write_str(text),
+        }
+    }
 }
 
 /// An integer that may be written as a string, as Kyma's `config` map does.
@@ -1771,8 +2139,33 @@ impl SubscriptionSpec {
         }
     }
 
-    /// The NATS subject filter of each type, or the problems with them.
+    /// The NATS subject filter of each type under eddy's rules, or the problems with them.
     pub fn type_subjects(&self) -> Result<Vec<TypeStatus>, Vec<FieldError>> {
+        self.type_subjects_as(false)
+    }
+
+    /// What is written but not used, for warnings: `source` under exact matching, and `config`
+    /// keys other than `maxInFlightMessages`.
+    pub fn ignored_fields(&self) -> Vec<String> {
+        let mut ignored = Vec::new();
+        if self.type_matching == TypeMatching::Exact
+            && self.source.as_deref().is_some_and(|s| !s.is_empty())
+        {
+            ignored.push("spec.source is ignored with exact type matching: the type alone is matched, as in Kyma".to_owned());
+        }
+        if let Some(config) = &self.config {
+            for key in config.ignored.keys() {
+                ignored.push(format!("spec.config.{key} is ignored: eddy reads only maxInFlightMessages (other keys belong to Kyma's EventMesh backend)"));
+            }
+        }
+        ignored
+    }
+
+    /// The NATS subject filter of each type, or the problems with them. Exact matching matches
+    /// the type alone, whatever `source` says. `kyma`: the Subscription came in Kyma's form, where
+    /// standard matching has no wildcards (`*` and `>` are among the characters Kyma's backend
+    /// removes) and the status reports the type as Kyma's backend cleans it (`cleanType`).
+    pub fn type_subjects_as(&self, kyma: bool) -> Result<Vec<TypeStatus>, Vec<FieldError>> {
         let mut errors = Vec::new();
         let mut resolved = Vec::with_capacity(self.types.len());
         if self.types.is_empty() {
@@ -1781,19 +2174,23 @@ impl SubscriptionSpec {
                 "at least one type is required",
             ));
         }
+        let exact = self.type_matching == TypeMatching::Exact;
         let source_token = match self.source.as_deref() {
+            _ if exact => "*".to_owned(),
             None => "*".to_owned(),
             Some("") => {
-                errors.push(FieldError::new(
-                    "spec.source",
-                    "must not be empty when given",
-                ));
+                errors.push(FieldError::new("spec.source", EMPTY_SOURCE_MESSAGE));
                 "*".to_owned()
             }
             Some(source) => subject::escape_token(source),
         };
+        let matching = if kyma {
+            TypeMatching::Exact
+        } else {
+            self.type_matching
+        };
         for (index, ty) in self.types.iter().enumerate() {
-            match type_filter(ty, self.type_matching) {
+            match type_filter(ty, matching) {
                 Ok(pattern) => {
                     let subject = format!("{EVENTS_SUBJECT_PREFIX}.{source_token}.{pattern}");
                     if subject.len() > subject::MAX_SUBJECT_LEN {
@@ -1808,7 +2205,11 @@ impl SubscriptionSpec {
                             type_: ty.clone(),
                             subject,
                             original_type: ty.clone(),
-                            clean_type: ty.clone(),
+                            clean_type: if kyma && !exact {
+                                kyma_clean_type(ty)
+                            } else {
+                                ty.clone()
+                            },
                         });
                     }
                 }
@@ -1822,6 +2223,30 @@ impl SubscriptionSpec {
         } else {
             Err(errors)
         }
+    }
+}
+
+/// A type as Kyma's JetStream backend cleans it for standard matching: whitespace, `>`, `*`,
+/// `/` and `\` removed.
+pub fn kyma_clean_type(ty: &str) -> String {
+    ty.chars()
+        .filter(|c| !c.is_whitespace() && !matches!(c, '>' | '*' | '/' | '\\'))
+        .collect()
+}
+
+impl Subscription {
+    /// Whether it was applied in Kyma's form (`eventing.kyma-project.io/v1alpha2`).
+    pub fn is_kyma(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get(APPLIED_AS_ANNOTATION))
+            .is_some_and(|applied_as| applied_as == KYMA_SUBSCRIPTION_API_VERSION)
+    }
+
+    /// The NATS subject filter of each type, under the rules of the form it was applied in.
+    pub fn type_subjects(&self) -> Result<Vec<TypeStatus>, Vec<FieldError>> {
+        self.spec.type_subjects_as(self.is_kyma())
     }
 }
 
@@ -1856,7 +2281,7 @@ fn type_filter(ty: &str, matching: TypeMatching) -> Result<String, String> {
 pub fn validate_subscription(subscription: &Subscription, sinks: &SinkPolicy) -> Vec<FieldError> {
     let mut errors = validate_metadata(&subscription.metadata, false);
     let spec = &subscription.spec;
-    if let Err(found) = spec.type_subjects() {
+    if let Err(found) = subscription.type_subjects() {
         errors.extend(found);
     }
     if let Err(found) = spec.delivery_policy() {

@@ -78,7 +78,8 @@ const runtime = env.FUNC_RUNTIME || "";
 const port = Number(env.FUNC_PORT || 8080);
 const host = env.FUNC_HOST || "127.0.0.1";
 const timeoutSeconds = positiveNumber(env.FUNC_TIMEOUT, 180);
-const bodyLimitMb = positiveNumber(env.REQ_MB_LIMIT, 1);
+// FUNC_BODY_MB_LIMIT is Kyma's current name; REQ_MB_LIMIT its older one.
+const bodyLimitMb = positiveNumber(env.FUNC_BODY_MB_LIMIT || env.REQ_MB_LIMIT, 1);
 const functionDir = env.FUNC_DIR || path.join(path.dirname(new URL(import.meta.url).pathname), "function");
 const handlerModule = (env.MOD_NAME || "handler") + ".js";
 const handlerName = env.FUNC_HANDLER || "main";

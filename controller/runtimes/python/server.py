@@ -79,7 +79,11 @@ function_dir = env.get("FUNC_DIR") or os.path.join(os.path.dirname(os.path.abspa
 module_name = env.get("MOD_NAME", "handler")
 handler_name = env.get("FUNC_HANDLER", "main")
 publisher_address = env.get("PUBLISHER_PROXY_ADDRESS", "")
-bottle.BaseRequest.MEMFILE_MAX = int(env.get("FUNC_MEMFILE_MAX", str(100 * 1024 * 1024)))
+# FUNC_BODY_MB_LIMIT (MiB) is Kyma's current name; FUNC_MEMFILE_MAX (bytes) its older one.
+if env.get("FUNC_BODY_MB_LIMIT"):
+    bottle.BaseRequest.MEMFILE_MAX = int(env["FUNC_BODY_MB_LIMIT"]) * 1024 * 1024
+else:
+    bottle.BaseRequest.MEMFILE_MAX = int(env.get("FUNC_MEMFILE_MAX", str(100 * 1024 * 1024)))
 
 # Locally the gateway sends this secret with every request, so an instance's loopback port cannot
 # be called around the gateway's access checks. Kept out of the function's sight, as is the
@@ -358,6 +362,9 @@ def call_user_function(environ, parent, answer):
 def run_user_function(answer, span):
     try:
         event = Event(bottle.request, bottle.response)
+    except bottle.HTTPResponse as refusal:  # bottle's own answer: 413 for a body over the limit
+        answer.put(("ok", refusal, bottle.response.copy()))
+        return
     except Exception as error:  # noqa: BLE001 - a bad CloudEvent is the caller's mistake
         answer.put(("invalid", str(error), None))
         return

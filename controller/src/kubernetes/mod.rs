@@ -822,7 +822,8 @@ impl Target<'_> {
             condition(ConditionType::Running, ok, reason, message),
         );
         status.replicas = replicas;
-        status.runtime = Some(function.spec.runtime.as_str().to_owned());
+        status.describe_spec(&function.spec);
+        status.runtime_image = Some(rendered.image.clone());
         Ok(RESYNC)
     }
 }

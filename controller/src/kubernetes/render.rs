@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use eddy_model::resources::{
     BUILD_PROFILE_RESOURCES, DEFAULT_TIMEOUT_SECONDS, FUNC_TIMEOUT_ENV, Function,
-    GitRepositorySource, InlineSource, PROFILES, RepositoryAuthType, Resources, Runtime,
+    GitRepositorySource, InlineSource, RepositoryAuthType, Resources, Runtime,
 };
 use k8s_openapi::{
     api::{
@@ -155,23 +155,7 @@ pub enum Scaling {
 
 /// Requests and limits of the function container: the profile's, or the explicit ones.
 pub fn container_resources(function: &Function) -> Resources {
-    let request = function
-        .spec
-        .resource_configuration
-        .as_ref()
-        .and_then(|r| r.function.as_ref());
-    if let Some(explicit) = request.and_then(|r| r.resources.clone()) {
-        return explicit;
-    }
-    let profile = request
-        .and_then(|r| r.profile.as_deref())
-        .unwrap_or(DEFAULT_PROFILE);
-    let preset = PROFILES
-        .iter()
-        .copied()
-        .find(|p| p.0 == profile)
-        .unwrap_or(PROFILES[1]);
-    preset_resources(preset)
+    function.spec.function_resources()
 }
 
 /// A preset's (name, cpu request, memory request, cpu limit, memory limit) as resources.
@@ -655,7 +639,10 @@ fn git_fetch_container(
         ..EnvVar::default()
     };
     let mut env = vec![
-        var("GIT_URL", &repository.url),
+        var(
+            "GIT_URL",
+            &eddy_model::resources::git_remote_url(&repository.url),
+        ),
         var("GIT_COMMIT", commit),
         var("GIT_BASE_DIR", git_base_dir(repository)),
         var("EDDY_WORKSPACE", WORKSPACE),
@@ -816,6 +803,19 @@ fn deployment(
                             optional: key.optional,
                         }
                     }),
+                    field_ref: from.field_ref.as_ref().map(|field| {
+                        k8s_openapi::api::core::v1::ObjectFieldSelector {
+                            api_version: field.api_version.clone(),
+                            field_path: field.field_path.clone(),
+                        }
+                    }),
+                    resource_field_ref: from.resource_field_ref.as_ref().map(|resource| {
+                        k8s_openapi::api::core::v1::ResourceFieldSelector {
+                            container_name: resource.container_name.clone(),
+                            divisor: resource.divisor.as_ref().map(|d| Quantity(d.to_string())),
+                            resource: resource.resource.clone(),
+                        }
+                    }),
                     ..EnvVarSource::default()
                 }),
             }),
@@ -850,7 +850,7 @@ fn deployment(
             ..Volume::default()
         });
     }
-    let mut pod_labels = function.spec.labels.clone();
+    let mut pod_labels = function.spec.pod_labels();
     pod_labels.extend(owned.labels());
     pod_labels.insert(BUILD_HASH_LABEL.into(), owned.hash.clone());
     pod_labels.insert("sidecar.istio.io/inject".into(), "true".into());
@@ -925,8 +925,8 @@ fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: (!function.spec.annotations.is_empty())
-                        .then(|| function.spec.annotations.clone()),
+                    annotations: Some(function.spec.pod_annotations())
+                        .filter(|annotations| !annotations.is_empty()),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {

@@ -1332,8 +1332,11 @@ fn kyma_fields_reach_the_deployment_as_written() {
             "env": [
                 {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "key"}}},
                 {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
             ],
             "secretMounts": [{"secretName": "tls", "mountPath": "/etc/tls"}],
+            "template": {"labels": {"tier": "gold"}},
             "labels": {"team": "checkout"},
             "annotations": {"owner": "checkout@example.com"},
             "runtimeImageOverride": "registry.example.com/custom-node:1",
@@ -1353,6 +1356,18 @@ fn kyma_fields_reach_the_deployment_as_written() {
     assert_eq!(
         named("REGION").expect("REGION"),
         json!({"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}})
+    );
+    assert_eq!(
+        named("POD").expect("POD"),
+        json!({"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    );
+    assert_eq!(
+        named("MEM").expect("MEM"),
+        json!({"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}})
+    );
+    assert_eq!(
+        template["metadata"]["labels"]["tier"], "gold",
+        "the deprecated template's labels are on the pods"
     );
     let mount = container["volumeMounts"]
         .as_array()

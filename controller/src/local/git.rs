@@ -84,6 +84,7 @@ pub async fn resolve(
     reference: &str,
     credentials: Option<&GitCredentials>,
 ) -> Result<String, BuildFailure> {
+    let url = &*eddy_model::resources::git_remote_url(url);
     let scratch = Scratch::new(config)?;
     let mut command = git_command(config, &scratch, credentials)?;
     command.args(["ls-remote", "--", url]);
@@ -133,6 +134,7 @@ pub async fn checkout(
     commit: &str,
     credentials: Option<&GitCredentials>,
 ) -> Result<PathBuf, BuildFailure> {
+    let url = &*eddy_model::resources::git_remote_url(url);
     let repository = hex(&Sha256::digest(url.as_bytes())[..8]);
     let target = config.dir.join("checkouts").join(&repository).join(commit);
     if target.join(".eddy-checked-out").is_file() {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use eddy_model::resources::{FunctionSpec, KeySource};
+use eddy_model::resources::{FunctionSpec, KeySource, LocalFields};
 use eddy_platform::store::{Store, StoreError};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
@@ -45,15 +45,20 @@ impl std::fmt::Debug for Inputs {
 /// Resolves the spec's references with `lookup` (the object's data, or `None` when there is no
 /// such object). The error names the field and what is missing. Pure.
 pub fn resolve_with(
-    spec: &FunctionSpec,
+    fields: &LocalFields<'_>,
     lookup: impl Fn(KeySource, &str) -> Option<Data>,
 ) -> Result<Inputs, String> {
+    let spec = fields.spec;
     let describe = |kind: KeySource| match kind {
         KeySource::Secret => "Secret",
         KeySource::ConfigMap => "ConfigMap",
     };
     let mut inputs = Inputs::default();
     for (index, var) in spec.env.iter().enumerate() {
+        if let Some(value) = var.value_from.as_ref().and_then(|from| fields.value(from)) {
+            inputs.env.push((var.name.clone(), value));
+            continue;
+        }
         let Some((kind, selector)) = var.value_from.as_ref().and_then(|from| from.selector())
         else {
             inputs.env.push((var.name.clone(), var.value.clone()));
@@ -119,6 +124,7 @@ pub fn resolve_with(
 pub async fn resolve(
     store: &Store,
     namespace: &str,
+    name: &str,
     spec: &FunctionSpec,
 ) -> Result<Result<Inputs, String>, StoreError> {
     let mut found: Vec<((KeySource, String), Option<Data>)> = Vec::new();
@@ -135,7 +141,16 @@ pub async fn resolve(
         };
         found.push(((kind, name.to_owned()), data));
     }
-    Ok(resolve_with(spec, |kind, name| {
+    let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|host| host.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    let fields = LocalFields {
+        name,
+        namespace,
+        spec,
+        node: &node,
+    };
+    Ok(resolve_with(&fields, |kind, name| {
         found
             .iter()
             .find(|((k, n), _)| *k == kind && n == name)
@@ -197,6 +212,47 @@ mod tests {
         }
     }
 
+    fn fields(spec: &FunctionSpec) -> LocalFields<'_> {
+        LocalFields {
+            name: "orders",
+            namespace: "shop",
+            spec,
+            node: "here",
+        }
+    }
+
+    /// `fieldRef` and `resourceFieldRef` read the Function and its profile locally.
+    #[test]
+    fn field_and_resource_references_read_the_function_locally() {
+        let spec = spec(json!({
+            "runtime": "nodejs22", "source": {"inline": {"source": "x"}},
+            "labels": {"tier": "gold"},
+            "resourceConfiguration": {"function": {"profile": "XS"}},
+            "env": [
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "TIER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['tier']"}}},
+                {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+                {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+                {"name": "MILLI", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
+            ],
+        }));
+        let env = resolve_with(&fields(&spec), lookup).unwrap().env;
+        let value = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        assert_eq!(value("POD"), Some("orders"));
+        assert_eq!(value("NS"), Some("shop"));
+        assert_eq!(value("TIER"), Some("gold"));
+        assert_eq!(value("IP"), Some("127.0.0.1"));
+        assert_eq!(value("MEM"), Some("256"), "XS: 256Mi");
+        assert_eq!(
+            value("CPU"),
+            Some("1"),
+            "150m rounds up to one core, as on Kubernetes"
+        );
+        assert_eq!(value("MILLI"), Some("50"));
+    }
+
     #[test]
     fn env_values_come_from_secrets_and_config_maps_in_order() {
         let spec = spec(json!({
@@ -209,7 +265,7 @@ mod tests {
             ],
             "secretMounts": [{"secretName": "db", "mountPath": "/etc/db"}],
         }));
-        let inputs = resolve_with(&spec, lookup).unwrap();
+        let inputs = resolve_with(&fields(&spec), lookup).unwrap();
         assert_eq!(
             inputs.env,
             vec![
@@ -230,7 +286,7 @@ mod tests {
             "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "user"}}}],
         }));
         assert_eq!(
-            resolve_with(&missing_key, lookup).unwrap_err(),
+            resolve_with(&fields(&missing_key), lookup).unwrap_err(),
             "spec.env[0] (P): Secret db has no key user"
         );
         let missing_mount = spec(json!({
@@ -238,7 +294,7 @@ mod tests {
             "secretMounts": [{"secretName": "nope", "mountPath": "/etc/x"}],
         }));
         assert_eq!(
-            resolve_with(&missing_mount, lookup).unwrap_err(),
+            resolve_with(&fields(&missing_mount), lookup).unwrap_err(),
             "spec.secretMounts[0]: Secret nope not found"
         );
         let git = spec(json!({
@@ -247,7 +303,7 @@ mod tests {
                                           "auth": {"type": "key", "secretName": "git"}}},
         }));
         assert_eq!(
-            resolve_with(&git, lookup).unwrap_err(),
+            resolve_with(&fields(&git), lookup).unwrap_err(),
             "spec.source.gitRepository.auth: Secret git has no key key"
         );
     }

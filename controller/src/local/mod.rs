@@ -267,9 +267,9 @@ impl LocalController {
                 let Some(git) = &function.spec.source.git_repository else {
                     continue;
                 };
-                let (namespace, _) = function.key();
+                let (namespace, name) = function.key();
                 let credentials =
-                    match inputs::resolve(&self.store, &namespace, &function.spec).await {
+                    match inputs::resolve(&self.store, &namespace, &name, &function.spec).await {
                         Ok(Ok(inputs)) => inputs.git_credentials,
                         _ => continue,
                     };
@@ -413,8 +413,8 @@ impl LocalController {
         if !self.accept_spec(&function, &tracked, generation) {
             return;
         }
-        let (namespace, _) = function.key();
-        let inputs = match inputs::resolve(&self.store, &namespace, &function.spec).await {
+        let (namespace, name) = function.key();
+        let inputs = match inputs::resolve(&self.store, &namespace, &name, &function.spec).await {
             Ok(Ok(inputs)) => inputs,
             Ok(Err(missing)) => {
                 Self::held_back(&tracked, Reason::ReferenceNotFound, missing, generation);
@@ -728,7 +728,7 @@ impl LocalController {
                 ),
             );
             status.observed_generation = Some(generation);
-            status.runtime = Some(function.spec.runtime.as_str().to_owned());
+            status.describe_spec(&function.spec);
             status.pod_selector = Some(format!("eddy.dev/function={}", function.key().1));
             status.commit = commit;
         });

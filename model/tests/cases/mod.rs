@@ -189,9 +189,61 @@ pub fn function_cases() -> Vec<Case> {
             false,
         ),
         (
-            "env name with a dash",
-            json!({"spec": {"env": [{"name": "A-B", "value": ""}]}}),
+            "env names with a dash and a dot, as Kubernetes takes them",
+            json!({"spec": {"env": [{"name": "API-KEY", "value": "x"}, {"name": "app.mode", "value": "y"}]}}),
+            true,
+        ),
+        (
+            "env name with a space",
+            json!({"spec": {"env": [{"name": "A B", "value": ""}]}}),
             false,
+        ),
+        (
+            "env from pod fields and container resources",
+            json!({"spec": {"env": [
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "TIER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['tier']"}}},
+                {"name": "IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
+                {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+            ]}}),
+            true,
+        ),
+        (
+            "env from a pod field Kubernetes does not pass",
+            json!({"spec": {"env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}]}}),
+            false,
+        ),
+        (
+            "env from an unknown container resource",
+            json!({"spec": {"env": [{"name": "X", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}}),
+            false,
+        ),
+        (
+            "env from two sources",
+            json!({"spec": {"env": [{"name": "X", "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.name"},
+                "secretKeyRef": {"name": "s", "key": "k"}}}]}}),
+            false,
+        ),
+        (
+            "a git URL without a scheme, as Kyma's docs write it",
+            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "github.com/kyma-project/examples", "reference": "main"}}}}),
+            true,
+        ),
+        (
+            "a git URL in SSH's scp form",
+            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "git@github.com:kyma-project/examples.git", "reference": "main"}}}}),
+            true,
+        ),
+        (
+            "a git URL that is a bare word",
+            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "examples", "reference": "main"}}}}),
+            false,
+        ),
+        (
+            "Kyma's deprecated template",
+            json!({"spec": {"template": {"labels": {"app": "shop"}, "annotations": {"team": "a"}}}}),
+            true,
         ),
         (
             "reserved env",
@@ -286,6 +338,16 @@ pub fn subscription_cases() -> Vec<Case> {
             false,
         ),
         ("empty source", json!({"spec": {"source": ""}}), false),
+        (
+            "empty source with exact matching, as Kyma takes it",
+            json!({"spec": {"source": "", "typeMatching": "exact", "types": ["order.created.v1"]}}),
+            true,
+        ),
+        (
+            "config keys of Kyma's EventMesh backend",
+            json!({"spec": {"config": {"maxInFlightMessages": "5", "webhookAuth": "oauth2", "qos": "AT_LEAST_ONCE"}}}),
+            true,
+        ),
         ("no types", json!({"spec": {"types": []}}), false),
         (
             "empty segment",
