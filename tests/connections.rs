@@ -8,7 +8,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     time::Duration,
 };
 
@@ -144,98 +144,9 @@ async fn user_and_password() {
     .await;
 }
 
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let run = |args: &[&str]| {
-            let output = Command::new("openssl")
-                .args(args)
-                .current_dir(dir.path())
-                .output()
-                .expect("openssl (the tests need it, as the README says)");
-            assert!(
-                output.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        };
-        let curve = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-        ];
-        run(&[
-            &["req", "-x509", "-days", "1", "-subj", "/CN=eddy test CA"][..],
-            &curve,
-            &["-keyout", "ca.key", "-out", "ca.pem"],
-        ]
-        .concat());
-        for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
-            std::fs::write(
-                dir.path().join(format!("{name}.ext")),
-                format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
-            )
-            .unwrap();
-            run(&[
-                &["req", "-subj", &format!("/CN={name}")][..],
-                &curve,
-                &[
-                    "-keyout",
-                    &format!("{name}.key"),
-                    "-out",
-                    &format!("{name}.csr"),
-                ],
-            ]
-            .concat());
-            run(&[
-                "x509",
-                "-req",
-                "-days",
-                "1",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ]);
-        }
-        Self { dir }
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.dir.path().join(file)
-    }
-
-    fn arg(&self, file: &str) -> String {
-        self.path(file).to_string_lossy().into_owned()
-    }
-
-    fn server_tls(&self, verify_clients: bool) -> String {
-        format!(
-            "tls {{ cert_file: {:?}, key_file: {:?}, ca_file: {:?}, verify: {verify_clients}, timeout: 5 }}",
-            self.arg("server.pem"),
-            self.arg("server.key"),
-            self.arg("ca.pem"),
-        )
-    }
-}
-
 #[tokio::test]
 async fn tls_with_a_private_ca() {
-    let pki = Pki::new();
+    let pki = eddy_testing::pki::Pki::new();
     let nats = NatsServer::start_with_config(&pki.server_tls(false)).unwrap();
     plain_connect_is_refused(&nats, "TLS").await;
     let bus = Bus::start(&nats, &["--nats-tls-ca", &pki.arg("ca.pem")]).await;
@@ -252,7 +163,7 @@ async fn tls_with_a_private_ca() {
 
 #[tokio::test]
 async fn mutual_tls() {
-    let pki = Pki::new();
+    let pki = eddy_testing::pki::Pki::new();
     let nats = NatsServer::start_with_config(&pki.server_tls(true)).unwrap();
     // TLS without a client certificate is not enough.
     let anonymous = async_nats::ConnectOptions::new()

@@ -1282,3 +1282,99 @@ async fn consumers_of_deleted_subscriptions_are_removed_at_start() {
     assert_eq!(sink.ids(), vec!["o-1"]);
     drop(dispatcher);
 }
+
+/// Serves HTTPS on loopback with `pki`'s server certificate; records each request's `ce-id`
+/// and path. Returns the port.
+async fn tls_sink(
+    pki: &eddy_testing::pki::Pki,
+    received: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+) -> u16 {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.path("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, received) = (acceptor.clone(), received.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(
+                    move |request: http::Request<hyper::body::Incoming>| {
+                        let id = request
+                            .headers()
+                            .get("ce-id")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_owned();
+                        received
+                            .lock()
+                            .unwrap()
+                            .push((id, request.uri().path().to_owned()));
+                        async {
+                            Ok::<_, std::convert::Infallible>(http::Response::new(
+                                http_body_util::Full::new(bytes::Bytes::new()),
+                            ))
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+/// An `https://` sink (allowed by the sink policy) gets its events over TLS, its certificate
+/// checked against the system's CA roots, here the test CA named by `SSL_CERT_FILE`.
+#[tokio::test(flavor = "multi_thread")]
+async fn https_sinks_get_their_events_over_tls() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let pki = eddy_testing::pki::Pki::new();
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let port = tls_sink(&pki, received.clone()).await;
+    let (status, body) = platform
+        .put_subscription(
+            "secure",
+            json!({"sink": format!("https://127.0.0.1:{port}/hooks/orders"),
+                   "types": ["order.created.v1"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let _dispatcher = platform
+        .spawn_dispatcher_with_env("30s", &[("SSL_CERT_FILE", &pki.arg("ca.pem"))])
+        .await;
+    platform.wait_subscription_ready("secure").await;
+    platform
+        .publish("shop", "order.created.v1", "over-tls", json!({}))
+        .await;
+    eventually("the event over TLS", Duration::from_secs(30), || async {
+        !received.lock().unwrap().is_empty()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        received.lock().unwrap()[0],
+        ("over-tls".to_owned(), "/hooks/orders".to_owned())
+    );
+}

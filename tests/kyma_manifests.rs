@@ -874,7 +874,8 @@ fn a_git_url_without_a_scheme_is_fetched_over_https() {
 /// The shape of Kyma's in-cluster eventing sample: one repository holds an emitter and a
 /// receiver, both Functions and the Subscription between them are one file applied at once
 /// (`eddy apply`), both at the same reference. Both build from the one checkout, and the
-/// receiver gets what the emitter publishes.
+/// receiver gets what the emitter publishes (through a sink with a port and a path, which Kyma
+/// takes).
 #[tokio::test(flavor = "multi_thread")]
 async fn two_functions_of_one_repository_in_one_file_build_and_talk() {
     let platform = Platform::start_with(Options {
@@ -937,7 +938,7 @@ kind: Subscription
 metadata:
   name: receiver-orders
 spec:
-  sink: http://receiver.default.svc.cluster.local
+  sink: http://receiver.default.svc.cluster.local:8080/incoming
   source: ""
   types: [sample.order.placed.v1]
   typeMatching: exact

@@ -273,7 +273,7 @@ impl Dispatcher {
         let shared = Arc::new(worker::Shared {
             js,
             deliveries: worker::Deliveries::new(
-                worker::sink_client(Duration::from_secs(60)),
+                worker::sink_client(Duration::from_secs(60))?,
                 gateway,
             ),
             replies,

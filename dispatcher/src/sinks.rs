@@ -82,8 +82,9 @@ impl Sinks {
     pub fn resolve(&self, sink: &str) -> Result<Resolved, Verdict> {
         let (url, authorization) = self.resolve_text(sink)?;
         let uri = http::Uri::try_from(url).map_err(|_| never(Failure::SinkInvalid))?;
-        if uri.scheme() != Some(&http::uri::Scheme::HTTP) || uri.host().is_none() {
-            // Sinks are plain HTTP: TLS to functions is the mesh's job on Kubernetes.
+        let web = uri.scheme() == Some(&http::uri::Scheme::HTTP)
+            || uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+        if !web || uri.host().is_none() {
             return Err(never(Failure::SinkInvalid));
         }
         Ok(Resolved { uri, authorization })
@@ -259,7 +260,12 @@ mod tests {
         );
         assert_eq!(
             anything.url_of("https://example.com/x"),
-            Err(never(Failure::SinkInvalid))
+            Ok("https://example.com/x".to_owned()),
+            "https sinks are delivered over TLS"
+        );
+        assert_eq!(
+            anything.url_of("ftp://example.com/x"),
+            Err(never(Failure::SinkNotAllowed))
         );
         assert_eq!(
             sinks.url_of("http://127.0.0.1:9@10.0.0.1:8083/dlq"),

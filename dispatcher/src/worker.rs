@@ -57,7 +57,7 @@ pub struct Shared {
 }
 
 /// The client deliveries go through.
-pub type SinkClient = Client<HttpConnector, Full<Bytes>>;
+pub type SinkClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// How deliveries reach sinks: over HTTP, except those to a gateway running in this process.
 #[derive(Debug, Clone)]
@@ -102,10 +102,13 @@ impl InProcessGateway {
     }
 }
 
-/// A pooled HTTP/1 client for sinks.
-pub fn sink_client(pool_idle_timeout: Duration) -> SinkClient {
+/// A pooled HTTP/1 client for sinks, over HTTP and HTTPS.
+pub fn sink_client(pool_idle_timeout: Duration) -> crate::Result<SinkClient> {
     // No connect timeout of its own: the Subscription's delivery timeout bounds the whole try.
-    eddy_platform::net::pooled_client(pool_idle_timeout, None)
+    Ok(eddy_platform::net::pooled_tls_client(
+        pool_idle_timeout,
+        None,
+    )?)
 }
 
 /// One Subscription, as the worker sees it.

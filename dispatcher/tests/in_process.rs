@@ -68,7 +68,7 @@ async fn shared(nats: &NatsServer, gateway: Option<InProcessGateway>) -> Shared 
     let client = async_nats::connect(nats.url()).await.unwrap();
     Shared {
         js: async_nats::jetstream::new(client.clone()),
-        deliveries: Deliveries::new(sink_client(Duration::from_secs(60)), gateway),
+        deliveries: Deliveries::new(sink_client(Duration::from_secs(60)).unwrap(), gateway),
         sinks: Sinks::new(Resolution::Local, SinkPolicy::default()),
         metrics: Metrics::new(),
         replies: Publisher::without_stream(

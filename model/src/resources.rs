@@ -2000,12 +2000,14 @@ pub struct FunctionSink {
     pub path_and_query: String,
 }
 
-/// Parses `http://<function>.<namespace>.svc.cluster.local[:80][/path]`.
+/// Parses a Service sink as Kyma takes it: `http[s]://<service>.<namespace>.svc.cluster.local
+/// [:port][/path]`. On Kubernetes the URL is used as written; locally, where a Function has no
+/// Service, it goes to the Function's instances whatever the scheme and port say.
 pub fn parse_function_sink(sink: &str) -> Option<FunctionSink> {
     let url = url::Url::parse(sink).ok()?;
-    if url.scheme() != "http"
-        || !matches!(url.port(), None | Some(80))
+    if !matches!(url.scheme(), "http" | "https")
         || !url.username().is_empty()
+        || url.password().is_some()
     {
         return None;
     }
@@ -2492,8 +2494,10 @@ mod tests {
             ("http://stock.other.svc.cluster.local", false),
             ("http://127.0.0.1:9000/hook", true),
             ("http://169.254.169.254/latest/meta-data", false),
-            ("https://stock.default.svc.cluster.local", false),
-            ("http://stock.default.svc.cluster.local:8080", false),
+            // A Service sink as Kyma takes it: any port, https.
+            ("https://stock.default.svc.cluster.local", true),
+            ("http://stock.default.svc.cluster.local:8080", true),
+            ("https://stock.other.svc.cluster.local:8443", false),
             ("http://127.0.0.1:9@169.254.169.254/", false),
             ("http://127.0.0.1.evil.example:9000/", false),
         ] {

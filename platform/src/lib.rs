@@ -23,6 +23,9 @@ pub mod traces;
 /// Errors raised by the shared helpers.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The TLS client could not be set up (the system's CA roots).
+    #[error("cannot set up TLS: {0}")]
+    Tls(#[source] std::io::Error),
     /// Control groups cannot be used for function instances (`--isolation cgroup`).
     #[error("cgroups: {0}")]
     Cgroup(String),

@@ -119,6 +119,41 @@ where
         .build(connector)
 }
 
+/// A pooled client over HTTP and HTTPS (HTTP/1.1; certificates checked against the system's
+/// CA roots, which `SSL_CERT_FILE` and `SSL_CERT_DIR` may point elsewhere). For sinks: plain
+/// `http://` requests go through it as through [`pooled_client`].
+pub fn pooled_tls_client<B>(
+    idle: Duration,
+    connect_timeout: Option<Duration>,
+) -> Result<
+    hyper_util::client::legacy::Client<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+        B,
+    >,
+    crate::Error,
+>
+where
+    B: http_body::Body + Send,
+    B::Data: Send,
+{
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(connect_timeout);
+    // The TLS layer above it takes `https://`.
+    connector.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_platform_verifier(rustls::crypto::ring::default_provider())
+        .map_err(crate::Error::Tls)?
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(idle)
+            .build(connector),
+    )
+}
+
 /// What a listener checks of browsers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Browsers {

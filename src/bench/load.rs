@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use async_nats::jetstream::{self, consumer::pull};
 use bytes::Bytes;
-use eddy_dispatcher::worker::{SinkClient, sink_client};
+use eddy_dispatcher::worker::sink_client;
 use futures::StreamExt as _;
 use http::HeaderValue;
 use http_body_util::{BodyExt as _, Full};
@@ -379,10 +379,16 @@ pub async fn ingest(args: &LoadArgs, batch: usize) -> anyhow::Result<(Vec<Ingest
     result
 }
 
+/// The load generator's client: plain HTTP (HTTP/1.1 or HTTP/2).
+pub(super) type LoadClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
 /// The load generator: hyper's client with the URI parsed once, so as little of the machine as
 /// possible goes to the measuring side (two cores are shared by everything here). Over HTTP/2
 /// it opens one connection and multiplexes every worker's requests on it.
-pub(super) fn load_client(http2: bool) -> SinkClient {
+pub(super) fn load_client(http2: bool) -> LoadClient {
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
     hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -512,7 +518,7 @@ async fn ingest_against(
 }
 
 pub(super) async fn publish_http(
-    http: SinkClient,
+    http: LoadClient,
     url: http::Uri,
     data: Bytes,
     sequence: u64,
@@ -734,7 +740,7 @@ async fn dispatch_against(
     let stream = prepare_dispatch(&js, nats_url, &sink, in_flight).await?;
     // Raw limit 2: plain HTTP POSTs to the same sink, same concurrency, through the same HTTP
     // client the dispatcher uses.
-    let http = sink_client(Duration::from_secs(60));
+    let http = sink_client(Duration::from_secs(60))?;
     let sink: http::Uri = sink.parse()?;
     let data = payload(args.size);
     let mut rounds = Vec::new();

@@ -133,7 +133,10 @@ impl Platform {
             gateway_addr: local,
             api_addr: local,
             dispatcher_addr: local,
-            allowed_sinks: vec!["http://127.0.0.1:".to_owned()],
+            allowed_sinks: vec![
+                "http://127.0.0.1:".to_owned(),
+                "https://127.0.0.1:".to_owned(),
+            ],
             no_dispatcher: true,
             ..eddy_platform::flags::defaults()
         };
@@ -347,6 +350,15 @@ pub struct DispatcherProcess {
 impl Platform {
     /// Starts `eddy dispatcher` as its own process and waits until it is ready.
     pub async fn spawn_dispatcher(&self, ack_wait: &str) -> DispatcherProcess {
+        self.spawn_dispatcher_with_env(ack_wait, &[]).await
+    }
+
+    /// [`Self::spawn_dispatcher`] with more environment variables.
+    pub async fn spawn_dispatcher_with_env(
+        &self,
+        ack_wait: &str,
+        env: &[(&str, &str)],
+    ) -> DispatcherProcess {
         use tokio::io::AsyncBufReadExt as _;
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
             .args([
@@ -356,8 +368,9 @@ impl Platform {
                 "--nats-url",
                 &self.nats.url(),
             ])
-            .env("EDDY_ALLOWED_SINKS", "http://127.0.0.1:")
+            .env("EDDY_ALLOWED_SINKS", "http://127.0.0.1:,https://127.0.0.1:")
             .env("EDDY_ACK_WAIT", ack_wait)
+            .envs(env.iter().copied())
             .env("EDDY_PLATFORM_TOKEN", &self.platform_token)
             .env("EDDY_LOG", "warn")
             .stdout(std::process::Stdio::piped())

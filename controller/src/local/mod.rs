@@ -121,7 +121,9 @@ pub fn running_condition(pool: &PoolStatus, has_revision: bool) -> (Option<bool>
             ),
         );
     }
-    if pool.desired == 0 {
+    // Only a Function that may have none is scaled to zero: one whose autoscaler has not yet
+    // asked for its first instance is starting, not running.
+    if pool.desired == 0 && pool.min == 0 {
         return (
             Some(true),
             Reason::ScaledToZero,
@@ -914,6 +916,21 @@ mod tests {
         assert_eq!(running_condition(&ready, true).1, Reason::Running);
         let zero = PoolStatus::default();
         assert_eq!(running_condition(&zero, true).1, Reason::ScaledToZero);
+        // Before its autoscaler asks for the first instance, a Function that must have one is
+        // starting: its status must not say it runs (found when a test saw Running and no
+        // process).
+        let first = PoolStatus {
+            min: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            running_condition(&first, true),
+            (
+                Some(false),
+                Reason::Starting,
+                "starting instances".to_owned()
+            )
+        );
         let crashing = PoolStatus {
             desired: 1,
             restarts: 3,
@@ -931,6 +948,7 @@ mod tests {
             last_error: Some("instance exited during start-up".into()),
             rolling_out: true,
             consecutive_failures: 2,
+            min: 1,
         };
         let (ok, reason, message) = running_condition(&update_failing, true);
         assert_eq!((ok, reason), (Some(true), Reason::InstanceFailing));

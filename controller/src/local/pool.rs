@@ -227,6 +227,8 @@ pub struct PoolStatus {
     pub ready: usize,
     /// Instances the autoscaler wants.
     pub desired: usize,
+    /// The fewest instances the Function asks for (`minReplicas`).
+    pub min: usize,
     /// Instances restarted after crashing or failing to start.
     pub restarts: u32,
     /// The last crash or start failure.
@@ -606,6 +608,7 @@ impl Pool {
         let status = PoolStatus {
             ready: ready.len(),
             desired: inner.desired,
+            min: inner.min,
             restarts: inner.restarts,
             last_error: inner.last_error.clone(),
             rolling_out: inner.revision.as_ref().is_some_and(|current| {

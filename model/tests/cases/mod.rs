@@ -323,6 +323,11 @@ pub fn subscription_cases() -> Vec<Case> {
             false,
         ),
         (
+            "Service sinks with a port, a path, or https, as Kyma takes them",
+            json!({"spec": {"sink": "https://reserve-stock.shop.svc.cluster.local:8443/orders"}}),
+            true,
+        ),
+        (
             "https sink",
             json!({"spec": {"sink": "https://hooks.example.com/eddy"}}),
             true,
