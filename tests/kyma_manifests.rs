@@ -327,12 +327,8 @@ async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
     .await;
     let repos = tempfile::tempdir().unwrap();
     let bare = repos.path().join("functions.git");
-    std::fs::create_dir_all(&bare).unwrap();
-    git(&bare, &["init", "-q", "--bare", "-b", "main"]);
     let work = repos.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    git(&work, &["init", "-q", "-b", "main"]);
-    git(&work, &["remote", "add", "origin", bare.to_str().unwrap()]);
+    new_repository(&bare, &work);
     push_version(&work, "v1");
 
     let manifest = std::fs::read_to_string(examples().join("git/function.yaml"))
@@ -390,12 +386,17 @@ async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
 }
 
 /// A bare repository at `bare` with `hello/` at v1 on `main`; the work tree is `work`.
-fn repository_at(bare: &Path, work: &Path) {
+/// A bare repository at `bare` (branch `main`) and a work tree at `work` that pushes to it.
+fn new_repository(bare: &Path, work: &Path) {
     std::fs::create_dir_all(bare).unwrap();
     git(bare, &["init", "-q", "--bare", "-b", "main"]);
     std::fs::create_dir_all(work).unwrap();
     git(work, &["init", "-q", "-b", "main"]);
     git(work, &["remote", "add", "origin", bare.to_str().unwrap()]);
+}
+
+fn repository_at(bare: &Path, work: &Path) {
+    new_repository(bare, work);
     push_version(work, "v1");
 }
 
@@ -886,12 +887,9 @@ async fn two_functions_of_one_repository_in_one_file_build_and_talk() {
     let repos = tempfile::tempdir().unwrap();
     let bare = repos.path().join("eventing.git");
     let work = repos.path().join("work");
-    std::fs::create_dir_all(&bare).unwrap();
-    git(&bare, &["init", "-q", "--bare", "-b", "main"]);
+    new_repository(&bare, &work);
     std::fs::create_dir_all(work.join("emitter")).unwrap();
     std::fs::create_dir_all(work.join("receiver")).unwrap();
-    git(&work, &["init", "-q", "-b", "main"]);
-    git(&work, &["remote", "add", "origin", bare.to_str().unwrap()]);
     std::fs::write(
         work.join("emitter/handler.js"),
         "module.exports = { main: async (event) => {\n\

@@ -111,12 +111,19 @@ where
     B: http_body::Body + Send,
     B::Data: Send,
 {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_idle_timeout(idle)
+        .build(tcp_connector(connect_timeout))
+}
+
+/// The TCP connector of eddy's clients: no Nagle delay, an optional connect timeout.
+fn tcp_connector(
+    connect_timeout: Option<Duration>,
+) -> hyper_util::client::legacy::connect::HttpConnector {
     let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(connect_timeout);
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(idle)
-        .build(connector)
+    connector
 }
 
 /// A pooled client over HTTP and HTTPS (HTTP/1.1; certificates checked against the system's
@@ -136,9 +143,7 @@ where
     B: http_body::Body + Send,
     B::Data: Send,
 {
-    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(connect_timeout);
+    let mut connector = tcp_connector(connect_timeout);
     // The TLS layer above it takes `https://`.
     connector.enforce_http(false);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
@@ -762,6 +767,28 @@ mod tests {
         assert!(watch.is_idle(2, 0));
     }
 
+    /// Serves `router` on `listener` with `limits` until the returned token is cancelled.
+    fn serve_in_background(
+        listener: TcpListener,
+        router: Router,
+        limits: ServeArgs,
+    ) -> CancellationToken {
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            serve(
+                listener,
+                router,
+                &limits,
+                Browsers::SameOrigin,
+                stop,
+                Duration::from_secs(1),
+            )
+            .await
+        });
+        shutdown
+    }
+
     /// Serves a router whose handlers take longer than the header timeout, on loopback.
     async fn slow_server(header_read_timeout: Duration) -> (SocketAddr, CancellationToken) {
         use axum::routing::get;
@@ -796,20 +823,7 @@ mod tests {
             body_timeout: Duration::from_secs(30),
             max_connections: 16,
         };
-        let shutdown = CancellationToken::new();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            serve(
-                listener,
-                router,
-                &limits,
-                Browsers::SameOrigin,
-                stop,
-                Duration::from_secs(1),
-            )
-            .await
-        });
-        (addr, shutdown)
+        (addr, serve_in_background(listener, router, limits))
     }
 
     /// One HTTP/2 connection carries at most [`HTTP2_MAX_STREAMS`] requests at once, and counts
@@ -842,21 +856,7 @@ mod tests {
             body_timeout: Duration::from_secs(30),
             max_connections: 2,
         };
-        let shutdown = CancellationToken::new();
-        tokio::spawn({
-            let stop = shutdown.clone();
-            async move {
-                serve(
-                    listener,
-                    router,
-                    &limits,
-                    Browsers::SameOrigin,
-                    stop,
-                    Duration::from_secs(1),
-                )
-                .await
-            }
-        });
+        let shutdown = serve_in_background(listener, router, limits);
 
         // One HTTP/2 connection, 300 requests.
         let stream = TcpStream::connect(addr).await.unwrap();
