@@ -777,18 +777,8 @@ impl FunctionStatus {
     /// resource profile and a Git source's reference and base directory.
     pub fn describe_spec(&mut self, spec: &FunctionSpec) {
         self.runtime = Some(spec.runtime.as_str().to_owned());
-        let request = spec
-            .resource_configuration
-            .as_ref()
-            .and_then(|r| r.function.as_ref());
-        self.function_resource_profile = Some(match request {
-            Some(request) if request.resources.is_some() => "custom".to_owned(),
-            Some(request) => request
-                .profile
-                .clone()
-                .unwrap_or_else(|| DEFAULT_PROFILE.to_owned()),
-            None => DEFAULT_PROFILE.to_owned(),
-        });
+        self.function_resource_profile =
+            Some(spec.resource_profile().unwrap_or("custom").to_owned());
         self.repository = spec
             .source
             .git_repository
@@ -842,6 +832,23 @@ pub fn quantity_bytes(text: &str) -> Option<u64> {
     let bytes = quantity_value(text)?.ceil();
     // Within u64 (an f64 above 2^64 would saturate silently).
     (bytes < 1.8e19).then_some(bytes as u64)
+}
+
+/// A preset's (name, cpu request, memory request, cpu limit, memory limit) as resources (the
+/// function presets of [`PROFILES`], the build presets of [`BUILD_PROFILE_RESOURCES`]).
+pub fn preset_resources(
+    (_, cpu_request, memory_request, cpu_limit, memory_limit): (&str, &str, &str, &str, &str),
+) -> Resources {
+    let quantities = |pairs: [(&str, &str); 2]| {
+        pairs
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), Quantity(value.to_owned())))
+            .collect()
+    };
+    Resources {
+        requests: quantities([("cpu", cpu_request), ("memory", memory_request)]),
+        limits: quantities([("cpu", cpu_limit), ("memory", memory_limit)]),
+    }
 }
 
 /// Presets of `resourceConfiguration.function.profile`: (cpu request, memory request, cpu limit,
@@ -904,33 +911,37 @@ impl FunctionSpec {
         }
     }
 
-    /// Requests and limits of one instance: the explicit ones, or the profile's
-    /// ([`DEFAULT_PROFILE`] when none is named).
-    pub fn function_resources(&self) -> Resources {
+    /// The resource profile of one instance: the one named, [`DEFAULT_PROFILE`] when none is;
+    /// `None` when explicit resources are given instead.
+    pub fn resource_profile(&self) -> Option<&str> {
         let request = self
             .resource_configuration
             .as_ref()
             .and_then(|r| r.function.as_ref());
-        if let Some(explicit) = request.and_then(|r| r.resources.clone()) {
-            return explicit;
+        match request {
+            Some(request) if request.resources.is_some() => None,
+            Some(request) => Some(request.profile.as_deref().unwrap_or(DEFAULT_PROFILE)),
+            None => Some(DEFAULT_PROFILE),
         }
-        let profile = request
-            .and_then(|r| r.profile.as_deref())
-            .unwrap_or(DEFAULT_PROFILE);
-        let (_, cpu_request, memory_request, cpu_limit, memory_limit) = PROFILES
-            .iter()
-            .copied()
-            .find(|preset| preset.0 == profile)
-            .unwrap_or(PROFILES[3]);
-        let quantities = |pairs: [(&str, &str); 2]| {
-            pairs
-                .into_iter()
-                .map(|(name, value)| (name.to_owned(), Quantity(value.to_owned())))
-                .collect()
-        };
-        Resources {
-            requests: quantities([("cpu", cpu_request), ("memory", memory_request)]),
-            limits: quantities([("cpu", cpu_limit), ("memory", memory_limit)]),
+    }
+
+    /// Requests and limits of one instance: the explicit ones, or the profile's
+    /// ([`DEFAULT_PROFILE`] when none is named).
+    pub fn function_resources(&self) -> Resources {
+        let explicit = self
+            .resource_configuration
+            .as_ref()
+            .and_then(|r| r.function.as_ref())
+            .and_then(|r| r.resources.clone());
+        match (explicit, self.resource_profile()) {
+            (Some(explicit), _) => explicit,
+            (None, profile) => preset_resources(
+                PROFILES
+                    .iter()
+                    .copied()
+                    .find(|preset| Some(preset.0) == profile)
+                    .unwrap_or(PROFILES[3]),
+            ),
         }
     }
 
@@ -1250,21 +1261,16 @@ fn is_schemeless_host_path(url: &str) -> bool {
 /// The URL `git` is given for a `gitRepository.url`: as written, except a host and path
 /// without a scheme (`github.com/org/repo`), which Kyma fetches over HTTPS.
 pub fn git_remote_url(url: &str) -> std::borrow::Cow<'_, str> {
-    let has_scheme = url.contains("://");
-    let scp_like = url
-        .split_once(':')
-        .is_some_and(|(head, _)| head.contains('@'));
-    if !has_scheme && !scp_like && is_schemeless_host_path(url) {
+    if !url.contains("://") && !is_scp_like(url) && is_schemeless_host_path(url) {
         std::borrow::Cow::Owned(format!("https://{url}"))
     } else {
         std::borrow::Cow::Borrowed(url)
     }
 }
 
-fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) {
-    let url = git.url.as_str();
-    let scp_like = url
-        .split_once(':')
+/// SSH's scp form, `user@host:path`.
+fn is_scp_like(url: &str) -> bool {
+    url.split_once(':')
         .and_then(|(user_host, _)| user_host.split_once('@'))
         .is_some_and(|(user, host)| {
             !user.is_empty()
@@ -1272,7 +1278,12 @@ fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) 
                 && !user.starts_with('-')
                 && user_host_chars(user)
                 && user_host_chars(host)
-        });
+        })
+}
+
+fn validate_git_source(git: &GitRepositorySource, errors: &mut Vec<FieldError>) {
+    let url = git.url.as_str();
+    let scp_like = is_scp_like(url);
     let known_scheme = ["https://", "http://", "ssh://", "file://"]
         .iter()
         .any(|scheme| url.starts_with(scheme));

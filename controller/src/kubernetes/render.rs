@@ -153,21 +153,6 @@ pub enum Scaling {
     },
 }
 
-/// Requests and limits of the function container: the profile's, or the explicit ones.
-pub fn container_resources(function: &Function) -> Resources {
-    function.spec.function_resources()
-}
-
-/// A preset's (name, cpu request, memory request, cpu limit, memory limit) as resources.
-fn preset_resources(
-    (_, cpu_request, memory_request, cpu_limit, memory_limit): (&str, &str, &str, &str, &str),
-) -> Resources {
-    Resources {
-        requests: quantities([("cpu", cpu_request), ("memory", memory_request)]),
-        limits: quantities([("cpu", cpu_limit), ("memory", memory_limit)]),
-    }
-}
-
 /// The user's security context merged over eddy's hardened defaults: every field the user
 /// sets wins (weaker only where they ask), every other keeps eddy's value. Pure.
 pub fn over_defaults<T: k8s_openapi::DeepMerge + Clone>(defaults: T, user: Option<&T>) -> T {
@@ -194,7 +179,7 @@ pub fn build_resources(function: &Function) -> Resources {
         .and_then(|r| r.profile.as_deref())
         .and_then(|profile| BUILD_PROFILE_RESOURCES.iter().find(|p| p.0 == profile));
     match preset {
-        Some(&preset) => preset_resources(preset),
+        Some(&preset) => eddy_model::resources::preset_resources(preset),
         None => Resources {
             requests: quantities([("cpu", "250m"), ("memory", "512Mi")]),
             limits: quantities([("memory", "2Gi")]),
@@ -854,7 +839,7 @@ fn deployment(
     pod_labels.extend(owned.labels());
     pod_labels.insert(BUILD_HASH_LABEL.into(), owned.hash.clone());
     pod_labels.insert("sidecar.istio.io/inject".into(), "true".into());
-    let resources = container_resources(function);
+    let resources = function.spec.function_resources();
     let health = |period: i32, failures: i32, timeout: Option<i32>| Probe {
         http_get: Some(HTTPGetAction {
             path: Some("/healthz".into()),

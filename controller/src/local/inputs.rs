@@ -120,6 +120,16 @@ pub fn resolve_with(
     Ok(inputs)
 }
 
+/// The machine's host name (a local Function's `spec.nodeName`), read once.
+fn host_name() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|host| host.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".to_owned())
+    })
+}
+
 /// Resolves the spec's references from the store.
 pub async fn resolve(
     store: &Store,
@@ -141,14 +151,11 @@ pub async fn resolve(
         };
         found.push(((kind, name.to_owned()), data));
     }
-    let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|host| host.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned());
     let fields = LocalFields {
         name,
         namespace,
         spec,
-        node: &node,
+        node: host_name(),
     };
     Ok(resolve_with(&fields, |kind, name| {
         found
