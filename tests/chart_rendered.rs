@@ -296,9 +296,9 @@ fn the_chart_renders_valid_objects_for_an_external_nats() {
 #[test]
 fn the_chart_renders_valid_objects_serving_kyma_s_api_groups() {
     let kinds = render_chart(Some("kyma-compatibility-values.yaml"), &[]);
-    // Kyma's Function and Subscription CRDs beside eddy's, the kyma-system namespace and the
-    // publisher address in it.
-    assert_eq!(count(&kinds, "customresourcedefinition"), 4, "{kinds:?}");
+    // Kyma's Function, Subscription and APIRule CRDs beside eddy's, the kyma-system namespace
+    // and the publisher address in it.
+    assert_eq!(count(&kinds, "customresourcedefinition"), 5, "{kinds:?}");
     assert_eq!(count(&kinds, "namespace"), 1, "{kinds:?}");
     assert_eq!(count(&kinds, "service"), 4, "{kinds:?}");
     let defaults = render_chart(None, &[]);

@@ -1589,3 +1589,194 @@ async fn the_gateway_routes_by_the_functions_it_reads_and_enforces_access() {
     drop(gateway);
     cluster.finish().await;
 }
+
+/// Kyma's APIRules on the real API server, under the chart's RBAC: both versions are served
+/// (the CRD takes Kyma's tutorial manifests as written), the controller reports Kyma's status
+/// (Ready with the URL; Error for a host an older APIRule holds and for `extAuth`), and the
+/// gateway routes a named host to the rule's Service: noAuth 200, JWT 401 without a token and
+/// 200 with one, a method no rule lists 404.
+#[tokio::test]
+async fn apirules_are_reported_by_the_controller_and_honoured_by_the_gateway() {
+    use support::jwt::{ISSUER, ISSUER_KEY, jwt, serve_jwks};
+    let _serial = serial().await;
+    let cluster = Cluster::new("apirules").await;
+    let ns = cluster.namespace.clone();
+    let (jwks_uri, _) = serve_jwks().await;
+    let controller = cluster.controller().await;
+    let services = function_services().await;
+    let service_url = format!("{services}/svc/{{namespace}}/{{service}}/{{port}}");
+    let function_url = format!("{services}/fn/{{namespace}}/{{function}}");
+    let gateway = cluster
+        .component(
+            "gateway",
+            &[
+                ("EDDY_GATEWAY_ADDR", "127.0.0.1:0"),
+                ("EDDY_FUNCTION_URL", &function_url),
+                ("EDDY_SERVICE_URL", &service_url),
+            ],
+        )
+        .await;
+    let url = gateway.url().await;
+    let yaml = format!(
+        r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: hello
+  namespace: {ns}
+spec:
+  hosts:
+    - hello
+  service:
+    name: hello
+    namespace: {ns}
+    port: 80
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - path: /*
+      methods: ["GET", "POST"]
+      noAuth: true
+---
+apiVersion: gateway.kyma-project.io/v2alpha1
+kind: APIRule
+metadata:
+  name: secured
+  namespace: {ns}
+spec:
+  hosts:
+    - secured.example.com
+  service:
+    name: secured
+    namespace: {ns}
+    port: 8080
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - jwt:
+        authentications:
+          - issuer: {ISSUER}
+            jwksUri: {jwks_uri}
+      methods:
+        - GET
+      path: /*
+"#
+    );
+    cluster.kubectl_apply(&yaml).unwrap();
+    let rules = cluster.dynamic("gateway.kyma-project.io/v2", "APIRule");
+    let state_of = |name: &'static str| {
+        let rules = rules.clone();
+        async move {
+            let rule = rules.get(name).await.ok()?;
+            let status = rule.data.get("status")?.clone();
+            Some((
+                status["state"].as_str()?.to_owned(),
+                status["description"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                status["lastProcessedTime"].is_string(),
+            ))
+        }
+    };
+    eventually("both APIRules Ready", Duration::from_secs(60), || async {
+        state_of("hello").await.is_some_and(|s| s.0 == "Ready")
+            && state_of("secured").await.is_some_and(|s| s.0 == "Ready")
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        state_of("hello").await.unwrap(),
+        (
+            "Ready".to_owned(),
+            "exposed on https://hello.localhost".to_owned(),
+            true
+        )
+    );
+    // Created after `hello` (or in its second: then by name, and `hello` < `other-hello`).
+    let refused = format!(
+        r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: other-hello
+  namespace: {ns}
+spec:
+  hosts: [hello]
+  service: {{name: other, port: 80}}
+  rules: [{{path: /*, methods: [GET], noAuth: true}}]
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: outsourced
+  namespace: {ns}
+spec:
+  hosts: [outsourced]
+  service: {{name: other, port: 80}}
+  rules:
+    - path: /*
+      methods: [GET]
+      extAuth:
+        authorizers: [oauth2-proxy]
+"#
+    );
+    cluster.kubectl_apply(&refused).unwrap();
+    eventually("the refusals", Duration::from_secs(60), || async {
+        let copy = state_of("other-hello").await;
+        let outsourced = state_of("outsourced").await;
+        copy.is_some_and(|s| {
+            s.0 == "Error"
+                && s.1 == format!("host hello.localhost is already exposed by APIRule {ns}/hello")
+        }) && outsourced.is_some_and(|s| s.0 == "Error" && s.1.contains("spec.rules[0].extAuth"))
+    })
+    .await
+    .unwrap();
+
+    // The gateway: the host decides the APIRule, the rule the Service and who may call.
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let port = addr.port();
+    let hosts = reqwest::Client::builder()
+        .resolve("hello.localhost", addr)
+        .resolve("secured.example.com", addr)
+        .build()
+        .unwrap();
+    let call = |url: String, token: Option<String>| {
+        let hosts = hosts.clone();
+        async move {
+            let mut request = hosts.get(url);
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            match request.send().await {
+                Ok(response) => (response.status().as_u16(), response.text().await.unwrap()),
+                Err(error) => (0, error.to_string()),
+            }
+        }
+    };
+    eventually(
+        "the gateway to follow APIRules",
+        Duration::from_secs(30),
+        || async {
+            call(format!("http://hello.localhost:{port}/greet?x=1"), None).await
+                == (200, format!("/svc/{ns}/hello/80/greet"))
+        },
+    )
+    .await
+    .unwrap();
+    let deleted = hosts
+        .delete(format!("http://hello.localhost:{port}/greet"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 404);
+    let secured = format!("http://secured.example.com:{port}/orders");
+    let (status, body) = call(secured.clone(), None).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        call(secured, Some(jwt(ISSUER_KEY, "key-1", json!({})))).await,
+        (200, format!("/svc/{ns}/secured/8080/orders"))
+    );
+    for component in [&gateway, &controller] {
+        assert_no_rbac_refusal(&component.log());
+    }
+    drop(gateway);
+    drop(controller);
+    cluster.finish().await;
+}

@@ -975,3 +975,367 @@ spec:
     .await
     .unwrap();
 }
+
+/// A client that reaches every host on the gateway's address (as `*.localhost` and a DNS
+/// record would), so calls name the host an APIRule exposes.
+fn host_client(platform: &Platform, hosts: &[&str]) -> reqwest::Client {
+    let addr: std::net::SocketAddr = platform
+        .gateway
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let mut builder = reqwest::Client::builder();
+    for host in hosts {
+        builder = builder.resolve(host, addr);
+    }
+    builder.build().unwrap()
+}
+
+async fn apirule_state(platform: &Platform, name: &str) -> (String, String) {
+    let rule = platform
+        .get_json(&format!(
+            "{}/apis/gateway.kyma-project.io/v2/namespaces/default/apirules/{name}",
+            platform.api
+        ))
+        .await;
+    (
+        rule["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        rule["status"]["description"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+/// Kyma's tutorials for exposing a Function, applied unchanged in one file with their
+/// Functions: the noAuth APIRule answers 200 without a token; the JWT one 401 without and 200
+/// with a valid token, on its host and on the gateway's own path to the Function. Rules decide
+/// by path and method; `v2alpha1` reads the same; `corsPolicy` answers preflights; the status
+/// is Kyma's; and a file with one refused APIRule (extAuth) applies nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn kyma_apirules_expose_functions_as_kymas_tutorials_do() {
+    use support::jwt::{ISSUER, ISSUER_KEY, OTHER_KEY, jwt, serve_jwks};
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let (jwks_uri, _) = serve_jwks().await;
+    let manifest = format!(
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: hello
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: |
+        module.exports = {{
+          main: function (event, context) {{
+            return "Hello World! " + event.extensions.request.path;
+          }}
+        }}
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: hello
+spec:
+  hosts:
+    - hello
+  service:
+    name: hello
+    namespace: default
+    port: 80
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - path: /*
+      methods: ["GET", "POST"]
+      noAuth: true
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: secured
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: |
+        module.exports = {{ main: function (event, context) {{ return "secret"; }} }}
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: secured
+  namespace: default
+spec:
+  hosts:
+    - secured.example.com
+  service:
+    name: secured
+    namespace: default
+    port: 80
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - jwt:
+        authentications:
+          - issuer: {ISSUER}
+            jwksUri: {jwks_uri}
+      methods:
+        - GET
+      path: /*
+---
+apiVersion: gateway.kyma-project.io/v2alpha1
+kind: APIRule
+metadata:
+  name: hello-alpha
+spec:
+  hosts:
+    - hello-alpha.example.com
+  service:
+    name: hello
+    port: 80
+  corsPolicy:
+    allowOrigins:
+      - exact: https://shop.example.com
+    allowMethods: ["GET"]
+    maxAge: 600
+  rules:
+    - path: /orders/{{*}}
+      methods: ["GET"]
+      noAuth: true
+"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("exposed.yaml");
+    std::fs::write(&file, manifest).unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", file.to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("apirule.gateway.kyma-project.io/hello created"),
+        "{stdout}"
+    );
+    for name in ["hello", "secured"] {
+        platform.wait_running_at("default", name).await;
+    }
+    let port = platform.gateway.rsplit(':').next().unwrap().to_owned();
+    eventually(
+        "the APIRules to be Ready",
+        Duration::from_secs(30),
+        || async {
+            let mut ready = true;
+            for name in ["hello", "secured", "hello-alpha"] {
+                ready &= apirule_state(&platform, name).await.0 == "Ready";
+            }
+            ready
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        apirule_state(&platform, "hello").await.1,
+        format!("exposed on http://hello.localhost:{port}")
+    );
+    let hosts = host_client(
+        &platform,
+        &[
+            "hello.localhost",
+            "secured.example.com",
+            "hello-alpha.example.com",
+        ],
+    );
+    let get = |url: String, token: Option<String>| {
+        let hosts = hosts.clone();
+        async move {
+            let mut request = hosts.get(url);
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+
+    // noAuth: 200 without a token, the whole path kept; a method no rule lists: 404.
+    let hello = format!("http://hello.localhost:{port}");
+    assert_eq!(
+        get(format!("{hello}/greet"), None).await,
+        (200, "Hello World! /greet".to_owned())
+    );
+    let posted = hosts.post(format!("{hello}/")).send().await.unwrap();
+    assert_eq!(posted.status(), 200);
+    let deleted = hosts.delete(format!("{hello}/")).send().await.unwrap();
+    assert_eq!(deleted.status(), 404);
+    assert!(
+        deleted
+            .text()
+            .await
+            .unwrap()
+            .contains("no rule allows DELETE /")
+    );
+
+    // JWT: 401 without a token or with another issuer's key, 200 with a valid one.
+    let secured = format!("http://secured.example.com:{port}/");
+    let (status, body) = get(secured.clone(), None).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("APIRule default/secured"), "{body}");
+    let forged = jwt(OTHER_KEY, "key-1", json!({}));
+    assert_eq!(get(secured.clone(), Some(forged)).await.0, 401);
+    let token = jwt(ISSUER_KEY, "key-1", json!({}));
+    assert_eq!(
+        get(secured.clone(), Some(token.clone())).await,
+        (200, "secret".to_owned())
+    );
+    // The gateway's own path to the Function obeys the APIRule that exposes it.
+    let by_path = format!("{}/default/secured/", platform.gateway);
+    assert_eq!(get(by_path.clone(), None).await.0, 401);
+    assert_eq!(get(by_path, Some(token)).await.0, 200);
+
+    // v2alpha1, `{*}`, and CORS.
+    let alpha = format!("http://hello-alpha.example.com:{port}");
+    assert_eq!(
+        get(format!("{alpha}/orders/7"), None).await,
+        (200, "Hello World! /orders/7".to_owned())
+    );
+    assert_eq!(get(format!("{alpha}/orders/7/lines"), None).await.0, 404);
+    let preflight = hosts
+        .request(reqwest::Method::OPTIONS, format!("{alpha}/orders/7"))
+        .header("origin", "https://shop.example.com")
+        .header("access-control-request-method", "GET")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+    assert_eq!(
+        preflight.headers()["access-control-allow-origin"],
+        "https://shop.example.com"
+    );
+    assert_eq!(preflight.headers()["access-control-max-age"], "600");
+    let other_origin = hosts
+        .get(format!("{alpha}/orders/7"))
+        .header("origin", "https://evil.example.com")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        !other_origin
+            .headers()
+            .contains_key("access-control-allow-origin")
+    );
+
+    // `eddy get apirules`, Kyma's status.
+    let (ok, stdout, stderr) = platform.eddy(&["get", "apirules"]).await;
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("STATUS"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|line| line.contains("secured") && line.contains("Ready")),
+        "{stdout}"
+    );
+    let rule = platform
+        .get_json(&format!(
+            "{}/apis/gateway.kyma-project.io/v2alpha1/namespaces/default/apirules/hello-alpha",
+            platform.api
+        ))
+        .await;
+    assert!(rule["status"]["lastProcessedTime"].is_string(), "{rule}");
+
+    // A missing service is a Warning; a host taken by another APIRule is an Error.
+    let others = dir.path().join("others.yaml");
+    std::fs::write(
+        &others,
+        r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: nobody
+spec:
+  hosts: [nobody]
+  service: {name: nobody, port: 80}
+  rules: [{path: /*, methods: [GET], noAuth: true}]
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: copycat
+spec:
+  hosts: [hello]
+  service: {name: hello, port: 80}
+  rules: [{path: /*, methods: [GET], noAuth: true}]
+"#,
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", others.to_str().unwrap()])
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    eventually("the statuses", Duration::from_secs(30), || async {
+        let nobody = apirule_state(&platform, "nobody").await;
+        let copycat = apirule_state(&platform, "copycat").await;
+        nobody
+            == (
+                "Warning".to_owned(),
+                "service default/nobody not found".to_owned(),
+            )
+            && copycat
+                == (
+                    "Error".to_owned(),
+                    "host hello.localhost is already exposed by APIRule default/hello".to_owned(),
+                )
+    })
+    .await
+    .unwrap();
+
+    // One refused document refuses the whole file: the Function before it is not applied.
+    let refused = dir.path().join("refused.yaml");
+    std::fs::write(
+        &refused,
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: later
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: "module.exports = { main: () => 'later' }"
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: later
+spec:
+  hosts: [later]
+  service: {name: later, port: 80}
+  rules:
+    - path: /*
+      methods: [GET]
+      extAuth:
+        authorizers: [oauth2-proxy]
+"#,
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = platform
+        .eddy(&["apply", "-f", refused.to_str().unwrap()])
+        .await;
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("spec.rules[0].extAuth"), "{stderr}");
+    assert!(stderr.contains("nothing was applied"), "{stderr}");
+    let later = platform
+        .http
+        .get(format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/later",
+            platform.api
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(later.status(), 404);
+}

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use eddy_testing::NatsServer;
 use serde_json::json;
-use support::Platform;
+use support::{
+    Platform,
+    jwt::{ISSUER, ISSUER_KEY, OTHER_KEY, jwt, jwt_with_crit, now_seconds, serve_jwks},
+};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const TOKEN: &str = "s3cret-token";
@@ -314,83 +317,6 @@ async fn a_token_protected_function_takes_only_its_tokens_and_the_dispatchers_ev
 }
 
 /// Test-only P-256 keys: the issuer's, and one the issuer never published.
-const ISSUER_KEY: &str = "-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgCPv6U6k+Fuiy4NxK
-kqmnx4mEdGoK8BWL7Y+AAP9XfdGhRANCAATxpRQTnZYmxQ5t4Huz5rCmIA9Dgikn
-hv1V+VNI07Q04fonM1ynMK7W9OSRmdX1WYaRRhJ5S3SCKhu4t6P/ifq1
------END PRIVATE KEY-----
-";
-const OTHER_KEY: &str = "-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg2hk4Jg53mr1ZrR70
-lrjNSC4F6obgyGnnyS4g3rNil5yhRANCAARqiwruw2h5+CMQuBtc5gFjGHKzRbAt
-bBaAMulcKfmFwe8FkdKLfxzNKOH3QEikJYDRwoAl5rx3uim61wJSwG23
------END PRIVATE KEY-----
-";
-const ISSUER: &str = "https://id.example.com/";
-
-fn now_seconds() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs(),
-    )
-    .unwrap()
-}
-
-/// A JWT signed with `pem` (ES256) under `kid`, with `claims` over a valid base.
-fn jwt(pem: &str, kid: &str, claims: serde_json::Value) -> String {
-    jwt_with_crit(pem, kid, claims, None)
-}
-
-/// [`jwt`] whose header lists `crit` extensions.
-fn jwt_with_crit(
-    pem: &str,
-    kid: &str,
-    claims: serde_json::Value,
-    crit: Option<Vec<String>>,
-) -> String {
-    use jsonwebtoken::{Algorithm, EncodingKey, Header};
-    let mut all = json!({
-        "iss": ISSUER, "sub": "alice", "aud": "orders",
-        "exp": now_seconds() + 300, "iat": now_seconds(), "scope": "orders:read orders:write",
-    });
-    for (name, value) in claims.as_object().unwrap() {
-        if value.is_null() {
-            all.as_object_mut().unwrap().remove(name);
-        } else {
-            all[name] = value.clone();
-        }
-    }
-    let mut header = Header::new(Algorithm::ES256);
-    header.kid = Some(kid.to_owned());
-    header.crit = crit;
-    let key = EncodingKey::from_ec_pem(pem.as_bytes()).unwrap();
-    jsonwebtoken::encode(&header, &all, &key).unwrap()
-}
-
-/// Serves the issuer's JWKS (only `ISSUER_KEY`, as `key-1`) and counts its fetches.
-async fn serve_jwks() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    use jsonwebtoken::{Algorithm, EncodingKey, jwk::Jwk};
-    let key = EncodingKey::from_ec_pem(ISSUER_KEY.as_bytes()).unwrap();
-    let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
-    jwk.common.key_id = Some("key-1".to_owned());
-    let document = json!({"keys": [jwk]});
-    let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = fetches.clone();
-    let app = axum::Router::new().route(
-        "/jwks",
-        axum::routing::get(move || {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let document = document.clone();
-            async move { axum::Json(document) }
-        }),
-    );
-    let (listener, url) = listener().await;
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("{url}/jwks"), fetches)
-}
-
 /// JWT access as Kyma's APIRule offers it: a valid token from the issuer gets in (200); an
 /// expired one, one not valid yet, one from another issuer or audience or without `aud`, one
 /// with a critical header extension, one signed with a key the issuer never

@@ -12,6 +12,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
+use eddy_model::apirule::{self, APIRule};
 use eddy_model::resources::{
     self, API_VERSION, APPLIED_AS_ANNOTATION, FieldError, Function, KYMA_FUNCTION_API_VERSION,
     KYMA_SUBSCRIPTION_API_VERSION, SinkPolicy, Subscription, describe_errors, is_config_key,
@@ -64,6 +65,26 @@ pub fn router(state: Arc<ApiState>) -> Router {
             get(read::<Subscription>)
                 .put(apply::<Subscription>)
                 .delete(remove::<Subscription>),
+        )
+        .route(
+            &format!("/apis/{}/{{version}}/apirules", apirule::GROUP),
+            get(list_all_versioned::<APIRule>),
+        )
+        .route(
+            &format!(
+                "/apis/{}/{{version}}/namespaces/{{namespace}}/apirules",
+                apirule::GROUP
+            ),
+            get(list_versioned::<APIRule>),
+        )
+        .route(
+            &format!(
+                "/apis/{}/{{version}}/namespaces/{{namespace}}/apirules/{{name}}",
+                apirule::GROUP
+            ),
+            get(read_versioned::<APIRule>)
+                .put(apply_versioned::<APIRule>)
+                .delete(remove_versioned::<APIRule>),
         )
         .route("/api/v1/secrets", get(list_all::<Secret>))
         .route("/api/v1/configmaps", get(list_all::<ConfigMap>))
@@ -167,6 +188,73 @@ fn invalid<R: ApiResource>(name: &str, errors: &[FieldError]) -> Response {
         ),
         Some(json!({"name": name, "group": R::GROUP, "kind": R::KIND, "causes": causes})),
     )
+}
+
+/// APIRule paths carry a version (`v2`, `v2alpha1`); both name the same objects.
+fn known_version(version: &str) -> bool {
+    version == apirule::VERSION || version == apirule::VERSION_ALPHA
+}
+
+fn unknown_version() -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "APIRule is served as gateway.kyma-project.io/v2 and v2alpha1",
+        None,
+    )
+}
+
+async fn list_all_versioned<R: ApiResource>(
+    state: Shared,
+    Path(version): Path<String>,
+) -> Response {
+    if !known_version(&version) {
+        return unknown_version();
+    }
+    list_in::<R>(&state, None).await
+}
+
+async fn list_versioned<R: ApiResource>(
+    state: Shared,
+    Path((version, namespace)): Path<(String, String)>,
+) -> Response {
+    if !known_version(&version) {
+        return unknown_version();
+    }
+    list::<R>(state, Path(namespace)).await
+}
+
+async fn read_versioned<R: ApiResource>(
+    state: Shared,
+    Path((version, namespace, name)): Path<(String, String, String)>,
+) -> Response {
+    if !known_version(&version) {
+        return unknown_version();
+    }
+    read::<R>(state, Path((namespace, name))).await
+}
+
+async fn remove_versioned<R: ApiResource>(
+    state: Shared,
+    Path((version, namespace, name)): Path<(String, String, String)>,
+) -> Response {
+    if !known_version(&version) {
+        return unknown_version();
+    }
+    remove::<R>(state, Path((namespace, name))).await
+}
+
+async fn apply_versioned<R: ApiResource>(
+    state: Shared,
+    Path((version, namespace, name)): Path<(String, String, String)>,
+    query: Query<ApplyParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !known_version(&version) {
+        return unknown_version();
+    }
+    apply::<R>(state, Path((namespace, name)), query, headers, body).await
 }
 
 async fn list_all<R: ApiResource>(state: Shared) -> Response {
@@ -403,6 +491,23 @@ impl ApiResource for Subscription {
     }
 }
 
+impl ApiResource for APIRule {
+    const API_VERSION: &'static str = apirule::API_VERSION;
+    const API_VERSIONS: &'static [&'static str] =
+        &[apirule::API_VERSION, apirule::API_VERSION_ALPHA];
+    const GROUP: &'static str = apirule::GROUP;
+
+    fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
+        apirule::validate_api_rule(self)
+    }
+
+    fn prepare(&mut self, _applied_as: &str) {}
+
+    fn warnings(&self) -> Vec<String> {
+        self.spec.warnings()
+    }
+}
+
 /// Most bytes of data one Secret or ConfigMap holds, as on Kubernetes.
 const MAX_DATA_BYTES: usize = 1024 * 1024;
 
@@ -492,9 +597,18 @@ impl ApiResource for ConfigMap {
     fn prepare(&mut self, _applied_as: &str) {}
 }
 
+/// Query parameters of a write.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct ApplyParams {
+    /// `All`: validate and answer what would be stored, storing nothing (as Kubernetes).
+    #[serde(rename = "dryRun")]
+    dry_run: Option<String>,
+}
+
 async fn apply<R: ApiResource>(
     state: Shared,
     Path((namespace, name)): Path<(String, String)>,
+    Query(params): Query<ApplyParams>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -559,6 +673,21 @@ async fn apply<R: ApiResource>(
     if !errors.is_empty() {
         return invalid::<R>(&name, &errors);
     }
+    if let Some(dry_run) = params.dry_run.as_deref() {
+        if dry_run != "All" {
+            return invalid::<R>(
+                &name,
+                &[FieldError {
+                    field: "dryRun".into(),
+                    message: "must be All".into(),
+                }],
+            );
+        }
+        return with_warnings(
+            (StatusCode::OK, Json(R::shown(&resource))).into_response(),
+            &resource,
+        );
+    }
     match state.store.apply(resource).await {
         Ok((stored, created)) => {
             let code = if created {
@@ -567,18 +696,22 @@ async fn apply<R: ApiResource>(
                 StatusCode::OK
             };
             tracing::info!(kind = R::KIND, %namespace, %name, created, "resource applied");
-            let mut response = (code, Json(R::shown(&stored))).into_response();
-            for warning in stored.warnings() {
-                // RFC 7234 warn-code 299, as the Kubernetes API server sends warnings.
-                let text = format!("299 - \"{}\"", warning.replace('"', "'"));
-                if let Ok(value) = http::HeaderValue::from_str(&text) {
-                    response.headers_mut().append(http::header::WARNING, value);
-                }
-            }
-            response
+            with_warnings((code, Json(R::shown(&stored))).into_response(), &stored)
         }
         Err(error) => store_failure(&error),
     }
+}
+
+/// Adds `resource`'s warnings to `response` as `Warning` headers.
+fn with_warnings<R: ApiResource>(mut response: Response, resource: &R) -> Response {
+    for warning in resource.warnings() {
+        // RFC 7234 warn-code 299, as the Kubernetes API server sends warnings.
+        let text = format!("299 - \"{}\"", warning.replace('"', "'"));
+        if let Ok(value) = http::HeaderValue::from_str(&text) {
+            response.headers_mut().append(http::header::WARNING, value);
+        }
+    }
+    response
 }
 
 /// `GET .../functions/{name}/instances`: the function's running instances as a `PodList`, each

@@ -56,7 +56,8 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn unauthenticated(message: impl Into<String>) -> Self {
+    /// A 401 saying `message`.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::UNAUTHORIZED,
             message: message.into(),
@@ -143,11 +144,16 @@ impl JwtVerifier {
         &self.spec
     }
 
-    /// Checks the request's bearer JWT.
-    pub async fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+    /// Checks the request's bearer JWT; its claims when it passes.
+    pub async fn check(&self, headers: &HeaderMap) -> Result<Value, Refusal> {
         let Some(token) = eddy_platform::auth::bearer_token(headers) else {
             return Err(Refusal::unauthenticated("a bearer JWT is required"));
         };
+        self.check_token(token).await
+    }
+
+    /// Checks one JWT, however it came; its claims when it passes.
+    pub async fn check_token(&self, token: &str) -> Result<Value, Refusal> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|_| Refusal::unauthenticated("the bearer token is not a JWT"))?;
         if !ALGORITHMS.contains(&header.alg) {
@@ -186,7 +192,7 @@ impl JwtVerifier {
                 status: StatusCode::FORBIDDEN,
                 message: format!("the JWT lacks the required claim {name}"),
             }),
-            None => Ok(()),
+            None => Ok(claims),
         }
     }
 

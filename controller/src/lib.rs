@@ -3,6 +3,7 @@
 //! by the local backend.
 
 pub mod api;
+pub mod apirules;
 pub mod dashboard;
 pub mod function_metrics;
 pub mod jwt;
@@ -332,6 +333,10 @@ pub struct FunctionArgs {
     /// `<data-dir>/tools`).
     #[arg(long = "tools-dir", env = "EDDY_TOOLS_DIR")]
     pub tools_dir: Option<PathBuf>,
+    /// The domain an APIRule's one-label host is prefixed to: `orders` is served as
+    /// `orders.localhost`, which resolves to this machine.
+    #[arg(long = "domain", env = "EDDY_DOMAIN", default_value = "localhost")]
+    pub domain: String,
 }
 
 impl Default for FunctionArgs {
@@ -363,6 +368,8 @@ pub struct Controller {
     gateway: Router,
     backend: Arc<local::LocalController>,
     backend_task: tokio::task::JoinHandle<()>,
+    /// The APIRules the gateway honours (their hosts pass its loopback host check).
+    exposures: Arc<apirules::Exposures>,
     serve: eddy_platform::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
@@ -417,6 +424,7 @@ impl Controller {
                             max_request_size,
                             runtimes_dir,
                             tools_dir,
+                            domain,
                         },
                     data_dir,
                     platform_token,
@@ -502,6 +510,13 @@ impl Controller {
             git_poll_interval,
             mounts_dir: data_dir.join("secret-mounts"),
         };
+        let exposures = Arc::new(apirules::Exposures::new(&domain));
+        tokio::spawn(apirules::follow_local(
+            store.clone(),
+            exposures.clone(),
+            gateway_url.clone(),
+            shutdown.child_token(),
+        ));
         let backend = Arc::new(local::LocalController::new(
             store.clone(),
             pools.clone(),
@@ -521,7 +536,8 @@ impl Controller {
                 Duration::from_secs(3600),
                 max_body,
             )
-            .with_bypass_token(platform_token.as_deref()),
+            .with_bypass_token(platform_token.as_deref())
+            .with_exposures(exposures.clone()),
         );
         let dashboard = Arc::new(dashboard::DashboardState::new(
             store.clone(),
@@ -553,6 +569,7 @@ impl Controller {
             gateway: local::gateway::router(gateway),
             backend,
             backend_task,
+            exposures,
             serve,
             drain_timeout,
             shutdown,
@@ -586,7 +603,10 @@ impl Controller {
             gateway,
             self.gateway,
             &self.serve,
-            Browsers::HostOnly,
+            Browsers::HostOnlyAnd({
+                let exposures = self.exposures.clone();
+                Arc::new(move |host: &str| exposures.names_host(host))
+            }),
             self.shutdown.clone(),
             self.drain_timeout,
         );

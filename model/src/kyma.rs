@@ -125,7 +125,8 @@ fn kyma_resource(group: &str, kind: &str, plural: &str) -> kube::core::ApiResour
 }
 
 /// CRDs that serve Kyma's Function and Subscription with eddy's schema (which takes every
-/// Kyma field as Kyma writes it): eddy's own CRDs under Kyma's group and version.
+/// Kyma field as Kyma writes it): eddy's own CRDs under Kyma's group and version; and Kyma's
+/// APIRule (`v2`, `v2alpha1`).
 pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
@@ -138,8 +139,10 @@ pub fn crds()
     .map(|(mut crd, group)| {
         crd.metadata.name = Some(format!("{}.{group}", crd.spec.names.plural));
         crd.spec.group = group.to_owned();
-        // `fn` and `sub` stay eddy's kinds' short names.
-        crd.spec.names.short_names = None;
+        // Kyma's short names: `fn` and `fns` for its Function (eddy's is `efn`), none for its
+        // Subscription (`sub` stays eddy's).
+        crd.spec.names.short_names =
+            (group == FUNCTION_GROUP).then(|| vec!["fn".to_owned(), "fns".to_owned()]);
         for version in &mut crd.spec.versions {
             version.name = VERSION.to_owned();
             // Kyma's `config` is a map of strings: its tools read the default back as "10".
@@ -161,6 +164,7 @@ pub fn crds()
         }
         crd
     })
+    .chain(std::iter::once(crate::apirule::crd()))
     .collect()
 }
 

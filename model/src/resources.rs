@@ -173,7 +173,8 @@ impl Runtime {
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.podSelector"
     ),
-    shortname = "fn",
+    // `fn` and `fns` are Kyma's Function's (kymaCompatibility): one short name, one kind.
+    shortname = "efn",
     printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicas"}"#,
     printcolumn = r#"{"name":"URL","type":"string","jsonPath":".status.url"}"#

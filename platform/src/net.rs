@@ -160,7 +160,7 @@ where
 }
 
 /// What a listener checks of browsers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Browsers {
     /// On loopback: refuse foreign `Host` values, and state-changing requests from a foreign
     /// `Origin` (the event-bus, the API, the dispatcher admin).
@@ -168,6 +168,19 @@ pub enum Browsers {
     /// On loopback: refuse foreign `Host` values only (the gateway: functions answer CORS
     /// requests from any origin themselves, as Kyma's do).
     HostOnly,
+    /// [`Browsers::HostOnly`], also taking the foreign hosts the predicate accepts (the hosts
+    /// the user's APIRules name: a page cannot rebind a name it does not control).
+    HostOnlyAnd(std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>),
+}
+
+impl std::fmt::Debug for Browsers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::SameOrigin => "SameOrigin",
+            Self::HostOnly => "HostOnly",
+            Self::HostOnlyAnd(_) => "HostOnlyAnd",
+        })
+    }
 }
 
 /// How often an HTTP/2 connection is pinged, and how long the answer may take.
@@ -513,6 +526,7 @@ where
         let request = request.map(|body| Body::new(StallTimeout::new(body, self.body_timeout)));
         let inner = match self
             .browsers
+            .as_ref()
             .map(|browsers| check_browser(&request, self.port, browsers))
         {
             Some(Err((status, message))) => {
@@ -662,7 +676,7 @@ fn is_loopback_host(host: &str) -> bool {
 fn check_browser(
     request: &Request,
     port: u16,
-    browsers: Browsers,
+    browsers: &Browsers,
 ) -> Result<(), (StatusCode, &'static str)> {
     let headers = request.headers();
     // HTTP/2 carries the host in the URI (`:authority`), HTTP/1.1 in `Host`.
@@ -677,6 +691,7 @@ fn check_browser(
         });
     if let Some(host) = host
         && !is_loopback_host(host)
+        && !matches!(browsers, Browsers::HostOnlyAnd(accepted) if accepted(host))
     {
         return Err((
             StatusCode::MISDIRECTED_REQUEST,
@@ -687,7 +702,7 @@ fn check_browser(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
     );
-    if browsers == Browsers::SameOrigin
+    if matches!(browsers, Browsers::SameOrigin)
         && changes_state
         && let Some(origin) = headers.get(header::ORIGIN)
         && !is_own_origin(origin, port)
@@ -1043,7 +1058,7 @@ mod tests {
             }
             builder.body(Body::empty()).unwrap()
         };
-        let check = |request: &Request| check_browser(request, 8081, Browsers::SameOrigin);
+        let check = |request: &Request| check_browser(request, 8081, &Browsers::SameOrigin);
         // HTTP/1.1: the Host header.
         assert!(check(&request("/publish", Some("127.0.0.1:8081"))).is_ok());
         assert!(check(&request("/publish", Some("evil.example:8081"))).is_err());

@@ -131,6 +131,27 @@ impl StoredResource for Subscription {
     }
 }
 
+impl StoredResource for eddy_model::apirule::APIRule {
+    type Status = eddy_model::apirule::ApiRuleStatus;
+    const PLURAL: &'static str = "apirules";
+    const KIND: &'static str = "APIRule";
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn take_status(&mut self) -> Option<Self::Status> {
+        self.status.take()
+    }
+    fn set_status(&mut self, status: Option<Self::Status>) {
+        self.status = status;
+    }
+    fn same_spec(&self, other: &Self) -> bool {
+        self.spec == other.spec
+    }
+}
+
 impl StoredResource for Secret {
     type Status = NoStatus;
     const PLURAL: &'static str = "secrets";

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use eddy_model::{
+    apirule::APIRule,
     conditions::ConditionType,
     resources::{Condition, Function, Subscription},
 };
@@ -72,6 +73,9 @@ pub enum Kind {
     /// ConfigMaps.
     #[value(alias = "configmap", alias = "cm")]
     Configmaps,
+    /// Kyma's APIRules: the hosts that expose functions, and who may call them.
+    #[value(alias = "apirule")]
+    Apirules,
     /// The running instances of one function (name the function).
     #[value(alias = "instance", alias = "pods")]
     Instances,
@@ -84,6 +88,7 @@ impl Kind {
             Self::Subscriptions => "subscriptions",
             Self::Secrets => "secrets",
             Self::Configmaps => "configmaps",
+            Self::Apirules => "apirules",
             Self::Instances => "instances",
         }
     }
@@ -95,6 +100,7 @@ impl Kind {
             Self::Subscriptions => format!("subscription.eddy.dev/{name}"),
             Self::Secrets => format!("secret/{name}"),
             Self::Configmaps => format!("configmap/{name}"),
+            Self::Apirules => format!("apirule.gateway.kyma-project.io/{name}"),
             Self::Instances => format!("instances of {name}"),
         }
     }
@@ -104,6 +110,7 @@ impl Kind {
         match self {
             Self::Functions | Self::Subscriptions | Self::Instances => "apis/eddy.dev/v1alpha1",
             Self::Secrets | Self::Configmaps => "api/v1",
+            Self::Apirules => "apis/gateway.kyma-project.io/v2",
         }
     }
 
@@ -113,6 +120,7 @@ impl Kind {
             "Subscription" => Some(Self::Subscriptions),
             "Secret" => Some(Self::Secrets),
             "ConfigMap" => Some(Self::Configmaps),
+            "APIRule" => Some(Self::Apirules),
             _ => None,
         }
     }
@@ -227,7 +235,8 @@ fn identify(manifest: &Value, default_namespace: &str) -> anyhow::Result<(Kind, 
     let kind_text = manifest["kind"].as_str().unwrap_or_default();
     let kind = Kind::from_manifest(kind_text).with_context(|| {
         format!(
-            "unknown kind {kind_text:?}: eddy knows Function, Subscription, Secret and ConfigMap"
+            "unknown kind {kind_text:?}: eddy knows Function, Subscription, APIRule, Secret and \
+             ConfigMap"
         )
     })?;
     let name = manifest["metadata"]["name"]
@@ -273,9 +282,31 @@ pub async fn apply(api: &ApiArgs, path: &Path) -> anyhow::Result<()> {
         bail!("no manifests in {}", path.display());
     }
     let http = api.http()?;
+    let mut targets = Vec::with_capacity(manifests.len());
+    for manifest in &manifests {
+        targets.push(identify(manifest, &api.namespace)?);
+    }
+    // Every document is checked first (`dryRun=All`): one refused document refuses the file
+    // before anything in it is applied.
+    let mut refused = 0;
+    for (manifest, (kind, namespace, name)) in manifests.iter().zip(&targets) {
+        let url = resource_url(&api.server, namespace, *kind, Some(name));
+        let response = http
+            .put(format!("{url}?dryRun=All"))
+            .json(manifest)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the eddy API at {}", api.server))?;
+        if !response.status().is_success() {
+            refused += 1;
+            eprintln!("{}: {}", kind.label(name), refusal(response).await);
+        }
+    }
+    if refused > 0 {
+        bail!("{refused} manifest(s) were refused; nothing was applied");
+    }
     let mut failed = 0;
-    for manifest in manifests {
-        let (kind, namespace, name) = identify(&manifest, &api.namespace)?;
+    for (manifest, (kind, namespace, name)) in manifests.into_iter().zip(targets) {
         let url = resource_url(&api.server, &namespace, kind, Some(&name));
         let previous: Option<Value> = match http.get(&url).send().await {
             Ok(response) if response.status().is_success() => response.json().await.ok(),
@@ -605,6 +636,25 @@ fn table_rows(kind: Kind, body: Value) -> anyhow::Result<Vec<Vec<String>>> {
                     .sum();
                 row.push(count.to_string());
                 rows.push(row);
+            }
+        }
+        Kind::Apirules => {
+            rows.push(
+                ["NAMESPACE", "NAME", "STATUS", "HOSTS", "DESCRIPTION"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            let rules: OneOrList<APIRule> = serde_json::from_value(body)
+                .context("the API answered something else than APIRules")?;
+            for rule in rules.into_items() {
+                let status = rule.status.unwrap_or_default();
+                rows.push(vec![
+                    text(&rule.metadata.namespace),
+                    text(&rule.metadata.name),
+                    status.state,
+                    rule.spec.hosts.join(","),
+                    status.description.unwrap_or_default(),
+                ]);
             }
         }
         Kind::Subscriptions => {

@@ -2,6 +2,7 @@
 //! nats-server, and a programmable HTTP sink that records what it receives.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod jwt;
 pub mod kube_mock;
 
 use std::{

@@ -5,6 +5,9 @@
 //! `http://<function>.<namespace>.svc.cluster.local` (`--function-url`), the rest of the path
 //! and the query kept. The chart runs it as its own Deployment behind the Istio ingress
 //! gateway or a Gateway API HTTPRoute.
+//!
+//! With `--apirules` it also follows Kyma's APIRules: a call for a host one names goes to the
+//! rule's Service (`--service-url`) when the rule lets its caller in (crate::apirules).
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -16,7 +19,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
-use eddy_model::resources::Function;
+use eddy_model::{apirule::APIRule, resources::Function};
 use eddy_platform::{errors::ErrorResponse, shutdown::CancellationToken};
 use futures::StreamExt as _;
 use http_body_util::Full;
@@ -29,6 +32,7 @@ use parking_lot::RwLock;
 
 use crate::{
     Error, Result,
+    apirules::{Chosen, Exposure, Exposures, Target},
     function_metrics::{FunctionMetrics, FunctionSeries},
     local::{
         self,
@@ -55,6 +59,22 @@ pub struct GatewayArgs {
         default_value = "http://{function}.{namespace}.svc.cluster.local"
     )]
     pub function_url: String,
+    /// Follow Kyma's APIRules (gateway.kyma-project.io, installed with `kymaCompatibility`)
+    /// and serve the hosts they name.
+    #[arg(long = "apirules", env = "EDDY_APIRULES")]
+    pub apirules: bool,
+    /// The domain an APIRule's one-label host is prefixed to (`orders` is served as
+    /// `orders.<domain>`).
+    #[arg(long = "domain", env = "EDDY_DOMAIN", default_value = "localhost")]
+    pub domain: String,
+    /// Where an APIRule's Service is reached, `{namespace}`, `{service}` and `{port}` replaced;
+    /// the caller's path follows.
+    #[arg(
+        long = "service-url",
+        env = "EDDY_SERVICE_URL",
+        default_value = "http://{service}.{namespace}.svc.cluster.local:{port}"
+    )]
+    pub service_url: String,
     /// Largest request body forwarded (413 above it).
     #[arg(
         long = "max-request-size",
@@ -179,9 +199,62 @@ pub fn upstream_uri(template: &str, namespace: &str, function: &str, rest: &str)
 
 struct Gateway {
     routes: Arc<Routes>,
+    exposures: Arc<Exposures>,
     function_url: String,
+    service_url: String,
     max_body: usize,
     client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Follows APIRules into `exposures` until `shutdown` (a relist replaces what it knows).
+pub async fn follow_apirules(
+    client: kube::Client,
+    exposures: Arc<Exposures>,
+    shutdown: CancellationToken,
+) {
+    let api: Api<APIRule> = Api::all(client);
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut relisting: Option<Vec<APIRule>> = None;
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = shutdown.cancelled() => return,
+        };
+        match event {
+            None => return,
+            Some(Ok(watcher::Event::Init)) => relisting = Some(Vec::new()),
+            Some(Ok(watcher::Event::InitApply(rule))) => {
+                relisting.get_or_insert_with(Vec::new).push(rule);
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                exposures.replace_all(relisting.take().unwrap_or_default().iter());
+            }
+            Some(Ok(watcher::Event::Apply(rule))) => {
+                if let Err(problem) = exposures.apply(&rule) {
+                    tracing::warn!(apirule = %rule.name_any(), %problem, "APIRule not honoured");
+                }
+            }
+            Some(Ok(watcher::Event::Delete(rule))) => {
+                exposures.remove(&rule.namespace().unwrap_or_default(), &rule.name_any());
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, "watching APIRules failed; retrying with backoff");
+            }
+        }
+    }
+}
+
+/// The upstream URI of an APIRule's call: the Service's URL from `template` and the path.
+/// `None` when they do not make a URI. Pure.
+pub fn service_uri(template: &str, target: &Target, path_and_query: &str) -> Option<Uri> {
+    let base = template
+        .replace("{namespace}", &target.namespace)
+        .replace("{service}", &target.name)
+        .replace("{port}", &target.port.to_string());
+    format!("{}{path_and_query}", base.trim_end_matches('/'))
+        .parse()
+        .ok()
 }
 
 /// Follows Function objects into `routes` until `shutdown`.
@@ -205,10 +278,18 @@ pub async fn follow(client: kube::Client, routes: Arc<Routes>, shutdown: Cancell
 }
 
 /// The gateway's routes: probes, then every path as a function call.
-pub fn router(routes: Arc<Routes>, function_url: String, max_body: usize) -> Router {
+pub fn router(
+    routes: Arc<Routes>,
+    exposures: Arc<Exposures>,
+    function_url: String,
+    service_url: String,
+    max_body: usize,
+) -> Router {
     let gateway = Arc::new(Gateway {
         routes,
+        exposures,
         function_url,
+        service_url,
         max_body,
         client: eddy_platform::net::pooled_client(
             Duration::from_secs(30),
@@ -243,7 +324,11 @@ fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    let Some((namespace, function, rest)) = route(request.uri().path()) else {
+    if let Some(exposure) = gateway.exposures.by_host(request.headers(), request.uri()) {
+        return exposed(&gateway, &exposure, request).await;
+    }
+    let path = request.uri().path().to_owned();
+    let Some((namespace, function, rest)) = route(&path) else {
         return refuse(
             StatusCode::NOT_FOUND,
             "no function here: use /{namespace}/{function}/...",
@@ -261,13 +346,43 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
             format!("function {namespace}/{function} not found"),
         );
     };
+    // A Function an APIRule exposes obeys its rules on this path too.
+    let chosen =
+        match gateway
+            .exposures
+            .on_function_path(&namespace, &function, request.method(), rest)
+        {
+            Ok(chosen) => chosen,
+            Err(refused) => return refused.into_response(),
+        };
+    if let Some(chosen) = &chosen
+        && let Err(refused) = chosen.admit(request.headers(), request.uri().query()).await
+    {
+        return refused;
+    }
+    let Some(uri) = upstream_uri(
+        &gateway.function_url,
+        &namespace,
+        &function,
+        &path_and_query,
+    ) else {
+        return refuse(StatusCode::BAD_REQUEST, "invalid path");
+    };
+    let mut timeout = found.timeout + Duration::from_secs(5);
+    if let Some(chosen) = &chosen {
+        timeout = timeout.min(chosen.rule().timeout);
+    }
     let started = std::time::Instant::now();
     let response = call(
         &gateway,
         &namespace,
         &function,
-        &path_and_query,
-        &found,
+        Upstream {
+            uri,
+            timeout,
+            chosen: chosen.as_ref(),
+        },
+        Some(&found),
         request,
     )
     .await;
@@ -277,50 +392,110 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
     response
 }
 
+/// A call for a host an APIRule names: CORS, the rule it falls under and its caller checked,
+/// then the Function's own `access` when the Service is an eddy Function, then forwarded to the
+/// rule's Service with the whole path.
+async fn exposed(gateway: &Gateway, exposure: &Arc<Exposure>, request: Request) -> Response {
+    if let Some(answer) = exposure.preflight(request.method(), request.headers()) {
+        return answer;
+    }
+    let origin = request.headers().get(header::ORIGIN).cloned();
+    let mut response = async {
+        let chosen = match exposure.choose(request.method(), request.uri().path()) {
+            Ok(chosen) => chosen,
+            Err(refused) => return refused.into_response(),
+        };
+        if let Err(refused) = chosen.admit(request.headers(), request.uri().query()).await {
+            return refused;
+        }
+        let target = chosen.rule().target.clone();
+        let path_and_query = request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let Some(uri) = service_uri(&gateway.service_url, &target, &path_and_query) else {
+            return refuse(StatusCode::BAD_REQUEST, "invalid path");
+        };
+        let found = gateway.routes.get(&target.namespace, &target.name);
+        let started = std::time::Instant::now();
+        let timeout = chosen.rule().timeout;
+        let response = call(
+            gateway,
+            &target.namespace,
+            &target.name,
+            Upstream {
+                uri,
+                timeout,
+                chosen: Some(&chosen),
+            },
+            found.as_ref(),
+            request,
+        )
+        .await;
+        if let Some(found) = found {
+            found
+                .metrics
+                .called(response.status().as_u16(), started.elapsed().as_secs_f64());
+        }
+        response
+    }
+    .await;
+    exposure.cors_answer(origin.as_ref(), response.headers_mut());
+    response
+}
+
+/// Where a call goes and how long its answer may take.
+struct Upstream<'a> {
+    uri: Uri,
+    timeout: Duration,
+    /// The APIRule rule it falls under (its headers and cookies are added).
+    chosen: Option<&'a Chosen>,
+}
+
 /// A call of a routed Function: its access checked, then forwarded to its Service.
 async fn call(
     gateway: &Gateway,
     namespace: &str,
     function: &str,
-    path_and_query: &str,
-    found: &Route,
+    upstream_at: Upstream<'_>,
+    found: Option<&Route>,
     request: Request,
 ) -> Response {
-    match &found.access {
-        Access::Public => {}
-        Access::Tokens(tokens) => {
-            if !tokens.allows(request.headers()) {
-                let mut refused = refuse(
-                    StatusCode::UNAUTHORIZED,
-                    format!("function {namespace}/{function} needs a bearer token"),
-                );
-                refused
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                return refused;
-            }
+    match found.map(|found| &found.access) {
+        None | Some(Access::Public) => {}
+        Some(Access::Tokens(tokens)) if !tokens.allows(request.headers()) => {
+            let mut refused = refuse(
+                StatusCode::UNAUTHORIZED,
+                format!("function {namespace}/{function} needs a bearer token"),
+            );
+            refused
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return refused;
         }
-        Access::Jwt(verifier) => {
+        Some(Access::Tokens(_)) => {}
+        Some(Access::Jwt(verifier)) => {
             if let Err(refused) = check_jwt(verifier, request.headers(), namespace, function).await
             {
                 return refused;
             }
         }
     }
-    let (parts, body) = match read_request(gateway.max_body, request, false).await {
+    let (mut parts, body) = match read_request(gateway.max_body, request, false).await {
         Ok(read) => read,
         Err(refused) => return refused.into_response(),
     };
-    let Some(uri) = upstream_uri(&gateway.function_url, namespace, function, path_and_query) else {
-        return refuse(StatusCode::BAD_REQUEST, "invalid path");
-    };
+    if let Some(chosen) = upstream_at.chosen {
+        chosen.decorate(&mut parts.headers);
+    }
     let mut upstream = http::Request::new(Full::new(body));
     *upstream.method_mut() = parts.method;
-    *upstream.uri_mut() = uri;
+    *upstream.uri_mut() = upstream_at.uri;
     *upstream.headers_mut() = parts.headers;
     // The Service's host, not the caller's (kept in X-Forwarded-Host).
     upstream.headers_mut().remove(header::HOST);
-    let answer_within = found.timeout + Duration::from_secs(5);
+    let answer_within = upstream_at.timeout;
     match tokio::time::timeout(answer_within, gateway.client.request(upstream)).await {
         Ok(Ok(response)) => {
             let (mut head, incoming) = response.into_parts();
@@ -374,8 +549,15 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let routes = Arc::new(Routes::default());
+    let exposures = Arc::new(Exposures::new(&args.domain));
     let max_body = usize::try_from(args.max_request_size.as_u64()).unwrap_or(usize::MAX);
-    let app = router(routes.clone(), args.function_url.clone(), max_body);
+    let app = router(
+        routes.clone(),
+        exposures.clone(),
+        args.function_url.clone(),
+        args.service_url.clone(),
+        max_body,
+    );
     let addr = listener.local_addr().map_err(Error::Serve)?;
     eddy_platform::output::say(format!(
         "gateway (kubernetes) ready on http://{addr}/<namespace>/<function>"
@@ -384,10 +566,22 @@ pub async fn serve_on(
         listener,
         app,
         &args.serve,
-        eddy_platform::net::Browsers::HostOnly,
+        eddy_platform::net::Browsers::HostOnlyAnd({
+            let exposures = exposures.clone();
+            Arc::new(move |host: &str| exposures.names_host(host))
+        }),
         shutdown.clone(),
         args.drain_timeout,
     );
-    let (served, ()) = tokio::join!(server, follow(client, routes, shutdown));
+    let apirules = async {
+        if args.apirules {
+            follow_apirules(client.clone(), exposures, shutdown.clone()).await;
+        }
+    };
+    let (served, (), ()) = tokio::join!(
+        server,
+        follow(client.clone(), routes, shutdown.clone()),
+        apirules
+    );
     served.map_err(Error::Serve)
 }

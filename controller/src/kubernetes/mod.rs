@@ -15,6 +15,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use parking_lot::Mutex;
 
+use eddy_model::apirule::APIRule;
 use eddy_model::backoff::Backoff;
 use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
@@ -66,6 +67,8 @@ pub struct Context {
     /// Whether `file://` repositories are resolved (tests only: build pods cannot see the
     /// controller's files).
     pub file_repositories: bool,
+    /// The domain APIRules' one-label hosts are prefixed to (their status names the URL).
+    pub domain: String,
 }
 
 impl Context {
@@ -84,6 +87,7 @@ impl Context {
             git_poll_interval: Duration::from_secs(60),
             file_repositories: false,
             kyma_compatibility: false,
+            domain: "localhost".to_owned(),
         }
     }
 
@@ -971,6 +975,7 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     let mut context = Context::new(client.clone(), args.kubernetes.render_config(), sinks);
     context.git_poll_interval = args.local.functions.git_poll_interval;
     context.kyma_compatibility = args.kubernetes.kyma_compatibility;
+    context.domain.clone_from(&args.local.functions.domain);
     let context = Arc::new(context);
     let listener = tokio::net::TcpListener::bind(args.api_addr)
         .await
@@ -1037,6 +1042,7 @@ pub async fn run(client: Client, context: Arc<Context>, shutdown: CancellationTo
 
 /// The controllers of Kyma's kinds: the same reconcilers behind a conversion.
 async fn run_kyma(client: Client, context: Arc<Context>, shutdown: CancellationToken) {
+    let (context_for_apirules, shutdown_for_apirules) = (context.clone(), shutdown.clone());
     let functions = eddy_model::kyma::function_resource();
     let subscriptions = eddy_model::kyma::subscription_resource();
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=eddy");
@@ -1059,14 +1065,101 @@ async fn run_kyma(client: Client, context: Arc<Context>, shutdown: CancellationT
         watcher::Config::default(),
         subscriptions,
     )
-    .graceful_shutdown_on(shutdown.cancelled_owned())
-    .run(reconcile_kyma_subscription, kyma_error_policy, context)
+    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+    .run(
+        reconcile_kyma_subscription,
+        kyma_error_policy,
+        context.clone(),
+    )
     .for_each(|result| async move {
         if let Err(error) = result {
             tracing::debug!(%error, "Kyma subscription reconcile");
         }
     });
-    tokio::join!(function_controller, subscription_controller);
+    tokio::join!(
+        function_controller,
+        subscription_controller,
+        run_apirules(client, context_for_apirules, shutdown_for_apirules)
+    );
+}
+
+/// How often an APIRule that is not honoured is looked at again (a host it names may have
+/// been freed).
+const APIRULE_RECHECK: Duration = Duration::from_secs(15);
+
+/// Reports on Kyma's APIRules (the gateway honours them): `Ready` with the URLs, `Warning`
+/// when a rule is hidden by another, `Error` when invalid or naming a host an older APIRule
+/// holds. Every APIRule is judged against all the others the controller sees.
+async fn run_apirules(client: Client, context: Arc<Context>, shutdown: CancellationToken) {
+    let controller = Controller::new(
+        Api::<APIRule>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    controller
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(
+            move |rule: Arc<APIRule>, context: Arc<Context>| {
+                let all = store.state();
+                async move { reconcile_apirule(rule, all, context).await }
+            },
+            |rule: Arc<APIRule>, error: &Error, context: Arc<Context>| {
+                let key = format!(
+                    "APIRule/{}/{}",
+                    rule.namespace().unwrap_or_default(),
+                    rule.name_any()
+                );
+                let failures = context.record_failure(&key);
+                tracing::warn!(object = %key, %error, failures, "reconcile failed");
+                Action::requeue(RETRY.delay(failures))
+            },
+            context,
+        )
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "APIRule reconcile");
+            }
+        })
+        .await;
+}
+
+/// Judges one APIRule among `all` and writes its status when it changed.
+pub(crate) async fn reconcile_apirule(
+    rule: Arc<APIRule>,
+    all: Vec<Arc<APIRule>>,
+    context: Arc<Context>,
+) -> Result<Action> {
+    let namespace = rule.namespace().unwrap_or_default();
+    let name = rule.name_any();
+    let exposures = crate::apirules::Exposures::new(&context.domain);
+    exposures.replace_all(all.iter().map(AsRef::as_ref));
+    // The store may not hold this version yet.
+    let state = exposures.apply(&rule);
+    let (phase, description) =
+        crate::apirules::state_of(&state, &[], &rule.spec.warnings(), ("https", None));
+    let unchanged = rule.status.as_ref().is_some_and(|status| {
+        status.state == phase && status.description.as_deref() == Some(description.as_str())
+    });
+    if !unchanged {
+        let status = eddy_model::apirule::ApiRuleStatus {
+            state: phase.to_owned(),
+            description: Some(description),
+            last_processed_time: Some(crate::status::now()),
+        };
+        let api: Api<APIRule> = Api::namespaced(context.client.clone(), &namespace);
+        let patch = serde_json::json!({
+            "apiVersion": eddy_model::apirule::API_VERSION, "kind": "APIRule", "status": status,
+        });
+        api.patch_status(&name, &apply_params(), &Patch::Apply(patch))
+            .await?;
+        tracing::info!(%namespace, %name, state = phase, "APIRule status");
+    }
+    context.record_success(&format!("APIRule/{namespace}/{name}"));
+    Ok(if phase == "Error" {
+        Action::requeue(APIRULE_RECHECK)
+    } else {
+        Action::await_change()
+    })
 }
 
 /// The controllers of eddy's own kinds.

@@ -1672,7 +1672,8 @@ fn the_function_crd_declares_the_scale_subresource_on_the_controllers_fields() {
 /// call in a reconciler fails this test until the chart allows it.
 #[test]
 fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
-    let scenarios: [fn(); 20] = [
+    let scenarios: [fn(); 21] = [
+        an_apirule_gets_kymas_status_judged_among_the_others,
         first_reconcile_creates_the_config_map_and_the_build_job,
         a_kyma_function_is_built_by_the_same_code_and_owns_its_objects,
         a_kyma_function_eddy_cannot_read_says_why_in_its_status,
@@ -1740,6 +1741,8 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         "serverless.kyma-project.io/functions/finalizers:update",
         "eventing.kyma-project.io/subscriptions:list",
         "eventing.kyma-project.io/subscriptions:watch",
+        "gateway.kyma-project.io/apirules:list",
+        "gateway.kyma-project.io/apirules:watch",
     ]
     .into_iter()
     .map(str::to_owned)
@@ -2239,6 +2242,74 @@ async fn a_kyma_subscription_gets_its_status_from_the_same_code() {
         bodies[1]["status"]["backend"]["consumerName"],
         "sub_shop_on-order"
     );
+}
+
+const APIRULES: &str = "/apis/gateway.kyma-project.io/v2/namespaces/shop/apirules";
+
+fn api_rule(name: &str, created: &str, hosts: &[&str]) -> Arc<APIRule> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "gateway.kyma-project.io/v2", "kind": "APIRule",
+            "metadata": {"name": name, "namespace": "shop", "creationTimestamp": created},
+            "spec": {"hosts": hosts, "service": {"name": "orders", "port": 80},
+                     "rules": [{"path": "/*", "methods": ["GET"], "noAuth": true}]},
+        }))
+        .expect("an APIRule"),
+    )
+}
+
+/// An APIRule gets Kyma's status by server-side apply: Ready with its URL, and Error (looked
+/// at again soon) for a host an older APIRule holds; an unchanged status is not written.
+#[tokio::test]
+async fn an_apirule_gets_kymas_status_judged_among_the_others() {
+    let older = api_rule("orders", "2026-01-01T00:00:00Z", &["orders"]);
+    let newer = api_rule("copy", "2026-01-02T00:00:00Z", &["orders.shop.example.com"]);
+    let all = vec![older.clone(), newer.clone()];
+    let run = |rule: Arc<APIRule>, all: Vec<Arc<APIRule>>, exchanges| async move {
+        let (client, server) = api_server(exchanges);
+        let mut context = Context::new(client, config(), SinkPolicy::default());
+        context.domain = "shop.example.com".to_owned();
+        let result = reconcile_apirule(rule, all, Arc::new(context)).await;
+        let bodies = server.await.expect("the API server saw what it expected");
+        (result, bodies)
+    };
+    let patched = |rule: &APIRule| {
+        expect(
+            Method::PATCH,
+            format!(
+                "{APIRULES}/{}/status{APPLY}",
+                rule.metadata.name.as_deref().unwrap_or_default()
+            ),
+            status_answer(to_json(rule)),
+        )
+    };
+    let (result, bodies) = run(older.clone(), all.clone(), vec![patched(&older)]).await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+    assert_eq!(bodies[0]["kind"], "APIRule");
+    assert_eq!(bodies[0]["status"]["state"], "Ready");
+    assert_eq!(
+        bodies[0]["status"]["description"],
+        "exposed on https://orders.shop.example.com"
+    );
+    let (result, bodies) = run(newer.clone(), all.clone(), vec![patched(&newer)]).await;
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(APIRULE_RECHECK)
+    );
+    assert_eq!(bodies[0]["status"]["state"], "Error");
+    assert_eq!(
+        bodies[0]["status"]["description"],
+        "host orders.shop.example.com is already exposed by APIRule shop/orders"
+    );
+    // Written already: nothing is sent.
+    let mut settled = (*older).clone();
+    settled.status = Some(eddy_model::apirule::ApiRuleStatus {
+        state: "Ready".to_owned(),
+        description: Some("exposed on https://orders.shop.example.com".to_owned()),
+        last_processed_time: Some("2026-01-01T00:00:01Z".to_owned()),
+    });
+    let (result, _) = run(Arc::new(settled), all, Vec::new()).await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
 }
 
 // ---------------------------------------------------------------------------------------------

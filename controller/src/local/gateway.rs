@@ -2,6 +2,7 @@
 //! least-loaded ready instance of the function, with the rest of the path and the query kept.
 //! A function scaled to zero gets an instance started and the request is held until it is ready.
 //! A request whose instance refused the connection (it just died) is sent to another one.
+//! A request for a host an APIRule names is routed by that APIRule's rules (crate::apirules).
 
 use std::{
     collections::HashMap,
@@ -30,7 +31,10 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use tracing::Instrument as _;
 
 use super::pool::{Access, INSTANCE_SECRET_HEADER, Lease, Pool};
-use crate::function_metrics::FunctionMetrics;
+use crate::{
+    apirules::{Chosen, Exposure, Exposures},
+    function_metrics::FunctionMetrics,
+};
 
 /// Longest a request body may take to arrive (a slow client holds no instance meanwhile).
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -46,6 +50,8 @@ pub struct Gateway {
     /// The platform's own token (the dispatcher's), accepted by every function.
     bypass: Option<eddy_platform::auth::Tokens>,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// The APIRules it honours.
+    exposures: Arc<Exposures>,
     activation_timeout: Duration,
     request_timeout: Duration,
     max_body: usize,
@@ -69,6 +75,7 @@ impl Gateway {
             metrics,
             bypass: None,
             client,
+            exposures: Arc::new(Exposures::new("localhost")),
             activation_timeout,
             request_timeout,
             max_body,
@@ -77,6 +84,12 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// Honours the APIRules in `exposures`.
+    pub fn with_exposures(mut self, exposures: Arc<Exposures>) -> Self {
+        self.exposures = exposures;
+        self
+    }
+
     /// Accepts `token` for every function, whatever its access (the dispatcher delivers with it).
     pub fn with_bypass_token(mut self, token: Option<&str>) -> Self {
         self.bypass = token.and_then(|token| {
@@ -189,9 +202,25 @@ pub(crate) fn forward_headers(headers: &mut HeaderMap) {
 }
 
 async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    let (pool, call) = match find_function(&gateway, &request) {
+    let exposure = gateway.exposures.by_host(request.headers(), request.uri());
+    if let Some(answer) = exposure
+        .as_ref()
+        .and_then(|exposure| exposure.preflight(request.method(), request.headers()))
+    {
+        return answer;
+    }
+    let origin = exposure
+        .as_ref()
+        .and_then(|_| request.headers().get(header::ORIGIN).cloned());
+    let (pool, call) = match find_function(&gateway, exposure.as_ref(), &request) {
         Ok(found) => found,
-        Err(refused) => return refused.into_response(),
+        Err(refused) => {
+            let mut refused = refused.into_response();
+            if let Some(exposure) = &exposure {
+                exposure.cors_answer(origin.as_ref(), refused.headers_mut());
+            }
+            return refused;
+        }
     };
     // Every line logged while serving this call names the function once, here.
     let span = tracing::info_span!("call", namespace = %call.namespace, function = %call.function);
@@ -203,15 +232,27 @@ async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Respons
         {
             return refused;
         }
-        let (parts, body) = match read_request(gateway.max_body, request, call.platform_call).await
+        if let Some(chosen) = &call.rule
+            && let Err(refused) = chosen.admit(request.headers(), request.uri().query()).await
         {
-            Ok(read) => read,
-            Err(refused) => return refused.into_response(),
-        };
+            return refused;
+        }
+        let (mut parts, body) =
+            match read_request(gateway.max_body, request, call.platform_call).await {
+                Ok(read) => read,
+                Err(refused) => return refused.into_response(),
+            };
+        if let Some(chosen) = &call.rule {
+            chosen.decorate(&mut parts.headers);
+        }
         forward(&gateway, &pool, &call, &parts, body).await
     }
     .instrument(span)
     .await;
+    let mut response = response;
+    if let Some(exposure) = &exposure {
+        exposure.cors_answer(origin.as_ref(), response.headers_mut());
+    }
     pool.metrics
         .called(response.status().as_u16(), started.elapsed().as_secs_f64());
     response
@@ -251,31 +292,79 @@ struct Call {
     platform_call: bool,
     /// The JWT check the caller must pass, for a function with JWT access.
     jwt: Option<Arc<crate::jwt::JwtVerifier>>,
+    /// The APIRule rule the call falls under, when an APIRule routes it or exposes the function.
+    rule: Option<Chosen>,
 }
 
-/// Routes a request to its function's pool and checks the function's `access`.
-fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Call), ErrorResponse> {
-    let Some((namespace, function, rest)) = route(request.uri().path()) else {
-        return Err(ErrorResponse::message(
-            StatusCode::NOT_FOUND,
-            "no function here: use /{namespace}/{function}/...",
-        ));
+/// Routes a request to its function's pool (by the APIRule of its host, or by its path) and
+/// checks the function's `access`; the APIRule rule it falls under is checked once routed.
+fn find_function(
+    gateway: &Gateway,
+    exposure: Option<&Arc<Exposure>>,
+    request: &Request,
+) -> Result<(Arc<Pool>, Call), ErrorResponse> {
+    let path = request.uri().path();
+    let (namespace, function, rest, by_host) = match exposure {
+        Some(exposure) => {
+            let chosen = exposure.choose(request.method(), path)?;
+            let target = &chosen.rule().target;
+            (
+                target.namespace.clone(),
+                target.name.clone(),
+                path.to_owned(),
+                Some(chosen),
+            )
+        }
+        None => {
+            let Some((namespace, function, rest)) = route(path) else {
+                return Err(ErrorResponse::message(
+                    StatusCode::NOT_FOUND,
+                    "no function here: use /{namespace}/{function}/...",
+                ));
+            };
+            (
+                namespace.to_owned(),
+                function.to_owned(),
+                rest.to_owned(),
+                None,
+            )
+        }
     };
-    let key = (namespace.to_owned(), function.to_owned());
+    let key = (namespace, function);
     let pool = gateway.pools.read().get(&key).cloned();
     let (namespace, function) = key;
     let Some(pool) = pool else {
-        return Err(ErrorResponse::message(
-            StatusCode::NOT_FOUND,
-            format!("function {namespace}/{function} not found"),
-        ));
+        return Err(match &by_host {
+            Some(chosen) => ErrorResponse::message(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "APIRule {}/{}: service {namespace}/{function} is not a Function here",
+                    chosen.exposure().namespace,
+                    chosen.exposure().name
+                ),
+            ),
+            None => ErrorResponse::message(
+                StatusCode::NOT_FOUND,
+                format!("function {namespace}/{function} not found"),
+            ),
+        });
     };
     // The platform's token is the gateway's to check, never the function's to see: it would
-    // open every token-protected function.
-    let platform_call = gateway
-        .bypass
-        .as_ref()
-        .is_some_and(|b| b.allows(request.headers()));
+    // open every token-protected function. It opens nothing on an APIRule's host.
+    let platform_call = by_host.is_none()
+        && gateway
+            .bypass
+            .as_ref()
+            .is_some_and(|b| b.allows(request.headers()));
+    let rule = match by_host {
+        Some(chosen) => Some(chosen),
+        None if platform_call => None,
+        None => {
+            gateway
+                .exposures
+                .on_function_path(&namespace, &function, request.method(), &rest)?
+        }
+    };
     let mut jwt = None;
     if !platform_call {
         match pool.access() {
@@ -292,7 +381,7 @@ fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Cal
             Access::Jwt(verifier) => jwt = Some(verifier),
         }
     }
-    let mut path_and_query = rest.to_owned();
+    let mut path_and_query = rest;
     if let Some(query) = request.uri().query() {
         path_and_query.push('?');
         path_and_query.push_str(query);
@@ -303,6 +392,7 @@ fn find_function(gateway: &Gateway, request: &Request) -> Result<(Arc<Pool>, Cal
         path_and_query,
         platform_call,
         jwt,
+        rule,
     };
     Ok((pool, call))
 }
@@ -374,9 +464,12 @@ async fn forward(
     parts: &http::request::Parts,
     body: Bytes,
 ) -> Response {
-    let answer_timeout = pool
+    let mut answer_timeout = pool
         .answer_timeout()
         .map_or(gateway.request_timeout, |t| t.min(gateway.request_timeout));
+    if let Some(chosen) = &call.rule {
+        answer_timeout = answer_timeout.min(chosen.rule().timeout);
+    }
     let deadline = Instant::now() + gateway.activation_timeout;
     // Instances that refused the connection: not picked again for this request.
     let mut refused: Vec<u64> = Vec::new();
