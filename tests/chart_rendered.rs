@@ -14,7 +14,7 @@ use std::{
 };
 
 use eddy_testing::control_plane;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -40,7 +40,7 @@ fn run(command: &mut Command) -> String {
 
 /// The lowest Kubernetes version the chart claims (`kubeVersion: ">=1.30.0-0"` → `1.30.0`).
 fn lowest_kubernetes_version() -> String {
-    let chart: Value = serde_yaml::from_str(
+    let chart: Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(repo().join("charts/eddy/Chart.yaml")).unwrap(),
     )
     .unwrap();
@@ -171,7 +171,7 @@ fn render_chart_text(values: Option<&str>, extra: &[&str]) -> (BTreeMap<String, 
 fn authorization_policies(rendered: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
     let mut policies = BTreeMap::new();
     for document in rendered.split("\n---") {
-        let Ok(object) = serde_yaml::from_str::<serde_json::Value>(document) else {
+        let Ok(object) = serde_yaml_ng::from_str::<serde_json::Value>(document) else {
             continue;
         };
         if object["kind"] != "AuthorizationPolicy" {
@@ -463,20 +463,33 @@ spec:
     )
     .unwrap();
     let version = lowest_kubernetes_version();
-    for (manifest, functions) in [(repo().join("examples/shop"), 3), (kyma, 1), (git, 1)] {
-        let rendered = run(Command::new(env!("CARGO_BIN_EXE_eddy"))
-            .args(["controller", "render", "-f"])
-            .arg(&manifest));
-        let objects = dir.path().join("rendered.yaml");
-        std::fs::write(&objects, rendered).unwrap();
-        let kinds = validate(&objects, &version, &[]);
-        for kind in ["configmap", "job", "deployment", "service"] {
-            assert_eq!(
-                count(&kinds, kind),
-                functions,
-                "{}: {kinds:?}",
-                manifest.display()
-            );
+    // Both build modes: image builds have a Job per Function, buildless pods none.
+    for build in ["image", "buildless"] {
+        for (manifest, functions) in [
+            (repo().join("examples/shop"), 3),
+            (kyma.clone(), 1),
+            (git.clone(), 1),
+        ] {
+            let rendered = run(Command::new(env!("CARGO_BIN_EXE_eddy"))
+                .args(["controller", "render", "--build", build, "-f"])
+                .arg(&manifest));
+            let objects = dir.path().join("rendered.yaml");
+            std::fs::write(&objects, rendered).unwrap();
+            let kinds = validate(&objects, &version, &[]);
+            let jobs = if build == "image" { functions } else { 0 };
+            for (kind, wanted) in [
+                ("configmap", functions),
+                ("job", jobs),
+                ("deployment", functions),
+                ("service", functions),
+            ] {
+                assert_eq!(
+                    count(&kinds, kind),
+                    wanted,
+                    "{build} {}: {kinds:?}",
+                    manifest.display()
+                );
+            }
         }
     }
 }

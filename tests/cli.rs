@@ -151,9 +151,11 @@ fn controller_render_prints_the_kubernetes_objects_of_the_shop() {
         "examples/shop",
         "--registry",
         "registry.example.com/shop",
+        "--build",
+        "image",
     ]);
     assert!(ok, "{stderr}");
-    let documents: Vec<Value> = serde_yaml::Deserializer::from_str(&stdout)
+    let documents: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&stdout)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
         .collect();
     let kinds: Vec<(&str, &str)> = documents
@@ -183,6 +185,25 @@ fn controller_render_prints_the_kubernetes_objects_of_the_shop() {
             .iter()
             .all(|i| i.starts_with("registry.example.com/shop/")),
         "{images:?}"
+    );
+
+    // Buildless (the default): no build Job, the pods on eddy's runtime images.
+    let (ok, stdout, stderr) = eddy_offline(&["controller", "render", "-f", "examples/shop"]);
+    assert!(ok, "{stderr}");
+    let documents: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&stdout)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .collect();
+    assert!(!documents.iter().any(|d| d["kind"] == "Job"), "{stdout}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        documents
+            .iter()
+            .filter(|d| d["kind"] == "Deployment")
+            .all(|d| d["spec"]["template"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .is_some_and(|image| image.starts_with("ghcr.io/eddy-dev/eddy-runtime-")
+                    && image.ends_with(&format!(":{version}")))),
+        "{stdout}"
     );
 
     let dir = tempfile::tempdir().unwrap();

@@ -116,6 +116,8 @@ fn shared_release(plane: &ControlPlane) -> Result<()> {
         &[
             &format!("controller.leaseDuration={LEASE_DURATION}"),
             "controller.registry=registry.test:5000/eddy",
+            // The build tests watch Jobs; buildless has its own test (EDDY_BUILD on the process).
+            "controller.build=image",
             "controller.allowedSinks=http://127.0.0.1:",
         ],
     )?;
@@ -1777,6 +1779,104 @@ spec:
         assert_no_rbac_refusal(&component.log());
     }
     drop(gateway);
+    drop(controller);
+    cluster.finish().await;
+}
+
+/// Buildless (`controller.build: buildless`, the default) on the real API server under the
+/// chart's RBAC: a Kyma Function with dependencies reaches Running without any build Job, its
+/// pods on the runtime image with the `install` init container and the sources' ConfigMap;
+/// a changed source rolls to a new ConfigMap (the old one kept until the rollout is done).
+#[tokio::test]
+async fn buildless_functions_run_without_a_build_or_a_registry() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("buildless").await;
+    let controller = cluster
+        .component(
+            "controller",
+            &[
+                ("EDDY_API_ADDR", "127.0.0.1:0"),
+                ("EDDY_BUILD", "buildless"),
+                (
+                    "EDDY_RUNTIME_IMAGES",
+                    "runtimes.test/eddy-runtime-{runtime}:{version}",
+                ),
+            ],
+        )
+        .await;
+    let ns = cluster.namespace.clone();
+    let kyma = format!(
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: hello
+  namespace: {ns}
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: "module.exports = {{ main: () => require('lodash').capitalize('hi') }}"
+      dependencies: '{{"dependencies": {{"lodash": "^4.17.21"}}}}'
+"#
+    );
+    cluster.kubectl_apply(&kyma).unwrap();
+    let api = "serverless.kyma-project.io/v1alpha2";
+    cluster
+        .wait_running(api, "hello", Duration::from_secs(60))
+        .await;
+    let (status, reason, message) = cluster.condition(api, "hello", "BuildReady").await.unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "Buildless"),
+        "{message}"
+    );
+    let jobs: Api<Job> = cluster.api();
+    let deployments: Api<Deployment> = cluster.api();
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = cluster.api();
+    let selector = ListParams::default().labels("eddy.dev/function=hello");
+    assert!(
+        jobs.list(&selector).await.unwrap().items.is_empty(),
+        "no build Job"
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    let deployment = deployments.get("hello").await.unwrap();
+    assert_eq!(
+        image_of(&deployment),
+        format!("runtimes.test/eddy-runtime-nodejs22:{version}")
+    );
+    let pod = deployment.spec.template.spec.unwrap();
+    let install = &pod.init_containers.unwrap()[0];
+    assert_eq!(install.name, "install");
+    let first_config_map = config_maps.list(&selector).await.unwrap().items;
+    assert_eq!(first_config_map.len(), 1);
+
+    // A new source: a new ConfigMap; the old one goes once the rollout is done.
+    let changed = kyma.replace("capitalize('hi')", "capitalize('ho')");
+    cluster.kubectl_apply(&changed).unwrap();
+    let old = first_config_map[0].metadata.name.clone().unwrap();
+    eventually(
+        "the new ConfigMap alone, once rolled out",
+        Duration::from_secs(60),
+        || async {
+            let names: Vec<String> = config_maps
+                .list(&selector)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|c| c.metadata.name)
+                .collect();
+            names.len() == 1 && names[0] != old
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        jobs.list(&selector).await.unwrap().items.is_empty(),
+        "still no Job"
+    );
+
+    assert_no_rbac_refusal(&controller.log());
     drop(controller);
     cluster.finish().await;
 }

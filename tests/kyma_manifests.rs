@@ -361,7 +361,7 @@ async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
 
     // A reference that names nothing is said in status.
     let mut function: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     function["spec"]["source"]["gitRepository"]["reference"] = json!("no-such-branch");
     let (status, body) = platform
         .put_json(

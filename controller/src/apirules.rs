@@ -106,21 +106,16 @@ impl Chosen {
             return Ok(());
         };
         let exposure = &self.exposure;
+        // A 401 says `WWW-Authenticate: Bearer` (ErrorResponse adds it).
         let refused = |refusal: Refusal| {
-            let mut response = ErrorResponse::message(
+            ErrorResponse::message(
                 refusal.status,
                 format!(
                     "APIRule {}/{}: {}",
                     exposure.namespace, exposure.name, refusal.message
                 ),
             )
-            .into_response();
-            if refusal.status == StatusCode::UNAUTHORIZED {
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            response
+            .into_response()
         };
         let found = issuers.iter().find_map(|issuer| {
             let token = token_from(issuer, headers, query)?;

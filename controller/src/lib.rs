@@ -6,9 +6,12 @@ pub mod api;
 pub mod apirules;
 pub mod dashboard;
 pub mod function_metrics;
+pub mod gateway;
+pub mod git;
 pub mod jwt;
 pub mod kubernetes;
 pub mod local;
+mod path_lock;
 pub mod runtimes;
 pub mod status;
 pub mod subscriptions;
@@ -62,7 +65,7 @@ pub enum Error {
     Lease(#[from] kube_lease_manager::LeaseManagerError),
     /// YAML could not be written.
     #[error("cannot write YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_yaml_ng::Error),
 }
 
 /// Result with this crate's [`Error`].
@@ -126,6 +129,19 @@ pub struct KubernetesArgs {
     /// Kyma.
     #[arg(long = "kyma-compatibility", env = "EDDY_KYMA_COMPATIBILITY")]
     pub kyma_compatibility: bool,
+    /// How code gets into function pods: `buildless` (eddy's runtime image installs the
+    /// dependencies when a pod starts; no registry, no build) or `image` (a Kaniko build per
+    /// source, pushed to `--registry`).
+    #[arg(long = "build", env = "EDDY_BUILD", value_enum, default_value_t = kubernetes::render::BuildMode::Buildless)]
+    pub build: kubernetes::render::BuildMode,
+    /// The runtime images buildless pods run: `{runtime}` (nodejs22, python312, …) and
+    /// `{version}` (eddy's) replaced.
+    #[arg(
+        long = "runtime-images",
+        env = "EDDY_RUNTIME_IMAGES",
+        default_value = "ghcr.io/eddy-dev/eddy-runtime-{runtime}:{version}"
+    )]
+    pub runtime_images: String,
     /// One active controller among the replicas.
     #[command(flatten)]
     pub leader: kubernetes::leader::LeaderArgs,
@@ -151,6 +167,8 @@ impl KubernetesArgs {
                 .unwrap_or(i64::MAX),
             target_cpu_utilization: self.hpa_cpu_target,
             trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
+            build: self.build,
+            runtime_images: self.runtime_images.clone(),
         }
     }
 }
@@ -503,7 +521,7 @@ impl Controller {
             ),
         };
         let sources = local::Sources {
-            git: local::git::GitConfig {
+            git: git::GitConfig {
                 dir: data_dir.join("git"),
                 timeout: build_timeout,
             },

@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeSet, path::PathBuf};
 
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 fn chart() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/eddy")
@@ -53,7 +53,7 @@ fn value_paths(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_value_a_template_reads_is_defined() {
-    let values: Value = serde_yaml::from_str(&read("values.yaml")).unwrap();
+    let values: Value = serde_yaml_ng::from_str(&read("values.yaml")).unwrap();
     let mut checked = 0;
     for entry in std::fs::read_dir(chart().join("templates")).unwrap() {
         let path = entry.unwrap().path();
@@ -76,11 +76,11 @@ fn every_value_a_template_reads_is_defined() {
 
 #[test]
 fn the_chart_depends_on_the_nats_chart() {
-    let chart_yaml: Value = serde_yaml::from_str(&read("Chart.yaml")).unwrap();
+    let chart_yaml: Value = serde_yaml_ng::from_str(&read("Chart.yaml")).unwrap();
     let dependency = &chart_yaml["dependencies"][0];
     assert_eq!(dependency["name"], "nats");
     assert_eq!(dependency["condition"], "nats.enabled");
-    let values: Value = serde_yaml::from_str(&read("values.yaml")).unwrap();
+    let values: Value = serde_yaml_ng::from_str(&read("values.yaml")).unwrap();
     assert_eq!(values["nats"]["config"]["cluster"]["replicas"], 3);
     assert_eq!(values["eventBus"]["stream"]["replicas"], 3);
 }

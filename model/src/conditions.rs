@@ -53,6 +53,9 @@ pub enum Reason {
     DependencyInstallFailed,
     /// The Git repository could not be read at the reference (local).
     SourceUnavailable,
+    /// Nothing to build: the runtime image takes the sources and installs the dependencies
+    /// when a pod starts (Kubernetes, `--build buildless`).
+    Buildless,
     // Running
     /// Nothing to run yet: waiting for the first build.
     Building,
@@ -98,6 +101,7 @@ impl Reason {
             Self::BuildFailed => "BuildFailed",
             Self::BuildTimeout => "BuildTimeout",
             Self::BuildToolMissing => "BuildToolMissing",
+            Self::Buildless => "Buildless",
             Self::DependencyInstallFailed => "DependencyInstallFailed",
             Self::SourceUnavailable => "SourceUnavailable",
             Self::Building => "Building",

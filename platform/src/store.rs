@@ -544,7 +544,7 @@ impl Store {
             .map_err(|e| nats_error("watch")(e.to_string()))?;
         // An empty prefix yields no entry to carry `seen_current`; ask whether there is one.
         let initially_empty = !self.has_keys(&prefix).await?;
-        let stream = async_stream_like(move |sender| async move {
+        let stream = task_stream(move |sender| async move {
             let mut synced = false;
             if initially_empty {
                 synced = true;
@@ -628,7 +628,7 @@ fn new_uid() -> String {
 }
 
 /// A stream fed by a task: simpler than a hand-written state machine for a loop with sends.
-fn async_stream_like<T, F, Fut>(body: F) -> impl futures::Stream<Item = T> + Send
+fn task_stream<T, F, Fut>(body: F) -> impl futures::Stream<Item = T> + Send
 where
     T: Send + 'static,
     F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
@@ -636,13 +636,7 @@ where
 {
     let (sender, receiver) = tokio::sync::mpsc::channel(64);
     tokio::spawn(body(sender));
-    tokio_stream_receiver(receiver)
-}
-
-fn tokio_stream_receiver<T: Send + 'static>(
-    mut receiver: tokio::sync::mpsc::Receiver<T>,
-) -> impl futures::Stream<Item = T> + Send {
-    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
 }
 
 /// What a watch that breaks and lists everything again needs to report the deletions it missed

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use crate::up::{self, Platform};
 use eddy_platform::shutdown::CancellationToken;
 
+mod buildless;
 mod e2e;
 mod forwarder;
 mod load;
@@ -170,6 +171,19 @@ pub enum Scenario {
         #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
         nats_server: Option<PathBuf>,
     },
+    /// A buildless pod's start (install at start) against an image build's, nodejs22: spawn →
+    /// first answer, with the runtime's server and the install script pods run.
+    Buildless {
+        /// Runs per case.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// The function's package.json (its dependencies).
+        #[arg(long, default_value = r#"{"dependencies": {"lodash": "^4.17.21"}}"#)]
+        dependencies: String,
+        /// Where the runtime's libraries are installed (kept between runs).
+        #[arg(long = "runtimes-dir", env = "EDDY_RUNTIMES_DIR")]
+        runtimes_dir: Option<PathBuf>,
+    },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
         /// Runs per runtime and measure.
@@ -204,6 +218,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             nats_server,
             warm_spares,
         } => coldstart(runs, &runtimes, out, nats_server, warm_spares).await,
+        Scenario::Buildless {
+            runs,
+            dependencies,
+            runtimes_dir,
+        } => {
+            let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
+            let runtimes = runtimes_dir.unwrap_or_else(|| data_dir.path().join("runtimes"));
+            buildless::run(runs, &dependencies, data_dir.path(), &runtimes).await
+        }
         Scenario::Ingest(flags) => ingest(&flags, 1).await,
         Scenario::IngestBatch(flags) => ingest(&flags, 100).await,
         Scenario::Dispatch {

@@ -65,7 +65,7 @@ pub async fn list(
     let items = body["items"].as_array().cloned().unwrap_or_default();
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&body)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(&body)?),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&body)?),
         Output::Table => {
             if items.is_empty() {
                 println!("no dead letters");

@@ -193,7 +193,7 @@ mod tests {
     fn init_writes_a_valid_function() {
         for runtime in ["nodejs20", "python311"] {
             let manifest = init_manifest("hello", runtime, "default").unwrap();
-            let value: Value = serde_yaml::from_str(&manifest).unwrap();
+            let value: Value = serde_yaml_ng::from_str(&manifest).unwrap();
             let function: eddy_model::resources::Function = serde_json::from_value(value).unwrap();
             assert!(eddy_model::resources::validate_function(&function).is_empty());
             let source = &function.spec.source.inline.unwrap().source;

@@ -181,7 +181,7 @@ pub fn read_manifests(path: &Path) -> anyhow::Result<Vec<Value>> {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
         check_nesting(&text).with_context(|| format!("{} is not a manifest", file.display()))?;
-        for document in serde_yaml::Deserializer::from_str(&text) {
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
             let value: Value = serde::Deserialize::deserialize(document)
                 .with_context(|| format!("{} is not valid YAML", file.display()))?;
             if !value.is_null() {
@@ -390,7 +390,7 @@ pub async fn get(
     if !watch {
         match output {
             Output::Json => println!("{}", serde_json::to_string_pretty(&body)?),
-            Output::Yaml => print!("{}", serde_yaml::to_string(&body)?),
+            Output::Yaml => print!("{}", serde_yaml_ng::to_string(&body)?),
             Output::Table => print!("{}", table(kind, body)?),
         }
         return Ok(());
@@ -463,7 +463,7 @@ async fn watch_changes(
                     aligned(row, &widths)
                 }
                 Output::Json => format!("{}\n", serde_json::to_string(&item)?),
-                Output::Yaml => format!("---\n{}", serde_yaml::to_string(&item)?),
+                Output::Yaml => format!("---\n{}", serde_yaml_ng::to_string(&item)?),
             };
             if shown.get(&key) != Some(&printed) {
                 out.push_str(&printed);
@@ -751,11 +751,11 @@ async fn resolve_offline(
         );
     }
     let scratch = tempfile::tempdir()?;
-    let config = eddy_controller::local::git::GitConfig {
+    let config = eddy_controller::git::GitConfig {
         dir: scratch.path().to_owned(),
         timeout: eddy_controller::kubernetes::GIT_TIMEOUT,
     };
-    eddy_controller::local::git::resolve(&config, &repository.url, &repository.reference, None)
+    eddy_controller::git::resolve(&config, &repository.url, &repository.reference, None)
         .await
         .map_err(|failure| anyhow::anyhow!("spec.source.gitRepository: {}", failure.message))
 }
@@ -817,7 +817,7 @@ pub fn convert(path: &Path) -> anyhow::Result<String> {
             )
         })?;
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&converted)?);
+        out.push_str(&serde_yaml_ng::to_string(&converted)?);
     }
     Ok(out)
 }

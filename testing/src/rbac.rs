@@ -95,7 +95,7 @@ pub fn granted_by_role(rendered: &str, kind: &str) -> BTreeSet<String> {
         !document.contains("{{"),
         "render the chart first: {document}"
     );
-    let role: serde_yaml::Value = serde_yaml::from_str(document).expect("the role as YAML");
+    let role: serde_yaml_ng::Value = serde_yaml_ng::from_str(document).expect("the role as YAML");
     let mut granted = BTreeSet::new();
     for rule in role["rules"].as_sequence().expect("rules") {
         let list = |key: &str| -> Vec<String> {

@@ -15,7 +15,7 @@ use axum::{
     Router,
     body::Body,
     extract::{Request, State},
-    http::{HeaderValue, StatusCode, Uri, header},
+    http::{StatusCode, Uri, header},
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
@@ -34,10 +34,8 @@ use crate::{
     Error, Result,
     apirules::{Chosen, Exposure, Exposures, Target},
     function_metrics::{FunctionMetrics, FunctionSeries},
-    local::{
-        self,
-        gateway::{check_jwt, forward_headers, read_request, route},
-        pool::Access,
+    gateway::{
+        Access, check_jwt, forward_headers, metrics_text, read_request, route, with_call_traces,
     },
 };
 
@@ -169,7 +167,7 @@ impl Routes {
     fn route_of(&self, function: &Function, existing: Option<Access>) -> Route {
         let (namespace, name) = key_of(function);
         Route {
-            access: local::access_of(function, existing),
+            access: Access::of(function, existing),
             timeout: function.spec.timeout(),
             metrics: self.metrics.function(&namespace, &name),
         }
@@ -301,7 +299,7 @@ pub fn router(
         .route(
             "/metrics",
             axum::routing::get(|State(gateway): State<Arc<Gateway>>| async move {
-                crate::local::gateway::metrics_text(gateway.routes.encode_metrics())
+                metrics_text(gateway.routes.encode_metrics())
             }),
         )
         .route(
@@ -316,7 +314,7 @@ pub fn router(
         )
         .fallback(proxy)
         .with_state(gateway);
-    crate::local::gateway::with_call_traces(router)
+    with_call_traces(router)
 }
 
 fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
@@ -465,14 +463,10 @@ async fn call(
     match found.map(|found| &found.access) {
         None | Some(Access::Public) => {}
         Some(Access::Tokens(tokens)) if !tokens.allows(request.headers()) => {
-            let mut refused = refuse(
+            return refuse(
                 StatusCode::UNAUTHORIZED,
                 format!("function {namespace}/{function} needs a bearer token"),
             );
-            refused
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return refused;
         }
         Some(Access::Tokens(_)) => {}
         Some(Access::Jwt(verifier)) => {

@@ -37,11 +37,11 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 
-pub use render::{RenderConfig, Rendered, Scaling, render, render_at};
+pub use render::{BuildMode, RenderConfig, Rendered, Scaling, render, render_at};
 
 use crate::{
     Error, Result,
-    local::git::{GitConfig, GitCredentials},
+    git::{GitConfig, GitCredentials},
     status::{condition, now},
     subscriptions::{Readiness, desired_status},
 };
@@ -238,7 +238,7 @@ pub fn build_log_tail(pods: &[Pod]) -> Option<String> {
             init.chain(status.container_statuses.iter().flatten())
         })
         .filter_map(|status| status.state.as_ref()?.terminated.as_ref()?.message.clone())
-        .map(|message| crate::local::build::tail(message.trim(), 20))
+        .map(|message| crate::status::tail(message.trim(), 20))
         .find(|message| !message.is_empty())
 }
 
@@ -368,6 +368,17 @@ async fn delete_superseded(
         &params,
     )
     .await
+}
+
+/// Whether every replica runs the Deployment's current pod template. Pure.
+fn rolled_out(deployment: &Deployment) -> bool {
+    let Some(status) = &deployment.status else {
+        return false;
+    };
+    let wanted = deployment.spec.replicas.unwrap_or(1);
+    status.observed_generation >= deployment.metadata.generation
+        && status.updated_replicas.unwrap_or(0) >= wanted
+        && status.replicas.unwrap_or(0) == status.updated_replicas.unwrap_or(0)
 }
 
 /// Deletes what `params` lists, with its dependents in the background; gone already is fine.
@@ -636,29 +647,36 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
             namespace: &namespace,
             name: &name,
             rendered: &rendered,
+            buildless: context.config.build == BuildMode::Buildless,
         };
         let jobs: Api<Job> = Api::namespaced(client.clone(), &namespace);
         let job_name = rendered.job.metadata.name.clone().unwrap_or_default();
         status.pod_selector = Some(render::pod_selector(&name));
-        let requeue_after = match jobs.get_opt(&job_name).await? {
-            None => {
-                status.build_failures = 0;
-                target.build(&mut status, Some(1)).await?
-            }
-            Some(job) => match build_state(&job) {
-                BuildState::Running => {
-                    status.build_failures = saturating_i32(build_attempt(&job) - 1);
-                    target.build(&mut status, None).await?
-                }
-                BuildState::Failed(reason) => {
-                    let now = (context.clock)();
-                    target.build_failed(&mut status, &job, reason, now).await?
-                }
-                BuildState::Succeeded => {
+        let requeue_after = if context.config.build == BuildMode::Buildless {
+            status.build_failures = 0;
+            target.deploy_buildless(&mut status, function).await?
+        } else {
+            match jobs.get_opt(&job_name).await? {
+                None => {
                     status.build_failures = 0;
-                    target.deploy(&mut status, function).await?
+                    target.build(&mut status, Some(1)).await?
                 }
-            },
+                Some(job) => match build_state(&job) {
+                    BuildState::Running => {
+                        status.build_failures = saturating_i32(build_attempt(&job) - 1);
+                        target.build(&mut status, None).await?
+                    }
+                    BuildState::Failed(reason) => {
+                        let now = (context.clock)();
+                        target.build_failed(&mut status, &job, reason, now).await?
+                    }
+                    BuildState::Succeeded => {
+                        status.build_failures = 0;
+                        let built = (Reason::BuildSucceeded, format!("image {}", rendered.image));
+                        target.deploy(&mut status, function, built).await?
+                    }
+                },
+            }
         };
         // A Git reference can move at any time: look again at least every poll interval.
         match status.commit {
@@ -676,9 +694,27 @@ struct Target<'a> {
     namespace: &'a str,
     name: &'a str,
     rendered: &'a Rendered,
+    /// Pods that take their sources from the ConfigMap (`--build buildless`).
+    buildless: bool,
 }
 
 impl Target<'_> {
+    /// Buildless: the sources' ConfigMap, then the Deployment on the runtime image (its pods
+    /// install the dependencies when they start).
+    async fn deploy_buildless(
+        &self,
+        status: &mut FunctionStatus,
+        function: &Function,
+    ) -> Result<Duration> {
+        apply(self.client, &self.rendered.config_map).await?;
+        let message = format!(
+            "no build: {} installs the dependencies when a pod starts",
+            self.rendered.image
+        );
+        self.deploy(status, function, (Reason::Buildless, message))
+            .await
+    }
+
     /// A build runs (`start`: starts that attempt first).
     async fn build(&self, status: &mut FunctionStatus, start: Option<u32>) -> Result<Duration> {
         let rendered = self.rendered;
@@ -790,16 +826,16 @@ impl Target<'_> {
 
     /// The image exists: apply the Deployment, Service and HPA (or delete an HPA no longer
     /// wanted), clear superseded builds, and report how the rollout goes.
-    async fn deploy(&self, status: &mut FunctionStatus, function: &Function) -> Result<Duration> {
+    async fn deploy(
+        &self,
+        status: &mut FunctionStatus,
+        function: &Function,
+        (reason, message): (Reason, String),
+    ) -> Result<Duration> {
         let rendered = self.rendered;
         set_condition(
             &mut status.conditions,
-            condition(
-                ConditionType::BuildReady,
-                Some(true),
-                Reason::BuildSucceeded,
-                format!("image {}", rendered.image),
-            ),
+            condition(ConditionType::BuildReady, Some(true), reason, message),
         );
         let deployment = apply(self.client, &rendered.deployment).await?;
         apply(self.client, &rendered.service).await?;
@@ -818,7 +854,10 @@ impl Target<'_> {
                 )?;
             }
         }
-        delete_superseded(self.client, self.namespace, self.name, &rendered.hash).await?;
+        // A buildless pod mounts its ConfigMap: the old ones stay until the rollout is done.
+        if !self.buildless || rolled_out(&deployment) {
+            delete_superseded(self.client, self.namespace, self.name, &rendered.hash).await?;
+        }
         let (ok, reason, message, replicas) =
             running_condition(&deployment, render::scaling(function));
         set_condition(
@@ -881,7 +920,7 @@ async fn resolve_commit(
             }
         }
     };
-    Ok(crate::local::git::resolve(
+    Ok(crate::git::resolve(
         &context.git,
         &repository.url,
         &repository.reference,

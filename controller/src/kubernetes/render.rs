@@ -48,6 +48,49 @@ pub use eddy_model::resources::DEFAULT_PROFILE;
 /// CPU utilization the HPA aims for by default, in percent of the request.
 pub const TARGET_CPU_UTILIZATION: i32 = 50;
 
+/// How a Function's code gets into its pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BuildMode {
+    /// No build and no registry: the pods run eddy's runtime image, take the sources from the
+    /// Function's ConfigMap (or its Git commit) and install the dependencies when they start.
+    #[default]
+    Buildless,
+    /// A build Job (Kaniko) makes an image per source and pushes it to the registry; the pods
+    /// run it, dependencies included.
+    Image,
+}
+
+/// The runtime image for `runtime` from `template` (`{runtime}`, `{version}`). Pure.
+pub fn runtime_image(template: &str, runtime: eddy_model::resources::Runtime) -> String {
+    template
+        .replace("{runtime}", runtime.as_str())
+        .replace("{version}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Where a buildless pod's sources are mounted, and where their install puts the function.
+const BUILDLESS_SOURCES: &str = "/eddy/sources";
+/// The function's directory in eddy's runtime images (`FUNC_DIR`).
+const FUNCTION_DIR: &str = "/runtime/function";
+
+/// The `install` init container of a buildless pod: the function's files into the `function`
+/// volume, then its dependencies (npm or pip, as the image build does). It runs once per pod:
+/// a restarted container finds them installed. POSIX sh; the runtime is in `FUNC_RUNTIME`.
+pub const BUILDLESS_INSTALL_SCRIPT: &str = r#"set -eu
+cp -RL "$EDDY_SOURCES/." "$FUNC_DIR/"
+cd "$FUNC_DIR"
+case "$FUNC_RUNTIME" in
+  nodejs*)
+    if [ -f package.json ]; then
+      npm install --omit=dev --no-audit --no-fund --cache "${TMPDIR:-/tmp}/npm-cache"
+    fi ;;
+  python*)
+    if [ -f requirements.txt ]; then
+      /runtime/venv/bin/python -m pip install --no-cache-dir --target deps -r requirements.txt
+    fi ;;
+esac
+echo "installed $EDDY_BUILD_HASH"
+"#;
+
 /// Settings of the Kubernetes backend that shape the objects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderConfig {
@@ -69,6 +112,10 @@ pub struct RenderConfig {
     pub target_cpu_utilization: i32,
     /// Where functions send their spans (`TRACE_COLLECTOR_ENDPOINT`), while traces are on.
     pub trace_collector: Option<String>,
+    /// Image builds, or buildless pods.
+    pub build: BuildMode,
+    /// The runtime images buildless pods run (`{runtime}`, `{version}` replaced).
+    pub runtime_images: String,
 }
 
 /// Everything the controller creates for one Function.
@@ -76,12 +123,14 @@ pub struct RenderConfig {
 pub struct Rendered {
     /// The build key of the Function's code.
     pub hash: String,
-    /// The image the build pushes and the Deployment runs.
+    /// The image the Deployment runs: the build's (image mode) or the runtime's (buildless).
     pub image: String,
     /// Build context: Dockerfile, runtime server, handler, dependencies.
     pub config_map: ConfigMap,
-    /// The build.
+    /// The build (image mode only: a buildless Function has none).
     pub job: Job,
+    /// How the code gets into the pods.
+    pub build: BuildMode,
     /// The function's pods.
     pub deployment: Deployment,
     /// Port 80 → 8080.
@@ -306,7 +355,10 @@ pub fn render_at(
             "",
         ),
     };
-    let image = image(&config.registry, &namespace, name, &hash);
+    let image = match config.build {
+        BuildMode::Image => image(&config.registry, &namespace, name, &hash),
+        BuildMode::Buildless => runtime_image(&config.runtime_images, runtime),
+    };
     let owned = Owned {
         name,
         namespace,
@@ -324,11 +376,12 @@ pub fn render_at(
             build_resources(function),
             source,
         ),
-        deployment: deployment(&owned, function, config, &image, scaling),
+        deployment: deployment(&owned, function, config, &image, scaling, source),
         service: service(&owned),
         autoscaler: autoscaler(&owned, scaling, config.target_cpu_utilization),
         hash: owned.hash,
         image,
+        build: config.build,
     })
 }
 
@@ -742,6 +795,7 @@ fn deployment(
     config: &RenderConfig,
     image: &str,
     scaling: Scaling,
+    source: Source<'_>,
 ) -> Deployment {
     let name = owned.name;
     let timeout =
@@ -751,17 +805,17 @@ fn deployment(
         value: Some(value),
         ..EnvVar::default()
     };
-    let mut env = vec![
-        var("FUNC_NAME", name.to_owned()),
-        var("FUNC_NAMESPACE", owned.namespace.clone()),
-        var("SERVICE_NAMESPACE", owned.namespace.clone()),
-        var("FUNC_RUNTIME", function.spec.runtime.as_str().to_owned()),
-        var("FUNC_HANDLER", "main".to_owned()),
-        var("MOD_NAME", "handler".to_owned()),
-        var("FUNC_PORT", FUNCTION_PORT.to_string()),
-        var("FUNC_TIMEOUT", timeout.to_string()),
-        var("PUBLISHER_PROXY_ADDRESS", config.publisher_url.clone()),
-    ];
+    let mut env: Vec<EnvVar> = eddy_model::resources::runtime_env(
+        name,
+        &owned.namespace,
+        function.spec.runtime,
+        FUNCTION_PORT,
+        timeout,
+        &config.publisher_url,
+    )
+    .into_iter()
+    .map(|(name, value)| var(name, value))
+    .collect();
     if let Some(endpoint) = &config.trace_collector {
         env.push(var("TRACE_COLLECTOR_ENDPOINT", endpoint.clone()));
     }
@@ -834,6 +888,18 @@ fn deployment(
             }),
             ..Volume::default()
         });
+    }
+    let mut init_containers = Vec::new();
+    if config.build == BuildMode::Buildless {
+        let buildless = buildless_pod(owned, function, config, image, source, &env);
+        volume_mounts.push(VolumeMount {
+            name: "function".into(),
+            mount_path: FUNCTION_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.extend(buildless.volumes);
+        init_containers = buildless.init_containers;
     }
     let mut pod_labels = function.spec.pod_labels();
     pod_labels.extend(owned.labels());
@@ -938,6 +1004,7 @@ fn deployment(
                             })
                             .collect(),
                     ),
+                    init_containers: (!init_containers.is_empty()).then_some(init_containers),
                     containers: vec![container],
                     volumes: Some(volumes),
                     ..PodSpec::default()
@@ -946,6 +1013,145 @@ fn deployment(
             ..DeploymentSpec::default()
         },
         ..Deployment::default()
+    }
+}
+
+/// What a buildless pod adds: its volumes and init containers.
+struct Buildless {
+    volumes: Vec<Volume>,
+    init_containers: Vec<Container>,
+}
+
+/// A buildless pod's sources and install: inline code from the Function's ConfigMap (only its
+/// handler and dependency files), a Git source fetched at its commit by the same init
+/// container as an image build's; then the `install` init container, in the runtime image,
+/// with the function's resources (the install runs where the function will).
+fn buildless_pod(
+    owned: &Owned<'_>,
+    function: &Function,
+    config: &RenderConfig,
+    image: &str,
+    source: Source<'_>,
+    env: &[EnvVar],
+) -> Buildless {
+    let files = runtimes::files(function.spec.runtime);
+    let var = |name: &str, value: &str| EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        ..EnvVar::default()
+    };
+    let mut volumes = vec![Volume {
+        name: "function".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("1Gi".into())),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    let mut init_containers = Vec::new();
+    let sources = match source {
+        Source::Inline(inline) => {
+            let mut items = vec![KeyToPath {
+                key: files.handler_file.to_owned(),
+                path: files.handler_file.to_owned(),
+                ..KeyToPath::default()
+            }];
+            if !inline.dependencies.trim().is_empty() {
+                items.push(KeyToPath {
+                    key: files.dependencies_file.to_owned(),
+                    path: files.dependencies_file.to_owned(),
+                    ..KeyToPath::default()
+                });
+            }
+            volumes.push(Volume {
+                name: "sources".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: config_map_name(owned.name, &owned.hash),
+                    items: Some(items),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            });
+            (
+                VolumeMount {
+                    name: "sources".into(),
+                    mount_path: BUILDLESS_SOURCES.into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                },
+                BUILDLESS_SOURCES.to_owned(),
+            )
+        }
+        Source::Git { repository, commit } => {
+            // The fetch lays the runtime's files (from the ConfigMap) over the checkout, as
+            // for a build; the install copies them along, unused.
+            volumes.push(Volume {
+                name: "context".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: config_map_name(owned.name, &owned.hash),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            });
+            volumes.extend(git_volumes(repository));
+            init_containers.push(git_fetch_container(config, repository, commit));
+            (
+                VolumeMount {
+                    name: "workspace".into(),
+                    mount_path: WORKSPACE.into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                },
+                format!("{WORKSPACE}/context"),
+            )
+        }
+    };
+    let (sources_mount, sources_dir) = sources;
+    let mut install_env: Vec<EnvVar> = env
+        .iter()
+        .filter(|var| var.name == "FUNC_RUNTIME")
+        .cloned()
+        .collect();
+    install_env.extend([
+        var("EDDY_SOURCES", &sources_dir),
+        var("FUNC_DIR", FUNCTION_DIR),
+        var("EDDY_BUILD_HASH", &owned.hash),
+        var("HOME", "/tmp"),
+    ]);
+    let resources = function.spec.function_resources();
+    init_containers.push(Container {
+        name: "install".into(),
+        image: Some(image.to_owned()),
+        command: Some(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            BUILDLESS_INSTALL_SCRIPT.into(),
+        ]),
+        env: Some(install_env),
+        resources: Some(ResourceRequirements {
+            requests: (!resources.requests.is_empty()).then_some(resources.requests),
+            limits: (!resources.limits.is_empty()).then_some(resources.limits),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(hardened_container()),
+        volume_mounts: Some(vec![
+            sources_mount,
+            VolumeMount {
+                name: "function".into(),
+                mount_path: FUNCTION_DIR.into(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..VolumeMount::default()
+            },
+        ]),
+        ..Container::default()
+    });
+    Buildless {
+        volumes,
+        init_containers,
     }
 }
 
@@ -1008,18 +1214,20 @@ fn autoscaler(
 
 impl Rendered {
     /// Every object as one multi-document YAML text, in the order they are created.
-    pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
+    pub fn to_yaml(&self) -> Result<String, serde_yaml_ng::Error> {
         let mut out = String::new();
         let mut push = |yaml: String| {
             out.push_str("---\n");
             out.push_str(&yaml);
         };
-        push(serde_yaml::to_string(&self.config_map)?);
-        push(serde_yaml::to_string(&self.job)?);
-        push(serde_yaml::to_string(&self.deployment)?);
-        push(serde_yaml::to_string(&self.service)?);
+        push(serde_yaml_ng::to_string(&self.config_map)?);
+        if self.build == BuildMode::Image {
+            push(serde_yaml_ng::to_string(&self.job)?);
+        }
+        push(serde_yaml_ng::to_string(&self.deployment)?);
+        push(serde_yaml_ng::to_string(&self.service)?);
         if let Some(autoscaler) = &self.autoscaler {
-            push(serde_yaml::to_string(autoscaler)?);
+            push(serde_yaml_ng::to_string(autoscaler)?);
         }
         Ok(out)
     }

@@ -150,6 +150,8 @@ fn config() -> RenderConfig {
         build_timeout_seconds: 600,
         target_cpu_utilization: 50,
         trace_collector: None,
+        build: BuildMode::Image,
+        runtime_images: "ghcr.io/eddy-dev/eddy-runtime-{runtime}:{version}".to_owned(),
     }
 }
 
@@ -2603,4 +2605,150 @@ async fn reconcilers_run_only_while_leading() {
         .expect("joined");
     assert_eq!(running.load(Ordering::SeqCst), 0, "the work was stopped");
     assert_eq!(started.load(Ordering::SeqCst), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buildless
+
+fn buildless_config() -> RenderConfig {
+    RenderConfig {
+        build: BuildMode::Buildless,
+        ..config()
+    }
+}
+
+/// Buildless: no build Job and no registry image; the Deployment runs eddy's runtime image,
+/// mounts the handler and dependency files of the sources' ConfigMap, and an `install` init
+/// container (same image, the function's resources) copies them into the `function` volume
+/// and installs the dependencies, which the function container reads.
+#[test]
+fn buildless_pods_run_the_runtime_image_and_install_when_they_start() {
+    let function = function(json!({
+        "runtime": "nodejs22",
+        "source": {"inline": {"source": "module.exports = { main: () => 'ok' }",
+                              "dependencies": "{\"dependencies\": {\"lodash\": \"^4\"}}"}},
+    }));
+    let rendered = render(&function, &buildless_config()).expect("renders");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        rendered.image,
+        format!("ghcr.io/eddy-dev/eddy-runtime-nodejs22:{version}")
+    );
+    let pod = to_json(&rendered.deployment)["spec"]["template"]["spec"].clone();
+    assert_eq!(pod["containers"][0]["image"], json!(rendered.image));
+    let install = &pod["initContainers"][0];
+    assert_eq!(install["name"], "install");
+    assert_eq!(install["image"], json!(rendered.image));
+    assert_eq!(install["command"][2], render::BUILDLESS_INSTALL_SCRIPT);
+    assert_eq!(install["securityContext"]["readOnlyRootFilesystem"], true);
+    let sources = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|volume| volume["name"] == "sources")
+        .expect("a sources volume");
+    assert_eq!(
+        sources["configMap"]["name"],
+        json!(format!("reserve-stock-{}", rendered.hash))
+    );
+    assert_eq!(
+        sources["configMap"]["items"],
+        json!([{"key": "handler.js", "path": "handler.js"},
+               {"key": "package.json", "path": "package.json"}])
+    );
+    let mounts = &pod["containers"][0]["volumeMounts"];
+    assert!(
+        mounts.as_array().expect("mounts").contains(
+            &json!({"name": "function", "mountPath": "/runtime/function", "readOnly": true})
+        ),
+        "{mounts}"
+    );
+}
+
+/// A buildless reconcile applies the ConfigMap and the Deployment at once (no Job is looked
+/// for or made), reports BuildReady `Buildless`, and keeps the superseded ConfigMaps while the
+/// rollout is under way (old pods still mount theirs).
+#[tokio::test]
+async fn a_buildless_function_is_deployed_without_a_build() {
+    let function = function(json!({}));
+    let rendered = render(&function, &buildless_config()).expect("renders");
+    let deployment = to_json(&rendered.deployment);
+    let rolling = json!({"metadata": {"generation": 2},
+        "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1}});
+    let exchanges = vec![
+        expect(
+            Method::PATCH,
+            format!(
+                "{}/reserve-stock-{}{APPLY}",
+                base("configmaps"),
+                rendered.hash
+            ),
+            applied(to_json(&rendered.config_map), json!({})),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("deployments")),
+            applied(
+                deployment.clone(),
+                merged(rolling, json!({"metadata": deployment["metadata"].clone()})),
+            ),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("services")),
+            applied(to_json(&rendered.service), json!({})),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("hpas")),
+            applied(
+                to_json(&rendered.autoscaler.clone().expect("autoscaled")),
+                json!({}),
+            ),
+        ),
+        function_status_write(&function),
+    ];
+    let (client, server) = api_server(exchanges);
+    let mut context = Context::new(client, buildless_config(), SinkPolicy::default());
+    context.clock = test_now;
+    let result = reconcile_function(Arc::new(function), Arc::new(context)).await;
+    let bodies = server.await.expect("the API server saw what it expected");
+    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
+    let status = &bodies[4]["status"];
+    assert_condition(status, "BuildReady", "True", "Buildless");
+    assert_eq!(status["runtimeImage"], json!(rendered.image));
+}
+
+/// A buildless Git source is fetched by the pod itself: the build Job's `source` init container
+/// (same script, same commit), then `install` from the fetched context.
+#[test]
+fn a_buildless_git_source_is_fetched_by_the_pod() {
+    let function = function(json!({
+        "runtime": "python312",
+        "source": {"gitRepository": {"url": "https://git.example.com/shop.git",
+                                     "reference": "main", "baseDir": "/orders"}},
+    }));
+    let rendered =
+        render_at(&function, &buildless_config(), Some("0123456789abcdef")).expect("renders");
+    let pod = to_json(&rendered.deployment)["spec"]["template"]["spec"].clone();
+    let names: Vec<&str> = pod["initContainers"]
+        .as_array()
+        .expect("init containers")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["source", "install"]);
+    let env = &pod["initContainers"][1]["env"];
+    assert!(
+        env.as_array()
+            .expect("env")
+            .contains(&json!({"name": "EDDY_SOURCES", "value": "/workspace/context"})),
+        "{env}"
+    );
+    let job_source =
+        to_json(&rendered.job)["spec"]["template"]["spec"]["initContainers"][0].clone();
+    assert_eq!(
+        pod["initContainers"][0], job_source,
+        "the build's own fetch"
+    );
 }

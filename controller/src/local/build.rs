@@ -8,18 +8,17 @@
 //! own `node_modules`. Node.js resolves a handler's imports from `function/node_modules`, then
 //! from the runtime's libraries, and nowhere else that eddy puts there.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
-    time::Duration,
-};
+use std::path::{Path, PathBuf};
 
 use crate::local::progress::{self, Phase, Reporter};
 pub use crate::runtimes::build_hash;
 use eddy_model::{conditions::Reason, resources::Runtime};
-use eddy_platform::process;
 
-use super::toolchain::{Prepared, Toolchain};
+pub use super::installer::BuildFailure;
+use super::{
+    installer::run_installer,
+    toolchain::{Prepared, Toolchain},
+};
 use crate::runtimes;
 
 /// Marks a finished build.
@@ -49,32 +48,6 @@ pub struct Build {
     pub hash: String,
     /// Whether this call built it (false: it was already there).
     pub fresh: bool,
-}
-
-/// Why a build failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}: {message}")]
-pub struct BuildFailure {
-    /// CamelCase reason for the BuildReady condition.
-    pub reason: Reason,
-    /// What happened, with the tail of the build log.
-    pub message: String,
-}
-
-impl BuildFailure {
-    /// A failure to read or write a build's files.
-    pub fn io(what: &str, path: &Path, error: &std::io::Error) -> Self {
-        Self {
-            reason: Reason::BuildFailed,
-            message: format!("cannot {what} {}: {error}", path.display()),
-        }
-    }
-}
-
-/// The last `lines` lines of `text`.
-pub fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A function's code, as a build takes it.
@@ -159,7 +132,7 @@ async fn build_reported(
     };
     // One build of a hash at a time: Functions with the same code (or one Git commit) applied
     // together wait for the first build and reuse it.
-    let lock = super::path_lock::of(&dir);
+    let lock = crate::path_lock::of(&dir);
     let _held = lock.lock().await;
     if let Ok(marker) = tokio::fs::read_to_string(dir.join(DONE_MARKER)).await {
         // Reused only when its files are still the ones built: a build directory changed on
@@ -304,99 +277,6 @@ async fn install(
     .await
 }
 
-/// Runs an installer in `dir` with a filtered environment, its output in `dir/build.log`, within
-/// `timeout`; a failure says `what` failed, with the end of the log.
-pub async fn run_installer(
-    mut command: tokio::process::Command,
-    dir: &Path,
-    timeout: Duration,
-    what: &str,
-    reporter: Option<&Reporter>,
-) -> Result<(), BuildFailure> {
-    let log_path = dir.join("build.log");
-    let log = std::fs::File::create(&log_path)
-        .map_err(|error| BuildFailure::io("create", &log_path, &error))?;
-    let log_err = log
-        .try_clone()
-        .map_err(|error| BuildFailure::io("open", &log_path, &error))?;
-    command
-        .current_dir(dir)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
-    // Installers run third-party code (npm lifecycle scripts, setup.py): they get what finding
-    // and fetching packages needs, never eddy's environment (tokens, credentials).
-    for (name, value) in std::env::vars_os() {
-        if build_env_passes(&name.to_string_lossy()) {
-            command.env(name, value);
-        }
-    }
-    process::supervise(&mut command);
-    let program = command
-        .as_std()
-        .get_program()
-        .to_string_lossy()
-        .into_owned();
-    let mut child = command.spawn().map_err(|error| BuildFailure {
-        reason: Reason::BuildToolMissing,
-        message: format!("{what}: cannot run {program}: {error}"),
-    })?;
-    let group = process::group_of(&child);
-    let outcome = match reporter {
-        Some(reporter) => {
-            tokio::time::timeout(timeout, watch_output(&mut child, &log_path, reporter)).await
-        }
-        None => tokio::time::timeout(timeout, child.wait()).await,
-    };
-    // Whatever the installer started and left running goes with it.
-    if let Some(group) = group {
-        process::kill_group(group);
-    }
-    let read_log = || tail(&std::fs::read_to_string(&log_path).unwrap_or_default(), 20);
-    match outcome {
-        Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err(BuildFailure {
-            reason: Reason::DependencyInstallFailed,
-            message: format!("{what} failed ({status}):\n{}", read_log()),
-        }),
-        Ok(Err(error)) => Err(BuildFailure {
-            reason: Reason::BuildFailed,
-            message: format!("{what}: the installer failed: {error}"),
-        }),
-        Err(_) => {
-            process::kill(&mut child).await;
-            Err(BuildFailure {
-                reason: Reason::BuildTimeout,
-                message: format!("{what} took longer than {timeout:?}:\n{}", read_log()),
-            })
-        }
-    }
-}
-
-/// Waits for the installer, reporting the last line of its log whenever it changes.
-async fn watch_output(
-    child: &mut tokio::process::Child,
-    log_path: &Path,
-    reporter: &Reporter,
-) -> std::io::Result<std::process::ExitStatus> {
-    let mut every = tokio::time::interval(Duration::from_millis(250));
-    let mut last = String::new();
-    loop {
-        tokio::select! {
-            status = child.wait() => return status,
-            _ = every.tick() => {
-                let log = tokio::fs::read_to_string(log_path).await.unwrap_or_default();
-                let line = log.lines().rev().map(str::trim).find(|line| !line.is_empty()).unwrap_or_default();
-                if line != last {
-                    line.clone_into(&mut last);
-                    reporter.report(Phase::Output(last.clone()));
-                }
-            }
-        }
-    }
-}
-
 /// Copies the files and directories under `from` into `to`, leaving out `.git`, installed
 /// dependencies (`node_modules`, `deps`, `__pycache__`) and symbolic links (which could point
 /// anywhere on this machine).
@@ -473,35 +353,10 @@ pub fn tree_digest(dir: &Path) -> std::io::Result<String> {
     Ok(format!("{:x}", digest.finalize()))
 }
 
-/// The environment variables a dependency install keeps: paths, locale, proxies and the package
-/// managers' own settings. Nothing else, `EDDY_*` least of all.
-fn build_env_passes(name: &str) -> bool {
-    const KEPT: [&str; 14] = [
-        "PATH",
-        "HOME",
-        "LANG",
-        "LC_ALL",
-        "LC_CTYPE",
-        "TZ",
-        "TMPDIR",
-        "SYSTEMROOT",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "NO_PROXY",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-    ];
-    let upper = name.to_ascii_uppercase();
-    KEPT.contains(&upper.as_str())
-        || upper.starts_with("NPM_CONFIG_")
-        || upper.starts_with("PIP_")
-        || upper == "NODE_EXTRA_CA_CERTS"
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_changed_build_directory_has_another_digest() {
@@ -524,28 +379,6 @@ mod tests {
     }
 
     #[test]
-    fn builds_keep_only_what_installers_need() {
-        for kept in [
-            "PATH",
-            "HOME",
-            "https_proxy",
-            "npm_config_registry",
-            "PIP_INDEX_URL",
-        ] {
-            assert!(build_env_passes(kept), "{kept}");
-        }
-        for dropped in [
-            "EDDY_API_TOKENS",
-            "EDDY_BUS_TOKENS",
-            "AWS_SECRET_ACCESS_KEY",
-            "GITHUB_TOKEN",
-            "NATS_CREDS",
-        ] {
-            assert!(!build_env_passes(dropped), "{dropped}");
-        }
-    }
-
-    #[test]
     fn hashes_change_with_every_input() {
         let base = build_hash(Runtime::Nodejs20, "a", "");
         assert_eq!(base, build_hash(Runtime::Nodejs20, "a", ""));
@@ -556,12 +389,6 @@ mod tests {
             build_hash(Runtime::Nodejs20, "ab", "c"),
             build_hash(Runtime::Nodejs20, "a", "bc")
         );
-    }
-
-    #[test]
-    fn tails_keep_the_last_lines() {
-        assert_eq!(tail("1\n2\n3\n4", 2), "3\n4");
-        assert_eq!(tail("1", 5), "1");
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@ use eddy_model::resources::{FunctionSpec, KeySource, LocalFields};
 use eddy_platform::store::{Store, StoreError};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use super::git::GitCredentials;
+use crate::git::GitCredentials;
 
 /// The keys and values of one Secret or ConfigMap.
 pub type Data = BTreeMap<String, Vec<u8>>;

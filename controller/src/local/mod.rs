@@ -7,9 +7,8 @@
 
 pub mod build;
 pub mod gateway;
-pub mod git;
 pub mod inputs;
-mod path_lock;
+pub mod installer;
 pub mod pool;
 pub mod progress;
 pub mod spares;
@@ -32,10 +31,11 @@ use eddy_platform::{
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use tokio::sync::Notify;
 
+use crate::git::{self, GitConfig};
+
 use self::{
     build::{BuildConfig, Code},
     gateway::Pools,
-    git::GitConfig,
     inputs::Inputs,
     pool::{Pool, PoolConfig, PoolStatus, Revision},
 };
@@ -315,7 +315,7 @@ impl LocalController {
         self: &Arc<Self>,
         namespace: &str,
         name: &str,
-        access: pool::Access,
+        access: crate::gateway::Access,
     ) -> Arc<Tracked> {
         let key = (namespace.to_owned(), name.to_owned());
         let mut all = self.tracked.lock();
@@ -365,7 +365,7 @@ impl LocalController {
             .lock()
             .get(&(namespace.clone(), name.clone()))
             .map(|tracked| tracked.pool.access());
-        let access = access_of(&function, existing);
+        let access = crate::gateway::Access::of(&function, existing);
         let tracked = self.tracked(&namespace, &name, access.clone());
         tracked.pool.set_access(access);
         *tracked.function.lock() = Some(function.clone());
@@ -865,39 +865,6 @@ impl LocalController {
             .get(&(namespace.to_owned(), name.to_owned()))
             .map(|t| t.pool.pids())
             .unwrap_or_default()
-    }
-}
-
-/// Who may call `function` through the gateway. A JWT verifier for the same `access.jwt` as
-/// `existing`'s is kept (with the keys it fetched). Pure but for building a verifier.
-pub(crate) fn access_of(function: &Function, existing: Option<pool::Access>) -> pool::Access {
-    let Some(access) = function.spec.access.as_ref() else {
-        return pool::Access::Public;
-    };
-    match (access.mode, &access.jwt) {
-        (eddy_model::resources::AccessMode::Jwt, Some(jwt)) => {
-            if let Some(pool::Access::Jwt(verifier)) = existing
-                && verifier.spec() == jwt
-            {
-                return pool::Access::Jwt(verifier);
-            }
-            match crate::jwt::JwtVerifier::new(jwt.clone()) {
-                Ok(verifier) => pool::Access::Jwt(Arc::new(verifier)),
-                Err(error) => {
-                    // No TLS roots: nothing can be verified, so nobody is let in.
-                    tracing::error!(%error, "cannot set up JWT verification; the function refuses every call");
-                    pool::Access::Tokens(Arc::new(eddy_platform::auth::Tokens::from_digests(
-                        Vec::new(),
-                    )))
-                }
-            }
-        }
-        _ => match access.digests() {
-            Some(digests) => {
-                pool::Access::Tokens(Arc::new(eddy_platform::auth::Tokens::from_digests(digests)))
-            }
-            None => pool::Access::Public,
-        },
     }
 }
 

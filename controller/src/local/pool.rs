@@ -23,6 +23,7 @@ use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::sync::{Notify, watch};
 
 use super::spares::{self, Interest, SpareKey, Spares};
+pub use crate::gateway::Access;
 
 /// Settings shared by every pool.
 #[derive(Debug, Clone)]
@@ -253,18 +254,6 @@ struct Inner {
     desired: usize,
     /// Keeps a warm spare of the current revision's runtime, when it may use one.
     spare_interest: Option<Interest>,
-}
-
-/// Who may invoke a function through the gateway.
-#[derive(Debug, Clone, Default)]
-pub enum Access {
-    /// Anyone who reaches the gateway.
-    #[default]
-    Public,
-    /// Callers with one of these bearer tokens.
-    Tokens(Arc<eddy_platform::auth::Tokens>),
-    /// Callers with a valid bearer JWT.
-    Jwt(Arc<crate::jwt::JwtVerifier>),
 }
 
 /// The instances of one Function.
@@ -939,23 +928,19 @@ impl Pool {
         let mut env = spares::base_env();
         let mut set = |name: &str, value: &std::ffi::OsStr| env.push((name.into(), value.into()));
         set("HOME", revision.dir.as_os_str());
-        set("FUNC_NAME", self.name.as_ref());
-        set("FUNC_NAMESPACE", self.namespace.as_ref());
-        set("SERVICE_NAMESPACE", self.namespace.as_ref());
-        set("FUNC_RUNTIME", revision.runtime.as_str().as_ref());
-        set("FUNC_HANDLER", "main".as_ref());
-        set("MOD_NAME", "handler".as_ref());
-        set("FUNC_PORT", instance.port.to_string().as_ref());
-        set(
-            "FUNC_TIMEOUT",
-            revision.timeout_seconds.to_string().as_ref(),
+        let contract = eddy_model::resources::runtime_env(
+            &self.name,
+            &self.namespace,
+            revision.runtime,
+            instance.port,
+            revision.timeout_seconds,
+            &self.config.publisher_url,
         );
+        for (name, value) in &contract {
+            set(name, value.as_ref());
+        }
         set("FUNC_DIR", revision.function_dir.as_os_str());
         set("EDDY_INSTANCE_SECRET", instance.secret.as_ref());
-        set(
-            "PUBLISHER_PROXY_ADDRESS",
-            self.config.publisher_url.as_ref(),
-        );
         if let Some(token) = &self.config.publisher_token {
             set("EDDY_PUBLISHER_TOKEN", token.as_ref());
         }

@@ -16,7 +16,7 @@ use std::{
 use eddy_model::{conditions::Reason, resources::Runtime};
 use tokio::sync::Mutex;
 
-use super::build::{BuildFailure, run_installer};
+use super::installer::{BuildFailure, run_installer};
 use crate::runtimes::{self, RuntimeFiles};
 
 /// Marks a finished install of a runtime's libraries.

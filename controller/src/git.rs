@@ -1,4 +1,6 @@
-//! Git sources of local builds: a reference resolved to a commit with `git ls-remote`, the
+//! Git sources, for both backends: locally a build fetches them; on Kubernetes the controller
+//! resolves the reference (the build pod fetches).
+//! How: a reference resolved to a commit with `git ls-remote`, the
 //! commit fetched once into a cache keyed by repository and commit, credentials handed to `git`
 //! through its environment (never on a command line, never in a file others can read).
 
@@ -12,7 +14,7 @@ use eddy_model::{conditions::Reason, resources::RepositoryAuthType};
 use eddy_platform::process;
 use sha2::{Digest as _, Sha256};
 
-use super::build::{BuildFailure, tail};
+use crate::status::{BuildFailure, tail};
 
 /// Credentials for one repository, read from the Secret `auth.secretName` names.
 #[derive(Clone, PartialEq, Eq)]
@@ -142,7 +144,7 @@ pub async fn checkout(
     }
     // One fetch per commit at a time: Functions of one repository and reference applied
     // together wait for the first and reuse its checkout.
-    let lock = super::path_lock::of(&target);
+    let lock = crate::path_lock::of(&target);
     let _held = lock.lock().await;
     if target.join(".eddy-checked-out").is_file() {
         return Ok(target);
