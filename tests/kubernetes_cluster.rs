@@ -1849,6 +1849,23 @@ spec:
     assert_eq!(install.name, "install");
     let first_config_map = config_maps.list(&selector).await.unwrap().items;
     assert_eq!(first_config_map.len(), 1);
+    // Kyma's short names: `fn` and `fns` name Kyma's Function (eddy's own is `efn`).
+    for short in ["fn", "fns"] {
+        let mut kubectl = cluster.plane.kubectl().unwrap();
+        kubectl.args(["get", short, "-o", "name", "-n", &ns]);
+        assert_eq!(
+            run(&mut kubectl).unwrap().trim(),
+            "function.serverless.kyma-project.io/hello",
+            "kubectl get {short}"
+        );
+    }
+    let mut kubectl = cluster.plane.kubectl().unwrap();
+    kubectl.args(["get", "efn", "-o", "name", "-n", &ns]);
+    assert_eq!(
+        run(&mut kubectl).unwrap().trim(),
+        "",
+        "no eddy Function here"
+    );
 
     // A new source: a new ConfigMap; the old one goes once the rollout is done.
     let changed = kyma.replace("capitalize('hi')", "capitalize('ho')");

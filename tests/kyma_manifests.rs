@@ -337,11 +337,7 @@ async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
             "https://github.com/your-org/functions.git",
             &format!("file://{}", bare.display()),
         );
-    let file = repos.path().join("function.yaml");
-    std::fs::write(&file, manifest).unwrap();
-    let (ok, stdout, stderr) = platform
-        .eddy(&["apply", "-f", file.to_str().unwrap()])
-        .await;
+    let (ok, stdout, stderr) = platform.apply_text(&manifest).await;
     assert!(ok, "{stdout}\n{stderr}");
     platform.wait_running_at("default", "git-hello").await;
     let (status, body) = call(&platform, "default", "git-hello", None).await;
@@ -360,8 +356,7 @@ async fn a_git_source_is_built_at_its_reference_and_rebuilt_when_it_moves() {
     .unwrap();
 
     // A reference that names nothing is said in status.
-    let mut function: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let mut function: Value = serde_yaml_ng::from_str(&manifest).unwrap();
     function["spec"]["source"]["gitRepository"]["reference"] = json!("no-such-branch");
     let (status, body) = platform
         .put_json(
@@ -665,12 +660,7 @@ spec:
         exact_with_source = exact_with_source.url,
         standard = standard.url,
     );
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("subscriptions.yaml");
-    std::fs::write(&file, manifest).unwrap();
-    let (ok, stdout, stderr) = platform
-        .eddy(&["apply", "-f", file.to_str().unwrap()])
-        .await;
+    let (ok, stdout, stderr) = platform.apply_text(&manifest).await;
     assert!(ok, "{stdout}\n{stderr}");
     for warning in [
         "subscription.eddy.dev/exact-source-ignored: spec.source is ignored with exact type matching",
@@ -815,12 +805,7 @@ spec:
       value: "1"
 "#
     );
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("functions.yaml");
-    std::fs::write(&file, manifest).unwrap();
-    let (ok, stdout, stderr) = platform
-        .eddy(&["apply", "-f", file.to_str().unwrap()])
-        .await;
+    let (ok, stdout, stderr) = platform.apply_text(&manifest).await;
     assert!(ok, "{stdout}\n{stderr}");
     assert!(
         stderr.contains("function.eddy.dev/envy: spec.template is deprecated"),
@@ -942,11 +927,7 @@ spec:
   typeMatching: exact
 "#
     );
-    let file = repos.path().join("sample.yaml");
-    std::fs::write(&file, manifest).unwrap();
-    let (ok, stdout, stderr) = platform
-        .eddy(&["apply", "-f", file.to_str().unwrap()])
-        .await;
+    let (ok, stdout, stderr) = platform.apply_text(&manifest).await;
     assert!(ok, "{stdout}\n{stderr}");
     for name in ["emitter", "receiver"] {
         let function = platform.wait_running_at("default", name).await;
@@ -1111,12 +1092,7 @@ spec:
       noAuth: true
 "#
     );
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("exposed.yaml");
-    std::fs::write(&file, manifest).unwrap();
-    let (ok, stdout, stderr) = platform
-        .eddy(&["apply", "-f", file.to_str().unwrap()])
-        .await;
+    let (ok, stdout, stderr) = platform.apply_text(&manifest).await;
     assert!(ok, "{stdout}\n{stderr}");
     assert!(
         stdout.contains("apirule.gateway.kyma-project.io/hello created"),
@@ -1249,10 +1225,9 @@ spec:
     assert!(rule["status"]["lastProcessedTime"].is_string(), "{rule}");
 
     // A missing service is a Warning; a host taken by another APIRule is an Error.
-    let others = dir.path().join("others.yaml");
-    std::fs::write(
-        &others,
-        r#"apiVersion: gateway.kyma-project.io/v2
+    let (ok, stdout, stderr) = platform
+        .apply_text(
+            r#"apiVersion: gateway.kyma-project.io/v2
 kind: APIRule
 metadata:
   name: nobody
@@ -1270,10 +1245,7 @@ spec:
   service: {name: hello, port: 80}
   rules: [{path: /*, methods: [GET], noAuth: true}]
 "#,
-    )
-    .unwrap();
-    let (ok, stdout, stderr) = platform
-        .eddy(&["apply", "-f", others.to_str().unwrap()])
+        )
         .await;
     assert!(ok, "{stdout}\n{stderr}");
     eventually("the statuses", Duration::from_secs(30), || async {
@@ -1294,10 +1266,9 @@ spec:
     .unwrap();
 
     // One refused document refuses the whole file: the Function before it is not applied.
-    let refused = dir.path().join("refused.yaml");
-    std::fs::write(
-        &refused,
-        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+    let (ok, stdout, stderr) = platform
+        .apply_text(
+            r#"apiVersion: serverless.kyma-project.io/v1alpha2
 kind: Function
 metadata:
   name: later
@@ -1320,10 +1291,7 @@ spec:
       extAuth:
         authorizers: [oauth2-proxy]
 "#,
-    )
-    .unwrap();
-    let (ok, stdout, stderr) = platform
-        .eddy(&["apply", "-f", refused.to_str().unwrap()])
+        )
         .await;
     assert!(!ok, "{stdout}");
     assert!(stderr.contains("spec.rules[0].extAuth"), "{stderr}");

@@ -46,6 +46,19 @@ const ALGORITHMS: [Algorithm; 8] = [
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
+/// The one client every verifier fetches its JWKS with: the platform's TLS client (system
+/// roots), built once (a TLS configuration is costly), its connections to an issuer shared.
+fn jwks_client() -> std::io::Result<HttpsClient> {
+    static CLIENT: std::sync::OnceLock<HttpsClient> = std::sync::OnceLock::new();
+    if let Some(client) = CLIENT.get() {
+        return Ok(client.clone());
+    }
+    let client =
+        eddy_platform::net::pooled_tls_client(Duration::from_secs(90), Some(FETCH_TIMEOUT))
+            .map_err(|error| std::io::Error::other(error.to_string()))?;
+    Ok(CLIENT.get_or_init(|| client).clone())
+}
+
 /// Why a call was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -124,12 +137,7 @@ impl JwtVerifier {
             validation
         };
         let (rsa, ec) = (validation(false), validation(true));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_platform_verifier(rustls::crypto::ring::default_provider())?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+        let client = jwks_client()?;
         Ok(Self {
             spec,
             rsa,

@@ -173,6 +173,81 @@ impl KubernetesArgs {
     }
 }
 
+impl FunctionArgs {
+    /// How the local backend runs instances: from these flags, with logs and spares under
+    /// `data_dir`, publishing to the event-bus at `bus_url`.
+    fn pool_config(
+        &self,
+        data_dir: &std::path::Path,
+        bus_url: &str,
+        publisher_token: Option<String>,
+        metrics: Arc<function_metrics::FunctionMetrics>,
+        drain_timeout: Duration,
+        shutdown: &CancellationToken,
+    ) -> Result<local::pool::PoolConfig> {
+        Ok(local::pool::PoolConfig {
+            logs_dir: data_dir.join("logs").join("functions"),
+            publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
+            publisher_token,
+            trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
+            metrics,
+            target_concurrency: self.target_concurrency,
+            scale_to_zero_after: self.scale_to_zero_after,
+            scale_down_window: self.scale_down_window,
+            startup_timeout: self.startup_timeout,
+            drain_timeout,
+            cgroups: match self.isolation {
+                Isolation::None => None,
+                Isolation::Cgroup => Some(Arc::new(
+                    eddy_platform::cgroup::Cgroups::new("eddy")
+                        .map_err(|error| Error::Isolation(error.to_string()))?,
+                )),
+            },
+            max_function_tasks: self.max_function_tasks,
+            spares: (self.warm_spares > 0).then(|| {
+                local::spares::Spares::start(
+                    self.warm_spares,
+                    data_dir.join("spares"),
+                    shutdown.child_token(),
+                )
+            }),
+        })
+    }
+
+    /// How the local backend builds: under `data_dir`, with these tools.
+    fn build_config(&self, data_dir: &std::path::Path) -> local::build::BuildConfig {
+        // Absolute: instances and installers run in other directories.
+        let absolute = |dir: &PathBuf| std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        local::build::BuildConfig {
+            builds_dir: data_dir.join("builds"),
+            toolchain: local::toolchain::Toolchain::new(
+                self.node.clone(),
+                self.npm.clone(),
+                self.python.clone(),
+                self.tools_dir
+                    .as_ref()
+                    .map_or_else(|| default_tools_dir(data_dir), absolute),
+                self.runtimes_dir
+                    .as_ref()
+                    .map_or_else(|| data_dir.join("runtimes"), absolute),
+                self.build_timeout,
+            ),
+        }
+    }
+
+    /// Where the local backend keeps Git checkouts and mounted Secrets, under `data_dir`.
+    fn sources(&self, data_dir: &std::path::Path) -> local::Sources {
+        local::Sources {
+            git: git::GitConfig {
+                dir: data_dir.join("git"),
+                timeout: self.build_timeout,
+            },
+            git_poll_interval: self.git_poll_interval,
+            mounts_dir: data_dir.join("secret-mounts"),
+        }
+    }
+}
+
 /// Flags of `eddy controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -424,26 +499,7 @@ impl Controller {
                     gateway_url: configured_gateway_url,
                     bus_url,
                     dispatcher_url,
-                    functions:
-                        FunctionArgs {
-                            node,
-                            npm,
-                            python,
-                            build_timeout,
-                            git_poll_interval,
-                            target_concurrency,
-                            scale_to_zero_after,
-                            scale_down_window,
-                            activation_timeout,
-                            startup_timeout,
-                            isolation,
-                            max_function_tasks,
-                            warm_spares,
-                            max_request_size,
-                            runtimes_dir,
-                            tools_dir,
-                            domain,
-                        },
+                    functions,
                     data_dir,
                     platform_token,
                     function_publisher_token,
@@ -473,62 +529,21 @@ impl Controller {
         ));
 
         let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
-        let logs_dir = data_dir.join("logs").join("functions");
         let pools: local::gateway::Pools = Arc::default();
         let function_metrics = Arc::new(function_metrics::FunctionMetrics::new());
         let function_metrics_for_dashboard = function_metrics.clone();
-        let pool_config = local::pool::PoolConfig {
-            logs_dir: logs_dir.clone(),
-            publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
-            publisher_token: function_publisher_token.clone(),
-            trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
-            metrics: function_metrics.clone(),
-            target_concurrency,
-            scale_to_zero_after,
-            scale_down_window,
-            startup_timeout,
+        let pool_config = functions.pool_config(
+            &data_dir,
+            &bus_url,
+            function_publisher_token.clone(),
+            function_metrics.clone(),
             drain_timeout,
-            cgroups: match isolation {
-                Isolation::None => None,
-                Isolation::Cgroup => Some(Arc::new(
-                    eddy_platform::cgroup::Cgroups::new("eddy")
-                        .map_err(|error| Error::Isolation(error.to_string()))?,
-                )),
-            },
-            max_function_tasks,
-            spares: (warm_spares > 0).then(|| {
-                local::spares::Spares::start(
-                    warm_spares,
-                    data_dir.join("spares"),
-                    shutdown.child_token(),
-                )
-            }),
-        };
-        let build_config = local::build::BuildConfig {
-            builds_dir: data_dir.join("builds"),
-            toolchain: local::toolchain::Toolchain::new(
-                node,
-                npm,
-                python,
-                // Absolute: instances and installers run in other directories.
-                tools_dir
-                    .map(|dir| std::path::absolute(&dir).unwrap_or(dir))
-                    .unwrap_or_else(|| default_tools_dir(&data_dir)),
-                runtimes_dir
-                    .map(|dir| std::path::absolute(&dir).unwrap_or(dir))
-                    .unwrap_or_else(|| data_dir.join("runtimes")),
-                build_timeout,
-            ),
-        };
-        let sources = local::Sources {
-            git: git::GitConfig {
-                dir: data_dir.join("git"),
-                timeout: build_timeout,
-            },
-            git_poll_interval,
-            mounts_dir: data_dir.join("secret-mounts"),
-        };
-        let exposures = Arc::new(apirules::Exposures::new(&domain));
+            &shutdown,
+        )?;
+        let logs_dir = pool_config.logs_dir.clone();
+        let build_config = functions.build_config(&data_dir);
+        let sources = functions.sources(&data_dir);
+        let exposures = Arc::new(apirules::Exposures::new(&functions.domain));
         tokio::spawn(apirules::follow_local(
             store.clone(),
             exposures.clone(),
@@ -545,12 +560,12 @@ impl Controller {
             shutdown.child_token(),
         ));
         let backend_task = tokio::spawn(backend.clone().run());
-        let max_body = usize::try_from(max_request_size.as_u64()).unwrap_or(usize::MAX);
+        let max_body = usize::try_from(functions.max_request_size.as_u64()).unwrap_or(usize::MAX);
         let gateway = Arc::new(
             local::gateway::Gateway::new(
                 pools,
                 function_metrics,
-                activation_timeout,
+                functions.activation_timeout,
                 Duration::from_secs(3600),
                 max_body,
             )

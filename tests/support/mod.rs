@@ -622,6 +622,15 @@ impl Platform {
         )
     }
 
+    /// `eddy apply -f` of a file holding `manifests` (YAML, several documents allowed); returns
+    /// (success, stdout, stderr).
+    pub async fn apply_text(&self, manifests: &str) -> (bool, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("manifests.yaml");
+        std::fs::write(&file, manifests).unwrap();
+        self.eddy(&["apply", "-f", file.to_str().unwrap()]).await
+    }
+
     /// PUTs `body` as JSON to the controller API's `path`; returns the status code and body.
     pub async fn put_json(&self, path: &str, body: &Value) -> (u16, Value) {
         let response = self

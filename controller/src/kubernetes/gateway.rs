@@ -210,10 +210,43 @@ pub async fn follow_apirules(
     exposures: Arc<Exposures>,
     shutdown: CancellationToken,
 ) {
-    let api: Api<APIRule> = Api::all(client);
+    let mut relisting: Option<Vec<APIRule>> = None;
+    watch_all(client, "APIRules", shutdown, |event| match event {
+        watcher::Event::Init => relisting = Some(Vec::new()),
+        watcher::Event::InitApply(rule) => relisting.get_or_insert_with(Vec::new).push(rule),
+        watcher::Event::InitDone => {
+            exposures.replace_all(relisting.take().unwrap_or_default().iter());
+        }
+        watcher::Event::Apply(rule) => {
+            if let Err(problem) = exposures.apply(&rule) {
+                tracing::warn!(apirule = %rule.name_any(), %problem, "APIRule not honoured");
+            }
+        }
+        watcher::Event::Delete(rule) => {
+            exposures.remove(&rule.namespace().unwrap_or_default(), &rule.name_any());
+        }
+    })
+    .await;
+}
+
+/// Watches every object of `K` in the cluster until `shutdown`, handing each event to
+/// `on_event`; a failed watch is retried with backoff (and relists).
+async fn watch_all<K>(
+    client: kube::Client,
+    kind: &str,
+    shutdown: CancellationToken,
+    mut on_event: impl FnMut(watcher::Event<K>),
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let api: Api<K> = Api::all(client);
     let events = watcher(api, watcher::Config::default()).default_backoff();
     let mut events = std::pin::pin!(events);
-    let mut relisting: Option<Vec<APIRule>> = None;
     loop {
         let event = tokio::select! {
             event = events.next() => event,
@@ -221,23 +254,9 @@ pub async fn follow_apirules(
         };
         match event {
             None => return,
-            Some(Ok(watcher::Event::Init)) => relisting = Some(Vec::new()),
-            Some(Ok(watcher::Event::InitApply(rule))) => {
-                relisting.get_or_insert_with(Vec::new).push(rule);
-            }
-            Some(Ok(watcher::Event::InitDone)) => {
-                exposures.replace_all(relisting.take().unwrap_or_default().iter());
-            }
-            Some(Ok(watcher::Event::Apply(rule))) => {
-                if let Err(problem) = exposures.apply(&rule) {
-                    tracing::warn!(apirule = %rule.name_any(), %problem, "APIRule not honoured");
-                }
-            }
-            Some(Ok(watcher::Event::Delete(rule))) => {
-                exposures.remove(&rule.namespace().unwrap_or_default(), &rule.name_any());
-            }
+            Some(Ok(event)) => on_event(event),
             Some(Err(error)) => {
-                tracing::warn!(%error, "watching APIRules failed; retrying with backoff");
+                tracing::warn!(%error, "watching {kind} failed; retrying with backoff");
             }
         }
     }
@@ -257,22 +276,7 @@ pub fn service_uri(template: &str, target: &Target, path_and_query: &str) -> Opt
 
 /// Follows Function objects into `routes` until `shutdown`.
 pub async fn follow(client: kube::Client, routes: Arc<Routes>, shutdown: CancellationToken) {
-    let api: Api<Function> = Api::all(client);
-    let events = watcher(api, watcher::Config::default()).default_backoff();
-    let mut events = std::pin::pin!(events);
-    loop {
-        let event = tokio::select! {
-            event = events.next() => event,
-            () = shutdown.cancelled() => return,
-        };
-        match event {
-            None => return,
-            Some(Ok(event)) => routes.apply(event),
-            Some(Err(error)) => {
-                tracing::warn!(%error, "watching Functions failed; retrying with backoff");
-            }
-        }
-    }
+    watch_all(client, "Functions", shutdown, |event| routes.apply(event)).await;
 }
 
 /// The gateway's routes: probes, then every path as a function call.

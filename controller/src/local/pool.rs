@@ -784,32 +784,13 @@ impl Pool {
                         self.changed.notify_waiters();
                         self.kick.notify_one();
                         tokio::select! {
-                                                   exit = child.wait() => {
-                                                       let ran_for = started.elapsed();
-                                                       let mut text = exit.map_or_else(|e| e.to_string(), |status| status.to_string());
-                                                       if cgroup.out_of_memory() {
-                                                           text = format!("{text}: out of memory, over its limit of {}", revision.memory_limit.map_or_else(|| "none".to_owned(), |bytes| bytesize::ByteSize(bytes).to_string()));
-                                                       }
-                                                       tracing::warn!(instance = %label, status = %text, "instance exited; restarting");
-                                                       if ran_for > Duration::from_secs(10) {
-                                                           {
-                        let mut inner = self.inner.lock();
-                                                               inner.consecutive_failures = 0;
-                                                           }
-                                                       }
-                                                       self.record_failure(format!("instance {} exited ({text})", instance.id));
-                                                   }
-                                                   () = instance.stop.cancelled() => {
-                                                       if instance.kill.load(Ordering::Acquire) {
-                                                           process::kill(&mut child).await;
-                                                           tracing::warn!(instance = %label, "instance killed: it stopped answering");
-                                                           self.record_failure(format!("instance {} stopped answering and was replaced", instance.id));
-                                                       } else {
-                                                           process::terminate(&mut child, self.config.drain_timeout.min(Duration::from_secs(10))).await;
-                                                           tracing::info!(instance = %label, "instance stopped");
-                                                       }
-                                                   }
-                                               }
+                            exit = child.wait() => {
+                                self.exited(&label, &instance, &revision, &cgroup, exit, started.elapsed());
+                            }
+                            () = instance.stop.cancelled() => {
+                                self.stop_instance(&label, &instance, &mut child).await;
+                            }
+                        }
                     }
                     Err(message) => {
                         process::kill(&mut child).await;
@@ -828,6 +809,54 @@ impl Pool {
         instance.state.store(InstanceState::Gone);
         self.changed.notify_waiters();
         self.kick.notify_one();
+    }
+
+    /// An instance's process exited by itself: why (out of memory, with `--isolation cgroup`),
+    /// recorded as a failure; one that ran a while resets the count of failures in a row.
+    fn exited(
+        &self,
+        label: &str,
+        instance: &Instance,
+        revision: &Revision,
+        cgroup: &ReleasedCgroup,
+        exit: std::io::Result<std::process::ExitStatus>,
+        ran_for: Duration,
+    ) {
+        let mut text = exit.map_or_else(|e| e.to_string(), |status| status.to_string());
+        if cgroup.out_of_memory() {
+            let limit = revision.memory_limit.map_or_else(
+                || "none".to_owned(),
+                |bytes| bytesize::ByteSize(bytes).to_string(),
+            );
+            text = format!("{text}: out of memory, over its limit of {limit}");
+        }
+        tracing::warn!(instance = %label, status = %text, "instance exited; restarting");
+        if ran_for > Duration::from_secs(10) {
+            self.inner.lock().consecutive_failures = 0;
+        }
+        self.record_failure(format!("instance {} exited ({text})", instance.id));
+    }
+
+    /// Stops an instance asked to stop: killed when it stopped answering (a failure), else
+    /// terminated gracefully (its in-flight requests drain).
+    async fn stop_instance(
+        &self,
+        label: &str,
+        instance: &Instance,
+        child: &mut tokio::process::Child,
+    ) {
+        if instance.kill.load(Ordering::Acquire) {
+            process::kill(child).await;
+            tracing::warn!(instance = %label, "instance killed: it stopped answering");
+            self.record_failure(format!(
+                "instance {} stopped answering and was replaced",
+                instance.id
+            ));
+        } else {
+            let grace = self.config.drain_timeout.min(Duration::from_secs(10));
+            process::terminate(child, grace).await;
+            tracing::info!(instance = %label, "instance stopped");
+        }
     }
 
     /// Starts an instance: from a warm spare when one fits, else a new process. Returns the
