@@ -574,11 +574,6 @@ impl Exposures {
         }
     }
 
-    /// The domain short hosts are prefixed to.
-    pub fn domain(&self) -> &str {
-        &self.domain
-    }
-
     fn entry(&self, rule: &APIRule, known: Option<&Entry>) -> Entry {
         let created = rule.metadata.creation_timestamp.clone();
         // An unchanged APIRule is not compiled again: its JWT verifiers keep their keys.
