@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod local;
 pub mod nats_auth;
 pub mod terminal;
 pub mod up;
@@ -76,7 +77,7 @@ pub enum Command {
     },
     /// Run the gateway on Kubernetes: `/<namespace>/<function>` to the function Services, with
     /// each Function's `access` enforced (`eddy up` runs its own gateway locally).
-    Gateway(eddy_controller::kubernetes::gateway::GatewayArgs),
+    Gateway(eddy_gateway::kubernetes::GatewayArgs),
     /// Print the CustomResourceDefinitions of Function and Subscription (YAML).
     Crds {
         /// Kyma's kinds instead (serverless.kyma-project.io/v1alpha2 Function,
@@ -301,14 +302,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Gateway(args) => {
             let shutdown = eddy_platform::shutdown::on_signal();
-            eddy_controller::kubernetes::gateway::run(args, shutdown).await?;
+            eddy_gateway::kubernetes::run(args, shutdown).await?;
         }
         Command::Controller {
             command: None,
             args,
         } => {
             let shutdown = eddy_platform::shutdown::on_signal();
-            eddy_controller::run(*args, shutdown).await?;
+            local::run(*args, shutdown).await?;
         }
         Command::Controller {
             command: Some(ControllerCommand::Render { file, kubernetes }),

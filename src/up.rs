@@ -338,7 +338,7 @@ impl Platform {
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         controller_args.local.platform_token = Some(platform_token.clone());
-        let controller = eddy_controller::Controller::new(
+        let controller = crate::local::Controller::new(
             controller_args,
             format!("http://{gateway_local}"),
             self.token.child_token(),
@@ -350,9 +350,7 @@ impl Platform {
         self.platform_token.clone_from(&platform_token);
         self.components.push((
             "controller",
-            tokio::spawn(
-                async move { Ok(controller.serve(api_listener, gateway_listener).await?) },
-            ),
+            tokio::spawn(async move { controller.serve(api_listener, gateway_listener).await }),
         ));
         self.api_url = format!("http://{api_local}");
         self.gateway_url = format!("http://{gateway_local}");

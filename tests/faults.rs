@@ -124,7 +124,7 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
     controller_args.local.bus_url = bus_url.clone();
     controller_args.local.data_dir = dir.path().join("data");
     let controller =
-        eddy_controller::Controller::new(controller_args, gateway_url, shutdown.child_token())
+        eddy::local::Controller::new(controller_args, gateway_url, shutdown.child_token())
             .await
             .unwrap();
     let backend = controller.backend();

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use eddy_controller::kubernetes::gateway::{self, GatewayArgs};
+use eddy_gateway::kubernetes::{self as gateway, GatewayArgs};
 use eddy_testing::eventually;
 use serde_json::{Value, json};
 use support::kube_mock;

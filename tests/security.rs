@@ -33,7 +33,7 @@ async fn api_tokens_guard_the_controller_api_the_dashboard_and_the_dispatcher_ad
     let mut args = eddy_controller::Args::new(api_listener.local_addr().unwrap(), nats.url());
     args.local.data_dir = data_dir.path().to_path_buf();
     args.api_auth.api_tokens = vec![TOKEN.to_owned()];
-    let controller = eddy_controller::Controller::new(args, gateway, shutdown.child_token())
+    let controller = eddy::local::Controller::new(args, gateway, shutdown.child_token())
         .await
         .unwrap();
     tokio::spawn(controller.serve(api_listener, gateway_listener));

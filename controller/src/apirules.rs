@@ -1,709 +1,90 @@
-//! APIRules at the gateway, in both modes: which host exposes which Function (or, on
-//! Kubernetes, Service), which rule a call falls under, and whether its caller passes that
-//! rule (`noAuth`, or a JWT from one of the rule's issuers with one of its authorizations).
-//! Also CORS as the APIRule's `corsPolicy` says, and the headers and cookies a rule adds.
-//!
-//! A call whose host an APIRule names is routed by the APIRule alone. A call on the gateway's
-//! own `/<namespace>/<function>/` path to a Function some APIRule exposes must also pass one of
-//! those APIRules' rules, so a rule's JWT cannot be walked around. The Function's own `access`
-//! applies on both ways in: an APIRule never opens what `access` closes.
+//! The status of Kyma's APIRules, in both modes: whether an APIRule is honoured (valid, and
+//! holding every host it names: the oldest APIRule naming a host keeps it), and where it is
+//! exposed. The gateways decide calls by the same rules (`eddy_model::apirule::award_hosts`),
+//! so what the status says is what they do.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use axum::response::{IntoResponse as _, Response};
-use eddy_model::apirule::{
-    APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, JwtAuthorization, JwtHeader,
-    PathTemplate, full_host, request_host, select_rule, validate_api_rule,
-};
-use eddy_model::resources::{JwtAccess, describe_errors};
-use eddy_platform::errors::ErrorResponse;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use eddy_model::apirule::{APIRule, HostClaim, RuleKey, award_hosts, full_host, validate_api_rule};
+use eddy_model::resources::describe_errors;
 use kube::ResourceExt as _;
-use parking_lot::RwLock;
-use serde_json::Value;
 
-use crate::jwt::{JwtVerifier, Refusal};
-
-/// Where a rule sends its calls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// The Service's (Function's) namespace.
-    pub namespace: String,
-    /// The Service's (Function's) name.
-    pub name: String,
-    /// The Service's port (on Kubernetes; a local Function is found by name).
-    pub port: u16,
-}
-
-/// One issuer a JWT rule accepts, and where its token is read from.
-struct Issuer {
-    verifier: JwtVerifier,
-    from_headers: Vec<JwtHeader>,
-    from_params: Vec<String>,
-}
-
-enum RuleAccess {
-    NoAuth,
-    Jwt {
-        issuers: Vec<Issuer>,
-        authorizations: Vec<JwtAuthorization>,
-    },
-}
-
-/// One rule, ready to decide calls.
-pub struct Rule {
-    /// Where its calls go.
-    pub target: Target,
-    /// How long a call under it may take.
-    pub timeout: Duration,
-    access: RuleAccess,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    cookies: Option<String>,
-}
-
-/// An APIRule, ready to decide calls.
-pub struct Exposure {
-    /// The APIRule's namespace.
-    pub namespace: String,
-    /// The APIRule's name.
-    pub name: String,
-    /// Its full host names (short ones with the gateway's domain).
-    pub hosts: Vec<String>,
-    templates: Vec<(PathTemplate, Vec<String>)>,
-    rules: Vec<Rule>,
-    cors: Option<Cors>,
-    /// What it was compiled from (an unchanged APIRule is not compiled again: its JWT
-    /// verifiers keep their keys).
-    spec: ApiRuleSpec,
-}
-
-/// A rule an allowed call falls under.
-#[derive(Clone)]
-pub struct Chosen {
-    exposure: Arc<Exposure>,
-    index: usize,
-}
-
-impl Chosen {
-    /// The rule.
-    pub fn rule(&self) -> &Rule {
-        &self.exposure.rules[self.index]
-    }
-
-    /// The APIRule.
-    pub fn exposure(&self) -> &Arc<Exposure> {
-        &self.exposure
-    }
-
-    /// Checks the caller against the rule: `noAuth` passes; a JWT rule needs a token from one
-    /// of its issuers (401), meeting one of its authorizations (403).
-    pub async fn admit(&self, headers: &HeaderMap, query: Option<&str>) -> Result<(), Response> {
-        let RuleAccess::Jwt {
-            issuers,
-            authorizations,
-        } = &self.rule().access
-        else {
-            return Ok(());
-        };
-        let exposure = &self.exposure;
-        // A 401 says `WWW-Authenticate: Bearer` (ErrorResponse adds it).
-        let refused = |refusal: Refusal| {
-            ErrorResponse::message(
-                refusal.status,
-                format!(
-                    "APIRule {}/{}: {}",
-                    exposure.namespace, exposure.name, refusal.message
-                ),
-            )
-            .into_response()
-        };
-        let found = issuers.iter().find_map(|issuer| {
-            let token = token_from(issuer, headers, query)?;
-            Some((issuer, token))
-        });
-        let Some((first, token)) = found else {
-            return Err(refused(Refusal::unauthenticated(
-                "a bearer JWT is required",
-            )));
-        };
-        // The issuer is told by the token's `iss` (read unverified only to pick the keys).
-        let claimed = unverified_issuer(&token);
-        let issuer = issuers
-            .iter()
-            .find(|issuer| Some(issuer.verifier.spec().issuer.as_str()) == claimed.as_deref())
-            .unwrap_or(first);
-        let claims = issuer.verifier.check_token(&token).await.map_err(refused)?;
-        if authorizations.is_empty() || authorizations.iter().any(|a| authorized(&claims, a)) {
-            Ok(())
-        } else {
-            Err(refused(Refusal {
-                status: StatusCode::FORBIDDEN,
-                message: "the JWT lacks the scopes or audience the rule requires".to_owned(),
-            }))
-        }
-    }
-
-    /// Adds the rule's headers and cookies to a request about to be forwarded.
-    pub fn decorate(&self, headers: &mut HeaderMap) {
-        let rule = self.rule();
-        for (name, value) in &rule.headers {
-            headers.insert(name.clone(), value.clone());
-        }
-        if let Some(cookies) = &rule.cookies {
-            let joined = match headers.get(header::COOKIE).and_then(|v| v.to_str().ok()) {
-                Some(existing) if !existing.is_empty() => format!("{existing}; {cookies}"),
-                _ => cookies.clone(),
-            };
-            if let Ok(value) = HeaderValue::from_str(&joined) {
-                headers.insert(header::COOKIE, value);
-            }
-        }
-    }
-}
-
-/// The token a request carries for `issuer`: its headers (default `Authorization: Bearer`),
-/// then its query parameters.
-fn token_from(issuer: &Issuer, headers: &HeaderMap, query: Option<&str>) -> Option<String> {
-    if issuer.from_headers.is_empty() && issuer.from_params.is_empty() {
-        return eddy_platform::auth::bearer_token(headers).map(str::to_owned);
-    }
-    for source in &issuer.from_headers {
-        let Some(value) = headers.get(&source.name).and_then(|v| v.to_str().ok()) else {
-            continue;
-        };
-        let token = match source.prefix.as_deref() {
-            Some(prefix) => value.strip_prefix(prefix).map(str::trim_start),
-            None => Some(value),
-        };
-        if let Some(token) = token.filter(|t| !t.is_empty()) {
-            return Some(token.to_owned());
-        }
-    }
-    let query = query?;
-    url::form_urlencoded::parse(query.as_bytes())
-        .find(|(name, _)| issuer.from_params.iter().any(|p| p == name))
-        .map(|(_, value)| value.into_owned())
-}
-
-/// The `iss` a JWT claims, unverified. Pure.
-fn unverified_issuer(token: &str) -> Option<String> {
-    use base64::Engine as _;
-    let payload = token.split('.').nth(1)?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload.trim_end_matches('='))
-        .ok()?;
-    let claims: Value = serde_json::from_slice(&bytes).ok()?;
-    claims.get("iss")?.as_str().map(str::to_owned)
-}
-
-/// Whether `claims` meet `authorization`: every required scope (in `scp`, `scope` or
-/// `scopes`, a list or space-separated words) and one of the audiences. Pure.
-pub fn authorized(claims: &Value, authorization: &JwtAuthorization) -> bool {
-    let words = |value: &Value| -> Vec<String> {
-        match value {
-            Value::String(text) => text.split(' ').map(str::to_owned).collect(),
-            Value::Array(items) => items
-                .iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect(),
-            _ => Vec::new(),
-        }
-    };
-    let scopes: Vec<String> = ["scp", "scope", "scopes"]
-        .iter()
-        .filter_map(|claim| claims.get(*claim))
-        .flat_map(words)
-        .collect();
-    let audiences = claims.get("aud").map(words).unwrap_or_default();
-    authorization
-        .required_scopes
-        .iter()
-        .all(|scope| scopes.contains(scope))
-        && (authorization.audiences.is_empty()
-            || authorization
-                .audiences
-                .iter()
-                .any(|audience| audiences.contains(audience)))
-}
-
-impl std::fmt::Debug for Exposure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Exposure")
-            .field("namespace", &self.namespace)
-            .field("name", &self.name)
-            .field("hosts", &self.hosts)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Exposure {
-    /// The Services its rules send to, each once.
-    pub fn targets(&self) -> Vec<&Target> {
-        let mut targets: Vec<&Target> = Vec::new();
-        for rule in &self.rules {
-            if !targets.contains(&&rule.target) {
-                targets.push(&rule.target);
-            }
-        }
-        targets
-    }
-
-    /// The rule a `method` call to `path` falls under; 404 naming the APIRule when none.
-    pub fn choose(self: &Arc<Self>, method: &Method, path: &str) -> Result<Chosen, ErrorResponse> {
-        select_rule(&self.templates, method.as_str(), path)
-            .map(|index| Chosen {
-                exposure: self.clone(),
-                index,
-            })
-            .ok_or_else(|| {
-                ErrorResponse::message(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "APIRule {}/{}: no rule allows {method} {path}",
-                        self.namespace, self.name
-                    ),
-                )
-            })
-    }
-
-    /// The answer to a CORS preflight (`OPTIONS` with `Origin` and
-    /// `Access-Control-Request-Method`), when the APIRule has a `corsPolicy`.
-    pub fn preflight(&self, method: &Method, headers: &HeaderMap) -> Option<Response> {
-        let cors = self.cors.as_ref()?;
-        if method != Method::OPTIONS || !headers.contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
-        {
-            return None;
-        }
-        let origin = headers.get(header::ORIGIN)?;
-        let mut response = StatusCode::OK.into_response();
-        if cors.allows(origin) {
-            let answer = response.headers_mut();
-            answer.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
-            for (name, value) in &cors.preflight {
-                answer.insert(name.clone(), value.clone());
-            }
-        }
-        Some(response)
-    }
-
-    /// Sets an answer's CORS headers as the APIRule says: the function's own are removed, and
-    /// with a `corsPolicy`, an allowed origin gets the policy's.
-    pub fn cors_answer(&self, origin: Option<&HeaderValue>, answer: &mut HeaderMap) {
-        for name in CORS_HEADERS {
-            answer.remove(name);
-        }
-        let (Some(cors), Some(origin)) = (&self.cors, origin) else {
-            return;
-        };
-        if cors.allows(origin) {
-            answer.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
-            for (name, value) in &cors.actual {
-                answer.insert(name.clone(), value.clone());
-            }
-            answer.append(header::VARY, HeaderValue::from_static("Origin"));
-        }
-    }
-}
-
-const CORS_HEADERS: [HeaderName; 6] = [
-    header::ACCESS_CONTROL_ALLOW_ORIGIN,
-    header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
-    header::ACCESS_CONTROL_ALLOW_HEADERS,
-    header::ACCESS_CONTROL_ALLOW_METHODS,
-    header::ACCESS_CONTROL_EXPOSE_HEADERS,
-    header::ACCESS_CONTROL_MAX_AGE,
-];
-
-/// A `corsPolicy`, ready to answer.
-struct Cors {
-    origins: Vec<OriginMatch>,
-    /// Headers of a preflight answer (besides the origin).
-    preflight: Vec<(HeaderName, HeaderValue)>,
-    /// Headers of an actual answer (besides the origin).
-    actual: Vec<(HeaderName, HeaderValue)>,
-}
-
-enum OriginMatch {
-    Exact(String),
-    Prefix(String),
-    Regex(regex::Regex),
-}
-
-impl Cors {
-    fn new(policy: &CorsPolicy) -> Result<Self, String> {
-        let mut origins = Vec::new();
-        for origin in &policy.allow_origins {
-            for (kind, value) in origin {
-                origins.push(match kind.as_str() {
-                    "exact" => OriginMatch::Exact(value.clone()),
-                    "prefix" => OriginMatch::Prefix(value.clone()),
-                    _ => OriginMatch::Regex(
-                        regex::Regex::new(&format!("^(?:{value})$"))
-                            .map_err(|error| format!("allowOrigins regex {value:?}: {error}"))?,
-                    ),
-                });
-            }
-        }
-        let list = |items: &[String]| HeaderValue::from_str(&items.join(",")).ok();
-        let mut preflight = Vec::new();
-        let mut actual = Vec::new();
-        if let Some(value) =
-            list(&policy.allow_methods).filter(|_| !policy.allow_methods.is_empty())
-        {
-            preflight.push((header::ACCESS_CONTROL_ALLOW_METHODS, value));
-        }
-        if let Some(value) =
-            list(&policy.allow_headers).filter(|_| !policy.allow_headers.is_empty())
-        {
-            preflight.push((header::ACCESS_CONTROL_ALLOW_HEADERS, value));
-        }
-        if let Some(max_age) = policy.max_age {
-            preflight.push((header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from(max_age)));
-        }
-        if policy.allow_credentials == Some(true) {
-            let value = HeaderValue::from_static("true");
-            preflight.push((header::ACCESS_CONTROL_ALLOW_CREDENTIALS, value.clone()));
-            actual.push((header::ACCESS_CONTROL_ALLOW_CREDENTIALS, value));
-        }
-        if let Some(value) =
-            list(&policy.expose_headers).filter(|_| !policy.expose_headers.is_empty())
-        {
-            actual.push((header::ACCESS_CONTROL_EXPOSE_HEADERS, value));
-        }
-        Ok(Self {
-            origins,
-            preflight,
-            actual,
-        })
-    }
-
-    fn allows(&self, origin: &HeaderValue) -> bool {
-        let Ok(origin) = origin.to_str() else {
-            return false;
-        };
-        self.origins.iter().any(|allowed| match allowed {
-            OriginMatch::Exact(exact) => exact == origin,
-            OriginMatch::Prefix(prefix) => origin.starts_with(prefix.as_str()),
-            OriginMatch::Regex(regex) => regex.is_match(origin),
-        })
-    }
-}
-
-/// An APIRule compiled for the gateway, or why it cannot be (the status's description).
-pub fn compile(rule: &APIRule, domain: &str) -> Result<Exposure, String> {
+/// An APIRule's hosts (short ones with `domain`), or why it is invalid.
+fn hosts_of(rule: &APIRule, domain: &str) -> Result<Vec<String>, String> {
     let errors = validate_api_rule(rule);
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
+    Ok(rule
+        .spec
+        .hosts
+        .iter()
+        .map(|host| full_host(host, domain))
+        .collect())
+}
+
+/// The Services (namespace, name) an APIRule's rules send to, each once.
+fn targets_of(rule: &APIRule) -> Vec<(String, String)> {
     let namespace = rule.namespace().unwrap_or_else(|| "default".to_owned());
-    let spec = &rule.spec;
-    let mut rules = Vec::with_capacity(spec.rules.len());
-    for (index, each) in spec.rules.iter().enumerate() {
-        let service = spec
-            .service_of(each)
-            .ok_or_else(|| format!("spec.rules[{index}]: no service"))?;
-        let target = Target {
-            namespace: service
-                .namespace
-                .clone()
-                .unwrap_or_else(|| namespace.clone()),
-            name: service.name.clone().unwrap_or_default(),
-            port: service
-                .port
-                .and_then(|p| u16::try_from(p).ok())
-                .unwrap_or(80),
-        };
-        let access = match &each.jwt {
-            Some(jwt) => RuleAccess::Jwt {
-                issuers: jwt
-                    .authentications
-                    .iter()
-                    .map(|authentication| {
-                        let verifier = JwtVerifier::new(JwtAccess {
-                            issuer: authentication.issuer.clone(),
-                            jwks_uri: authentication.jwks_uri.clone(),
-                            audiences: Vec::new(),
-                            required_claims: Default::default(),
-                        })
-                        .map_err(|error| format!("no TLS for the JWKS client: {error}"))?;
-                        Ok(Issuer {
-                            verifier,
-                            from_headers: authentication.from_headers.clone(),
-                            from_params: authentication.from_params.clone(),
-                        })
-                    })
-                    .collect::<Result<_, String>>()?,
-                authorizations: jwt.authorizations.clone(),
-            },
-            None => RuleAccess::NoAuth,
-        };
-        let request = each.request.clone().unwrap_or_default();
-        let headers = request
-            .headers
-            .iter()
-            .filter_map(|(name, value)| {
-                Some((
-                    HeaderName::from_bytes(name.as_bytes()).ok()?,
-                    HeaderValue::from_str(value).ok()?,
-                ))
-            })
-            .collect();
-        let cookies = (!request.cookies.is_empty()).then(|| {
-            request
-                .cookies
-                .iter()
-                .map(|(name, value)| format!("{name}={value}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        });
-        let seconds = each
-            .timeout
-            .or(spec.timeout)
-            .unwrap_or(DEFAULT_TIMEOUT_SECONDS);
-        rules.push(Rule {
-            target,
-            timeout: Duration::from_secs(u64::from(seconds)),
-            access,
-            headers,
-            cookies,
-        });
-    }
-    let cors = spec.cors_policy.as_ref().map(Cors::new).transpose()?;
-    Ok(Exposure {
-        namespace,
-        name: rule.name_any(),
-        hosts: spec
-            .hosts
-            .iter()
-            .map(|host| full_host(host, domain))
-            .collect(),
-        templates: spec.templates(),
-        rules,
-        cors,
-        spec: spec.clone(),
-    })
-}
-
-type Key = (String, String);
-
-/// One APIRule as the gateway knows it: compiled, or why it cannot be.
-struct Entry {
-    /// Who keeps a host both name: the one created first (in the same second, the one that
-    /// held it, then by namespace and name).
-    created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
-    compiled: Result<Arc<Exposure>, String>,
-}
-
-#[derive(Default)]
-struct Table {
-    entries: HashMap<Key, Entry>,
-    /// What is honoured, by key and by host.
-    live: HashMap<Key, Arc<Exposure>>,
-    by_host: HashMap<String, Arc<Exposure>>,
-    /// Why an APIRule is not honoured: invalid, or a host an older one holds.
-    refused: HashMap<Key, String>,
-}
-
-impl Table {
-    /// Decides again who holds each host (oldest first).
-    fn rebuild(&mut self) {
-        let held: std::collections::HashSet<Key> = self.live.drain().map(|(key, _)| key).collect();
-        self.by_host.clear();
-        self.refused.clear();
-        let mut ordered: Vec<(&Key, &Entry)> = self.entries.iter().collect();
-        ordered.sort_by_key(|(key, entry)| (entry.created.clone(), !held.contains(*key), *key));
-        for (key, entry) in ordered {
-            let exposure = match &entry.compiled {
-                Ok(exposure) => exposure,
-                Err(problem) => {
-                    self.refused.insert(key.clone(), problem.clone());
-                    continue;
-                }
-            };
-            if let Some((host, holder)) = exposure
-                .hosts
-                .iter()
-                .find_map(|host| Some((host, self.by_host.get(host)?)))
-            {
-                let problem = format!(
-                    "host {host} is already exposed by APIRule {}/{}",
-                    holder.namespace, holder.name
-                );
-                self.refused.insert(key.clone(), problem);
-                continue;
+    let mut targets = Vec::new();
+    for each in &rule.spec.rules {
+        if let Some(service) = rule.spec.service_of(each) {
+            let target = (
+                service
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| namespace.clone()),
+                service.name.clone().unwrap_or_default(),
+            );
+            if !targets.contains(&target) {
+                targets.push(target);
             }
-            for host in &exposure.hosts {
-                self.by_host.insert(host.clone(), exposure.clone());
-            }
-            self.live.insert(key.clone(), exposure.clone());
         }
     }
-
-    fn state(&self, key: &Key) -> Result<Arc<Exposure>, String> {
-        match self.live.get(key) {
-            Some(exposure) => Ok(exposure.clone()),
-            None => Err(self
-                .refused
-                .get(key)
-                .cloned()
-                .unwrap_or_else(|| "not known".to_owned())),
-        }
-    }
+    targets
 }
 
-/// The APIRules a gateway honours, by host and by the Functions they expose.
-pub struct Exposures {
-    domain: String,
-    table: RwLock<Table>,
-}
-
-fn key_of(rule: &APIRule) -> Key {
-    (
-        rule.namespace().unwrap_or_else(|| "default".to_owned()),
-        rule.name_any(),
-    )
-}
-
-impl Exposures {
-    /// None yet; short hosts are prefixed to `domain`.
-    pub fn new(domain: &str) -> Self {
-        Self {
-            domain: domain.trim_matches('.').to_ascii_lowercase(),
-            table: RwLock::default(),
-        }
-    }
-
-    fn entry(&self, rule: &APIRule, known: Option<&Entry>) -> Entry {
-        let created = rule.metadata.creation_timestamp.clone();
-        // An unchanged APIRule is not compiled again: its JWT verifiers keep their keys.
-        let compiled = match known.map(|entry| &entry.compiled) {
-            Some(Ok(exposure)) if exposure.spec == rule.spec => Ok(exposure.clone()),
-            _ => compile(rule, &self.domain).map(Arc::new),
-        };
-        Entry { created, compiled }
-    }
-
-    /// Takes an APIRule (replacing its earlier version). `Err` says why it is not honoured:
-    /// invalid, or naming a host an older APIRule holds.
-    pub fn apply(&self, rule: &APIRule) -> Result<Arc<Exposure>, String> {
-        let key = key_of(rule);
-        let mut table = self.table.write();
-        let entry = self.entry(rule, table.entries.get(&key));
-        table.entries.insert(key.clone(), entry);
-        table.rebuild();
-        table.state(&key)
-    }
-
-    /// Takes every APIRule there is, forgetting the rest (a relist).
-    pub fn replace_all<'a>(&self, rules: impl IntoIterator<Item = &'a APIRule>) {
-        let mut table = self.table.write();
-        let mut entries = HashMap::new();
-        for rule in rules {
-            let key = key_of(rule);
-            let entry = self.entry(rule, table.entries.get(&key));
-            entries.insert(key, entry);
-        }
-        table.entries = entries;
-        table.rebuild();
-    }
-
-    /// Whether an APIRule is honoured, or why not.
-    pub fn state(&self, namespace: &str, name: &str) -> Result<Arc<Exposure>, String> {
-        self.table
-            .read()
-            .state(&(namespace.to_owned(), name.to_owned()))
-    }
-
-    /// Forgets an APIRule (a host it held goes to the next oldest that names it).
-    pub fn remove(&self, namespace: &str, name: &str) {
-        let mut table = self.table.write();
-        if table
-            .entries
-            .remove(&(namespace.to_owned(), name.to_owned()))
-            .is_some()
-        {
-            table.rebuild();
-        }
-    }
-
-    /// Whether an APIRule exposes `host` (as a request names it, port and all).
-    pub fn names_host(&self, host: &str) -> bool {
-        let table = self.table.read();
-        !table.by_host.is_empty() && table.by_host.contains_key(&request_host(host))
-    }
-
-    /// The APIRule exposing the host a request names.
-    pub fn by_host(&self, headers: &HeaderMap, uri: &http::Uri) -> Option<Arc<Exposure>> {
-        let table = self.table.read();
-        if table.by_host.is_empty() {
-            return None;
-        }
-        let host = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| uri.authority().map(http::uri::Authority::as_str))?;
-        table.by_host.get(&request_host(host)).cloned()
-    }
-
-    /// The rule a call on the gateway's own path to `namespace/function` falls under, when
-    /// APIRules expose that Function: `Ok(None)` when none does, 404 when none of theirs
-    /// allows it. APIRules are tried in name order.
-    pub fn on_function_path(
-        &self,
-        namespace: &str,
-        function: &str,
-        method: &Method,
-        path: &str,
-    ) -> Result<Option<Chosen>, ErrorResponse> {
-        let table = self.table.read();
-        if table.live.is_empty() {
-            return Ok(None);
-        }
-        let mut exposing: Vec<&Arc<Exposure>> = table
-            .live
-            .values()
-            .filter(|exposure| {
-                exposure
-                    .rules
-                    .iter()
-                    .any(|rule| rule.target.namespace == namespace && rule.target.name == function)
-            })
-            .collect();
-        if exposing.is_empty() {
-            return Ok(None);
-        }
-        exposing.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        exposing
-            .iter()
-            .find_map(|exposure| {
-                let chosen = exposure.choose(method, path).ok()?;
-                let target = &chosen.rule().target;
-                (target.namespace == namespace && target.name == function).then_some(chosen)
-            })
-            .map(Some)
-            .ok_or_else(|| {
-                ErrorResponse::message(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "function {namespace}/{function} is exposed by APIRules; none of their \
-                         rules allows {method} {path}"
-                    ),
-                )
-            })
-    }
+/// Whether `rule` is honoured among `all` (it may be among them, in an older version): its
+/// full hosts, or why not. Pure.
+pub fn judge(rule: &APIRule, all: &[&APIRule], domain: &str) -> Result<Vec<String>, String> {
+    let key_of = |rule: &APIRule| -> RuleKey {
+        (
+            rule.namespace().unwrap_or_else(|| "default".to_owned()),
+            rule.name_any(),
+        )
+    };
+    let own = key_of(rule);
+    let others = all.iter().copied().filter(|other| key_of(other) != own);
+    let judged: Vec<_> = std::iter::once(rule)
+        .chain(others)
+        .map(|each| (key_of(each), each, hosts_of(each, domain)))
+        .collect();
+    let claims = judged
+        .iter()
+        .map(|(key, each, hosts)| HostClaim {
+            key,
+            created: each.metadata.creation_timestamp.as_ref(),
+            held: false,
+            hosts: hosts.as_deref().map_err(String::as_str),
+        })
+        .collect();
+    let verdict = award_hosts(claims)
+        .into_iter()
+        .find(|(key, _)| **key == own)
+        .map_or_else(|| Err("not known".to_owned()), |(_, verdict)| verdict);
+    verdict.and_then(|()| judged[0].2.clone())
 }
 
 /// The state and description an APIRule's status shows: `Error` when it is not honoured,
 /// `Warning` when a Service it names is missing or a rule is hidden by another, else `Ready`
 /// with where it is exposed. Pure.
 pub fn state_of(
-    applied: &Result<Arc<Exposure>, String>,
+    judged: &Result<Vec<String>, String>,
     missing: &[String],
     warnings: &[String],
     scheme_and_port: (&str, Option<u16>),
 ) -> (&'static str, String) {
-    match applied {
+    match judged {
         Err(problem) => ("Error", problem.clone()),
         Ok(_) if !missing.is_empty() || !warnings.is_empty() => {
             let mut notes: Vec<String> = missing
@@ -713,10 +94,9 @@ pub fn state_of(
             notes.extend(warnings.iter().cloned());
             ("Warning", notes.join("; "))
         }
-        Ok(exposure) => {
+        Ok(hosts) => {
             let (scheme, port) = scheme_and_port;
-            let urls: Vec<String> = exposure
-                .hosts
+            let urls: Vec<String> = hosts
                 .iter()
                 .map(|host| match port {
                     Some(port) => format!("{scheme}://{host}:{port}"),
@@ -728,12 +108,12 @@ pub fn state_of(
     }
 }
 
-/// Follows the APIRules of the local store into `exposures` and writes their status, until
-/// `shutdown`. A Service is a Function of that name; a missing one is looked for again every
-/// 2 s, as is a host held by another APIRule.
+/// Follows the APIRules of the local store and writes their status, until `shutdown`. A
+/// Service is a Function of that name; a missing one is looked for again every 2 s, as is a
+/// host held by another APIRule.
 pub async fn follow_local(
     store: eddy_platform::store::Store,
-    exposures: Arc<Exposures>,
+    domain: String,
     gateway_url: String,
     shutdown: eddy_platform::shutdown::CancellationToken,
 ) {
@@ -743,26 +123,41 @@ pub async fn follow_local(
     let url = url::Url::parse(&gateway_url).ok();
     let scheme = url.as_ref().map_or("http", url::Url::scheme).to_owned();
     let port = url.as_ref().and_then(url::Url::port);
+    let domain = Arc::new(domain);
     let settle = {
-        let (store, exposures, scheme) = (store.clone(), exposures.clone(), scheme.clone());
+        let (store, tracked, scheme, domain) = (
+            store.clone(),
+            tracked.clone(),
+            scheme.clone(),
+            domain.clone(),
+        );
         move |rule: APIRule| {
-            let (store, exposures, scheme) = (store.clone(), exposures.clone(), scheme.clone());
+            let (store, tracked, scheme, domain) = (
+                store.clone(),
+                tracked.clone(),
+                scheme.clone(),
+                domain.clone(),
+            );
             async move {
                 let (namespace, name) = rule.key();
-                let applied = exposures.apply(&rule);
+                let judged = {
+                    let all = tracked.lock();
+                    let all: Vec<&APIRule> = all.values().collect();
+                    judge(&rule, &all, &domain)
+                };
                 let mut missing = Vec::new();
-                if let Ok(exposure) = &applied {
-                    for target in exposure.targets() {
+                if judged.is_ok() {
+                    for (target_namespace, target_name) in targets_of(&rule) {
                         let found = store
-                            .get::<eddy_model::resources::Function>(&target.namespace, &target.name)
+                            .get::<eddy_model::resources::Function>(&target_namespace, &target_name)
                             .await;
                         if matches!(found, Ok(None)) {
-                            missing.push(format!("{}/{}", target.namespace, target.name));
+                            missing.push(format!("{target_namespace}/{target_name}"));
                         }
                     }
                 }
                 let (state, description) =
-                    state_of(&applied, &missing, &rule.spec.warnings(), (&scheme, port));
+                    state_of(&judged, &missing, &rule.spec.warnings(), (&scheme, port));
                 let previous = store
                     .get_status::<APIRule>(&namespace, &name)
                     .await
@@ -808,12 +203,7 @@ pub async fn follow_local(
         }
     };
     let follow = store.follow::<APIRule, _, _>(&shutdown, |change| {
-        let (store, exposures, tracked, settle) = (
-            store.clone(),
-            exposures.clone(),
-            tracked.clone(),
-            settle.clone(),
-        );
+        let (store, tracked, settle) = (store.clone(), tracked.clone(), settle.clone());
         async move {
             match change {
                 Change::Applied(rule) => {
@@ -822,7 +212,6 @@ pub async fn follow_local(
                 }
                 Change::Deleted { namespace, name } => {
                     tracked.lock().remove(&(namespace.clone(), name.clone()));
-                    exposures.remove(&namespace, &name);
                     if let Err(error) = store.delete_status::<APIRule>(&namespace, &name).await {
                         tracing::warn!(%error, %namespace, %name, "cannot remove APIRule status");
                     }
@@ -837,137 +226,66 @@ pub async fn follow_local(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
-    fn api_rule(name: &str, spec: Value) -> APIRule {
+    fn api_rule(name: &str, created: &str, spec: Value) -> APIRule {
         serde_json::from_value(json!({
-            "apiVersion": "gateway.kyma-project.io/v2", "kind": "APIRule",
-            "metadata": {"name": name, "namespace": "shop"}, "spec": spec,
+            "apiVersion": "gateway.kyma-project.io/v2",
+            "kind": "APIRule",
+            "metadata": {"name": name, "namespace": "default", "creationTimestamp": created},
+            "spec": spec,
         }))
         .unwrap()
     }
 
-    #[test]
-    fn authorizations_need_every_scope_and_one_audience() {
-        let wanted = JwtAuthorization {
-            required_scopes: vec!["read".into(), "write".into()],
-            audiences: vec!["app1".into(), "app2".into()],
-        };
-        assert!(authorized(
-            &json!({"scp": ["read", "write"], "aud": "app2"}),
-            &wanted
-        ));
-        assert!(authorized(
-            &json!({"scope": "write read other", "aud": ["x", "app1"]}),
-            &wanted
-        ));
-        assert!(!authorized(
-            &json!({"scope": "read", "aud": "app1"}),
-            &wanted
-        ));
-        assert!(!authorized(
-            &json!({"scp": "read write", "aud": "other"}),
-            &wanted
-        ));
-        assert!(authorized(&json!({}), &JwtAuthorization::default()));
+    fn exposing(host: &str) -> Value {
+        json!({
+            "hosts": [host],
+            "service": {"name": "hello", "port": 80},
+            "gateway": "kyma-system/kyma-gateway",
+            "rules": [{"path": "/*", "methods": ["GET"], "noAuth": true}],
+        })
     }
 
     #[test]
-    fn a_host_belongs_to_the_oldest_apirule_that_names_it() {
-        let exposures = Exposures::new("localhost");
-        let spec = |host: &str| {
-            json!({"hosts": [host], "service": {"name": "orders", "port": 80},
-                   "rules": [{"path": "/*", "methods": ["GET"], "noAuth": true}]})
-        };
-        let first = exposures.apply(&api_rule("one", spec("orders"))).unwrap();
-        assert_eq!(first.hosts, ["orders.localhost"]);
-        let refused = exposures
-            .apply(&api_rule("two", spec("orders.localhost")))
-            .unwrap_err();
-        assert!(
-            refused.contains("already exposed by APIRule shop/one"),
-            "{refused}"
-        );
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::HOST,
-            HeaderValue::from_static("Orders.localhost:8080"),
-        );
-        let found = exposures.by_host(&headers, &"/x".parse().unwrap()).unwrap();
-        assert_eq!(found.name, "one");
-        // Moving its host frees the old one, for the APIRule that was refused it.
-        exposures.apply(&api_rule("one", spec("other"))).unwrap();
+    fn the_oldest_apirule_naming_a_host_is_ready_and_a_newer_one_is_an_error() {
+        let older = api_rule("older", "2026-01-01T00:00:00Z", exposing("hello"));
+        let newer = api_rule("newer", "2026-01-02T00:00:00Z", exposing("hello"));
+        let all = [&older, &newer];
+        let judged = judge(&older, &all, "example.com");
+        assert_eq!(judged, Ok(vec!["hello.example.com".to_owned()]));
         assert_eq!(
-            exposures
-                .by_host(&headers, &"/x".parse().unwrap())
-                .unwrap()
-                .name,
-            "two"
+            state_of(&judged, &[], &[], ("https", None)),
+            ("Ready", "exposed on https://hello.example.com".to_owned())
         );
-        assert!(exposures.state("shop", "two").is_ok());
-        // Created in the same second, the one holding a host keeps it.
-        exposures
-            .apply(&api_rule("a-first-by-name", spec("orders")))
-            .unwrap_err();
-        exposures.remove("shop", "two");
+        let refused = judge(&newer, &all, "example.com");
         assert_eq!(
-            exposures
-                .by_host(&headers, &"/x".parse().unwrap())
-                .unwrap()
-                .name,
-            "a-first-by-name"
+            state_of(&refused, &[], &[], ("https", None)),
+            (
+                "Error",
+                "host hello.example.com is already exposed by APIRule default/older".to_owned()
+            )
         );
+        // Once the holder is gone, the host is the next one's.
+        assert!(judge(&newer, &[&newer], "example.com").is_ok());
     }
 
     #[test]
-    fn the_function_path_obeys_the_apirules_that_expose_it() {
-        let exposures = Exposures::new("localhost");
-        assert!(
-            exposures
-                .on_function_path("shop", "orders", &Method::GET, "/")
-                .unwrap()
-                .is_none()
-        );
-        exposures
-            .apply(&api_rule(
-                "orders",
-                json!({"hosts": ["orders"], "service": {"name": "orders", "port": 80},
-                       "rules": [{"path": "/public/{**}", "methods": ["GET"], "noAuth": true}]}),
-            ))
-            .unwrap();
-        assert!(
-            exposures
-                .on_function_path("shop", "orders", &Method::GET, "/public/a")
-                .unwrap()
-                .is_some()
-        );
-        assert!(
-            exposures
-                .on_function_path("shop", "orders", &Method::POST, "/public/a")
-                .is_err()
-        );
-        assert!(
-            exposures
-                .on_function_path("shop", "orders", &Method::GET, "/private")
-                .is_err()
-        );
-        assert!(
-            exposures
-                .on_function_path("shop", "other", &Method::GET, "/private")
-                .unwrap()
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn the_issuer_is_read_from_the_token() {
-        use base64::Engine as _;
-        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .encode(br#"{"iss":"https://id.example.com"}"#);
+    fn a_missing_service_is_a_warning() {
+        let rule = api_rule("one", "2026-01-01T00:00:00Z", exposing("hello"));
+        let judged = judge(&rule, &[&rule], "localhost");
         assert_eq!(
-            unverified_issuer(&format!("e30.{payload}.sig")).as_deref(),
-            Some("https://id.example.com")
+            targets_of(&rule),
+            vec![("default".to_owned(), "hello".to_owned())]
         );
-        assert_eq!(unverified_issuer("not-a-jwt"), None);
+        assert_eq!(
+            state_of(
+                &judged,
+                &["default/hello".to_owned()],
+                &[],
+                ("http", Some(8080))
+            ),
+            ("Warning", "service default/hello not found".to_owned())
+        );
     }
 }

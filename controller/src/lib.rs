@@ -1,14 +1,12 @@
 //! The eddy controller. In local mode it serves the resource API over the NATS KV store and
-//! reconciles what is stored: Subscriptions get their status here, Functions are built and run
-//! by the local backend.
+//! reconciles what is stored: Subscriptions and APIRules get their status here, Functions are
+//! built and run by the local backend ([`local`]). On Kubernetes it reconciles the same kinds
+//! as CRDs ([`kubernetes`]). The gateway and the console are crates above this one: they read
+//! the local backend's pools and the function metrics, and never the other way round.
 
 pub mod api;
 pub mod apirules;
-pub mod dashboard;
-pub mod function_metrics;
-pub mod gateway;
 pub mod git;
-pub mod jwt;
 pub mod kubernetes;
 pub mod local;
 mod path_lock;
@@ -25,7 +23,6 @@ use eddy_platform::{
     shutdown::CancellationToken,
     store::{Store, StoreError, retry_at_start},
 };
-use tokio::net::TcpListener;
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -181,7 +178,7 @@ impl FunctionArgs {
         data_dir: &std::path::Path,
         bus_url: &str,
         publisher_token: Option<String>,
-        metrics: Arc<function_metrics::FunctionMetrics>,
+        metrics: Arc<eddy_platform::function_metrics::FunctionMetrics>,
         drain_timeout: Duration,
         shutdown: &CancellationToken,
     ) -> Result<local::pool::PoolConfig> {
@@ -455,17 +452,25 @@ impl Args {
     }
 }
 
-/// A running controller's parts, ready to serve.
+/// A local controller, started: its resource API's routes and its backend, and what the
+/// gateway and the console built beside it read (the pools, the function metrics, the store).
 pub struct Controller {
-    api: Router,
-    gateway: Router,
-    backend: Arc<local::LocalController>,
+    /// The resource API's routes, not yet behind the API tokens (the console's routes join
+    /// them there).
+    pub api: Router,
+    /// The API's bearer tokens (`None`: no token asked).
+    pub api_tokens: Option<eddy_platform::auth::Tokens>,
+    /// The local backend.
+    pub backend: Arc<local::LocalController>,
+    /// Every Function's pool: what the gateway calls.
+    pub pools: local::pool::Pools,
+    /// Every Function's series (the pools record instances, the gateway calls).
+    pub function_metrics: Arc<eddy_platform::function_metrics::FunctionMetrics>,
+    /// The resource store.
+    pub store: Store,
+    /// The JetStream context it opened.
+    pub js: async_nats::jetstream::Context,
     backend_task: tokio::task::JoinHandle<()>,
-    /// The APIRules the gateway honours (their hosts pass its loopback host check).
-    exposures: Arc<apirules::Exposures>,
-    serve: eddy_platform::net::ServeArgs,
-    drain_timeout: Duration,
-    shutdown: CancellationToken,
 }
 
 /// The nearest `.tools` above the working directory (a checkout's, filled by `scripts/setup`),
@@ -483,7 +488,7 @@ pub fn default_tools_dir(data_dir: &std::path::Path) -> PathBuf {
 
 impl Controller {
     /// Connects to NATS, opens the store and starts the reconcilers. `gateway_url` is where
-    /// callers reach the gateway (it goes into Function status).
+    /// callers reach the gateway (it goes into Function and APIRule status).
     pub async fn new(args: Args, gateway_url: String, shutdown: CancellationToken) -> Result<Self> {
         let Args {
             backend: _,
@@ -491,24 +496,22 @@ impl Controller {
             nats,
             allowed_sinks,
             drain_timeout,
-            serve,
+            serve: _,
             api_auth,
             local:
                 LocalArgs {
                     gateway_addr: _,
                     gateway_url: configured_gateway_url,
                     bus_url,
-                    dispatcher_url,
+                    dispatcher_url: _,
                     functions,
                     data_dir,
-                    platform_token,
+                    platform_token: _,
                     function_publisher_token,
                 },
             kubernetes: _,
         } = args;
         let api_tokens = api_auth.load()?;
-        // The dashboard calls functions through the gateway of this process.
-        let local_gateway_url = gateway_url.clone();
         let gateway_url = configured_gateway_url.unwrap_or(gateway_url);
         let client = nats
             .connect(
@@ -529,13 +532,12 @@ impl Controller {
         ));
 
         let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
-        let pools: local::gateway::Pools = Arc::default();
-        let function_metrics = Arc::new(function_metrics::FunctionMetrics::new());
-        let function_metrics_for_dashboard = function_metrics.clone();
+        let pools: local::pool::Pools = Arc::default();
+        let function_metrics = Arc::new(eddy_platform::function_metrics::FunctionMetrics::new());
         let pool_config = functions.pool_config(
             &data_dir,
             &bus_url,
-            function_publisher_token.clone(),
+            function_publisher_token,
             function_metrics.clone(),
             drain_timeout,
             &shutdown,
@@ -543,10 +545,9 @@ impl Controller {
         let logs_dir = pool_config.logs_dir.clone();
         let build_config = functions.build_config(&data_dir);
         let sources = functions.sources(&data_dir);
-        let exposures = Arc::new(apirules::Exposures::new(&functions.domain));
         tokio::spawn(apirules::follow_local(
             store.clone(),
-            exposures.clone(),
+            functions.domain.clone(),
             gateway_url.clone(),
             shutdown.child_token(),
         ));
@@ -560,108 +561,29 @@ impl Controller {
             shutdown.child_token(),
         ));
         let backend_task = tokio::spawn(backend.clone().run());
-        let max_body = usize::try_from(functions.max_request_size.as_u64()).unwrap_or(usize::MAX);
-        let gateway = Arc::new(
-            local::gateway::Gateway::new(
-                pools,
-                function_metrics,
-                functions.activation_timeout,
-                Duration::from_secs(3600),
-                max_body,
-            )
-            .with_bypass_token(platform_token.as_deref())
-            .with_exposures(exposures.clone()),
-        );
-        let dashboard = Arc::new(dashboard::DashboardState::new(
-            store.clone(),
-            js.clone(),
-            dispatcher_url,
-            // The dispatcher of `eddy up` takes the same API tokens as the controller.
-            dispatcher_client(api_auth.client_token()?.as_deref()),
-            local_gateway_url,
-            bus_url,
-            function_publisher_token,
-            function_metrics_for_dashboard,
-        ));
-        tokio::spawn(dashboard::sample(dashboard.clone(), shutdown.child_token()));
         let state = Arc::new(api::ApiState {
-            store,
+            store: store.clone(),
             sinks,
             logs_dir,
             backend: Some(backend.clone()),
         });
-        let api = eddy_platform::auth::protect(
-            api::router(state).merge(dashboard::router(dashboard)),
-            api_tokens,
-            dashboard::QUERY_TOKEN_PATHS,
-        )
-        .merge(dashboard::page_router())
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
         Ok(Self {
-            api,
-            gateway: local::gateway::router(gateway),
+            api: api::router(state),
+            api_tokens,
             backend,
+            pools,
+            function_metrics,
+            store,
+            js,
             backend_task,
-            exposures,
-            serve,
-            drain_timeout,
-            shutdown,
         })
     }
 
-    /// The gateway's service, to be called in this process as well as served (the dispatcher
-    /// `eddy up` runs beside it delivers to functions through it).
-    pub fn gateway(&self) -> Router {
-        self.gateway.clone()
-    }
-
-    /// The local backend (tests reach instance processes through it).
-    pub fn backend(&self) -> Arc<local::LocalController> {
-        self.backend.clone()
-    }
-
-    /// Serves the API and the gateway until shutdown, drains them for at most the drain
-    /// timeout, then stops every function instance.
-    pub async fn serve(self, api: TcpListener, gateway: TcpListener) -> Result<()> {
-        use eddy_platform::net::{Browsers, serve};
-        let api_server = serve(
-            api,
-            self.api,
-            &self.serve,
-            Browsers::SameOrigin,
-            self.shutdown.clone(),
-            self.drain_timeout,
-        );
-        let gateway_server = serve(
-            gateway,
-            self.gateway,
-            &self.serve,
-            Browsers::HostOnlyAnd({
-                let exposures = self.exposures.clone();
-                Arc::new(move |host: &str| exposures.names_host(host))
-            }),
-            self.shutdown.clone(),
-            self.drain_timeout,
-        );
-        let served = tokio::try_join!(api_server, gateway_server)
-            .map(drop)
-            .map_err(Error::Serve);
-        // The backend stops every instance once shutdown is signalled; wait for it.
+    /// Waits (at most 20 s) for the backend to have stopped every instance, once shutdown is
+    /// signalled.
+    pub async fn stopped(self) {
         let _ = tokio::time::timeout(Duration::from_secs(20), self.backend_task).await;
-        served
     }
-}
-
-/// The client the dashboard reads delivery counts with, sending `token` when given.
-fn dispatcher_client(token: Option<&str>) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(value) = token.and_then(eddy_platform::auth::bearer_header) {
-        headers.insert(reqwest::header::AUTHORIZATION, value);
-    }
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .build()
-        .unwrap_or_default()
 }
 
 /// Opens the store, waiting for NATS (with backoff) until shutdown.
@@ -675,37 +597,4 @@ async fn open_store(
         })
         .await?,
     )
-}
-
-/// Runs the controller until `shutdown`.
-pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
-    if args.backend == Backend::Kubernetes {
-        return kubernetes::serve(args, shutdown).await;
-    }
-    let api_addr = args.api_addr;
-    let api = TcpListener::bind(api_addr)
-        .await
-        .map_err(|source| Error::Bind {
-            addr: api_addr,
-            source,
-        })?;
-    let api_local = api.local_addr().map_err(|source| Error::Bind {
-        addr: api_addr,
-        source,
-    })?;
-    let gateway_addr = args.local.gateway_addr;
-    let gateway = TcpListener::bind(gateway_addr)
-        .await
-        .map_err(|source| Error::Bind {
-            addr: gateway_addr,
-            source,
-        })?;
-    let gateway_local = gateway.local_addr().map_err(|source| Error::Bind {
-        addr: gateway_addr,
-        source,
-    })?;
-    let controller = Controller::new(args, format!("http://{gateway_local}"), shutdown).await?;
-    eddy_platform::output::say(format!("controller ready on http://{api_local}"));
-    eddy_platform::output::say(format!("gateway ready on http://{gateway_local}"));
-    controller.serve(api, gateway).await
 }

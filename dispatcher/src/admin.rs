@@ -10,8 +10,12 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
+use eddy_model::admin::{
+    DeadLetterList, EventDeliveries, Redriven, ReplayRequest, ReplayStarted, SubscriptionAttempts,
+    SubscriptionDeliveries, SubscriptionList,
+};
+use eddy_platform::errors::ErrorResponse;
 use serde::Deserialize;
-use serde_json::json;
 use tracing::Instrument as _;
 
 use crate::{
@@ -46,10 +50,6 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    eddy_platform::errors::ErrorResponse::message(status, message).into_response()
-}
-
 async fn readyz(State(state): Admin) -> Response {
     let connected = state.client.connection_state() == async_nats::connection::State::Connected;
     if connected && state.manager.is_synced() {
@@ -76,22 +76,20 @@ async fn metrics(State(state): Admin) -> Response {
         .into_response()
 }
 
-async fn subscriptions(State(state): Admin) -> Response {
+async fn subscriptions(State(state): Admin) -> Json<SubscriptionList> {
     let items: Vec<_> = state
         .manager
         .targets()
         .iter()
-        .map(|target| {
-            json!({
-                "namespace": target.namespace,
-                "name": target.name,
-                "sink": target.sink,
-                "counts": state.shared.metrics.counts(&target.label),
-                "replyTypes": state.shared.journal.reply_types(&target.label),
-            })
+        .map(|target| SubscriptionDeliveries {
+            namespace: target.namespace.clone(),
+            name: target.name.clone(),
+            sink: target.sink.clone(),
+            counts: state.shared.metrics.counts(&target.label),
+            reply_types: state.shared.journal.reply_types(&target.label),
         })
         .collect();
-    Json(json!({ "items": items })).into_response()
+    Json(SubscriptionList { items })
 }
 
 #[derive(Debug, Deserialize)]
@@ -102,15 +100,24 @@ struct DeliveriesQuery {
 
 /// The recent attempts of one event, by subscription (what this dispatcher saw; see
 /// [`crate::journal`]).
-async fn deliveries(State(state): Admin, Query(query): Query<DeliveriesQuery>) -> Response {
+async fn deliveries(
+    State(state): Admin,
+    Query(query): Query<DeliveriesQuery>,
+) -> Json<EventDeliveries> {
     let items: Vec<_> = state
         .shared
         .journal
         .attempts_of(query.sequence)
         .into_iter()
-        .map(|(subscription, attempts)| json!({"subscription": subscription, "attempts": attempts}))
+        .map(|(subscription, attempts)| SubscriptionAttempts {
+            subscription,
+            attempts,
+        })
         .collect();
-    Json(json!({ "sequence": query.sequence, "items": items })).into_response()
+    Json(EventDeliveries {
+        sequence: query.sequence,
+        items,
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,7 +128,10 @@ struct DeadLetterQuery {
     limit: Option<usize>,
 }
 
-async fn dead_letters(State(state): Admin, Query(query): Query<DeadLetterQuery>) -> Response {
+async fn dead_letters(
+    State(state): Admin,
+    Query(query): Query<DeadLetterQuery>,
+) -> Result<Json<DeadLetterList>, ErrorResponse> {
     let subscription = match query.subscription.as_deref() {
         None => None,
         Some(text) => match text.split_once('/') {
@@ -129,68 +139,65 @@ async fn dead_letters(State(state): Admin, Query(query): Query<DeadLetterQuery>)
                 Some((namespace, name))
             }
             _ => {
-                return error(
+                return Err(ErrorResponse::message(
                     StatusCode::BAD_REQUEST,
                     "subscription must be namespace/name",
-                );
+                ));
             }
         },
     };
-    match deadletter::list(&state.shared.js, subscription, query.limit.unwrap_or(1000)).await {
-        Ok(items) => Json(json!({ "items": items })).into_response(),
-        Err(failure) => {
+    let items = deadletter::list(&state.shared.js, subscription, query.limit.unwrap_or(1000))
+        .await
+        .map_err(|failure| {
             tracing::warn!(error = %failure, "cannot list dead letters");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "cannot read dead letters from NATS",
-            )
-        }
-    }
+            unreadable_dead_letters()
+        })?;
+    Ok(Json(DeadLetterList { items }))
 }
 
-async fn redrive(State(state): Admin, Path((namespace, name)): Path<(String, String)>) -> Response {
-    let Some(target) = state.manager.target(&namespace, &name) else {
-        return error(
+fn unreadable_dead_letters() -> ErrorResponse {
+    ErrorResponse::message(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "cannot read dead letters from NATS",
+    )
+}
+
+/// The Subscription `namespace/name` this dispatcher delivers, or 404.
+fn delivered(
+    state: &AdminState,
+    namespace: &str,
+    name: &str,
+) -> Result<Arc<crate::worker::Target>, ErrorResponse> {
+    state.manager.target(namespace, name).ok_or_else(|| {
+        ErrorResponse::message(
             StatusCode::NOT_FOUND,
             format!("no subscription {namespace}/{name} is being delivered"),
-        );
-    };
-    let span = tracing::info_span!("redrive", subscription = %target.label);
-    match deadletter::redrive(&state.shared, &target)
-        .instrument(span)
-        .await
-    {
-        Ok(outcome) => Json(outcome).into_response(),
-        Err(failure) => {
-            tracing::warn!(error = %failure, "redrive failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "cannot read dead letters from NATS",
-            )
-        }
-    }
+        )
+    })
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ReplayRequest {
-    /// Replay events stored within this long ago (`10m`, `2h`).
-    since: Option<String>,
-    /// Replay from this stream sequence.
-    from_seq: Option<u64>,
+async fn redrive(
+    State(state): Admin,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<Json<Redriven>, ErrorResponse> {
+    let target = delivered(&state, &namespace, &name)?;
+    let span = tracing::info_span!("redrive", subscription = %target.label);
+    let outcome = deadletter::redrive(&state.shared, &target)
+        .instrument(span)
+        .await
+        .map_err(|failure| {
+            tracing::warn!(error = %failure, "redrive failed");
+            unreadable_dead_letters()
+        })?;
+    Ok(Json(outcome))
 }
 
 async fn replay(
     State(state): Admin,
     Path((namespace, name)): Path<(String, String)>,
     Json(request): Json<ReplayRequest>,
-) -> Response {
-    let Some(target) = state.manager.target(&namespace, &name) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("no subscription {namespace}/{name} is being delivered"),
-        );
-    };
+) -> Result<(StatusCode, Json<ReplayStarted>), ErrorResponse> {
+    let target = delivered(&state, &namespace, &name)?;
     let from = match (request.since, request.from_seq) {
         (Some(since), None) => match humantime::parse_duration(&since) {
             Ok(duration) => {
@@ -202,25 +209,27 @@ async fn replay(
                 )
             }
             Err(problem) => {
-                return error(
+                return Err(ErrorResponse::message(
                     StatusCode::BAD_REQUEST,
                     format!("since: not a duration: {problem}"),
-                );
+                ));
             }
         },
         (None, Some(sequence)) => ReplayFrom::Sequence(sequence.max(1)),
         _ => {
-            return error(
+            return Err(ErrorResponse::message(
                 StatusCode::BAD_REQUEST,
                 "give exactly one of since or fromSeq",
-            );
+            ));
         }
     };
-    match state.manager.replay(target, from).await {
-        Ok(events) => (StatusCode::ACCEPTED, Json(json!({ "events": events }))).into_response(),
-        Err(failure) => {
+    let events = state
+        .manager
+        .replay(target, from)
+        .await
+        .map_err(|failure| {
             tracing::warn!(error = %failure, "replay failed to start");
-            error(StatusCode::SERVICE_UNAVAILABLE, "cannot start the replay")
-        }
-    }
+            ErrorResponse::message(StatusCode::SERVICE_UNAVAILABLE, "cannot start the replay")
+        })?;
+    Ok((StatusCode::ACCEPTED, Json(ReplayStarted { events })))
 }

@@ -1,5 +1,6 @@
 //! Reading dead letters and sending them back to their sink.
 
+use eddy_model::admin::{DeadLetter, Outcome, Redriven};
 use std::time::Duration;
 
 use async_nats::jetstream::{
@@ -10,41 +11,12 @@ use async_nats::jetstream::{
 use eddy_model::{headers as names, subject};
 use eddy_platform::nats::DEAD_LETTER_STREAM;
 use futures::StreamExt as _;
-use serde::Serialize;
 
 use crate::{
     Error, Result,
     delivery::Verdict,
-    journal::Outcome,
     worker::{self, Shared, Target},
 };
-
-/// One dead letter, summarized.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeadLetter {
-    /// Sequence in `EDDY_DEAD_LETTERS`.
-    pub sequence: u64,
-    /// `namespace/name` of the Subscription.
-    pub subscription: String,
-    /// Why.
-    pub reason: String,
-    /// The sink's last status, when it answered.
-    pub status: Option<u16>,
-    /// Deliveries attempted.
-    pub attempts: u32,
-    /// Sequence of the original event in `EDDY_EVENTS`.
-    pub stream_sequence: u64,
-    /// CloudEvents id.
-    pub id: String,
-    /// CloudEvents type.
-    #[serde(rename = "type")]
-    pub ty: String,
-    /// CloudEvents source.
-    pub source: String,
-    /// When it was dead-lettered (RFC 3339).
-    pub time: String,
-}
 
 fn summarize(sequence: u64, headers: &async_nats::HeaderMap, time: String) -> DeadLetter {
     let get = |name: &str| {
@@ -156,15 +128,6 @@ pub async fn list(
             summarize(sequence, &message.headers, time)
         })
         .collect())
-}
-
-/// What a redrive did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Redriven {
-    /// Delivered and removed from dead letters.
-    pub delivered: u64,
-    /// Failed again; still in dead letters.
-    pub failed: u64,
 }
 
 /// Delivers every dead letter of `target` once more; delivered ones leave dead letters.

@@ -7,68 +7,18 @@
 //! metrics and dead letters stay the record. Recording an attempt takes one uncontended lock
 //! (a Subscription's deliveries are settled by one task) and copies a few integers.
 
+use eddy_model::admin::{Attempt, Outcome};
 use std::{
     collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, PoisonError},
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use serde::Serialize;
-
 /// Attempts kept per Subscription.
 pub const ATTEMPTS_KEPT: usize = 512;
 
 /// Distinct reply types kept per Subscription.
 pub const REPLY_TYPES_KEPT: usize = 16;
-
-/// How one attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The sink took it.
-    Delivered,
-    /// It failed and comes again.
-    Retry,
-    /// It failed for good and went to dead letters.
-    DeadLetter,
-    /// A dead letter sent again by a redrive, and taken.
-    Redriven,
-    /// A dead letter sent again by a redrive that failed again (it stays a dead letter).
-    RedriveFailed,
-}
-
-impl Outcome {
-    /// The name traces and the admin API give it.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Delivered => "delivered",
-            Self::Retry => "retry",
-            Self::DeadLetter => "dead_letter",
-            Self::Redriven => "redriven",
-            Self::RedriveFailed => "redrive_failed",
-        }
-    }
-}
-
-/// One delivery attempt of one event.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Attempt {
-    /// The event's sequence in `EDDY_EVENTS`.
-    pub sequence: u64,
-    /// Which attempt (1 for the first).
-    pub attempt: u32,
-    /// The sink's status, when it answered.
-    pub status: Option<u16>,
-    /// How it ended.
-    pub outcome: Outcome,
-    /// Why it failed.
-    pub reason: Option<&'static str>,
-    /// How long it took, in milliseconds.
-    pub millis: f64,
-    /// When it ended, in milliseconds since the Unix epoch.
-    pub at: u64,
-}
 
 /// One Subscription's recent attempts and reply types.
 #[derive(Debug, Default)]
@@ -98,7 +48,7 @@ impl Recent {
             attempt,
             status,
             outcome,
-            reason,
+            reason: reason.map(std::borrow::Cow::Borrowed),
             millis: seconds * 1000.0,
             at,
         };

@@ -2,6 +2,7 @@
 //! and reason (a fixed vocabulary), never per event.
 
 use crate::delivery::Failure;
+use eddy_model::admin::Counts;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -17,21 +18,6 @@ struct SubscriptionLabel {
 struct ReasonLabels {
     subscription: String,
     reason: &'static str,
-}
-
-/// Counters of one subscription, for the admin API and dashboard.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Counts {
-    /// Delivered (2xx).
-    pub delivered: u64,
-    /// Retried (nak with backoff).
-    pub retried: u64,
-    /// Sent to dead letters.
-    pub dead_lettered: u64,
-    /// Events not yet delivered (stored, not acknowledged).
-    pub pending: i64,
-    /// Deliveries running now in this process.
-    pub in_flight: i64,
 }
 
 /// The series of one subscription, looked up once so the delivery path does not allocate a

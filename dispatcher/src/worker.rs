@@ -6,6 +6,7 @@
 //! attempts are used up. The dispatcher never retries in a loop of its own: every retry is a
 //! JetStream redelivery, so a crash loses nothing and several dispatchers share the work.
 
+use eddy_model::admin::Outcome as Recorded;
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -31,7 +32,7 @@ use tracing::Instrument as _;
 use crate::{
     consumer::{self, ConsumerPlan},
     delivery::{self, Failure, Verdict},
-    journal::{Journal, Outcome as Recorded, Recent},
+    journal::{Journal, Recent},
     metrics::{Metrics, SubscriptionMetrics},
     sinks::{Resolved, Sinks},
 };

@@ -406,6 +406,54 @@ pub fn full_host(host: &str, domain: &str) -> String {
     }
 }
 
+/// Namespace and name of an APIRule.
+pub type RuleKey = (String, String);
+
+/// One APIRule's claim on its hosts, for [`award_hosts`].
+#[derive(Debug, Clone)]
+pub struct HostClaim<'a> {
+    /// Its namespace and name.
+    pub key: &'a RuleKey,
+    /// When it was created (one-second precision).
+    pub created: Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Whether it held its hosts before this decision.
+    pub held: bool,
+    /// Its full host names, or why it cannot be honoured (it claims nothing then).
+    pub hosts: Result<&'a [String], &'a str>,
+}
+
+/// Who holds each host: the oldest APIRule naming it; in the same second the one that held it,
+/// then by namespace and name. Every claim gets `Ok` (it holds all its hosts) or why not, in
+/// the order they were decided. The gateways route by it and the controllers report it, so
+/// both say the same. Pure.
+pub fn award_hosts<'a>(mut claims: Vec<HostClaim<'a>>) -> Vec<(&'a RuleKey, Result<(), String>)> {
+    claims.sort_by(|a, b| (a.created, !a.held, a.key).cmp(&(b.created, !b.held, b.key)));
+    let mut holders: BTreeMap<&'a str, &'a RuleKey> = BTreeMap::new();
+    let mut awarded = Vec::with_capacity(claims.len());
+    for claim in claims {
+        let hosts = match claim.hosts {
+            Ok(hosts) => hosts,
+            Err(problem) => {
+                awarded.push((claim.key, Err(problem.to_owned())));
+                continue;
+            }
+        };
+        if let Some((host, (namespace, name))) = hosts
+            .iter()
+            .find_map(|host| Some((host, *holders.get(host.as_str())?)))
+        {
+            let problem = format!("host {host} is already exposed by APIRule {namespace}/{name}");
+            awarded.push((claim.key, Err(problem)));
+            continue;
+        }
+        for host in hosts {
+            holders.insert(host, claim.key);
+        }
+        awarded.push((claim.key, Ok(())));
+    }
+    awarded
+}
+
 /// Whether `host` is a name Kyma takes: one lower-case DNS label, or at least two. Pure.
 fn is_host(host: &str) -> bool {
     host.len() <= 255 && host.split('.').all(is_dns1123_label)

@@ -5,6 +5,7 @@
 //! tested directly, the fuzz targets build in seconds, and the CRDs are generated from the same
 //! types the services use.
 
+pub mod admin;
 pub mod apirule;
 pub mod backoff;
 pub mod conditions;

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod cgroup;
 pub mod errors;
 pub mod flags;
+pub mod function_metrics;
 pub mod nats;
 pub mod net;
 pub mod output;

@@ -1,7 +1,8 @@
 //! `eddy dlq list|redrive` and `eddy replay`: dead letters and replays through the dispatcher.
 
 use anyhow::{Context as _, bail};
-use serde_json::{Value, json};
+use eddy_model::admin::{DeadLetterList, Redriven, ReplayRequest, ReplayStarted};
+use serde::de::DeserializeOwned;
 
 use super::resources::{Output, format_rows};
 
@@ -30,10 +31,11 @@ fn base(args: &DispatcherArgs) -> &str {
     args.dispatcher.trim_end_matches('/')
 }
 
-async fn check(response: reqwest::Response) -> anyhow::Result<Value> {
+/// The dispatcher's answer as `T`, or its error message.
+async fn check<T: DeserializeOwned>(response: reqwest::Response) -> anyhow::Result<T> {
     let status = response.status();
-    let body: Value = response.json().await.unwrap_or(Value::Null);
     if !status.is_success() {
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
         bail!(
             "{}",
             body["error"].as_str().map_or_else(
@@ -42,7 +44,10 @@ async fn check(response: reqwest::Response) -> anyhow::Result<Value> {
             )
         );
     }
-    Ok(body)
+    response
+        .json()
+        .await
+        .context("the dispatcher's answer is not what eddy expects")
 }
 
 /// `eddy dlq list [SUB]`.
@@ -61,13 +66,12 @@ pub async fn list(
         .send()
         .await
         .with_context(|| format!("cannot reach the dispatcher at {}", args.dispatcher))?;
-    let body = check(response).await?;
-    let items = body["items"].as_array().cloned().unwrap_or_default();
+    let body: DeadLetterList = check(response).await?;
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&body)?),
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(&body)?),
         Output::Table => {
-            if items.is_empty() {
+            if body.items.is_empty() {
                 println!("no dead letters");
                 return Ok(());
             }
@@ -86,22 +90,17 @@ pub async fn list(
                 .map(String::from)
                 .to_vec(),
             ];
-            for item in items {
-                let text = |key: &str| match &item[key] {
-                    Value::String(s) => s.clone(),
-                    Value::Null => String::new(),
-                    other => other.to_string(),
-                };
+            for item in body.items {
                 rows.push(vec![
-                    text("sequence"),
-                    text("subscription"),
-                    text("reason"),
-                    text("status"),
-                    text("attempts"),
-                    text("type"),
-                    text("source"),
-                    text("id"),
-                    text("time"),
+                    item.sequence.to_string(),
+                    item.subscription,
+                    item.reason,
+                    item.status.map(|s| s.to_string()).unwrap_or_default(),
+                    item.attempts.to_string(),
+                    item.ty,
+                    item.source,
+                    item.id,
+                    item.time,
                 ]);
             }
             print!("{}", format_rows(&rows));
@@ -125,12 +124,12 @@ pub async fn redrive(
         .send()
         .await
         .with_context(|| format!("cannot reach the dispatcher at {}", args.dispatcher))?;
-    let body = check(response).await?;
+    let body: Redriven = check(response).await?;
     println!(
         "redrive of {namespace}/{subscription}: {} delivered, {} failed (still in dead letters)",
-        body["delivered"], body["failed"]
+        body.delivered, body.failed
     );
-    if body["failed"].as_u64().unwrap_or(0) > 0 {
+    if body.failed > 0 {
         bail!("some dead letters could not be delivered");
     }
     Ok(())
@@ -145,8 +144,14 @@ pub async fn replay(
     from_seq: Option<u64>,
 ) -> anyhow::Result<()> {
     let request = match (since, from_seq) {
-        (Some(since), None) => json!({ "since": since }),
-        (None, Some(sequence)) => json!({ "fromSeq": sequence }),
+        (Some(since), None) => ReplayRequest {
+            since: Some(since.to_owned()),
+            from_seq: None,
+        },
+        (None, Some(sequence)) => ReplayRequest {
+            since: None,
+            from_seq: Some(sequence),
+        },
         _ => bail!("give exactly one of --since DURATION or --from-seq N"),
     };
     let url = format!(
@@ -159,10 +164,10 @@ pub async fn replay(
         .send()
         .await
         .with_context(|| format!("cannot reach the dispatcher at {}", args.dispatcher))?;
-    let body = check(response).await?;
+    let body: ReplayStarted = check(response).await?;
     println!(
         "replaying {} stored event(s) to {namespace}/{subscription}",
-        body["events"]
+        body.events
     );
     Ok(())
 }

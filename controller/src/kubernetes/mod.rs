@@ -7,7 +7,6 @@
 //! errors are permanent) are pure functions; [`reconcile_function`] and
 //! [`reconcile_subscription`] only read and write through the API.
 
-pub mod gateway;
 pub mod leader;
 pub mod render;
 
@@ -1170,12 +1169,11 @@ pub(crate) async fn reconcile_apirule(
 ) -> Result<Action> {
     let namespace = rule.namespace().unwrap_or_default();
     let name = rule.name_any();
-    let exposures = crate::apirules::Exposures::new(&context.domain);
-    exposures.replace_all(all.iter().map(AsRef::as_ref));
-    // The store may not hold this version yet.
-    let state = exposures.apply(&rule);
+    // `all` may hold an older version of this one.
+    let all: Vec<&APIRule> = all.iter().map(AsRef::as_ref).collect();
+    let judged = crate::apirules::judge(&rule, &all, &context.domain);
     let (phase, description) =
-        crate::apirules::state_of(&state, &[], &rule.spec.warnings(), ("https", None));
+        crate::apirules::state_of(&judged, &[], &rule.spec.warnings(), ("https", None));
     let unchanged = rule.status.as_ref().is_some_and(|status| {
         status.state == phase && status.description.as_deref() == Some(description.as_str())
     });

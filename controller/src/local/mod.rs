@@ -1,12 +1,11 @@
-//! The local backend: Functions built in a directory and run as supervised processes behind
-//! the gateway, on this machine.
+//! The local backend: Functions built in a directory and run as supervised processes on this
+//! machine; the gateway (the eddy-gateway crate) reaches them through their [`pool::Pools`].
 //!
 //! For each Function: ConfigurationReady (the spec is valid), BuildReady (source and
 //! dependencies built; unchanged code is never rebuilt), Running (instances answer `/healthz`),
 //! with `replicas`, `url` and `observedGeneration`, all written to the resource store.
 
 pub mod build;
-pub mod gateway;
 pub mod inputs;
 pub mod installer;
 pub mod pool;
@@ -35,9 +34,8 @@ use crate::git::{self, GitConfig};
 
 use self::{
     build::{BuildConfig, Code},
-    gateway::Pools,
     inputs::Inputs,
-    pool::{Pool, PoolConfig, PoolStatus, Revision},
+    pool::{Pool, PoolConfig, PoolStatus, Pools, Revision},
 };
 
 type Key = (String, String);
@@ -315,7 +313,7 @@ impl LocalController {
         self: &Arc<Self>,
         namespace: &str,
         name: &str,
-        access: crate::gateway::Access,
+        access: Option<&eddy_model::resources::AccessSpec>,
     ) -> Arc<Tracked> {
         let key = (namespace.to_owned(), name.to_owned());
         let mut all = self.tracked.lock();
@@ -360,13 +358,8 @@ impl LocalController {
         let (namespace, name) = function.key();
         // Access applies at once, also to the instances of the previous revision, and a new
         // function's pool has it before the gateway can see the pool.
-        let existing = self
-            .tracked
-            .lock()
-            .get(&(namespace.clone(), name.clone()))
-            .map(|tracked| tracked.pool.access());
-        let access = crate::gateway::Access::of(&function, existing);
-        let tracked = self.tracked(&namespace, &name, access.clone());
+        let access = function.spec.access.as_ref();
+        let tracked = self.tracked(&namespace, &name, access);
         tracked.pool.set_access(access);
         *tracked.function.lock() = Some(function.clone());
         let generation = function.metadata.generation.unwrap_or(1);

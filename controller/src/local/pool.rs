@@ -23,7 +23,10 @@ use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::sync::{Notify, watch};
 
 use super::spares::{self, Interest, SpareKey, Spares};
-pub use crate::gateway::Access;
+use eddy_model::resources::AccessSpec;
+
+/// Every Function's pool, by (namespace, name): what the gateway calls.
+pub type Pools = Arc<parking_lot::RwLock<std::collections::HashMap<(String, String), Arc<Pool>>>>;
 
 /// Settings shared by every pool.
 #[derive(Debug, Clone)]
@@ -37,7 +40,7 @@ pub struct PoolConfig {
     /// Where functions send their spans (`TRACE_COLLECTOR_ENDPOINT`), while traces are on.
     pub trace_collector: Option<String>,
     /// Every function's series on the gateway's `/metrics`.
-    pub metrics: Arc<crate::function_metrics::FunctionMetrics>,
+    pub metrics: Arc<eddy_platform::function_metrics::FunctionMetrics>,
     /// In-flight requests per instance the autoscaler aims for.
     pub target_concurrency: usize,
     /// Idle time after which a Function with `minReplicas: 0` has no instance.
@@ -271,13 +274,14 @@ pub struct Pool {
     last_request: Mutex<Instant>,
     status: watch::Sender<PoolStatus>,
     unavailable: Mutex<Option<String>>,
-    /// Who may call it.
-    access: parking_lot::RwLock<Access>,
+    /// Who may call it: the Function's `spec.access` (the gateway compiles it, once per
+    /// version: a new one is a new `Arc`).
+    access: parking_lot::RwLock<Option<Arc<AccessSpec>>>,
     /// The current revision's handler timeout (0 before there is one), read per request.
     timeout_seconds: AtomicU64,
     shutdown: CancellationToken,
     /// This function's metrics series.
-    pub metrics: Arc<crate::function_metrics::FunctionSeries>,
+    pub metrics: Arc<eddy_platform::function_metrics::FunctionSeries>,
 }
 
 /// Inputs of the autoscaler.
@@ -395,7 +399,7 @@ impl Pool {
             last_request: Mutex::new(Instant::now()),
             status,
             unavailable: Mutex::new(None),
-            access: parking_lot::RwLock::new(Access::Public),
+            access: parking_lot::RwLock::new(None),
             timeout_seconds: AtomicU64::new(0),
             shutdown,
             metrics,
@@ -447,13 +451,16 @@ impl Pool {
         self.kick.notify_one();
     }
 
-    /// Who may invoke the function.
-    pub fn set_access(&self, access: Access) {
-        *self.access.write() = access;
+    /// Who may invoke the function (its `spec.access`); an equal one keeps the current `Arc`.
+    pub fn set_access(&self, access: Option<&AccessSpec>) {
+        let mut current = self.access.write();
+        if current.as_deref() != access {
+            *current = access.cloned().map(Arc::new);
+        }
     }
 
-    /// Who may invoke the function.
-    pub fn access(&self) -> Access {
+    /// Who may invoke the function (its `spec.access`; `None`: anyone).
+    pub fn access(&self) -> Option<Arc<AccessSpec>> {
         self.access.read().clone()
     }
 

@@ -1,4 +1,6 @@
-//! The dashboard, served at the API address (local mode). Four pages:
+//! eddy's console: the dashboard of a local platform, served at the API address. It reads the
+//! resource store and JetStream, and the dispatcher, the event-bus and the gateway over HTTP;
+//! nothing below it imports it. Four pages:
 //! - Overview: Functions and Subscriptions with their state and counts, a map of the event flow
 //!   (types → subscriptions → functions → reply types) and charts of the last minutes.
 //! - Functions: an editor that applies through the resource API, a form that calls a function
@@ -32,6 +34,9 @@ use axum::{
     },
     routing::{get, post},
 };
+use eddy_model::admin::{
+    DeadLetterList, EventDeliveries, SubscriptionDeliveries, SubscriptionList,
+};
 use eddy_model::resources::{self, Function, Subscription};
 use eddy_platform::{
     errors::ErrorResponse, nats::EVENTS_STREAM, shutdown::CancellationToken, store::Store, traces,
@@ -40,7 +45,7 @@ use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::function_metrics::FunctionMetrics;
+use eddy_platform::function_metrics::FunctionMetrics;
 pub use history::Charts;
 use history::{DeliveryTotals, History, Sample};
 
@@ -82,7 +87,19 @@ pub struct DashboardState {
     pub history: Mutex<History>,
     /// The dispatcher's per-subscription items as last sampled (`None`: not reachable), so
     /// the page's polls do not ask the dispatcher again.
-    pub dispatcher_items: Mutex<Option<Value>>,
+    pub dispatcher_items: Mutex<Option<Vec<SubscriptionDeliveries>>>,
+}
+
+/// The client the console reads the dispatcher with, sending `token` when given.
+fn dispatcher_client(token: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(value) = token.and_then(eddy_platform::auth::bearer_header) {
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap_or_default()
 }
 
 impl DashboardState {
@@ -92,7 +109,7 @@ impl DashboardState {
         store: Store,
         js: jetstream::Context,
         dispatcher_url: Option<String>,
-        http: reqwest::Client,
+        dispatcher_token: Option<&str>,
         gateway_url: String,
         bus_url: String,
         bus_token: Option<String>,
@@ -102,7 +119,7 @@ impl DashboardState {
             store,
             js,
             dispatcher_url: dispatcher_url.map(|url| url.trim_end_matches('/').to_owned()),
-            http,
+            http: dispatcher_client(dispatcher_token),
             gateway_url: gateway_url.trim_end_matches('/').to_owned(),
             bus_url: bus_url.trim_end_matches('/').to_owned(),
             bus_token,
@@ -118,7 +135,7 @@ impl DashboardState {
 
     /// The dispatcher's per-subscription items (`GET /subscriptions`), or `None` when it is
     /// not configured or not reachable.
-    async fn dispatcher_subscriptions(&self) -> Option<Value> {
+    async fn dispatcher_subscriptions(&self) -> Option<Vec<SubscriptionDeliveries>> {
         let url = self.dispatcher_url.as_ref()?;
         let response = self
             .http
@@ -127,7 +144,8 @@ impl DashboardState {
             .send()
             .await
             .ok()?;
-        response.json::<Value>().await.ok().filter(Value::is_object)
+        let list: SubscriptionList = response.json().await.ok()?;
+        Some(list.items)
     }
 
     /// Takes one sample of every counter the charts draw, keeping the dispatcher's items for
@@ -135,26 +153,15 @@ impl DashboardState {
     async fn sample(&self) -> Sample {
         let mut sample = Sample::default();
         let dispatcher = self.dispatcher_subscriptions().await;
-        if let Some(items) = dispatcher
-            .as_ref()
-            .and_then(|body| body["items"].as_array())
-        {
-            for item in items {
-                let (Some(namespace), Some(name)) =
-                    (item["namespace"].as_str(), item["name"].as_str())
-                else {
-                    continue;
-                };
-                let counts = &item["counts"];
-                sample.subscriptions.insert(
-                    format!("{namespace}/{name}"),
-                    DeliveryTotals {
-                        delivered: counts["delivered"].as_u64().unwrap_or(0),
-                        retried: counts["retried"].as_u64().unwrap_or(0),
-                        dead_lettered: counts["dead_lettered"].as_u64().unwrap_or(0),
-                    },
-                );
-            }
+        for item in dispatcher.iter().flatten() {
+            sample.subscriptions.insert(
+                format!("{}/{}", item.namespace, item.name),
+                DeliveryTotals {
+                    delivered: item.counts.delivered,
+                    retried: item.counts.retried,
+                    dead_lettered: item.counts.dead_lettered,
+                },
+            );
         }
         for ((namespace, name), totals) in self.function_metrics.totals() {
             sample
@@ -189,10 +196,6 @@ pub async fn sample(state: Arc<DashboardState>, shutdown: CancellationToken) {
             }
         }
     }
-}
-
-fn failure(status: StatusCode, message: impl Into<String>) -> Response {
-    ErrorResponse::message(status, message).into_response()
 }
 
 /// The page's Content-Security-Policy: its own inline script and style (by hash) and requests
@@ -282,13 +285,9 @@ async fn snapshot(
         .clone();
     let item_of = |namespace: &str, name: &str| {
         counts
-            .as_ref()
-            .and_then(|counts| counts["items"].as_array())
-            .and_then(|items| {
-                items
-                    .iter()
-                    .find(|i| i["namespace"] == namespace && i["name"] == name)
-            })
+            .iter()
+            .flatten()
+            .find(|item| item.namespace == namespace && item.name == name)
     };
     let subscriptions: Vec<Value> = subscriptions
         .iter()
@@ -300,8 +299,8 @@ async fn snapshot(
                 .map(|sink| format!("{}/{}", sink.namespace, sink.function));
             json!({
                 "resource": sub,
-                "counts": item.map_or(Value::Null, |item| item["counts"].clone()),
-                "replyTypes": item.map_or(json!([]), |item| item["replyTypes"].clone()),
+                "counts": item.map(|item| item.counts),
+                "replyTypes": item.map(|item| item.reply_types.as_slice()).unwrap_or_default(),
                 "function": function,
             })
         })
@@ -368,12 +367,15 @@ fn shown(bytes: &[u8]) -> (String, bool) {
 async fn event_detail(
     State(state): State<Arc<DashboardState>>,
     Path(sequence): Path<u64>,
-) -> Response {
+) -> Result<Response, ErrorResponse> {
     let stream = match state.js.get_stream(EVENTS_STREAM).await {
         Ok(stream) => stream,
         Err(error) => {
             tracing::warn!(%error, "dashboard: no event stream");
-            return failure(StatusCode::SERVICE_UNAVAILABLE, "event stream unavailable");
+            return Err(ErrorResponse::message(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "event stream unavailable",
+            ));
         }
     };
     let message = match stream.get_raw_message(sequence).await {
@@ -381,18 +383,18 @@ async fn event_detail(
         Err(error) => {
             use async_nats::jetstream::stream::RawMessageErrorKind as Kind;
             return if matches!(error.kind(), Kind::NoMessageFound) {
-                failure(
+                Err(ErrorResponse::message(
                     StatusCode::NOT_FOUND,
                     format!(
                         "no event at sequence {sequence} (never stored, or removed by the stream's limits)"
                     ),
-                )
+                ))
             } else {
                 tracing::warn!(%error, sequence, "dashboard: cannot read an event");
-                failure(
+                Err(ErrorResponse::message(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "cannot read the event from NATS",
-                )
+                ))
             };
         }
     };
@@ -432,28 +434,21 @@ async fn event_detail(
                     .timeout(Duration::from_secs(5))
                     .send(),
             );
-            let items = |response: Result<reqwest::Response, reqwest::Error>| async move {
-                match response {
-                    Ok(response) if response.status().is_success() => response
-                        .json::<Value>()
-                        .await
-                        .ok()
-                        .and_then(|body| body["items"].as_array().cloned()),
-                    _ => None,
-                }
-            };
-            let deliveries = items(deliveries).await;
-            let letters = items(letters).await.map(|letters| {
+            let deliveries = answer::<EventDeliveries>(deliveries)
+                .await
+                .map(|deliveries| deliveries.items);
+            let letters = answer::<DeadLetterList>(letters).await.map(|letters| {
                 letters
+                    .items
                     .into_iter()
-                    .filter(|letter| letter["streamSequence"].as_u64() == Some(sequence))
+                    .filter(|letter| letter.stream_sequence == sequence)
                     .collect::<Vec<_>>()
             });
             (deliveries, letters)
         }
         None => (None, None),
     };
-    Json(json!({
+    Ok(Json(json!({
         "sequence": sequence,
         "subject": message.subject.as_str(),
         "stored": eddy_platform::nats::stored_time(message.time.unix_timestamp(), message.time.nanosecond()),
@@ -466,7 +461,7 @@ async fn event_detail(
         "traceId": trace_id,
         "traceUrl": trace_url,
     }))
-    .into_response()
+    .into_response())
 }
 
 /// A test event from the page's form.
@@ -487,24 +482,24 @@ struct PublishForm {
 async fn publish(
     State(state): State<Arc<DashboardState>>,
     Json(form): Json<PublishForm>,
-) -> Response {
+) -> Result<Response, ErrorResponse> {
     let id = form
         .id
         .filter(|id| !id.trim().is_empty())
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     for (field, value) in [("type", &form.ty), ("source", &form.source), ("id", &id)] {
         if value.trim().is_empty() {
-            return failure(
+            return Err(ErrorResponse::message(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("{field}: must not be empty"),
-            );
+            ));
         }
         // Sent as a `ce-` header: a line break or another control character cannot be.
         if header::HeaderValue::from_str(value).is_err() {
-            return failure(
+            return Err(ErrorResponse::message(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("{field}: must hold no line breaks or other control characters"),
-            );
+            ));
         }
     }
     let mut request = state
@@ -522,7 +517,7 @@ async fn publish(
     }
     match request.send().await {
         Ok(response) if response.status().is_success() => {
-            Json(json!({"id": id, "source": form.source, "type": form.ty})).into_response()
+            Ok(Json(json!({"id": id, "source": form.source, "type": form.ty})).into_response())
         }
         Ok(response) => {
             let status = response.status();
@@ -536,11 +531,17 @@ async fn publish(
                         .map(str::to_owned)
                 })
                 .unwrap_or_else(|| shown(&body).0);
-            failure(status, format!("the event-bus refused it: {message}"))
+            Err(ErrorResponse::message(
+                status,
+                format!("the event-bus refused it: {message}"),
+            ))
         }
         Err(error) => {
             tracing::warn!(%error, "dashboard: cannot reach the event-bus");
-            failure(StatusCode::BAD_GATEWAY, "the event-bus is not reachable")
+            Err(ErrorResponse::message(
+                StatusCode::BAD_GATEWAY,
+                "the event-bus is not reachable",
+            ))
         }
     }
 }
@@ -604,30 +605,30 @@ pub fn invoke_url(gateway: &str, namespace: &str, name: &str, path: &str) -> Opt
 async fn invoke(
     State(state): State<Arc<DashboardState>>,
     Json(form): Json<InvokeForm>,
-) -> Response {
+) -> Result<Response, ErrorResponse> {
     if !resources::is_dns1123_label(&form.namespace) {
-        return failure(
+        return Err(ErrorResponse::message(
             StatusCode::UNPROCESSABLE_ENTITY,
             "namespace: not a namespace name",
-        );
+        ));
     }
     if !resources::is_dns1035_label(&form.name) {
-        return failure(
+        return Err(ErrorResponse::message(
             StatusCode::UNPROCESSABLE_ENTITY,
             "name: not a function name",
-        );
+        ));
     }
     let Ok(method) = reqwest::Method::from_bytes(form.method.as_bytes()) else {
-        return failure(
+        return Err(ErrorResponse::message(
             StatusCode::UNPROCESSABLE_ENTITY,
             "method: not an HTTP method",
-        );
+        ));
     };
     let Some(url) = invoke_url(&state.gateway_url, &form.namespace, &form.name, &form.path) else {
-        return failure(
+        return Err(ErrorResponse::message(
             StatusCode::UNPROCESSABLE_ENTITY,
             "path: must start with / and hold only visible ASCII, no backslash, fragment or . and .. segments",
-        );
+        ));
     };
     let mut headers = reqwest::header::HeaderMap::new();
     for (name, value) in &form.headers {
@@ -635,10 +636,10 @@ async fn invoke(
             reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()),
             reqwest::header::HeaderValue::from_str(value.trim()),
         ) else {
-            return failure(
+            return Err(ErrorResponse::message(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("headers: {name:?} is not a valid header"),
-            );
+            ));
         };
         if HOP_BY_HOP.contains(&header_name.as_str()) {
             continue;
@@ -658,7 +659,7 @@ async fn invoke(
         Ok(response) => response,
         Err(error) => {
             tracing::debug!(%error, "dashboard: the call failed");
-            return failure(
+            return Err(ErrorResponse::message(
                 StatusCode::BAD_GATEWAY,
                 format!(
                     "the call failed: {}",
@@ -668,7 +669,7 @@ async fn invoke(
                         "the gateway is not reachable"
                     }
                 ),
-            );
+            ));
         }
     };
     let status = response.status().as_u16();
@@ -703,26 +704,26 @@ async fn invoke(
             }
         }
     }
-    Json(json!({
+    Ok(Json(json!({
         "status": status,
         "headers": answer_headers,
         "body": String::from_utf8_lossy(&body),
         "truncated": truncated,
         "millis": started.elapsed().as_secs_f64() * 1000.0,
     }))
-    .into_response()
+    .into_response())
 }
 
 /// Sends a request to the dispatcher's admin API and answers what it answered.
 async fn to_dispatcher(
     state: &DashboardState,
     request: impl FnOnce(&reqwest::Client, &str) -> reqwest::RequestBuilder,
-) -> Response {
+) -> Result<Response, ErrorResponse> {
     let Some(url) = &state.dispatcher_url else {
-        return failure(
+        return Err(ErrorResponse::message(
             StatusCode::SERVICE_UNAVAILABLE,
             "no dispatcher is configured (--dispatcher-url)",
-        );
+        ));
     };
     match request(&state.http, url)
         .timeout(Duration::from_secs(60))
@@ -733,7 +734,7 @@ async fn to_dispatcher(
             let status =
                 StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
             let body = response.bytes().await.unwrap_or_default();
-            (
+            Ok((
                 status,
                 [(
                     header::CONTENT_TYPE,
@@ -741,11 +742,14 @@ async fn to_dispatcher(
                 )],
                 body,
             )
-                .into_response()
+                .into_response())
         }
         Err(error) => {
             tracing::warn!(%error, "dashboard: cannot reach the dispatcher");
-            failure(StatusCode::BAD_GATEWAY, "the dispatcher is not reachable")
+            Err(ErrorResponse::message(
+                StatusCode::BAD_GATEWAY,
+                "the dispatcher is not reachable",
+            ))
         }
     }
 }
@@ -758,7 +762,7 @@ struct DeadLetterQuery {
 async fn dead_letters(
     State(state): State<Arc<DashboardState>>,
     Query(query): Query<DeadLetterQuery>,
-) -> Response {
+) -> Result<Response, ErrorResponse> {
     to_dispatcher(&state, |http, url| match &query.subscription {
         Some(subscription) => http.get(format!(
             "{url}/dead-letters?{}",
@@ -774,14 +778,27 @@ async fn dead_letters(
 async fn redrive(
     State(state): State<Arc<DashboardState>>,
     Path((namespace, name)): Path<(String, String)>,
-) -> Response {
+) -> Result<Response, ErrorResponse> {
     if !resources::is_dns1123_label(&namespace) || !resources::is_dns1123_subdomain(&name) {
-        return failure(StatusCode::NOT_FOUND, "no such subscription");
+        return Err(ErrorResponse::message(
+            StatusCode::NOT_FOUND,
+            "no such subscription",
+        ));
     }
     to_dispatcher(&state, |http, url| {
         http.post(format!("{url}/subscriptions/{namespace}/{name}/redrive"))
     })
     .await
+}
+
+/// A successful answer of the dispatcher, read as `T`.
+async fn answer<T: serde::de::DeserializeOwned>(
+    response: Result<reqwest::Response, reqwest::Error>,
+) -> Option<T> {
+    match response {
+        Ok(response) if response.status().is_success() => response.json().await.ok(),
+        _ => None,
+    }
 }
 
 fn summary(message: &jetstream::Message) -> Value {

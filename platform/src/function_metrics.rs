@@ -1,6 +1,7 @@
-//! Per-function metrics on the gateway's `/metrics` (both modes): calls by status class,
-//! errors, how long calls take, and in local mode cold starts, ready instances and how long
-//! calls waited for an instance.
+//! Per-function metrics, served on the gateway's `/metrics` (both modes): calls by status
+//! class, errors, how long calls take, and in local mode cold starts, ready instances and how
+//! long calls waited for an instance. The gateway records calls, the local supervisor its
+//! instances, and the console reads the totals: the series sit below all three.
 //!
 //! Labels are the namespace, the function and, for calls, the status class: bounded by the
 //! Functions that exist (a removed Function's series go with it), never a path, a caller or an

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::Serialize;
 
-use crate::function_metrics::{CallTotals, SECONDS};
+use eddy_platform::function_metrics::{CallTotals, SECONDS};
 
 /// Counters of one Subscription at one sample.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

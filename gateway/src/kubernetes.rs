@@ -8,19 +8,25 @@
 //!
 //! With `--apirules` it also follows Kyma's APIRules: a call for a host one names goes to the
 //! rule's Service (`--service-url`) when the rule lets its caller in (crate::apirules).
+//!
+//! The cluster's Services are this gateway's [`Upstreams`] ([`Services`]); the proxy itself is
+//! the crate's [`Gateway`], the one `eddy up` runs too.
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
-    Router,
     body::Body,
-    extract::{Request, State},
+    extract::State,
     http::{StatusCode, Uri, header},
-    response::{IntoResponse, Response},
+    response::Response,
 };
 use bytes::Bytes;
 use eddy_model::{apirule::APIRule, resources::Function};
-use eddy_platform::{errors::ErrorResponse, shutdown::CancellationToken};
+use eddy_platform::{
+    errors::ErrorResponse,
+    function_metrics::{FunctionMetrics, FunctionSeries},
+    shutdown::CancellationToken,
+};
 use futures::StreamExt as _;
 use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
@@ -31,12 +37,9 @@ use kube::{
 use parking_lot::RwLock;
 
 use crate::{
-    Error, Result,
-    apirules::{Chosen, Exposure, Exposures, Target},
-    function_metrics::{FunctionMetrics, FunctionSeries},
-    gateway::{
-        Access, check_jwt, forward_headers, metrics_text, read_request, route, with_call_traces,
-    },
+    Access, Destination, Error, Found, FunctionKey, Gateway, Result, Upstreams,
+    apirules::{Exposures, Target},
+    forward_headers,
 };
 
 /// Flags of `eddy gateway`.
@@ -107,16 +110,13 @@ pub struct Routes {
     relisting: parking_lot::Mutex<Option<HashMap<(String, String), Route>>>,
     synced: std::sync::atomic::AtomicBool,
     /// Every Function's series, served at `/metrics`.
-    metrics: FunctionMetrics,
+    metrics: Arc<FunctionMetrics>,
 }
 
 impl Routes {
-    /// The route of `namespace/function`.
-    pub fn get(&self, namespace: &str, function: &str) -> Option<Route> {
-        self.routes
-            .read()
-            .get(&(namespace.to_owned(), function.to_owned()))
-            .cloned()
+    /// The route of a Function.
+    pub fn get(&self, key: &FunctionKey) -> Option<Route> {
+        self.routes.read().get(key).cloned()
     }
 
     /// Whether the first list of Functions has been read.
@@ -167,15 +167,10 @@ impl Routes {
     fn route_of(&self, function: &Function, existing: Option<Access>) -> Route {
         let (namespace, name) = key_of(function);
         Route {
-            access: Access::of(function, existing),
+            access: Access::of(function.spec.access.as_ref(), existing.as_ref()),
             timeout: function.spec.timeout(),
             metrics: self.metrics.function(&namespace, &name),
         }
-    }
-
-    /// Every Function's series, as Prometheus text.
-    pub fn encode_metrics(&self) -> String {
-        self.metrics.encode()
     }
 }
 
@@ -195,13 +190,92 @@ pub fn upstream_uri(template: &str, namespace: &str, function: &str, rest: &str)
     format!("{}{rest}", base.trim_end_matches('/')).parse().ok()
 }
 
-struct Gateway {
+/// The cluster's Services, as the gateway's upstreams: a Function's at `--function-url`, an
+/// APIRule rule's at `--service-url`.
+pub struct Services {
     routes: Arc<Routes>,
-    exposures: Arc<Exposures>,
     function_url: String,
     service_url: String,
-    max_body: usize,
     client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Services {
+    /// Functions known from `routes`, reached at `function_url`; APIRule Services at
+    /// `service_url`.
+    pub fn new(routes: Arc<Routes>, function_url: String, service_url: String) -> Self {
+        Self {
+            routes,
+            function_url,
+            service_url,
+            client: eddy_platform::net::pooled_client(
+                Duration::from_secs(30),
+                Some(Duration::from_secs(5)),
+            ),
+        }
+    }
+}
+
+impl Upstreams for Services {
+    type Function = ();
+
+    fn function(&self, key: &FunctionKey) -> Option<Found<()>> {
+        let route = self.routes.get(key)?;
+        Some(Found {
+            function: (),
+            access: route.access,
+            // The handler's timeout, and time to answer after it.
+            timeout: route.timeout + Duration::from_secs(5),
+            metrics: route.metrics,
+        })
+    }
+
+    fn reaches_services(&self) -> bool {
+        true
+    }
+
+    async fn send(
+        &self,
+        destination: Destination<'_, ()>,
+        mut request: http::Request<Full<Bytes>>,
+    ) -> Result<Response, ErrorResponse> {
+        let (namespace, function) = destination.key;
+        let uri = match destination.service {
+            Some(service) => service_uri(&self.service_url, service, destination.path_and_query),
+            None => upstream_uri(
+                &self.function_url,
+                namespace,
+                function,
+                destination.path_and_query,
+            ),
+        };
+        let uri =
+            uri.ok_or_else(|| ErrorResponse::message(StatusCode::BAD_REQUEST, "invalid path"))?;
+        *request.uri_mut() = uri;
+        // The Service's host, not the caller's (kept in X-Forwarded-Host).
+        request.headers_mut().remove(header::HOST);
+        let answer_within = destination.timeout;
+        match tokio::time::timeout(answer_within, self.client.request(request)).await {
+            Ok(Ok(response)) => {
+                let (mut head, incoming) = response.into_parts();
+                forward_headers(&mut head.headers);
+                Ok(Response::from_parts(head, Body::new(incoming)))
+            }
+            Ok(Err(problem)) => {
+                tracing::warn!(%namespace, %function, %problem, "function Service failed");
+                Err(ErrorResponse::message(
+                    StatusCode::BAD_GATEWAY,
+                    format!("function {namespace}/{function} did not answer"),
+                ))
+            }
+            Err(_) => Err(ErrorResponse::message(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "function {namespace}/{function} did not answer within {}s",
+                    answer_within.as_secs()
+                ),
+            )),
+        }
+    }
 }
 
 /// Follows APIRules into `exposures` until `shutdown` (a relist replaces what it knows).
@@ -279,242 +353,31 @@ pub async fn follow(client: kube::Client, routes: Arc<Routes>, shutdown: Cancell
     watch_all(client, "Functions", shutdown, |event| routes.apply(event)).await;
 }
 
-/// The gateway's routes: probes, then every path as a function call.
+/// The gateway's routes: probes, `/metrics`, then every path as a function call.
 pub fn router(
     routes: Arc<Routes>,
     exposures: Arc<Exposures>,
     function_url: String,
     service_url: String,
     max_body: usize,
-) -> Router {
-    let gateway = Arc::new(Gateway {
-        routes,
-        exposures,
-        function_url,
-        service_url,
-        max_body,
-        client: eddy_platform::net::pooled_client(
-            Duration::from_secs(30),
-            Some(Duration::from_secs(5)),
-        ),
-    });
-    let router = Router::new()
+) -> axum::Router {
+    let metrics = routes.metrics.clone();
+    let services = Services::new(routes.clone(), function_url, service_url);
+    let gateway = Arc::new(Gateway::new(services, metrics, exposures, max_body));
+    let probes = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
-            "/metrics",
-            axum::routing::get(|State(gateway): State<Arc<Gateway>>| async move {
-                metrics_text(gateway.routes.encode_metrics())
-            }),
-        )
-        .route(
             "/readyz",
-            axum::routing::get(|State(gateway): State<Arc<Gateway>>| async move {
-                if gateway.routes.synced() {
+            axum::routing::get(|State(routes): State<Arc<Routes>>| async move {
+                if routes.synced() {
                     (StatusCode::OK, "ok")
                 } else {
                     (StatusCode::SERVICE_UNAVAILABLE, "Functions not listed yet")
                 }
             }),
         )
-        .fallback(proxy)
-        .with_state(gateway);
-    with_call_traces(router)
-}
-
-fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
-    ErrorResponse::message(status, message).into_response()
-}
-
-async fn proxy(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    if let Some(exposure) = gateway.exposures.by_host(request.headers(), request.uri()) {
-        return exposed(&gateway, &exposure, request).await;
-    }
-    let path = request.uri().path().to_owned();
-    let Some((namespace, function, rest)) = route(&path) else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            "no function here: use /{namespace}/{function}/...",
-        );
-    };
-    let (namespace, function) = (namespace.to_owned(), function.to_owned());
-    let mut path_and_query = rest.to_owned();
-    if let Some(query) = request.uri().query() {
-        path_and_query.push('?');
-        path_and_query.push_str(query);
-    }
-    let Some(found) = gateway.routes.get(&namespace, &function) else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            format!("function {namespace}/{function} not found"),
-        );
-    };
-    // A Function an APIRule exposes obeys its rules on this path too.
-    let chosen =
-        match gateway
-            .exposures
-            .on_function_path(&namespace, &function, request.method(), rest)
-        {
-            Ok(chosen) => chosen,
-            Err(refused) => return refused.into_response(),
-        };
-    if let Some(chosen) = &chosen
-        && let Err(refused) = chosen.admit(request.headers(), request.uri().query()).await
-    {
-        return refused;
-    }
-    let Some(uri) = upstream_uri(
-        &gateway.function_url,
-        &namespace,
-        &function,
-        &path_and_query,
-    ) else {
-        return refuse(StatusCode::BAD_REQUEST, "invalid path");
-    };
-    let mut timeout = found.timeout + Duration::from_secs(5);
-    if let Some(chosen) = &chosen {
-        timeout = timeout.min(chosen.rule().timeout);
-    }
-    let started = std::time::Instant::now();
-    let response = call(
-        &gateway,
-        &namespace,
-        &function,
-        Upstream {
-            uri,
-            timeout,
-            chosen: chosen.as_ref(),
-        },
-        Some(&found),
-        request,
-    )
-    .await;
-    found
-        .metrics
-        .called(response.status().as_u16(), started.elapsed().as_secs_f64());
-    response
-}
-
-/// A call for a host an APIRule names: CORS, the rule it falls under and its caller checked,
-/// then the Function's own `access` when the Service is an eddy Function, then forwarded to the
-/// rule's Service with the whole path.
-async fn exposed(gateway: &Gateway, exposure: &Arc<Exposure>, request: Request) -> Response {
-    if let Some(answer) = exposure.preflight(request.method(), request.headers()) {
-        return answer;
-    }
-    let origin = request.headers().get(header::ORIGIN).cloned();
-    let mut response = async {
-        let chosen = match exposure.choose(request.method(), request.uri().path()) {
-            Ok(chosen) => chosen,
-            Err(refused) => return refused.into_response(),
-        };
-        if let Err(refused) = chosen.admit(request.headers(), request.uri().query()).await {
-            return refused;
-        }
-        let target = chosen.rule().target.clone();
-        let path_and_query = request
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
-        let Some(uri) = service_uri(&gateway.service_url, &target, &path_and_query) else {
-            return refuse(StatusCode::BAD_REQUEST, "invalid path");
-        };
-        let found = gateway.routes.get(&target.namespace, &target.name);
-        let started = std::time::Instant::now();
-        let timeout = chosen.rule().timeout;
-        let response = call(
-            gateway,
-            &target.namespace,
-            &target.name,
-            Upstream {
-                uri,
-                timeout,
-                chosen: Some(&chosen),
-            },
-            found.as_ref(),
-            request,
-        )
-        .await;
-        if let Some(found) = found {
-            found
-                .metrics
-                .called(response.status().as_u16(), started.elapsed().as_secs_f64());
-        }
-        response
-    }
-    .await;
-    exposure.cors_answer(origin.as_ref(), response.headers_mut());
-    response
-}
-
-/// Where a call goes and how long its answer may take.
-struct Upstream<'a> {
-    uri: Uri,
-    timeout: Duration,
-    /// The APIRule rule it falls under (its headers and cookies are added).
-    chosen: Option<&'a Chosen>,
-}
-
-/// A call of a routed Function: its access checked, then forwarded to its Service.
-async fn call(
-    gateway: &Gateway,
-    namespace: &str,
-    function: &str,
-    upstream_at: Upstream<'_>,
-    found: Option<&Route>,
-    request: Request,
-) -> Response {
-    match found.map(|found| &found.access) {
-        None | Some(Access::Public) => {}
-        Some(Access::Tokens(tokens)) if !tokens.allows(request.headers()) => {
-            return refuse(
-                StatusCode::UNAUTHORIZED,
-                format!("function {namespace}/{function} needs a bearer token"),
-            );
-        }
-        Some(Access::Tokens(_)) => {}
-        Some(Access::Jwt(verifier)) => {
-            if let Err(refused) = check_jwt(verifier, request.headers(), namespace, function).await
-            {
-                return refused;
-            }
-        }
-    }
-    let (mut parts, body) = match read_request(gateway.max_body, request, false).await {
-        Ok(read) => read,
-        Err(refused) => return refused.into_response(),
-    };
-    if let Some(chosen) = upstream_at.chosen {
-        chosen.decorate(&mut parts.headers);
-    }
-    let mut upstream = http::Request::new(Full::new(body));
-    *upstream.method_mut() = parts.method;
-    *upstream.uri_mut() = upstream_at.uri;
-    *upstream.headers_mut() = parts.headers;
-    // The Service's host, not the caller's (kept in X-Forwarded-Host).
-    upstream.headers_mut().remove(header::HOST);
-    let answer_within = upstream_at.timeout;
-    match tokio::time::timeout(answer_within, gateway.client.request(upstream)).await {
-        Ok(Ok(response)) => {
-            let (mut head, incoming) = response.into_parts();
-            forward_headers(&mut head.headers);
-            Response::from_parts(head, Body::new(incoming))
-        }
-        Ok(Err(problem)) => {
-            tracing::warn!(%namespace, %function, %problem, "function Service failed");
-            refuse(
-                StatusCode::BAD_GATEWAY,
-                format!("function {namespace}/{function} did not answer"),
-            )
-        }
-        Err(_) => refuse(
-            StatusCode::GATEWAY_TIMEOUT,
-            format!(
-                "function {namespace}/{function} did not answer within {}s",
-                answer_within.as_secs()
-            ),
-        ),
-    }
+        .with_state(routes);
+    probes.merge(gateway.router())
 }
 
 /// Runs the gateway until `shutdown`: Functions from the cluster the process runs in (or the

@@ -1,0 +1,598 @@
+//! eddy's gateway, in both modes: `ANY /{namespace}/{function}/{rest...}` and the hosts Kyma's
+//! APIRules name go to a Function, once its caller is let in. One proxy ([`Gateway`]) decides
+//! every call: the route or the APIRule rule it falls under ([`apirules`]), who may call the
+//! Function ([`Access`]: its `spec.access`, tokens or a JWT, [`jwt`]), the request read within
+//! the limits, call traces and the per-function metrics. Where a call then goes is an
+//! [`Upstreams`]: the local supervisor's pools ([`local`], scale from zero) or the cluster's
+//! Services ([`kubernetes`]). Neither of those imports the other.
+
+pub mod apirules;
+pub mod jwt;
+pub mod kubernetes;
+pub mod local;
+
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    extract::{Request, State},
+    http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use eddy_model::resources::{AccessMode, AccessSpec, is_dns1035_label, is_dns1123_label};
+use eddy_platform::{
+    errors::ErrorResponse,
+    function_metrics::{FunctionMetrics, FunctionSeries},
+    net::{BodyError, read_limited},
+    traces,
+};
+use http_body_util::Full;
+use tracing::Instrument as _;
+
+use crate::apirules::{Chosen, Exposure, Exposures, Target};
+
+/// Errors that stop a gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server failed.
+    #[error("HTTP server failed: {0}")]
+    Serve(#[source] std::io::Error),
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Who may invoke a function through the gateway.
+#[derive(Debug, Clone, Default)]
+pub enum Access {
+    /// Anyone who reaches the gateway.
+    #[default]
+    Public,
+    /// Callers with one of these bearer tokens.
+    Tokens(Arc<eddy_platform::auth::Tokens>),
+    /// Callers with a valid bearer JWT.
+    Jwt(Arc<jwt::JwtVerifier>),
+}
+
+impl Access {
+    /// A Function's access from its `spec.access` (a JWT verifier for the same `access.jwt` in
+    /// `existing` is kept, with its keys).
+    pub fn of(spec: Option<&AccessSpec>, existing: Option<&Access>) -> Access {
+        let Some(access) = spec else {
+            return Access::Public;
+        };
+        match (access.mode, &access.jwt) {
+            (AccessMode::Jwt, Some(jwt)) => {
+                if let Some(Access::Jwt(verifier)) = existing
+                    && verifier.spec() == jwt
+                {
+                    return Access::Jwt(verifier.clone());
+                }
+                match jwt::JwtVerifier::new(jwt.clone()) {
+                    Ok(verifier) => Access::Jwt(Arc::new(verifier)),
+                    Err(error) => {
+                        // No TLS roots: nothing can be verified, so nobody is let in.
+                        tracing::error!(%error, "cannot set up JWT verification; the function refuses every call");
+                        Access::Tokens(Arc::new(eddy_platform::auth::Tokens::from_digests(
+                            Vec::new(),
+                        )))
+                    }
+                }
+            }
+            _ => match access.digests() {
+                Some(digests) => {
+                    Access::Tokens(Arc::new(eddy_platform::auth::Tokens::from_digests(digests)))
+                }
+                None => Access::Public,
+            },
+        }
+    }
+}
+
+/// (namespace, name) of a Function.
+pub type FunctionKey = (String, String);
+
+/// A Function as an [`Upstreams`] knows it.
+pub struct Found<F> {
+    /// What the upstreams need to send it a call (a pool; nothing for a Service).
+    pub function: F,
+    /// Who may call it.
+    pub access: Access,
+    /// How long its answer may take.
+    pub timeout: Duration,
+    /// Its series on the gateway's `/metrics`.
+    pub metrics: Arc<FunctionSeries>,
+}
+
+/// Where a routed, allowed call goes.
+pub struct Destination<'a, F> {
+    /// The Function's (or Service's) namespace and name.
+    pub key: &'a FunctionKey,
+    /// The Function, when it is one here.
+    pub function: Option<&'a F>,
+    /// The APIRule rule's Service, for a call on an APIRule's host.
+    pub service: Option<&'a Target>,
+    /// The path and query it sees: the rest after `/{namespace}/{function}`, or an APIRule
+    /// host's whole path.
+    pub path_and_query: &'a str,
+    /// How long its answer may take.
+    pub timeout: Duration,
+}
+
+/// Where the gateway's calls go: the local supervisor's pools or the cluster's Services.
+pub trait Upstreams: Send + Sync + 'static {
+    /// What a call needs of its Function.
+    type Function: Send + Sync;
+
+    /// The Function `key`, when it is one here.
+    fn function(&self, key: &FunctionKey) -> Option<Found<Self::Function>>;
+
+    /// Whether an APIRule may send calls to a Service that is no Function here (a cluster's
+    /// Services: yes; the local pools: no).
+    fn reaches_services(&self) -> bool;
+
+    /// Sends a call and streams its answer back, or says why not (502, 503, 504).
+    fn send(
+        &self,
+        destination: Destination<'_, Self::Function>,
+        request: http::Request<Full<Bytes>>,
+    ) -> impl Future<Output = Result<Response, ErrorResponse>> + Send;
+}
+
+/// The proxy over some [`Upstreams`].
+pub struct Gateway<U> {
+    upstreams: U,
+    /// Every function's series, served at `/metrics`.
+    metrics: Arc<FunctionMetrics>,
+    /// The APIRules it honours.
+    exposures: Arc<Exposures>,
+    /// The platform's own token (the dispatcher's), accepted by every function.
+    bypass: Option<eddy_platform::auth::Tokens>,
+    max_body: usize,
+}
+
+impl<U: Upstreams> Gateway<U> {
+    /// A gateway sending to `upstreams`, honouring the APIRules in `exposures`, reading
+    /// bodies up to `max_body` bytes.
+    pub fn new(
+        upstreams: U,
+        metrics: Arc<FunctionMetrics>,
+        exposures: Arc<Exposures>,
+        max_body: usize,
+    ) -> Self {
+        Self {
+            upstreams,
+            metrics,
+            exposures,
+            bypass: None,
+            max_body,
+        }
+    }
+
+    /// Accepts `token` for every function, whatever its access (the dispatcher delivers with
+    /// it); it opens nothing on an APIRule's host.
+    pub fn with_bypass_token(mut self, token: Option<&str>) -> Self {
+        self.bypass = token.and_then(|token| {
+            eddy_platform::auth::Tokens::load(&[token.to_owned()], None)
+                .ok()
+                .flatten()
+        });
+        self
+    }
+
+    /// Its upstreams.
+    pub fn upstreams(&self) -> &U {
+        &self.upstreams
+    }
+
+    /// The gateway's routes: `/metrics`, then every path as a call.
+    pub fn router(self: Arc<Self>) -> Router {
+        with_call_traces(
+            Router::new()
+                .route(
+                    "/metrics",
+                    axum::routing::get(|State(gateway): State<Arc<Self>>| async move {
+                        metrics_text(gateway.metrics.encode())
+                    }),
+                )
+                .fallback(proxy::<U>)
+                .with_state(self),
+        )
+    }
+
+    /// Routes a request (by the APIRule of its host, or by its path); the Function's access and
+    /// the APIRule rule it falls under are checked once routed, and counted in its metrics.
+    fn route(
+        &self,
+        exposure: Option<&Arc<Exposure>>,
+        request: &Request,
+    ) -> Result<Call<U::Function>, ErrorResponse> {
+        let path = request.uri().path();
+        let (key, mut path_and_query, by_host) = match exposure {
+            Some(exposure) => {
+                let chosen = exposure.choose(request.method(), path)?;
+                let target = &chosen.rule().target;
+                let key = (target.namespace.clone(), target.name.clone());
+                (key, path.to_owned(), Some(chosen))
+            }
+            None => {
+                let Some((namespace, function, rest)) = route(path) else {
+                    return Err(ErrorResponse::message(
+                        StatusCode::NOT_FOUND,
+                        "no function here: use /{namespace}/{function}/...",
+                    ));
+                };
+                let key = (namespace.to_owned(), function.to_owned());
+                (key, rest.to_owned(), None)
+            }
+        };
+        let found = self.upstreams.function(&key);
+        let (namespace, function) = &key;
+        if found.is_none() {
+            match &by_host {
+                Some(chosen) if !self.upstreams.reaches_services() => {
+                    return Err(ErrorResponse::message(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "APIRule {}/{}: service {namespace}/{function} is not a Function here",
+                            chosen.exposure().namespace,
+                            chosen.exposure().name
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    return Err(ErrorResponse::message(
+                        StatusCode::NOT_FOUND,
+                        format!("function {namespace}/{function} not found"),
+                    ));
+                }
+            }
+        }
+        // The platform's token is the gateway's to check, never the function's to see: it would
+        // open every token-protected function. It opens nothing on an APIRule's host.
+        let platform_call = by_host.is_none()
+            && self
+                .bypass
+                .as_ref()
+                .is_some_and(|bypass| bypass.allows(request.headers()));
+        let routed_by_host = by_host.is_some();
+        let rule = match by_host {
+            Some(chosen) => Some(chosen),
+            None if platform_call => None,
+            // A Function an APIRule exposes obeys its rules on this path too.
+            None => self.exposures.on_function_path(
+                namespace,
+                function,
+                request.method(),
+                &path_and_query,
+            )?,
+        };
+        if let Some(query) = request.uri().query() {
+            path_and_query.push('?');
+            path_and_query.push_str(query);
+        }
+        Ok(Call {
+            key,
+            found,
+            path_and_query,
+            platform_call,
+            rule,
+            by_host: routed_by_host,
+        })
+    }
+
+    /// A routed call: the Function's access and its APIRule rule checked, its body read, then
+    /// sent.
+    async fn call(&self, call: &Call<U::Function>, request: Request) -> Response {
+        let (namespace, function) = &call.key;
+        let access = call.found.as_ref().map(|found| &found.access);
+        match access.filter(|_| !call.platform_call) {
+            None | Some(Access::Public) => {}
+            Some(Access::Tokens(tokens)) => {
+                if !tokens.allows(request.headers()) {
+                    return ErrorResponse::message(
+                        StatusCode::UNAUTHORIZED,
+                        format!("function {namespace}/{function} needs a bearer token"),
+                    )
+                    .into_response();
+                }
+            }
+            Some(Access::Jwt(verifier)) => {
+                if let Err(refused) =
+                    check_jwt(verifier, request.headers(), namespace, function).await
+                {
+                    return refused;
+                }
+            }
+        }
+        if let Some(chosen) = &call.rule
+            && let Err(refused) = chosen.admit(request.headers(), request.uri().query()).await
+        {
+            return refused;
+        }
+        let (mut parts, body) = match read_request(self.max_body, request, call.platform_call).await
+        {
+            Ok(read) => read,
+            Err(refused) => return refused.into_response(),
+        };
+        let mut timeout = call.found.as_ref().map_or(Duration::MAX, |f| f.timeout);
+        if let Some(chosen) = &call.rule {
+            chosen.decorate(&mut parts.headers);
+            timeout = timeout.min(chosen.rule().timeout);
+        }
+        let by_host = call.rule.as_ref().filter(|_| call.by_host);
+        let mut upstream = http::Request::new(Full::new(body));
+        *upstream.method_mut() = parts.method;
+        *upstream.headers_mut() = parts.headers;
+        let destination = Destination {
+            key: &call.key,
+            function: call.found.as_ref().map(|found| &found.function),
+            service: by_host.map(|chosen| &chosen.rule().target),
+            path_and_query: &call.path_and_query,
+            timeout,
+        };
+        self.upstreams
+            .send(destination, upstream)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
+    }
+}
+
+/// A routed call.
+struct Call<F> {
+    key: FunctionKey,
+    found: Option<Found<F>>,
+    path_and_query: String,
+    /// Carries the platform's token (the dispatcher's deliveries): the Function's access is
+    /// not asked.
+    platform_call: bool,
+    /// The APIRule rule the call falls under, when an APIRule routes it or exposes the function.
+    rule: Option<Chosen>,
+    /// Routed by the APIRule of its host (to the rule's Service, with the whole path).
+    by_host: bool,
+}
+
+async fn proxy<U: Upstreams>(State(gateway): State<Arc<Gateway<U>>>, request: Request) -> Response {
+    let exposure = gateway.exposures.by_host(request.headers(), request.uri());
+    if let Some(answer) = exposure
+        .as_ref()
+        .and_then(|exposure| exposure.preflight(request.method(), request.headers()))
+    {
+        return answer;
+    }
+    let origin = exposure
+        .as_ref()
+        .and_then(|_| request.headers().get(header::ORIGIN).cloned());
+    let mut response = match gateway.route(exposure.as_ref(), &request) {
+        Err(refused) => refused.into_response(),
+        Ok(call) => {
+            // Every line logged while serving this call names the function once, here.
+            let span = tracing::info_span!("call", namespace = %call.key.0, function = %call.key.1);
+            let started = Instant::now();
+            let response = gateway.call(&call, request).instrument(span).await;
+            if let Some(found) = &call.found {
+                found
+                    .metrics
+                    .called(response.status().as_u16(), started.elapsed().as_secs_f64());
+            }
+            response
+        }
+    };
+    if let Some(exposure) = &exposure {
+        exposure.cors_answer(origin.as_ref(), response.headers_mut());
+    }
+    response
+}
+
+/// Longest a request body may take to arrive (a slow client holds no instance meanwhile).
+const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The `/metrics` answer of a gateway.
+pub fn metrics_text(text: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// With traces on, every call to a function is a server span that continues the caller's
+/// trace, and the function's spans are its children. Without, the router is left as it is.
+pub fn with_call_traces(router: Router) -> Router {
+    if traces::enabled() {
+        router.layer(axum::middleware::from_fn(trace_call))
+    } else {
+        router
+    }
+}
+
+async fn trace_call(request: Request, next: axum::middleware::Next) -> Response {
+    let Some((namespace, function, _)) = route(request.uri().path()) else {
+        return next.run(request).await;
+    };
+    let span = tracing::info_span!(
+        target: traces::TARGET,
+        "call",
+        otel.kind = "server",
+        eddy.namespace = namespace,
+        eddy.function = function,
+        http.request.method = %request.method(),
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    traces::serve_request(span, request, async |request| next.run(request).await).await
+}
+
+/// Splits `/{namespace}/{function}/{rest}` (raw, still percent-encoded) into its parts.
+pub fn route(path: &str) -> Option<(&str, &str, &str)> {
+    let path = path.strip_prefix('/')?;
+    let (namespace, after) = path.split_once('/')?;
+    let (function, rest) = match after.find('/') {
+        Some(slash) => (&after[..slash], &after[slash..]),
+        None => (after, "/"),
+    };
+    (is_dns1123_label(namespace) && is_dns1035_label(function))
+        .then_some((namespace, function, rest))
+}
+
+/// Headers that belong to one connection and are not forwarded.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+/// Drops the hop-by-hop headers (and those `Connection` names) of a request or an answer.
+pub fn forward_headers(headers: &mut HeaderMap) {
+    if let Some(listed) = headers
+        .get(header::CONNECTION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    {
+        for name in listed.split(',') {
+            if let Ok(name) = HeaderName::from_bytes(name.trim().as_bytes()) {
+                headers.remove(name);
+            }
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// Checks a caller's JWT; the refusal (401 with `WWW-Authenticate: Bearer`, 403, 503) names
+/// the function and what failed.
+pub async fn check_jwt(
+    verifier: &jwt::JwtVerifier,
+    headers: &HeaderMap,
+    namespace: &str,
+    function: &str,
+) -> Result<(), Response> {
+    // A 401 says `WWW-Authenticate: Bearer` (ErrorResponse adds it).
+    match verifier.check(headers).await {
+        Ok(_) => Ok(()),
+        Err(refusal) => Err(ErrorResponse::message(
+            refusal.status,
+            format!("function {namespace}/{function}: {}", refusal.message),
+        )
+        .into_response()),
+    }
+}
+
+/// Reads the body (within the gateway's limits) and sets the headers the function sees.
+pub async fn read_request(
+    max_body: usize,
+    request: Request,
+    platform_call: bool,
+) -> Result<(http::request::Parts, Bytes), ErrorResponse> {
+    let (mut parts, body) = request.into_parts();
+    if platform_call {
+        parts.headers.remove(header::AUTHORIZATION);
+    }
+    // However slowly it arrives, the body is read within the gateway's request timeout.
+    let collected = tokio::time::timeout(BODY_TIMEOUT, read_limited(body, max_body)).await;
+    let body = match collected {
+        Ok(Ok(body)) => body,
+        Err(_) | Ok(Err(BodyError::Stalled)) => {
+            return Err(ErrorResponse::message(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+            ));
+        }
+        Ok(Err(BodyError::TooLarge)) => {
+            return Err(ErrorResponse::message(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body is over {max_body} bytes"),
+            ));
+        }
+        Ok(Err(BodyError::Unreadable(problem))) => {
+            return Err(ErrorResponse::message(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {problem}"),
+            ));
+        }
+    };
+    // HTTP/1.1 names the host in `Host`, HTTP/2 in the URI (`:authority`).
+    let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+    });
+    forward_headers(&mut parts.headers);
+    if let Some(host) = original_host {
+        parts
+            .headers
+            .insert(HeaderName::from_static("x-forwarded-host"), host);
+    }
+    parts.headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
+    if traces::enabled() {
+        // The function continues the trace from the gateway's `call` span.
+        traces::inject_http(&tracing::Span::current(), &mut parts.headers);
+    }
+    Ok((parts, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_split_namespace_function_and_rest() {
+        assert_eq!(route("/default/hello"), Some(("default", "hello", "/")));
+        assert_eq!(route("/default/hello/"), Some(("default", "hello", "/")));
+        assert_eq!(
+            route("/shop/stock/items/42"),
+            Some(("shop", "stock", "/items/42"))
+        );
+        assert_eq!(
+            route("/shop/stock/a%2Fb"),
+            Some(("shop", "stock", "/a%2Fb"))
+        );
+        assert_eq!(route("/default"), None);
+        assert_eq!(route("/Default/hello"), None);
+        assert_eq!(route("/default/.."), None);
+        assert_eq!(route("/default/hello%2F..%2Fother"), None);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, "keep-alive, x-secret".parse().unwrap());
+        headers.insert("x-secret", "1".parse().unwrap());
+        headers.insert("keep-alive", "timeout=5".parse().unwrap());
+        headers.insert("ce-id", "1".parse().unwrap());
+        forward_headers(&mut headers);
+        assert_eq!(headers.len(), 1);
+        assert!(headers.contains_key("ce-id"));
+    }
+}
