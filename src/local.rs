@@ -44,7 +44,7 @@ impl Controller {
         let controller =
             eddy_controller::Controller::new(args, gateway_url.clone(), shutdown.clone()).await?;
 
-        let exposures = Arc::new(Exposures::new(&functions.domain));
+        let exposures = Arc::new(Exposures::new(&functions.hosts.domain));
         tokio::spawn(eddy_gateway::apirules::follow_store(
             controller.store.clone(),
             exposures.clone(),
@@ -142,8 +142,8 @@ impl Controller {
     }
 }
 
-/// Binds `addr`, saying which address could not be bound.
-async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
+/// Binds `addr`, saying which address could not be bound, and says where it listens.
+pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

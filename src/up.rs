@@ -14,7 +14,9 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use eddy_platform::{process, shutdown::CancellationToken};
-use tokio::{net::TcpListener, process::Child};
+use tokio::process::Child;
+
+use crate::local::bind;
 
 /// Flags of `eddy up`.
 #[derive(Debug, clap::Args)]
@@ -160,14 +162,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 type Component = (&'static str, tokio::task::JoinHandle<anyhow::Result<()>>);
-
-async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let local = listener.local_addr()?;
-    Ok((listener, local))
-}
 
 /// Every component running in this process, and nats-server as a child unless one was given.
 pub struct Platform {

@@ -45,7 +45,7 @@ pub const API_PREFIX: &str = "/apis/eddy.dev/v1alpha1";
 pub fn router(state: Arc<ApiState>) -> Router {
     let kyma_functions = "/apis/serverless.kyma-project.io/v1alpha2";
     let kyma_subscriptions = "/apis/eventing.kyma-project.io/v1alpha2";
-    Router::new()
+    let router = Router::new()
         .route(
             &format!("{kyma_functions}/namespaces/{{namespace}}/functions"),
             get(list::<Function>),
@@ -65,26 +65,6 @@ pub fn router(state: Arc<ApiState>) -> Router {
             get(read::<Subscription>)
                 .put(apply::<Subscription>)
                 .delete(remove::<Subscription>),
-        )
-        .route(
-            &format!("/apis/{}/{{version}}/apirules", apirule::GROUP),
-            get(list_all_versioned::<APIRule>),
-        )
-        .route(
-            &format!(
-                "/apis/{}/{{version}}/namespaces/{{namespace}}/apirules",
-                apirule::GROUP
-            ),
-            get(list_versioned::<APIRule>),
-        )
-        .route(
-            &format!(
-                "/apis/{}/{{version}}/namespaces/{{namespace}}/apirules/{{name}}",
-                apirule::GROUP
-            ),
-            get(read_versioned::<APIRule>)
-                .put(apply_versioned::<APIRule>)
-                .delete(remove_versioned::<APIRule>),
         )
         .route("/api/v1/secrets", get(list_all::<Secret>))
         .route("/api/v1/configmaps", get(list_all::<ConfigMap>))
@@ -143,8 +123,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
             get(read::<Subscription>)
                 .put(apply::<Subscription>)
                 .delete(remove::<Subscription>),
-        )
-        .with_state(state)
+        );
+    apirule_routes(router).with_state(state)
 }
 
 /// A Kubernetes `Status` failure.
@@ -190,71 +170,24 @@ fn invalid<R: ApiResource>(name: &str, errors: &[FieldError]) -> Response {
     )
 }
 
-/// APIRule paths carry a version (`v2`, `v2alpha1`); both name the same objects.
-fn known_version(version: &str) -> bool {
-    version == apirule::VERSION || version == apirule::VERSION_ALPHA
-}
-
-fn unknown_version() -> Response {
-    status(
-        StatusCode::NOT_FOUND,
-        "NotFound",
-        "APIRule is served as gateway.kyma-project.io/v2 and v2alpha1",
-        None,
-    )
-}
-
-async fn list_all_versioned<R: ApiResource>(
-    state: Shared,
-    Path(version): Path<String>,
-) -> Response {
-    if !known_version(&version) {
-        return unknown_version();
+/// Kyma's APIRule, served at both its versions (`v2`, `v2alpha1`: the same objects).
+fn apirule_routes(mut router: Router<Arc<ApiState>>) -> Router<Arc<ApiState>> {
+    for version in [apirule::VERSION, apirule::VERSION_ALPHA] {
+        let base = format!("/apis/{}/{version}", apirule::GROUP);
+        router = router
+            .route(&format!("{base}/apirules"), get(list_all::<APIRule>))
+            .route(
+                &format!("{base}/namespaces/{{namespace}}/apirules"),
+                get(list::<APIRule>),
+            )
+            .route(
+                &format!("{base}/namespaces/{{namespace}}/apirules/{{name}}"),
+                get(read::<APIRule>)
+                    .put(apply::<APIRule>)
+                    .delete(remove::<APIRule>),
+            );
     }
-    list_in::<R>(&state, None).await
-}
-
-async fn list_versioned<R: ApiResource>(
-    state: Shared,
-    Path((version, namespace)): Path<(String, String)>,
-) -> Response {
-    if !known_version(&version) {
-        return unknown_version();
-    }
-    list::<R>(state, Path(namespace)).await
-}
-
-async fn read_versioned<R: ApiResource>(
-    state: Shared,
-    Path((version, namespace, name)): Path<(String, String, String)>,
-) -> Response {
-    if !known_version(&version) {
-        return unknown_version();
-    }
-    read::<R>(state, Path((namespace, name))).await
-}
-
-async fn remove_versioned<R: ApiResource>(
-    state: Shared,
-    Path((version, namespace, name)): Path<(String, String, String)>,
-) -> Response {
-    if !known_version(&version) {
-        return unknown_version();
-    }
-    remove::<R>(state, Path((namespace, name))).await
-}
-
-async fn apply_versioned<R: ApiResource>(
-    state: Shared,
-    Path((version, namespace, name)): Path<(String, String, String)>,
-    query: Query<ApplyParams>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if !known_version(&version) {
-        return unknown_version();
-    }
-    apply::<R>(state, Path((namespace, name)), query, headers, body).await
+    router
 }
 
 async fn list_all<R: ApiResource>(state: Shared) -> Response {

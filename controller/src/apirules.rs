@@ -3,7 +3,11 @@
 //! exposed. The gateways decide calls by the same rules (`eddy_model::apirule::award_hosts`),
 //! so what the status says is what they do.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use eddy_model::apirule::{APIRule, HostClaim, RuleKey, award_hosts, full_host, validate_api_rule};
 use eddy_model::resources::describe_errors;
@@ -45,8 +49,14 @@ fn targets_of(rule: &APIRule) -> Vec<(String, String)> {
 }
 
 /// Whether `rule` is honoured among `all` (it may be among them, in an older version): its
-/// full hosts, or why not. Pure.
-pub fn judge(rule: &APIRule, all: &[&APIRule], domain: &str) -> Result<Vec<String>, String> {
+/// full hosts, or why not. `held` says which held their hosts before (they keep them against
+/// one created in the same second). Pure.
+pub fn judge(
+    rule: &APIRule,
+    all: &[&APIRule],
+    domain: &str,
+    held: impl Fn(&RuleKey) -> bool,
+) -> Result<Vec<String>, String> {
     let key_of = |rule: &APIRule| -> RuleKey {
         (
             rule.namespace().unwrap_or_else(|| "default".to_owned()),
@@ -64,7 +74,7 @@ pub fn judge(rule: &APIRule, all: &[&APIRule], domain: &str) -> Result<Vec<Strin
         .map(|(key, each, hosts)| HostClaim {
             key,
             created: each.metadata.creation_timestamp.as_ref(),
-            held: false,
+            held: held(key),
             hosts: hosts.as_deref().map_err(String::as_str),
         })
         .collect();
@@ -108,6 +118,90 @@ pub fn state_of(
     }
 }
 
+/// What the local follower knows: every APIRule, and which were honoured when last judged
+/// (they keep their hosts, as at the gateway).
+struct Follower {
+    store: eddy_platform::store::Store,
+    domain: String,
+    scheme: String,
+    port: Option<u16>,
+    rules: parking_lot::Mutex<HashMap<RuleKey, APIRule>>,
+    honoured: parking_lot::Mutex<HashSet<RuleKey>>,
+}
+
+impl Follower {
+    /// Judges `rule` among the others and writes its status when it changed.
+    async fn settle(&self, rule: &APIRule) {
+        use eddy_platform::store::StoredResource as _;
+        let key = rule.key();
+        let judged = {
+            let rules = self.rules.lock();
+            let all: Vec<&APIRule> = rules.values().collect();
+            let mut honoured = self.honoured.lock();
+            let judged = judge(rule, &all, &self.domain, |key| honoured.contains(key));
+            if judged.is_ok() {
+                honoured.insert(key.clone());
+            } else {
+                honoured.remove(&key);
+            }
+            judged
+        };
+        let mut missing = Vec::new();
+        if judged.is_ok() {
+            for (namespace, name) in targets_of(rule) {
+                let found = self
+                    .store
+                    .get::<eddy_model::resources::Function>(&namespace, &name)
+                    .await;
+                if matches!(found, Ok(None)) {
+                    missing.push(format!("{namespace}/{name}"));
+                }
+            }
+        }
+        let (state, description) = state_of(
+            &judged,
+            &missing,
+            &rule.spec.warnings(),
+            (&self.scheme, self.port),
+        );
+        let (namespace, name) = &key;
+        let previous = self
+            .store
+            .get_status::<APIRule>(namespace, name)
+            .await
+            .ok()
+            .flatten();
+        if previous.as_ref().is_some_and(|p| {
+            p.state == state && p.description.as_deref() == Some(description.as_str())
+        }) {
+            return;
+        }
+        if state != "Ready" {
+            tracing::warn!(%namespace, %name, state, %description, "APIRule not ready");
+        }
+        let status = eddy_model::apirule::ApiRuleStatus {
+            state: state.to_owned(),
+            description: Some(description),
+            last_processed_time: Some(crate::status::now()),
+        };
+        if let Err(error) = self
+            .store
+            .put_status::<APIRule>(namespace, name, &status)
+            .await
+        {
+            tracing::warn!(%error, %namespace, %name, "cannot write APIRule status");
+        }
+    }
+
+    /// Judges every APIRule again (a Function may have come, a host may have been freed).
+    async fn settle_all(&self) {
+        let all: Vec<APIRule> = self.rules.lock().values().cloned().collect();
+        for rule in &all {
+            self.settle(rule).await;
+        }
+    }
+}
+
 /// Follows the APIRules of the local store and writes their status, until `shutdown`. A
 /// Service is a Function of that name; a missing one is looked for again every 2 s, as is a
 /// host held by another APIRule.
@@ -118,101 +212,40 @@ pub async fn follow_local(
     shutdown: eddy_platform::shutdown::CancellationToken,
 ) {
     use eddy_platform::store::{Change, StoredResource as _};
-    type Tracked = Arc<parking_lot::Mutex<HashMap<(String, String), APIRule>>>;
-    let tracked: Tracked = Arc::default();
     let url = url::Url::parse(&gateway_url).ok();
-    let scheme = url.as_ref().map_or("http", url::Url::scheme).to_owned();
-    let port = url.as_ref().and_then(url::Url::port);
-    let domain = Arc::new(domain);
-    let settle = {
-        let (store, tracked, scheme, domain) = (
-            store.clone(),
-            tracked.clone(),
-            scheme.clone(),
-            domain.clone(),
-        );
-        move |rule: APIRule| {
-            let (store, tracked, scheme, domain) = (
-                store.clone(),
-                tracked.clone(),
-                scheme.clone(),
-                domain.clone(),
-            );
-            async move {
-                let (namespace, name) = rule.key();
-                let judged = {
-                    let all = tracked.lock();
-                    let all: Vec<&APIRule> = all.values().collect();
-                    judge(&rule, &all, &domain)
-                };
-                let mut missing = Vec::new();
-                if judged.is_ok() {
-                    for (target_namespace, target_name) in targets_of(&rule) {
-                        let found = store
-                            .get::<eddy_model::resources::Function>(&target_namespace, &target_name)
-                            .await;
-                        if matches!(found, Ok(None)) {
-                            missing.push(format!("{target_namespace}/{target_name}"));
-                        }
-                    }
-                }
-                let (state, description) =
-                    state_of(&judged, &missing, &rule.spec.warnings(), (&scheme, port));
-                let previous = store
-                    .get_status::<APIRule>(&namespace, &name)
-                    .await
-                    .ok()
-                    .flatten();
-                if previous.as_ref().is_some_and(|p| {
-                    p.state == state && p.description.as_deref() == Some(description.as_str())
-                }) {
-                    return;
-                }
-                if state != "Ready" {
-                    tracing::warn!(%namespace, %name, state, %description, "APIRule not ready");
-                }
-                let status = eddy_model::apirule::ApiRuleStatus {
-                    state: state.to_owned(),
-                    description: Some(description),
-                    last_processed_time: Some(crate::status::now()),
-                };
-                if let Err(error) = store
-                    .put_status::<APIRule>(&namespace, &name, &status)
-                    .await
-                {
-                    tracing::warn!(%error, %namespace, %name, "cannot write APIRule status");
-                }
+    let follower = Arc::new(Follower {
+        store: store.clone(),
+        domain,
+        scheme: url.as_ref().map_or("http", url::Url::scheme).to_owned(),
+        port: url.as_ref().and_then(url::Url::port),
+        rules: parking_lot::Mutex::default(),
+        honoured: parking_lot::Mutex::default(),
+    });
+    let ticker = async {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
             }
-        }
-    };
-    let ticker = {
-        let (tracked, settle, shutdown) = (tracked.clone(), settle.clone(), shutdown.clone());
-        async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(2));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    () = shutdown.cancelled() => return,
-                }
-                let all: Vec<APIRule> = tracked.lock().values().cloned().collect();
-                for rule in all {
-                    settle(rule).await;
-                }
-            }
+            follower.settle_all().await;
         }
     };
     let follow = store.follow::<APIRule, _, _>(&shutdown, |change| {
-        let (store, tracked, settle) = (store.clone(), tracked.clone(), settle.clone());
+        let (store, follower) = (store.clone(), follower.clone());
         async move {
             match change {
                 Change::Applied(rule) => {
-                    tracked.lock().insert(rule.key(), rule.clone());
-                    settle(rule).await;
+                    follower.rules.lock().insert(rule.key(), rule.clone());
+                    follower.settle(&rule).await;
                 }
                 Change::Deleted { namespace, name } => {
-                    tracked.lock().remove(&(namespace.clone(), name.clone()));
-                    if let Err(error) = store.delete_status::<APIRule>(&namespace, &name).await {
+                    let key = (namespace, name);
+                    follower.rules.lock().remove(&key);
+                    follower.honoured.lock().remove(&key);
+                    let (namespace, name) = &key;
+                    if let Err(error) = store.delete_status::<APIRule>(namespace, name).await {
                         tracing::warn!(%error, %namespace, %name, "cannot remove APIRule status");
                     }
                 }
@@ -252,13 +285,13 @@ mod tests {
         let older = api_rule("older", "2026-01-01T00:00:00Z", exposing("hello"));
         let newer = api_rule("newer", "2026-01-02T00:00:00Z", exposing("hello"));
         let all = [&older, &newer];
-        let judged = judge(&older, &all, "example.com");
+        let judged = judge(&older, &all, "example.com", |_| false);
         assert_eq!(judged, Ok(vec!["hello.example.com".to_owned()]));
         assert_eq!(
             state_of(&judged, &[], &[], ("https", None)),
             ("Ready", "exposed on https://hello.example.com".to_owned())
         );
-        let refused = judge(&newer, &all, "example.com");
+        let refused = judge(&newer, &all, "example.com", |_| false);
         assert_eq!(
             state_of(&refused, &[], &[], ("https", None)),
             (
@@ -267,13 +300,28 @@ mod tests {
             )
         );
         // Once the holder is gone, the host is the next one's.
-        assert!(judge(&newer, &[&newer], "example.com").is_ok());
+        assert!(judge(&newer, &[&newer], "example.com", |_| false).is_ok());
+    }
+
+    #[test]
+    fn in_the_same_second_the_apirule_holding_a_host_keeps_it() {
+        let holder = api_rule("hello", "2026-01-01T00:00:00Z", exposing("hello"));
+        let copycat = api_rule("copycat", "2026-01-01T00:00:00Z", exposing("hello"));
+        let all = [&holder, &copycat];
+        let held = |key: &RuleKey| key.1 == "hello";
+        assert!(judge(&holder, &all, "localhost", held).is_ok());
+        assert_eq!(
+            judge(&copycat, &all, "localhost", held),
+            Err("host hello.localhost is already exposed by APIRule default/hello".to_owned())
+        );
+        // Nobody held it: the name decides.
+        assert!(judge(&copycat, &all, "localhost", |_| false).is_ok());
     }
 
     #[test]
     fn a_missing_service_is_a_warning() {
         let rule = api_rule("one", "2026-01-01T00:00:00Z", exposing("hello"));
-        let judged = judge(&rule, &[&rule], "localhost");
+        let judged = judge(&rule, &[&rule], "localhost", |_| false);
         assert_eq!(
             targets_of(&rule),
             vec![("default".to_owned(), "hello".to_owned())]

@@ -423,10 +423,9 @@ pub struct FunctionArgs {
     /// `<data-dir>/tools`).
     #[arg(long = "tools-dir", env = "EDDY_TOOLS_DIR")]
     pub tools_dir: Option<PathBuf>,
-    /// The domain an APIRule's one-label host is prefixed to: `orders` is served as
-    /// `orders.localhost`, which resolves to this machine.
-    #[arg(long = "domain", env = "EDDY_DOMAIN", default_value = "localhost")]
-    pub domain: String,
+    /// Where APIRules' short hosts are served.
+    #[command(flatten)]
+    pub hosts: eddy_platform::flags::DomainArgs,
 }
 
 impl Default for FunctionArgs {
@@ -547,7 +546,7 @@ impl Controller {
         let sources = functions.sources(&data_dir);
         tokio::spawn(apirules::follow_local(
             store.clone(),
-            functions.domain.clone(),
+            functions.hosts.domain.clone(),
             gateway_url.clone(),
             shutdown.child_token(),
         ));

@@ -64,10 +64,9 @@ pub struct GatewayArgs {
     /// and serve the hosts they name.
     #[arg(long = "apirules", env = "EDDY_APIRULES")]
     pub apirules: bool,
-    /// The domain an APIRule's one-label host is prefixed to (`orders` is served as
-    /// `orders.<domain>`).
-    #[arg(long = "domain", env = "EDDY_DOMAIN", default_value = "localhost")]
-    pub domain: String,
+    /// Where APIRules' short hosts are served.
+    #[command(flatten)]
+    pub hosts: eddy_platform::flags::DomainArgs,
     /// Where an APIRule's Service is reached, `{namespace}`, `{service}` and `{port}` replaced;
     /// the caller's path follows.
     #[arg(
@@ -410,7 +409,7 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let routes = Arc::new(Routes::default());
-    let exposures = Arc::new(Exposures::new(&args.domain));
+    let exposures = Arc::new(Exposures::new(&args.hosts.domain));
     let max_body = usize::try_from(args.max_request_size.as_u64()).unwrap_or(usize::MAX);
     let app = router(
         routes.clone(),

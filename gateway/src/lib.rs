@@ -197,11 +197,6 @@ impl<U: Upstreams> Gateway<U> {
         self
     }
 
-    /// Its upstreams.
-    pub fn upstreams(&self) -> &U {
-        &self.upstreams
-    }
-
     /// The gateway's routes: `/metrics`, then every path as a call.
     pub fn router(self: Arc<Self>) -> Router {
         with_call_traces(

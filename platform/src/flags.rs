@@ -4,6 +4,16 @@
 
 use clap::{Args, Command, FromArgMatches};
 
+/// The domain Kyma's APIRules' one-label hosts are served under, for the controller (their
+/// status names the URL) and the gateways (they route by it) alike.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DomainArgs {
+    /// The domain an APIRule's one-label host is prefixed to: `orders` is served as
+    /// `orders.<domain>` (`orders.localhost` resolves to this machine).
+    #[arg(long = "domain", env = "EDDY_DOMAIN", default_value = "localhost")]
+    pub domain: String,
+}
+
 /// What clap gives `T` for an empty command line, the environment ignored.
 ///
 /// Every flag of the groups this is used for has a default, an `Option` or a `Vec`: a group

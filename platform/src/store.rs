@@ -89,68 +89,45 @@ pub trait StoredResource:
     }
 }
 
-impl StoredResource for Function {
-    type Status = FunctionStatus;
-    const PLURAL: &'static str = "functions";
-    const KIND: &'static str = "Function";
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn take_status(&mut self) -> Option<FunctionStatus> {
-        self.status.take()
-    }
-    fn set_status(&mut self, status: Option<FunctionStatus>) {
-        self.status = status;
-    }
-    fn same_spec(&self, other: &Self) -> bool {
-        self.spec == other.spec
-    }
+/// `StoredResource` for a kind with `metadata`, `spec` and `status` fields.
+macro_rules! with_spec_and_status {
+    ($kind:ty, $status:ty, $plural:literal, $name:literal) => {
+        impl StoredResource for $kind {
+            type Status = $status;
+            const PLURAL: &'static str = $plural;
+            const KIND: &'static str = $name;
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+            fn take_status(&mut self) -> Option<$status> {
+                self.status.take()
+            }
+            fn set_status(&mut self, status: Option<$status>) {
+                self.status = status;
+            }
+            fn same_spec(&self, other: &Self) -> bool {
+                self.spec == other.spec
+            }
+        }
+    };
 }
 
-impl StoredResource for Subscription {
-    type Status = SubscriptionStatus;
-    const PLURAL: &'static str = "subscriptions";
-    const KIND: &'static str = "Subscription";
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn take_status(&mut self) -> Option<SubscriptionStatus> {
-        self.status.take()
-    }
-    fn set_status(&mut self, status: Option<SubscriptionStatus>) {
-        self.status = status;
-    }
-    fn same_spec(&self, other: &Self) -> bool {
-        self.spec == other.spec
-    }
-}
-
-impl StoredResource for eddy_model::apirule::APIRule {
-    type Status = eddy_model::apirule::ApiRuleStatus;
-    const PLURAL: &'static str = "apirules";
-    const KIND: &'static str = "APIRule";
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-    fn take_status(&mut self) -> Option<Self::Status> {
-        self.status.take()
-    }
-    fn set_status(&mut self, status: Option<Self::Status>) {
-        self.status = status;
-    }
-    fn same_spec(&self, other: &Self) -> bool {
-        self.spec == other.spec
-    }
-}
+with_spec_and_status!(Function, FunctionStatus, "functions", "Function");
+with_spec_and_status!(
+    Subscription,
+    SubscriptionStatus,
+    "subscriptions",
+    "Subscription"
+);
+with_spec_and_status!(
+    eddy_model::apirule::APIRule,
+    eddy_model::apirule::ApiRuleStatus,
+    "apirules",
+    "APIRule"
+);
 
 impl StoredResource for Secret {
     type Status = NoStatus;

@@ -1013,7 +1013,9 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     let mut context = Context::new(client.clone(), args.kubernetes.render_config(), sinks);
     context.git_poll_interval = args.local.functions.git_poll_interval;
     context.kyma_compatibility = args.kubernetes.kyma_compatibility;
-    context.domain.clone_from(&args.local.functions.domain);
+    context
+        .domain
+        .clone_from(&args.local.functions.hosts.domain);
     let context = Arc::new(context);
     let listener = tokio::net::TcpListener::bind(args.api_addr)
         .await
@@ -1169,9 +1171,10 @@ pub(crate) async fn reconcile_apirule(
 ) -> Result<Action> {
     let namespace = rule.namespace().unwrap_or_default();
     let name = rule.name_any();
-    // `all` may hold an older version of this one.
+    // `all` may hold an older version of this one. Created in the same second, the one whose
+    // name sorts first keeps a host: every replica decides the same.
     let all: Vec<&APIRule> = all.iter().map(AsRef::as_ref).collect();
-    let judged = crate::apirules::judge(&rule, &all, &context.domain);
+    let judged = crate::apirules::judge(&rule, &all, &context.domain, |_| false);
     let (phase, description) =
         crate::apirules::state_of(&judged, &[], &rule.spec.warnings(), ("https", None));
     let unchanged = rule.status.as_ref().is_some_and(|status| {
