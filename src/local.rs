@@ -2,7 +2,7 @@
 //! eddy-controller's resource API and backend, the gateway over its pools, and the console
 //! beside the API. The three crates do not know each other; they are put together here.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use axum::Router;
@@ -142,25 +142,14 @@ impl Controller {
     }
 }
 
-/// Binds `addr`, saying which address could not be bound, and says where it listens.
-pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let local = listener
-        .local_addr()
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    Ok((listener, local))
-}
-
 /// Runs the controller of `args.backend` until `shutdown`: on Kubernetes the reconcilers, on
 /// this machine the controller with its gateway and console.
 pub async fn run(args: eddy_controller::Args, shutdown: CancellationToken) -> anyhow::Result<()> {
     if args.backend == eddy_controller::Backend::Kubernetes {
         return Ok(eddy_controller::kubernetes::serve(args, shutdown).await?);
     }
-    let (api, api_local) = bind(args.api_addr).await?;
-    let (gateway, gateway_local) = bind(args.local.gateway_addr).await?;
+    let (api, api_local) = eddy_platform::net::bind(args.api_addr)?;
+    let (gateway, gateway_local) = eddy_platform::net::bind(args.local.gateway_addr)?;
     let controller = Controller::new(args, format!("http://{gateway_local}"), shutdown).await?;
     eddy_platform::output::say(format!("controller ready on http://{api_local}"));
     eddy_platform::output::say(format!("gateway ready on http://{gateway_local}"));

@@ -16,7 +16,7 @@ use anyhow::{Context as _, bail};
 use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::process::Child;
 
-use crate::local::bind;
+use eddy_platform::net::bind;
 
 /// Flags of `eddy up`.
 #[derive(Debug, clap::Args)]
@@ -282,7 +282,7 @@ impl Platform {
         nats_url: &str,
         say: &impl Fn(String),
     ) -> anyhow::Result<()> {
-        let (bus_listener, bus_local) = bind(args.bus_addr).await?;
+        let (bus_listener, bus_local) = bind(args.bus_addr)?;
         use crate::nats_auth::Component as User;
         let mut bus_args = eddy_event_bus::Args::new(bus_local, nats_url);
         bus_args.nats = self.nats_args(args, User::EventBus);
@@ -309,10 +309,10 @@ impl Platform {
 
         let dispatcher = match args.no_dispatcher {
             true => None,
-            false => Some(bind(args.dispatcher_addr).await?),
+            false => Some(bind(args.dispatcher_addr)?),
         };
-        let (api_listener, api_local) = bind(args.api_addr).await?;
-        let (gateway_listener, gateway_local) = bind(args.gateway_addr).await?;
+        let (api_listener, api_local) = bind(args.api_addr)?;
+        let (gateway_listener, gateway_local) = bind(args.gateway_addr)?;
         let mut controller_args = eddy_controller::Args::new(api_local, nats_url);
         controller_args.nats = self.nats_args(args, User::Controller);
         controller_args.local.data_dir = args.data_dir.clone();

@@ -36,18 +36,6 @@ pub enum Error {
     /// The resource store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// An address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A server failed.
-    #[error("HTTP server failed: {0}")]
-    Serve(#[source] std::io::Error),
     /// A Kubernetes API call failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),

@@ -51,18 +51,6 @@ pub enum Error {
         /// What NATS said.
         message: String,
     },
-    /// An address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The admin server failed.
-    #[error("HTTP server failed: {0}")]
-    Serve(#[source] std::io::Error),
     /// The Kubernetes API could not be reached.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -323,7 +311,7 @@ impl Dispatcher {
             self.drain_timeout,
         )
         .await
-        .map_err(Error::Serve);
+        .map_err(eddy_platform::Error::Serve);
         // The manager stops every worker on shutdown, each bounded by the drain timeout.
         if tokio::time::timeout(
             self.drain_timeout + Duration::from_secs(1),
@@ -334,7 +322,7 @@ impl Dispatcher {
         {
             tracing::warn!("dispatcher workers did not drain in time");
         }
-        served
+        Ok(served?)
     }
 }
 
@@ -368,13 +356,7 @@ const NATS_NOT_READY: &str = "NATS not ready for the dispatcher yet";
 
 /// Runs the dispatcher until `shutdown`.
 pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
-    let addr = args.addr;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| Error::Bind { addr, source })?;
+    let (listener, local) = eddy_platform::net::bind(args.addr)?;
     let dispatcher = Dispatcher::new(args, shutdown).await?;
     eddy_platform::output::say(format!("dispatcher ready on http://{local}"));
     dispatcher.serve(listener).await

@@ -23,18 +23,6 @@ pub enum Error {
     /// Shared setup (NATS connection) failed.
     #[error(transparent)]
     Api(#[from] eddy_platform::Error),
-    /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The HTTP server failed.
-    #[error("HTTP server failed: {0}")]
-    Serve(#[source] std::io::Error),
 }
 
 /// Result with this crate's [`Error`].
@@ -238,18 +226,17 @@ impl EventBus {
             self.drain_timeout,
         )
         .await
-        .map_err(Error::Serve)
+        .map_err(eddy_platform::Error::Serve)?;
+        Ok(())
     }
 }
 
 /// Runs the event-bus until `shutdown` is cancelled.
 pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
     let (addr, reuse_port) = (args.addr, args.reuse_port);
-    let socket = eddy_platform::net::bind_socket(addr, reuse_port)
-        .map_err(|source| Error::Bind { addr, source })?;
-    let local = socket
-        .local_addr()
-        .map_err(|source| Error::Bind { addr, source })?;
+    let cannot_bind = |source| eddy_platform::Error::Bind { addr, source };
+    let socket = eddy_platform::net::bind_socket(addr, reuse_port).map_err(cannot_bind)?;
+    let local = socket.local_addr().map_err(cannot_bind)?;
     let bus = EventBus::new(args, shutdown.clone()).await?;
     if reuse_port {
         // A process sharing the port gets its share of new connections as soon as it listens:
@@ -263,8 +250,7 @@ pub async fn run(args: Args, shutdown: CancellationToken) -> Result<()> {
             }
         }
     }
-    let listener =
-        eddy_platform::net::listen(socket).map_err(|source| Error::Bind { addr, source })?;
+    let listener = eddy_platform::net::listen(socket).map_err(cannot_bind)?;
     tracing::info!(addr = %local, "event-bus listening");
     eddy_platform::output::say(format!("event-bus ready on http://{local}"));
     bus.serve(listener).await

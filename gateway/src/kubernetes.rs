@@ -37,7 +37,7 @@ use kube::{
 use parking_lot::RwLock;
 
 use crate::{
-    Access, Destination, Error, Found, FunctionKey, Gateway, Result, Upstreams,
+    Access, Destination, Found, FunctionKey, Gateway, Result, Upstreams,
     apirules::{Exposures, Target},
     forward_headers,
 };
@@ -392,12 +392,7 @@ pub async fn serve(
     client: kube::Client,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(args.addr)
-        .await
-        .map_err(|source| Error::Bind {
-            addr: args.addr,
-            source,
-        })?;
+    let (listener, _) = eddy_platform::net::bind(args.addr)?;
     serve_on(listener, args, client, shutdown).await
 }
 
@@ -418,7 +413,7 @@ pub async fn serve_on(
         args.service_url.clone(),
         max_body,
     );
-    let addr = listener.local_addr().map_err(Error::Serve)?;
+    let addr = listener.local_addr().map_err(eddy_platform::Error::Serve)?;
     eddy_platform::output::say(format!(
         "gateway (kubernetes) ready on http://{addr}/<namespace>/<function>"
     ));
@@ -443,5 +438,5 @@ pub async fn serve_on(
         follow(client.clone(), routes, shutdown.clone()),
         apirules
     );
-    served.map_err(Error::Serve)
+    Ok(served.map_err(eddy_platform::Error::Serve)?)
 }

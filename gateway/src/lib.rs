@@ -39,18 +39,9 @@ use crate::apirules::{Chosen, Exposure, Exposures, Target};
 /// Errors that stop a gateway.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The server failed.
-    #[error("HTTP server failed: {0}")]
-    Serve(#[source] std::io::Error),
+    /// Listening or serving failed.
+    #[error(transparent)]
+    Platform(#[from] eddy_platform::Error),
     /// A Kubernetes API call failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),

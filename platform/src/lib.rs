@@ -24,6 +24,18 @@ pub mod traces;
 /// Errors raised by the shared helpers.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// An address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An HTTP server failed.
+    #[error("HTTP server failed: {0}")]
+    Serve(#[source] std::io::Error),
     /// The TLS client could not be set up (the system's CA roots).
     #[error("cannot set up TLS: {0}")]
     Tls(#[source] std::io::Error),

@@ -34,17 +34,21 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// Binds a listening socket on `addr`. With `reuse_port`, `SO_REUSEPORT` is set first, so
-/// several processes can listen on one port and the kernel spreads new connections over them
-/// (one event-bus per core behind one address, without a proxy in front).
-pub fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
-    listen(bind_socket(addr, reuse_port)?)
+/// Listens on `addr` (port 0: a free one) and says where.
+pub fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), crate::Error> {
+    let bound = bind_socket(addr, false).and_then(|socket| {
+        let listener = listen(socket)?;
+        let local = listener.local_addr()?;
+        Ok((listener, local))
+    });
+    bound.map_err(|source| crate::Error::Bind { addr, source })
 }
 
 /// A socket bound to `addr` that does not listen yet: a conflict with a process already
 /// listening there is reported at once, while connections only arrive after [`listen`]. With
-/// `SO_REUSEPORT`, the kernel gives a listening process its share of new connections, ready
-/// or not, hence the split.
+/// `reuse_port`, `SO_REUSEPORT` is set first, so several processes can listen on one port (one
+/// event-bus per core behind one address, without a proxy in front); the kernel gives a
+/// listening process its share of new connections, ready or not, hence the split.
 pub fn bind_socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<tokio::net::TcpSocket> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -749,6 +753,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_port_is_shared_only_when_every_listener_asks() {
+        let bind = |addr, reuse_port| listen(bind_socket(addr, reuse_port)?);
         let first = bind(SocketAddr::from(([127, 0, 0, 1], 0)), true).unwrap();
         let addr = first.local_addr().unwrap();
         let second = bind(addr, true).expect("a second listener shares the port");
@@ -831,7 +836,7 @@ mod tests {
                     Body::from_stream(chunks)
                 }),
             );
-        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        let (listener, _) = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = ServeArgs {
             header_read_timeout,
@@ -864,7 +869,7 @@ mod tests {
                 }
             }),
         );
-        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        let (listener, _) = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = ServeArgs {
             header_read_timeout: Duration::from_secs(10),

@@ -1017,12 +1017,7 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
         .domain
         .clone_from(&args.local.functions.hosts.domain);
     let context = Arc::new(context);
-    let listener = tokio::net::TcpListener::bind(args.api_addr)
-        .await
-        .map_err(|source| Error::Bind {
-            addr: args.api_addr,
-            source,
-        })?;
+    let (listener, _) = eddy_platform::net::bind(args.api_addr)?;
     let probes = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/readyz", axum::routing::get(|| async { "ok" }));
@@ -1062,7 +1057,7 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     };
     let (served, elected) = tokio::join!(server, reconcilers);
     elected?;
-    served.map_err(Error::Serve)
+    Ok(served.map_err(eddy_platform::Error::Serve)?)
 }
 
 /// Runs the Function and Subscription controllers until `shutdown` (with `kyma`, also for
