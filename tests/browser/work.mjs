@@ -172,6 +172,9 @@ try {
 
   step = "fix";
   await page.click('header nav a[data-page="functions"]');
+  // The editor still shows the deployed source: emptied first, the wait below sees the reload
+  // land (text filled in before it lands would be overwritten by it).
+  await page.fill("#f-source", "");
   await page.selectOption("#pick-function", "default/greeter");
   await waitFor("the editor loaded greeter", () => document.querySelector("#f-source").value.includes("name is required"));
   await page.fill("#f-source", fixedSource);
