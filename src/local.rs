@@ -44,7 +44,7 @@ impl Controller {
         let controller =
             eddy_controller::Controller::new(args, gateway_url.clone(), shutdown.clone()).await?;
 
-        let exposures = Arc::new(Exposures::new(&functions.hosts.domain));
+        let exposures = Arc::new(Exposures::new(&functions.exposure));
         tokio::spawn(eddy_gateway::apirules::follow_store(
             controller.store.clone(),
             exposures.clone(),

@@ -1594,9 +1594,10 @@ async fn the_gateway_routes_by_the_functions_it_reads_and_enforces_access() {
 
 /// Kyma's APIRules on the real API server, under the chart's RBAC: both versions are served
 /// (the CRD takes Kyma's tutorial manifests as written), the controller reports Kyma's status
-/// (Ready with the URL; Error for a host an older APIRule holds and for `extAuth`), and the
-/// gateway routes a named host to the rule's Service: noAuth 200, JWT 401 without a token and
-/// 200 with one, a method no rule lists 404.
+/// (Ready with the URL; Error for a host an older APIRule holds, for `extAuth`, and for a
+/// Service in another namespace), and the gateway routes a named host to the rule's Service:
+/// noAuth 200, JWT 401 without a token and 200 with one, a method no rule lists 404; the
+/// APIRule crossing namespaces routes nothing.
 #[tokio::test]
 async fn apirules_are_reported_by_the_controller_and_honoured_by_the_gateway() {
     use support::jwt::{ISSUER, ISSUER_KEY, jwt, serve_jwks};
@@ -1717,16 +1718,34 @@ spec:
       methods: [GET]
       extAuth:
         authorizers: [oauth2-proxy]
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: crossing
+  namespace: {ns}
+spec:
+  hosts: [crossing]
+  service: {{name: eddy-controller, namespace: eddy-system, port: 8082}}
+  rules: [{{path: /*, methods: [GET], noAuth: true}}]
 "#
     );
     cluster.kubectl_apply(&refused).unwrap();
     eventually("the refusals", Duration::from_secs(60), || async {
         let copy = state_of("other-hello").await;
         let outsourced = state_of("outsourced").await;
+        let crossing = state_of("crossing").await;
         copy.is_some_and(|s| {
             s.0 == "Error"
                 && s.1 == format!("host hello.localhost is already exposed by APIRule {ns}/hello")
         }) && outsourced.is_some_and(|s| s.0 == "Error" && s.1.contains("spec.rules[0].extAuth"))
+            && crossing.is_some_and(|s| {
+                s.0 == "Error"
+                    && s.1.starts_with(&format!(
+                        "spec.service.namespace: an APIRule in namespace {ns} cannot send calls \
+                         to namespace eddy-system"
+                    ))
+            })
     })
     .await
     .unwrap();
@@ -1737,6 +1756,7 @@ spec:
     let hosts = reqwest::Client::builder()
         .resolve("hello.localhost", addr)
         .resolve("secured.example.com", addr)
+        .resolve("crossing.localhost", addr)
         .build()
         .unwrap();
     let call = |url: String, token: Option<String>| {
@@ -1775,6 +1795,11 @@ spec:
         call(secured, Some(jwt(ISSUER_KEY, "key-1", json!({})))).await,
         (200, format!("/svc/{ns}/secured/8080/orders"))
     );
+    // An APIRule crossing into another namespace (here toward the controller's API) routes
+    // nothing: its host is no APIRule's, and the path names no function.
+    let (status, body) = call(format!("http://crossing.localhost:{port}/apis"), None).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(!body.contains("/svc/"), "{body}");
     for component in [&gateway, &controller] {
         assert_no_rbac_refusal(&component.log());
     }

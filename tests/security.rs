@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use eddy_testing::NatsServer;
+use eddy_testing::{NatsServer, eventually};
 use serde_json::json;
 use support::{
     Platform,
@@ -183,21 +183,26 @@ async fn gateway_paths_and_headers_cannot_reach_another_function_or_break_the_ga
         format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").into_bytes()
     };
 
-    // Dot segments and encoded slashes after the function name stay inside that function.
+    // Dot segments, plain or percent-encoded, are refused before any routing (a rule matched
+    // on `/public/../admin` would be `/public`'s); an encoded slash stays inside the function.
     for path in [
         "/default/front/../back/x",
         "/default/front/%2e%2e/back",
-        "/default/front/a%2Fb",
+        "/default/front/.%2E/back",
+        "/default/front/./x",
     ] {
         let (status, text) = raw(&gateway, &get(path)).await;
-        assert_eq!(status, 200, "{path}: {text}");
-        assert!(text.contains(r#""function":"front""#), "{path}: {text}");
+        assert_eq!(status, 400, "{path}: {text}");
+        assert!(text.contains("'.' or '..' segment"), "{path}: {text}");
+        assert!(!text.contains(r#""function""#), "{path}: {text}");
     }
+    let (status, text) = raw(&gateway, &get("/default/front/a%2Fb")).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#""function":"front""#), "{text}");
     // Names that are not DNS labels never select a function.
     for path in [
         "/default/..%2Fback/x",
         "/default/front%2F..%2Fback",
-        "/%2e%2e/back/x",
         "/default%2Fx/back",
         "/default/BACK",
     ] {
@@ -548,7 +553,7 @@ async fn jwt_keys_are_fetched_rotated_and_kept_while_the_issuer_is_down() {
 
     // Rotation: the issuer now publishes key-2 only.
     *published.lock().unwrap() = Some(jwk(OTHER_KEY, "key-2"));
-    eddy_testing::eventually(
+    eventually(
         "the rotated key to be fetched",
         Duration::from_secs(30),
         || async { call(second()).await.0 == 200 },
@@ -562,4 +567,306 @@ async fn jwt_keys_are_fetched_rotated_and_kept_while_the_issuer_is_down() {
     *published.lock().unwrap() = None;
     let (status, body) = call(second()).await;
     assert_eq!(status, 200, "the held key while the issuer is down: {body}");
+}
+
+/// What the victim's Function answers: its secret, and what the gateway sent it.
+const VAULT: &str = r#"
+module.exports = {
+  main: (event) => {
+    const headers = event.extensions.request.headers;
+    return { secret: "vault-data", path: event.extensions.request.url,
+             tenant: headers["x-tenant"] || null, cookie: headers.cookie || null };
+  },
+};
+"#;
+
+fn host_client(gateway: &str, hosts: &[&str]) -> reqwest::Client {
+    let addr: std::net::SocketAddr = gateway.trim_start_matches("http://").parse().unwrap();
+    let mut builder = reqwest::Client::builder();
+    for host in hosts {
+        builder = builder.resolve(host, addr);
+    }
+    builder.build().unwrap()
+}
+
+async fn apirule_state(platform: &Platform, namespace: &str, name: &str) -> (String, String) {
+    let rule = platform
+        .get_json(&format!(
+            "{}/apis/gateway.kyma-project.io/v2/namespaces/{namespace}/apirules/{name}",
+            platform.api
+        ))
+        .await;
+    let text = |field: &str| {
+        rule["status"][field]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (text("state"), text("description"))
+}
+
+/// The attack probe's APIRule findings, replayed as the attacker did them: someone who may
+/// apply manifests in namespace `aaa-mallory` goes after the Function `vault` in `victim`,
+/// which a JWT APIRule protects.
+/// - An APIRule sending calls to another namespace's Service is refused by name, in either
+///   place a Service is named, so no host of Mallory's reaches the vault.
+/// - Mallory's older APIRule squats the host the victim's APIRule names: the victim's APIRule
+///   is not honoured, `eddy apply` says so at once, and the vault's own gateway path is closed
+///   (403), never open. Once the squatter is gone, the victim's APIRule takes the host and
+///   binds the path: no token 401, a token for another audience 403 (`aud` is never split on
+///   spaces), a right one 200.
+/// - A rule cannot set the headers that frame a request or carry the caller's identity; the
+///   headers and cookies it may set reach the Function.
+/// - `/metrics` on an APIRule's host is the Function's; dot segments are refused on a host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apirule_in_one_namespace_cannot_open_a_function_of_another() {
+    let (jwks_uri, _) = serve_jwks().await;
+    let platform = Platform::start_with(support::Options {
+        dispatcher: false,
+        ..support::Options::default()
+    })
+    .await;
+    let port = platform.gateway.rsplit(':').next().unwrap().to_owned();
+    let hosts = host_client(
+        &platform.gateway,
+        &["vault.localhost", "steal.localhost", "tenant.localhost"],
+    );
+    let indent = |text: &str| text.replace('\n', "\n        ");
+
+    // Mallory's decoy, exposed first on the host the victim will ask for.
+    let (ok, stdout, stderr) = platform
+        .apply_text(&format!(
+            r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: decoy, namespace: aaa-mallory}}
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: |
+        {}
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: squat, namespace: aaa-mallory}}
+spec:
+  hosts: [vault]
+  service: {{name: decoy, port: 80}}
+  rules: [{{path: /*, methods: [GET], noAuth: true}}]
+"#,
+            indent("module.exports = { main: () => 'decoy' }")
+        ))
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    eventually("squat to be Ready", Duration::from_secs(30), || async {
+        apirule_state(&platform, "aaa-mallory", "squat").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+
+    // The victim's JWT APIRule, a second later: accepted, but not honoured, and said so.
+    let victim = format!(
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: vault, namespace: victim}}
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: |
+        {}
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: vault, namespace: victim}}
+spec:
+  hosts: [vault]
+  service: {{name: vault, port: 80}}
+  rules:
+    - path: /*
+      methods: [GET]
+      jwt:
+        authentications: [{{issuer: "{ISSUER}", jwksUri: "{jwks_uri}"}}]
+        authorizations: [{{audiences: [vault]}}]
+"#,
+        indent(VAULT)
+    );
+    let (ok, stdout, stderr) = platform.apply_text(&victim).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(
+            "Warning: apirule.gateway.kyma-project.io/vault: not honoured: host vault.localhost \
+             is already exposed by APIRule aaa-mallory/squat"
+        ),
+        "{stderr}"
+    );
+    platform.wait_running_at("victim", "vault").await;
+    eventually(
+        "the victim's APIRule to be an Error",
+        Duration::from_secs(30),
+        || async { apirule_state(&platform, "victim", "vault").await.0 == "Error" },
+    )
+    .await
+    .unwrap();
+    let by_path = format!("{}/victim/vault/admin", platform.gateway);
+    let good = jwt(ISSUER_KEY, "key-1", json!({"aud": "vault"}));
+    for token in [None, Some(good.clone())] {
+        let mut request = platform.http.get(&by_path);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap();
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("function victim/vault is closed"), "{body}");
+        assert!(!body.contains("vault-data"), "{body}");
+    }
+
+    // An APIRule naming another namespace's Service is refused, wherever it names it.
+    for service in [
+        "  service: {name: vault, namespace: victim, port: 80}\n  rules: [{path: /*, methods: [GET], noAuth: true}]",
+        "  rules: [{path: /*, methods: [GET], noAuth: true, service: {name: vault, namespace: victim, port: 80}}]",
+    ] {
+        let (ok, stdout, stderr) = platform
+            .apply_text(&format!(
+                "apiVersion: gateway.kyma-project.io/v2\nkind: APIRule\nmetadata: {{name: steal, namespace: aaa-mallory}}\nspec:\n  hosts: [steal]\n{service}\n"
+            ))
+            .await;
+        assert!(!ok, "{stdout}");
+        assert!(
+            stderr.contains("service.namespace: an APIRule in namespace aaa-mallory cannot send calls to namespace victim"),
+            "{stderr}"
+        );
+    }
+    let stolen = hosts
+        .get(format!("http://steal.localhost:{port}/admin"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stolen.status(), 404);
+    assert!(!stolen.text().await.unwrap().contains("vault-data"));
+
+    // The squatter gone, the victim's APIRule holds its host and binds the Function's path.
+    let (ok, _, stderr) = platform
+        .eddy(&["delete", "apirules", "squat", "-n", "aaa-mallory"])
+        .await;
+    assert!(ok, "{stderr}");
+    eventually(
+        "the victim's APIRule to be Ready",
+        Duration::from_secs(30),
+        || async { apirule_state(&platform, "victim", "vault").await.0 == "Ready" },
+    )
+    .await
+    .unwrap();
+    let call = |url: String, token: Option<String>| {
+        let request = hosts.get(url);
+        let request = match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    let on_host = format!("http://vault.localhost:{port}/admin");
+    for url in [by_path.clone(), on_host.clone()] {
+        assert_eq!(call(url.clone(), None).await.0, 401, "{url}");
+        let split_audience = jwt(ISSUER_KEY, "key-1", json!({"aud": "x vault"}));
+        let (status, body) = call(url.clone(), Some(split_audience)).await;
+        assert_eq!(status, 403, "{url}: {body}");
+        let (status, body) = call(url.clone(), Some(good.clone())).await;
+        assert_eq!(status, 200, "{url}: {body}");
+        assert!(body.contains("vault-data"), "{body}");
+    }
+    // `/metrics` on an APIRule's host is the Function's own (its runtime's), behind its rule;
+    // the gateway's, with every namespace's calls, stays on the gateway's own host.
+    let metrics = format!("http://vault.localhost:{port}/metrics");
+    assert_eq!(call(metrics.clone(), None).await.0, 401);
+    let (status, body) = call(metrics, Some(good.clone())).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\nfunction_calls_total "), "{body}");
+    assert!(!body.contains("eddy_function_calls_total"), "{body}");
+    let own = platform
+        .get_text(&format!("{}/metrics", platform.gateway))
+        .await;
+    assert!(own.contains("eddy_function_calls_total"), "{own}");
+
+    // Headers a rule may not set, each refused by name.
+    for header in [
+        "content-length",
+        "Host",
+        "authorization",
+        "transfer-encoding",
+        "proxy-x",
+    ] {
+        let (ok, stdout, stderr) = platform
+            .apply_text(&format!(
+                r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: tenant, namespace: victim}}
+spec:
+  hosts: [tenant]
+  service: {{name: vault, port: 80}}
+  rules:
+    - path: /public/{{**}}
+      methods: [GET]
+      noAuth: true
+      request: {{headers: {{"{header}": "3"}}}}
+"#
+            ))
+            .await;
+        assert!(!ok, "{header}: {stdout}");
+        assert!(
+            stderr.contains(&format!(
+                "spec.rules[0].request.headers[{header}]: a rule cannot set this header"
+            )),
+            "{header}: {stderr}"
+        );
+    }
+    // The ones it may set reach the Function, the cookies after the caller's.
+    let (ok, stdout, stderr) = platform
+        .apply_text(
+            r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {name: tenant, namespace: victim}
+spec:
+  hosts: [tenant]
+  service: {name: vault, port: 80}
+  rules:
+    - path: /public/{**}
+      methods: [GET]
+      noAuth: true
+      request: {headers: {x-tenant: acme}, cookies: {session: s1}}
+"#,
+        )
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    eventually("tenant to be Ready", Duration::from_secs(30), || async {
+        apirule_state(&platform, "victim", "tenant").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+    let response = hosts
+        .get(format!("http://tenant.localhost:{port}/public/a"))
+        .header("cookie", "a=b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(seen["tenant"], "acme", "{seen}");
+    assert_eq!(seen["cookie"], "a=b; session=s1", "{seen}");
+    // A dot segment would take `/public/{**}`'s noAuth to `/admin`: refused before any rule.
+    for path in ["/public/../admin", "/public/%2e%2e/admin"] {
+        let (status, text) = raw(
+            &platform.gateway,
+            format!("GET {path} HTTP/1.1\r\nHost: tenant.localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+        assert_eq!(status, 400, "{path}: {text}");
+        assert!(!text.contains("vault-data"), "{path}: {text}");
+    }
 }

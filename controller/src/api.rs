@@ -28,12 +28,21 @@ use serde_json::{Value, json};
 pub struct ApiState {
     /// The resource store.
     pub store: Store,
-    /// Where Subscription sinks may point.
-    pub sinks: SinkPolicy,
+    /// The operator's settings that validation follows.
+    pub policy: Policy,
     /// Function logs (`<dir>/<namespace>/<name>.log`).
     pub logs_dir: std::path::PathBuf,
     /// The local backend, for the instances of each function.
     pub backend: Option<Arc<crate::local::LocalController>>,
+}
+
+/// The operator's settings that decide whether a resource is valid, beyond the resource itself.
+pub struct Policy {
+    /// Where Subscription sinks may point.
+    pub sinks: SinkPolicy,
+    /// How APIRules are served: the domain, and the namespaces open to other namespaces'
+    /// APIRules.
+    pub apirules: eddy_platform::flags::ApiRuleArgs,
 }
 
 type Shared = State<Arc<ApiState>>;
@@ -325,7 +334,13 @@ pub trait ApiResource: StoredResource {
     const GROUP: &'static str;
 
     /// Every problem with the resource.
-    fn validate(&self, sinks: &SinkPolicy) -> Vec<FieldError>;
+    fn validate(&self, policy: &Policy) -> Vec<FieldError>;
+
+    /// Warnings that depend on what else is stored: an APIRule that another holds a host of
+    /// is accepted, but not honoured, and whoever applied it should hear so at once.
+    fn standing(&self, _state: &ApiState) -> impl std::future::Future<Output = Vec<String>> + Send {
+        std::future::ready(Vec::new())
+    }
 
     /// Readies a decoded resource for the store: records the `apiVersion` it came in with, or
     /// folds `stringData` into `data`.
@@ -378,7 +393,7 @@ impl ApiResource for Function {
     const API_VERSIONS: &'static [&'static str] = &[API_VERSION, KYMA_FUNCTION_API_VERSION];
     const GROUP: &'static str = resources::GROUP;
 
-    fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
+    fn validate(&self, _policy: &Policy) -> Vec<FieldError> {
         resources::validate_function(self)
     }
 
@@ -407,8 +422,8 @@ impl ApiResource for Subscription {
     const API_VERSIONS: &'static [&'static str] = &[API_VERSION, KYMA_SUBSCRIPTION_API_VERSION];
     const GROUP: &'static str = resources::GROUP;
 
-    fn validate(&self, sinks: &SinkPolicy) -> Vec<FieldError> {
-        resources::validate_subscription(self, sinks)
+    fn validate(&self, policy: &Policy) -> Vec<FieldError> {
+        resources::validate_subscription(self, &policy.sinks)
     }
 
     fn prepare(&mut self, applied_as: &str) {
@@ -430,14 +445,37 @@ impl ApiResource for APIRule {
         &[apirule::API_VERSION, apirule::API_VERSION_ALPHA];
     const GROUP: &'static str = apirule::GROUP;
 
-    fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
-        apirule::validate_api_rule(self)
+    fn validate(&self, policy: &Policy) -> Vec<FieldError> {
+        let mut errors = apirule::validate_api_rule(self);
+        errors.extend(apirule::check_namespace_boundary(
+            self,
+            &policy.apirules.open_namespaces,
+        ));
+        errors
     }
 
     fn prepare(&mut self, _applied_as: &str) {}
 
     fn warnings(&self) -> Vec<String> {
         self.spec.warnings()
+    }
+
+    async fn standing(&self, state: &ApiState) -> Vec<String> {
+        let all = match state.store.list::<APIRule>(None).await {
+            Ok(all) => all,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list APIRules to judge one");
+                return Vec::new();
+            }
+        };
+        let all: Vec<&APIRule> = all.iter().collect();
+        match crate::apirules::judge(self, &all, &state.policy.apirules, |_| false) {
+            Ok(_) => Vec::new(),
+            Err(problem) => vec![format!(
+                "not honoured: {problem}; its status is Error, and the Functions it names \
+                 refuse calls on the gateway's own path until it is Ready"
+            )],
+        }
     }
 }
 
@@ -472,7 +510,7 @@ impl ApiResource for Secret {
     const API_VERSIONS: &'static [&'static str] = &["v1"];
     const GROUP: &'static str = "";
 
-    fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
+    fn validate(&self, _policy: &Policy) -> Vec<FieldError> {
         let mut errors = Vec::new();
         if let Some(data) = &self.data {
             validate_data(
@@ -515,7 +553,7 @@ impl ApiResource for ConfigMap {
     const API_VERSIONS: &'static [&'static str] = &["v1"];
     const GROUP: &'static str = "";
 
-    fn validate(&self, _sinks: &SinkPolicy) -> Vec<FieldError> {
+    fn validate(&self, _policy: &Policy) -> Vec<FieldError> {
         let mut errors = Vec::new();
         let text = self.data.iter().flatten().map(|(k, v)| (k, v.len()));
         let binary = self
@@ -602,7 +640,7 @@ async fn apply<R: ApiResource>(
         }),
         Some(_) => {}
     }
-    errors.extend(resource.validate(&state.sinks));
+    errors.extend(resource.validate(&state.policy));
     if !errors.is_empty() {
         return invalid::<R>(&name, &errors);
     }
@@ -616,9 +654,12 @@ async fn apply<R: ApiResource>(
                 }],
             );
         }
+        // Standing is judged on the stored object (its creation time decides who holds a
+        // host), so a dry run leaves it out.
         return with_warnings(
             (StatusCode::OK, Json(R::shown(&resource))).into_response(),
             &resource,
+            Vec::new(),
         );
     }
     match state.store.apply(resource).await {
@@ -629,15 +670,25 @@ async fn apply<R: ApiResource>(
                 StatusCode::OK
             };
             tracing::info!(kind = R::KIND, %namespace, %name, created, "resource applied");
-            with_warnings((code, Json(R::shown(&stored))).into_response(), &stored)
+            let standing = stored.standing(&state).await;
+            with_warnings(
+                (code, Json(R::shown(&stored))).into_response(),
+                &stored,
+                standing,
+            )
         }
         Err(error) => store_failure(&error),
     }
 }
 
-/// Adds `resource`'s warnings to `response` as `Warning` headers.
-fn with_warnings<R: ApiResource>(mut response: Response, resource: &R) -> Response {
-    for warning in resource.warnings() {
+/// Adds `resource`'s warnings, and those its standing among the stored ones gives, to
+/// `response` as `Warning` headers.
+fn with_warnings<R: ApiResource>(
+    mut response: Response,
+    resource: &R,
+    standing: Vec<String>,
+) -> Response {
+    for warning in resource.warnings().into_iter().chain(standing) {
         // RFC 7234 warn-code 299, as the Kubernetes API server sends warnings.
         let text = format!("299 - \"{}\"", warning.replace('"', "'"));
         if let Ok(value) = http::HeaderValue::from_str(&text) {

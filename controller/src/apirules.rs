@@ -9,13 +9,19 @@ use std::{
     time::Duration,
 };
 
-use eddy_model::apirule::{APIRule, HostClaim, RuleKey, award_hosts, full_host, validate_api_rule};
+use eddy_model::apirule::{
+    APIRule, HostClaim, RuleKey, award_hosts, check_namespace_boundary, full_host,
+    validate_api_rule,
+};
 use eddy_model::resources::describe_errors;
+use eddy_platform::flags::ApiRuleArgs;
 use kube::ResourceExt as _;
 
-/// An APIRule's hosts (short ones with `domain`), or why it is invalid.
-fn hosts_of(rule: &APIRule, domain: &str) -> Result<Vec<String>, String> {
-    let errors = validate_api_rule(rule);
+/// An APIRule's hosts (short ones with the domain), or why it is not honoured: invalid, or
+/// sending calls across the namespace boundary.
+fn hosts_of(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Vec<String>, String> {
+    let mut errors = validate_api_rule(rule);
+    errors.extend(check_namespace_boundary(rule, &serving.open_namespaces));
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
@@ -23,29 +29,8 @@ fn hosts_of(rule: &APIRule, domain: &str) -> Result<Vec<String>, String> {
         .spec
         .hosts
         .iter()
-        .map(|host| full_host(host, domain))
+        .map(|host| full_host(host, &serving.domain))
         .collect())
-}
-
-/// The Services (namespace, name) an APIRule's rules send to, each once.
-fn targets_of(rule: &APIRule) -> Vec<(String, String)> {
-    let namespace = rule.namespace().unwrap_or_else(|| "default".to_owned());
-    let mut targets = Vec::new();
-    for each in &rule.spec.rules {
-        if let Some(service) = rule.spec.service_of(each) {
-            let target = (
-                service
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| namespace.clone()),
-                service.name.clone().unwrap_or_default(),
-            );
-            if !targets.contains(&target) {
-                targets.push(target);
-            }
-        }
-    }
-    targets
 }
 
 /// Whether `rule` is honoured among `all` (it may be among them, in an older version): its
@@ -54,7 +39,7 @@ fn targets_of(rule: &APIRule) -> Vec<(String, String)> {
 pub fn judge(
     rule: &APIRule,
     all: &[&APIRule],
-    domain: &str,
+    serving: &ApiRuleArgs,
     held: impl Fn(&RuleKey) -> bool,
 ) -> Result<Vec<String>, String> {
     let key_of = |rule: &APIRule| -> RuleKey {
@@ -67,7 +52,7 @@ pub fn judge(
     let others = all.iter().copied().filter(|other| key_of(other) != own);
     let judged: Vec<_> = std::iter::once(rule)
         .chain(others)
-        .map(|each| (key_of(each), each, hosts_of(each, domain)))
+        .map(|each| (key_of(each), each, hosts_of(each, serving)))
         .collect();
     let claims = judged
         .iter()
@@ -122,7 +107,7 @@ pub fn state_of(
 /// (they keep their hosts, as at the gateway).
 struct Follower {
     store: eddy_platform::store::Store,
-    domain: String,
+    serving: ApiRuleArgs,
     scheme: String,
     port: Option<u16>,
     rules: parking_lot::Mutex<HashMap<RuleKey, APIRule>>,
@@ -138,7 +123,7 @@ impl Follower {
             let rules = self.rules.lock();
             let all: Vec<&APIRule> = rules.values().collect();
             let mut honoured = self.honoured.lock();
-            let judged = judge(rule, &all, &self.domain, |key| honoured.contains(key));
+            let judged = judge(rule, &all, &self.serving, |key| honoured.contains(key));
             if judged.is_ok() {
                 honoured.insert(key.clone());
             } else {
@@ -148,7 +133,8 @@ impl Follower {
         };
         let mut missing = Vec::new();
         if judged.is_ok() {
-            for (namespace, name) in targets_of(rule) {
+            let own = rule.namespace().unwrap_or_else(|| "default".to_owned());
+            for (namespace, name) in rule.spec.targets(&own) {
                 let found = self
                     .store
                     .get::<eddy_model::resources::Function>(&namespace, &name)
@@ -207,7 +193,7 @@ impl Follower {
 /// host held by another APIRule.
 pub async fn follow_local(
     store: eddy_platform::store::Store,
-    domain: String,
+    serving: ApiRuleArgs,
     gateway_url: String,
     shutdown: eddy_platform::shutdown::CancellationToken,
 ) {
@@ -215,7 +201,7 @@ pub async fn follow_local(
     let url = url::Url::parse(&gateway_url).ok();
     let follower = Arc::new(Follower {
         store: store.clone(),
-        domain,
+        serving,
         scheme: url.as_ref().map_or("http", url::Url::scheme).to_owned(),
         port: url.as_ref().and_then(url::Url::port),
         rules: parking_lot::Mutex::default(),
@@ -271,6 +257,13 @@ mod tests {
         .unwrap()
     }
 
+    fn serving(domain: &str) -> ApiRuleArgs {
+        ApiRuleArgs {
+            domain: domain.to_owned(),
+            open_namespaces: Vec::new(),
+        }
+    }
+
     fn exposing(host: &str) -> Value {
         json!({
             "hosts": [host],
@@ -285,13 +278,13 @@ mod tests {
         let older = api_rule("older", "2026-01-01T00:00:00Z", exposing("hello"));
         let newer = api_rule("newer", "2026-01-02T00:00:00Z", exposing("hello"));
         let all = [&older, &newer];
-        let judged = judge(&older, &all, "example.com", |_| false);
+        let judged = judge(&older, &all, &serving("example.com"), |_| false);
         assert_eq!(judged, Ok(vec!["hello.example.com".to_owned()]));
         assert_eq!(
             state_of(&judged, &[], &[], ("https", None)),
             ("Ready", "exposed on https://hello.example.com".to_owned())
         );
-        let refused = judge(&newer, &all, "example.com", |_| false);
+        let refused = judge(&newer, &all, &serving("example.com"), |_| false);
         assert_eq!(
             state_of(&refused, &[], &[], ("https", None)),
             (
@@ -300,7 +293,7 @@ mod tests {
             )
         );
         // Once the holder is gone, the host is the next one's.
-        assert!(judge(&newer, &[&newer], "example.com", |_| false).is_ok());
+        assert!(judge(&newer, &[&newer], &serving("example.com"), |_| false).is_ok());
     }
 
     #[test]
@@ -309,21 +302,21 @@ mod tests {
         let copycat = api_rule("copycat", "2026-01-01T00:00:00Z", exposing("hello"));
         let all = [&holder, &copycat];
         let held = |key: &RuleKey| key.1 == "hello";
-        assert!(judge(&holder, &all, "localhost", held).is_ok());
+        assert!(judge(&holder, &all, &serving("localhost"), held).is_ok());
         assert_eq!(
-            judge(&copycat, &all, "localhost", held),
+            judge(&copycat, &all, &serving("localhost"), held),
             Err("host hello.localhost is already exposed by APIRule default/hello".to_owned())
         );
         // Nobody held it: the name decides.
-        assert!(judge(&copycat, &all, "localhost", |_| false).is_ok());
+        assert!(judge(&copycat, &all, &serving("localhost"), |_| false).is_ok());
     }
 
     #[test]
     fn a_missing_service_is_a_warning() {
         let rule = api_rule("one", "2026-01-01T00:00:00Z", exposing("hello"));
-        let judged = judge(&rule, &[&rule], "localhost", |_| false);
+        let judged = judge(&rule, &[&rule], &serving("localhost"), |_| false);
         assert_eq!(
-            targets_of(&rule),
+            rule.spec.targets("default"),
             vec![("default".to_owned(), "hello".to_owned())]
         );
         assert_eq!(
@@ -335,5 +328,24 @@ mod tests {
             ),
             ("Warning", "service default/hello not found".to_owned())
         );
+    }
+
+    #[test]
+    fn an_apirule_reaches_another_namespace_only_when_it_is_opened() {
+        let mut spec = exposing("vault");
+        spec["service"]["namespace"] = json!("victim");
+        let crossing = api_rule("steal", "2026-01-01T00:00:00Z", spec);
+        let refused = judge(&crossing, &[&crossing], &serving("localhost"), |_| false);
+        let (state, description) = state_of(&refused, &[], &[], ("http", None));
+        assert_eq!(state, "Error");
+        assert!(
+            description.starts_with("spec.service.namespace: an APIRule in namespace default cannot send calls to namespace victim"),
+            "{description}"
+        );
+        let mut opened = serving("localhost");
+        opened.open_namespaces = vec!["victim".to_owned()];
+        assert!(judge(&crossing, &[&crossing], &opened, |_| false).is_ok());
+        opened.open_namespaces = vec!["*".to_owned()];
+        assert!(judge(&crossing, &[&crossing], &opened, |_| false).is_ok());
     }
 }

@@ -411,9 +411,9 @@ pub struct FunctionArgs {
     /// `<data-dir>/tools`).
     #[arg(long = "tools-dir", env = "EDDY_TOOLS_DIR")]
     pub tools_dir: Option<PathBuf>,
-    /// Where APIRules' short hosts are served.
+    /// How APIRules are served: their domain, and the namespaces open to other namespaces' APIRules.
     #[command(flatten)]
-    pub hosts: eddy_platform::flags::DomainArgs,
+    pub exposure: eddy_platform::flags::ApiRuleArgs,
 }
 
 impl Default for FunctionArgs {
@@ -534,7 +534,7 @@ impl Controller {
         let sources = functions.sources(&data_dir);
         tokio::spawn(apirules::follow_local(
             store.clone(),
-            functions.hosts.domain.clone(),
+            functions.exposure.clone(),
             gateway_url.clone(),
             shutdown.child_token(),
         ));
@@ -550,7 +550,10 @@ impl Controller {
         let backend_task = tokio::spawn(backend.clone().run());
         let state = Arc::new(api::ApiState {
             store: store.clone(),
-            sinks,
+            policy: api::Policy {
+                sinks,
+                apirules: functions.exposure.clone(),
+            },
             logs_dir,
             backend: Some(backend.clone()),
         });

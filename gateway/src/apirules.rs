@@ -16,10 +16,12 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use axum::response::{IntoResponse as _, Response};
 use eddy_model::apirule::{
     APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, HostClaim, JwtAuthorization,
-    JwtHeader, PathTemplate, award_hosts, full_host, request_host, select_rule, validate_api_rule,
+    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, full_host, request_host,
+    select_rule, validate_api_rule,
 };
 use eddy_model::resources::{JwtAccess, describe_errors};
 use eddy_platform::errors::ErrorResponse;
+use eddy_platform::flags::ApiRuleArgs;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use kube::ResourceExt as _;
 use parking_lot::RwLock;
@@ -200,7 +202,8 @@ fn unverified_issuer(token: &str) -> Option<String> {
 }
 
 /// Whether `claims` meet `authorization`: every required scope (in `scp`, `scope` or
-/// `scopes`, a list or space-separated words) and one of the audiences. Pure.
+/// `scopes`, a list or space-separated words) and one of the audiences (`aud`: one audience
+/// or a list of them, as RFC 7519 says; a string is never split). Pure.
 pub fn authorized(claims: &Value, authorization: &JwtAuthorization) -> bool {
     let words = |value: &Value| -> Vec<String> {
         match value {
@@ -218,16 +221,17 @@ pub fn authorized(claims: &Value, authorization: &JwtAuthorization) -> bool {
         .filter_map(|claim| claims.get(*claim))
         .flat_map(words)
         .collect();
-    let audiences = claims.get("aud").map(words).unwrap_or_default();
+    let audience_named = |audience: &String| match claims.get("aud") {
+        Some(Value::String(one)) => one == audience,
+        Some(Value::Array(list)) => list.iter().any(|each| each.as_str() == Some(audience)),
+        _ => false,
+    };
     authorization
         .required_scopes
         .iter()
         .all(|scope| scopes.contains(scope))
         && (authorization.audiences.is_empty()
-            || authorization
-                .audiences
-                .iter()
-                .any(|audience| audiences.contains(audience)))
+            || authorization.audiences.iter().any(audience_named))
 }
 
 impl std::fmt::Debug for Exposure {
@@ -382,9 +386,11 @@ impl Cors {
     }
 }
 
-/// An APIRule compiled for the gateway, or why it cannot be (the status's description).
-pub fn compile(rule: &APIRule, domain: &str) -> Result<Exposure, String> {
-    let errors = validate_api_rule(rule);
+/// An APIRule compiled for the gateway, or why it cannot be (the status's description):
+/// invalid, or sending calls across the namespace boundary.
+pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String> {
+    let mut errors = validate_api_rule(rule);
+    errors.extend(check_namespace_boundary(rule, &serving.open_namespaces));
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
@@ -468,7 +474,7 @@ pub fn compile(rule: &APIRule, domain: &str) -> Result<Exposure, String> {
         hosts: spec
             .hosts
             .iter()
-            .map(|host| full_host(host, domain))
+            .map(|host| full_host(host, &serving.domain))
             .collect(),
         templates: spec.templates(),
         rules,
@@ -485,6 +491,9 @@ struct Entry {
     /// held it, then by namespace and name).
     created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     compiled: Result<Arc<Exposure>, String>,
+    /// The Services its rules name, honoured or not (a Function an APIRule of its namespace
+    /// names is closed on its own path while none of them is honoured).
+    targets: Vec<(String, String)>,
 }
 
 #[derive(Default)]
@@ -548,7 +557,7 @@ impl Table {
 
 /// The APIRules a gateway honours, by host and by the Functions they expose.
 pub struct Exposures {
-    domain: String,
+    serving: ApiRuleArgs,
     table: RwLock<Table>,
 }
 
@@ -560,10 +569,14 @@ fn key_of(rule: &APIRule) -> Key {
 }
 
 impl Exposures {
-    /// None yet; short hosts are prefixed to `domain`.
-    pub fn new(domain: &str) -> Self {
+    /// None yet; short hosts are prefixed to the domain, and APIRules cross into the open
+    /// namespaces only.
+    pub fn new(serving: &ApiRuleArgs) -> Self {
         Self {
-            domain: domain.trim_matches('.').to_ascii_lowercase(),
+            serving: ApiRuleArgs {
+                domain: serving.domain.trim_matches('.').to_ascii_lowercase(),
+                open_namespaces: serving.open_namespaces.clone(),
+            },
             table: RwLock::default(),
         }
     }
@@ -573,9 +586,14 @@ impl Exposures {
         // An unchanged APIRule is not compiled again: its JWT verifiers keep their keys.
         let compiled = match known.map(|entry| &entry.compiled) {
             Some(Ok(exposure)) if exposure.spec == rule.spec => Ok(exposure.clone()),
-            _ => compile(rule, &self.domain).map(Arc::new),
+            _ => compile(rule, &self.serving).map(Arc::new),
         };
-        Entry { created, compiled }
+        let (namespace, _) = key_of(rule);
+        Entry {
+            created,
+            compiled,
+            targets: rule.spec.targets(&namespace),
+        }
     }
 
     /// Takes an APIRule (replacing its earlier version). `Err` says why it is not honoured:
@@ -641,8 +659,11 @@ impl Exposures {
     }
 
     /// The rule a call on the gateway's own path to `namespace/function` falls under, when
-    /// APIRules expose that Function: `Ok(None)` when none does, 404 when none of theirs
-    /// allows it. APIRules are tried in name order.
+    /// APIRules of the Function's own namespace name it: `Ok(None)` when none does, 404 when
+    /// none of the honoured ones allows the call, and 403 when none of them is honoured (an
+    /// APIRule that is invalid, or refused its host, never leaves its Function open). They
+    /// are tried in name order. APIRules of other namespaces (where the Function's namespace
+    /// is open to them) serve their hosts only.
     pub fn on_function_path(
         &self,
         namespace: &str,
@@ -651,24 +672,51 @@ impl Exposures {
         path: &str,
     ) -> Result<Option<Chosen>, ErrorResponse> {
         let table = self.table.read();
-        if table.live.is_empty() {
+        if table.entries.is_empty() {
             return Ok(None);
         }
-        let mut exposing: Vec<&Arc<Exposure>> = table
-            .live
-            .values()
-            .filter(|exposure| {
-                exposure
-                    .rules
+        let names_it = |(rule_namespace, _): &Key, entry: &Entry| {
+            rule_namespace == namespace
+                && entry
+                    .targets
                     .iter()
-                    .any(|rule| rule.target.namespace == namespace && rule.target.name == function)
-            })
+                    .any(|(n, name)| n == namespace && name == function)
+        };
+        let mut naming: Vec<&Key> = table
+            .entries
+            .iter()
+            .filter(|(key, entry)| names_it(key, entry))
+            .map(|(key, _)| key)
             .collect();
-        if exposing.is_empty() {
+        if naming.is_empty() {
             return Ok(None);
         }
-        exposing.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        exposing
+        naming.sort();
+        let honoured: Vec<&Arc<Exposure>> = naming
+            .iter()
+            .filter_map(|key| table.live.get(*key))
+            .collect();
+        if honoured.is_empty() {
+            let reasons: Vec<String> = naming
+                .iter()
+                .map(|key| {
+                    let why = table
+                        .refused
+                        .get(*key)
+                        .map_or("not honoured", String::as_str);
+                    format!("APIRule {}/{}: {why}", key.0, key.1)
+                })
+                .collect();
+            return Err(ErrorResponse::message(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "function {namespace}/{function} is closed: the APIRules naming it are not \
+                     honoured ({})",
+                    reasons.join("; ")
+                ),
+            ));
+        }
+        honoured
             .iter()
             .find_map(|exposure| {
                 let chosen = exposure.choose(method, path).ok()?;
@@ -727,6 +775,13 @@ mod tests {
         .unwrap()
     }
 
+    fn serving() -> ApiRuleArgs {
+        ApiRuleArgs {
+            domain: "localhost".to_owned(),
+            open_namespaces: Vec::new(),
+        }
+    }
+
     #[test]
     fn authorizations_need_every_scope_and_one_audience() {
         let wanted = JwtAuthorization {
@@ -750,11 +805,16 @@ mod tests {
             &wanted
         ));
         assert!(authorized(&json!({}), &JwtAuthorization::default()));
+        // `aud` is one audience as a string: "x app1" is not app1 (RFC 7519 4.1.3).
+        assert!(!authorized(
+            &json!({"scp": "read write", "aud": "x app1"}),
+            &wanted
+        ));
     }
 
     #[test]
     fn a_host_belongs_to_the_oldest_apirule_that_names_it() {
-        let exposures = Exposures::new("localhost");
+        let exposures = Exposures::new(&serving());
         let spec = |host: &str| {
             json!({"hosts": [host], "service": {"name": "orders", "port": 80},
                    "rules": [{"path": "/*", "methods": ["GET"], "noAuth": true}]})
@@ -801,7 +861,7 @@ mod tests {
 
     #[test]
     fn the_function_path_obeys_the_apirules_that_expose_it() {
-        let exposures = Exposures::new("localhost");
+        let exposures = Exposures::new(&serving());
         assert!(
             exposures
                 .on_function_path("shop", "orders", &Method::GET, "/")

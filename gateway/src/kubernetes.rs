@@ -64,9 +64,9 @@ pub struct GatewayArgs {
     /// and serve the hosts they name.
     #[arg(long = "apirules", env = "EDDY_APIRULES")]
     pub apirules: bool,
-    /// Where APIRules' short hosts are served.
+    /// How APIRules are served: their domain, and the namespaces open to other namespaces' APIRules.
     #[command(flatten)]
-    pub hosts: eddy_platform::flags::DomainArgs,
+    pub exposure: eddy_platform::flags::ApiRuleArgs,
     /// Where an APIRule's Service is reached, `{namespace}`, `{service}` and `{port}` replaced;
     /// the caller's path follows.
     #[arg(
@@ -404,7 +404,7 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let routes = Arc::new(Routes::default());
-    let exposures = Arc::new(Exposures::new(&args.hosts.domain));
+    let exposures = Arc::new(Exposures::new(&args.exposure));
     let max_body = usize::try_from(args.max_request_size.as_u64()).unwrap_or(usize::MAX);
     let app = router(
         routes.clone(),

@@ -188,19 +188,10 @@ impl<U: Upstreams> Gateway<U> {
         self
     }
 
-    /// The gateway's routes: `/metrics`, then every path as a call.
+    /// The gateway's routes: every path is a call, but `GET /metrics` on a host no APIRule
+    /// names (an APIRule's host is its Service's, `/metrics` and all).
     pub fn router(self: Arc<Self>) -> Router {
-        with_call_traces(
-            Router::new()
-                .route(
-                    "/metrics",
-                    axum::routing::get(|State(gateway): State<Arc<Self>>| async move {
-                        metrics_text(gateway.metrics.encode())
-                    }),
-                )
-                .fallback(proxy::<U>)
-                .with_state(self),
-        )
+        with_call_traces(Router::new().fallback(proxy::<U>).with_state(self))
     }
 
     /// Routes a request (by the APIRule of its host, or by its path); the Function's access and
@@ -357,7 +348,22 @@ struct Call<F> {
 }
 
 async fn proxy<U: Upstreams>(State(gateway): State<Arc<Gateway<U>>>, request: Request) -> Response {
+    if has_dot_segment(request.uri().path()) {
+        // A rule is matched on the path as sent; `/public/../admin` would pass `/public`'s
+        // rule and reach `/admin` wherever the path is resolved later.
+        return ErrorResponse::message(
+            StatusCode::BAD_REQUEST,
+            "the path has a '.' or '..' segment; send it resolved",
+        )
+        .into_response();
+    }
     let exposure = gateway.exposures.by_host(request.headers(), request.uri());
+    if exposure.is_none() && request.uri().path() == "/metrics" {
+        if request.method() != http::Method::GET {
+            return StatusCode::METHOD_NOT_ALLOWED.into_response();
+        }
+        return metrics_text(gateway.metrics.encode());
+    }
     if let Some(answer) = exposure
         .as_ref()
         .and_then(|exposure| exposure.preflight(request.method(), request.headers()))
@@ -428,6 +434,24 @@ async fn trace_call(request: Request, next: axum::middleware::Next) -> Response 
         otel.status_code = tracing::field::Empty,
     );
     traces::serve_request(span, request, async |request| next.run(request).await).await
+}
+
+/// Whether a raw path has a `.` or `..` segment, percent-encoded or not. Pure.
+pub fn has_dot_segment(path: &str) -> bool {
+    fn dots(mut segment: &[u8]) -> bool {
+        let mut count = 0;
+        while !segment.is_empty() {
+            segment = match segment {
+                [b'.', rest @ ..] => rest,
+                [b'%', b'2', b'e' | b'E', rest @ ..] => rest,
+                _ => return false,
+            };
+            count += 1;
+        }
+        matches!(count, 1 | 2)
+    }
+    (path.contains('.') || path.contains('%'))
+        && path.split('/').any(|segment| dots(segment.as_bytes()))
 }
 
 /// Splits `/{namespace}/{function}/{rest}` (raw, still percent-encoded) into its parts.
@@ -568,6 +592,30 @@ mod tests {
         assert_eq!(route("/Default/hello"), None);
         assert_eq!(route("/default/.."), None);
         assert_eq!(route("/default/hello%2F..%2Fother"), None);
+    }
+
+    #[test]
+    fn dot_segments_are_found_however_they_are_written() {
+        for path in [
+            "/public/../admin",
+            "/public/./admin",
+            "/public/%2e%2e/admin",
+            "/public/%2E./admin",
+            "/public/.%2e",
+            "/..",
+        ] {
+            assert!(has_dot_segment(path), "{path}");
+        }
+        for path in [
+            "/public/file.txt",
+            "/public/...",
+            "/public/.well-known/x",
+            "/a%2Fb",
+            "/",
+            "/public/..x",
+        ] {
+            assert!(!has_dot_segment(path), "{path}");
+        }
     }
 
     #[test]

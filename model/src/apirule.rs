@@ -465,6 +465,26 @@ impl ApiRuleSpec {
         rule.service.as_ref().or(self.service.as_ref())
     }
 
+    /// The Services (namespace, name) the rules of an APIRule in `namespace` send to, each
+    /// once, in rule order. Pure.
+    pub fn targets(&self, namespace: &str) -> Vec<(String, String)> {
+        let mut targets: Vec<(String, String)> = Vec::new();
+        for rule in &self.rules {
+            let Some(service) = self.service_of(rule) else {
+                continue;
+            };
+            let target_namespace = service.namespace.as_deref().unwrap_or(namespace);
+            let name = service.name.as_deref().unwrap_or_default();
+            if !targets
+                .iter()
+                .any(|(n, s)| n == target_namespace && s == name)
+            {
+                targets.push((target_namespace.to_owned(), name.to_owned()));
+            }
+        }
+        targets
+    }
+
     /// Each rule's path template and methods, in order (rules whose path does not parse are
     /// left out: validation refuses them).
     pub fn templates(&self) -> Vec<(PathTemplate, Vec<String>)> {
@@ -656,6 +676,13 @@ pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {
                         format!("{at}.request.headers[{name}]"),
                         "is not a valid header".into(),
                     );
+                } else if !is_settable_request_header(name) {
+                    error(
+                        format!("{at}.request.headers[{name}]"),
+                        "a rule cannot set this header: it frames or routes the request, or \
+                         carries the caller's credentials (use request.cookies for cookies)"
+                            .into(),
+                    );
                 }
             }
             for (name, value) in &request.cookies {
@@ -666,6 +693,70 @@ pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {
                     );
                 }
             }
+        }
+    }
+    errors
+}
+
+/// Headers a rule may not set on the requests it forwards: the ones that frame the request
+/// (a wrong `content-length` cuts a body or leaves the upstream waiting for one), route it, or
+/// carry who the caller is (the rule would hand every caller someone's identity).
+const UNSETTABLE_HEADERS: [&str; 14] = [
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "keep-alive",
+    "expect",
+    "authorization",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "proxy-connection",
+    "cookie",
+];
+
+/// Whether a rule may set the request header `name` (any case). Pure.
+pub fn is_settable_request_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    !UNSETTABLE_HEADERS.contains(&name.as_str())
+        && !name.starts_with("proxy-")
+        && !name.starts_with(':')
+}
+
+/// The rule every APIRule is held to beside [`validate_api_rule`]: it sends calls only to
+/// Services of its own namespace, or of a namespace the operator opened to APIRules of other
+/// namespaces (`open`; `*` opens every namespace). Kyma lets any APIRule name any namespace;
+/// eddy's gateway also serves every Function on its own path, so an APIRule crossing namespaces
+/// would let one namespace open another's Functions. Each crossing is an error naming its
+/// field. Pure.
+pub fn check_namespace_boundary(rule: &APIRule, open: &[String]) -> Vec<FieldError> {
+    let own = rule.metadata.namespace.as_deref().unwrap_or("default");
+    let opened = |namespace: &str| open.iter().any(|o| o == "*" || o == namespace);
+    let mut errors = Vec::new();
+    let mut check = |at: String, service: &ApiRuleService| {
+        if let Some(namespace) = service.namespace.as_deref()
+            && namespace != own
+            && !opened(namespace)
+        {
+            errors.push(FieldError {
+                field: format!("{at}.namespace"),
+                message: format!(
+                    "an APIRule in namespace {own} cannot send calls to namespace {namespace}: \
+                     APIRules reach Services of their own namespace, and of those the operator \
+                     opens to other namespaces (--apirule-open-namespaces)"
+                ),
+            });
+        }
+    };
+    if let Some(service) = &rule.spec.service {
+        check("spec.service".to_owned(), service);
+    }
+    for (index, each) in rule.spec.rules.iter().enumerate() {
+        if let Some(service) = &each.service {
+            check(format!("spec.rules[{index}].service"), service);
         }
     }
     errors

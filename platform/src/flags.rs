@@ -4,14 +4,22 @@
 
 use clap::{Args, Command, FromArgMatches};
 
-/// The domain Kyma's APIRules' one-label hosts are served under, for the controller (their
-/// status names the URL) and the gateways (they route by it) alike.
+/// How Kyma's APIRules are served, for the controller (their status says whether they are
+/// honoured, and the URL) and the gateways (they route by them) alike.
 #[derive(Debug, Clone, clap::Args)]
-pub struct DomainArgs {
+pub struct ApiRuleArgs {
     /// The domain an APIRule's one-label host is prefixed to: `orders` is served as
     /// `orders.<domain>` (`orders.localhost` resolves to this machine).
     #[arg(long = "domain", env = "EDDY_DOMAIN", default_value = "localhost")]
     pub domain: String,
+    /// Namespaces whose Services APIRules of other namespaces may send calls to (`*`: every
+    /// namespace). By default an APIRule reaches only its own namespace.
+    #[arg(
+        long = "apirule-open-namespaces",
+        env = "EDDY_APIRULE_OPEN_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub open_namespaces: Vec<String>,
 }
 
 /// What clap gives `T` for an empty command line, the environment ignored.

@@ -66,8 +66,9 @@ pub struct Context {
     /// Whether `file://` repositories are resolved (tests only: build pods cannot see the
     /// controller's files).
     pub file_repositories: bool,
-    /// The domain APIRules' one-label hosts are prefixed to (their status names the URL).
-    pub domain: String,
+    /// How APIRules are served: the domain their one-label hosts are prefixed to (their
+    /// status names the URL), and the namespaces open to other namespaces' APIRules.
+    pub apirules: eddy_platform::flags::ApiRuleArgs,
 }
 
 impl Context {
@@ -86,7 +87,7 @@ impl Context {
             git_poll_interval: Duration::from_secs(60),
             file_repositories: false,
             kyma_compatibility: false,
-            domain: "localhost".to_owned(),
+            apirules: eddy_platform::flags::defaults(),
         }
     }
 
@@ -1013,9 +1014,7 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
     let mut context = Context::new(client.clone(), args.kubernetes.render_config(), sinks);
     context.git_poll_interval = args.local.functions.git_poll_interval;
     context.kyma_compatibility = args.kubernetes.kyma_compatibility;
-    context
-        .domain
-        .clone_from(&args.local.functions.hosts.domain);
+    context.apirules.clone_from(&args.local.functions.exposure);
     let context = Arc::new(context);
     let (listener, _) = eddy_platform::net::bind(args.api_addr)?;
     let probes = axum::Router::new()
@@ -1169,7 +1168,7 @@ pub(crate) async fn reconcile_apirule(
     // `all` may hold an older version of this one. Created in the same second, the one whose
     // name sorts first keeps a host: every replica decides the same.
     let all: Vec<&APIRule> = all.iter().map(AsRef::as_ref).collect();
-    let judged = crate::apirules::judge(&rule, &all, &context.domain, |_| false);
+    let judged = crate::apirules::judge(&rule, &all, &context.apirules, |_| false);
     let (phase, description) =
         crate::apirules::state_of(&judged, &[], &rule.spec.warnings(), ("https", None));
     let unchanged = rule.status.as_ref().is_some_and(|status| {

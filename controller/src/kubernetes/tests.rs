@@ -2270,7 +2270,7 @@ async fn an_apirule_gets_kymas_status_judged_among_the_others() {
     let run = |rule: Arc<APIRule>, all: Vec<Arc<APIRule>>, exchanges| async move {
         let (client, server) = api_server(exchanges);
         let mut context = Context::new(client, config(), SinkPolicy::default());
-        context.domain = "shop.example.com".to_owned();
+        context.apirules.domain = "shop.example.com".to_owned();
         let result = reconcile_apirule(rule, all, Arc::new(context)).await;
         let bodies = server.await.expect("the API server saw what it expected");
         (result, bodies)
