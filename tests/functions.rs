@@ -1405,6 +1405,34 @@ async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind() {
                 }
                 return { started };
             }
+            if (what === "escape") {
+                // What the attack probe did as root: raise its own task cap, move itself to
+                // the root cgroups. Each write's outcome, and the capabilities it has.
+                const fs = require("fs");
+                const tried = {};
+                for (const line of fs.readFileSync("/proc/self/cgroup", "utf8").trim().split("\n")) {
+                    const [, controllers, path] = line.split(":");
+                    const base = "/sys/fs/cgroup" + (controllers ? "/" + controllers.replace(/^name=/, "") : "");
+                    for (const [file, value] of [[base + path + "/pids.max", "max"],
+                                                 [base + "/cgroup.procs", String(process.pid)]]) {
+                        try { fs.writeFileSync(file, value); tried[file] = "written"; }
+                        catch (error) { tried[file] = error.code; }
+                    }
+                }
+                const capabilities = /CapEff:\s*(\w+)/.exec(fs.readFileSync("/proc/self/status", "utf8"))[1];
+                return { tried, capabilities, uid: process.getuid() };
+            }
+            if (what === "peek") {
+                // Another function's memory and environment, where its secrets are.
+                const fs = require("fs");
+                const pid = event.extensions.request.query.pid;
+                const seen = {};
+                for (const file of ["mem", "environ"]) {
+                    try { fs.closeSync(fs.openSync(`/proc/${pid}/${file}`, "r")); seen[file] = "opened"; }
+                    catch (error) { seen[file] = error.code; }
+                }
+                return seen;
+            }
             if (what === "alloc") {
                 for (let i = 0; i < 64; i++) { held.push(Buffer.alloc(16 * 1024 * 1024, 1)); }
                 return { allocated: held.length };
@@ -1419,7 +1447,7 @@ async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind() {
                 "resourceConfiguration": {"function": {"profile": "XS"}}}),
         )
         .await;
-    let call = |what: &'static str| {
+    let call = |what: &str| {
         let request = platform.invoke("confined", &format!("/?do={what}"));
         async move {
             let response = request.send().await.unwrap();
@@ -1436,6 +1464,37 @@ async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind() {
         .try_into()
         .unwrap();
     assert!(!eddy_testing::process_gone(daemon), "the daemon runs");
+
+    // The function cannot lift its own limits nor leave its cgroup (as root it used to).
+    let (status, body) = call("escape").await;
+    assert_eq!(status, 200, "{body}");
+    let escape: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let tried = escape["tried"].as_object().unwrap();
+    assert!(!tried.is_empty(), "{escape}");
+    assert!(
+        tried.values().all(|outcome| outcome != "written"),
+        "the function changed its cgroups: {escape}"
+    );
+    if nix::unistd::geteuid().is_root() {
+        assert_eq!(escape["capabilities"], "0000000000000000", "{escape}");
+    }
+    // Nor open another function's memory or environment (the runtimes are non-dumpable).
+    platform
+        .deploy(
+            "neighbour",
+            json!({"runtime": "nodejs22", "source": {"inline": {"source": "module.exports = { main: () => 'hi' }"}}}),
+        )
+        .await;
+    let neighbour = platform.pids("neighbour")[0];
+    let (status, body) = call(&format!("peek&pid={neighbour}")).await;
+    assert_eq!(status, 200, "{body}");
+    let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
+    for file in ["mem", "environ"] {
+        assert!(
+            seen[file] == "EACCES" || seen[file] == "EPERM",
+            "another function's /proc/<pid>/{file}: {seen}"
+        );
+    }
 
     let (status, body) = call("fork").await;
     assert_eq!(status, 200, "{body}");

@@ -30,6 +30,9 @@ pub enum Error {
     /// `--isolation cgroup` cannot be had here.
     #[error("--isolation cgroup: {0}")]
     Isolation(String),
+    /// The runtimes' preload library (non-dumpable processes) cannot be written.
+    #[error("cannot write the function runtimes' preload library under {0}: {1}")]
+    Confinement(std::path::PathBuf, #[source] std::io::Error),
     /// Shared setup failed.
     #[error(transparent)]
     Api(#[from] eddy_platform::Error),
@@ -170,6 +173,13 @@ impl FunctionArgs {
         drain_timeout: Duration,
         shutdown: &CancellationToken,
     ) -> Result<local::pool::PoolConfig> {
+        let without_privileges =
+            self.isolation == Isolation::Cgroup && nix::unistd::geteuid().is_root();
+        let lib_dir = data_dir.join("lib");
+        let confinement = Arc::new(
+            eddy_platform::process::Confinement::new(&lib_dir, without_privileges)
+                .map_err(|error| Error::Confinement(lib_dir.clone(), error))?,
+        );
         Ok(local::pool::PoolConfig {
             logs_dir: data_dir.join("logs").join("functions"),
             publisher_url: format!("{}/publish", bus_url.trim_end_matches('/')),
@@ -189,10 +199,12 @@ impl FunctionArgs {
                 )),
             },
             max_function_tasks: self.max_function_tasks,
+            confinement: confinement.clone(),
             spares: (self.warm_spares > 0).then(|| {
                 local::spares::Spares::start(
                     self.warm_spares,
                     data_dir.join("spares"),
+                    confinement.clone(),
                     shutdown.child_token(),
                 )
             }),

@@ -65,6 +65,162 @@ pub fn harden() {
     }
 }
 
+/// The preload library that makes a process non-dumpable as it starts (`nondumpable.c`).
+const NONDUMPABLE_LIBRARY: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/libeddy_nondumpable.so"));
+
+/// How local function runtimes are confined beyond their process group and cgroup.
+///
+/// Every runtime loads a small preload library that makes it non-dumpable before the runtime's
+/// own code runs: the secrets an instance gets on stdin stay out of reach of other functions of
+/// the same user (`/proc/<pid>/mem`, `environ`, `ptrace`). With `--isolation cgroup` under root,
+/// each instance also runs without capabilities (none kept across its `execve`, no way to gain
+/// any) and in a mount namespace of its own where `/sys/fs/cgroup` is an empty read-only
+/// filesystem: root in uid but unable to raise its own cgroup limits or move itself out of its
+/// cgroup.
+#[derive(Debug, Clone)]
+pub struct Confinement {
+    preload: std::path::PathBuf,
+    without_privileges: bool,
+}
+
+impl Confinement {
+    /// Writes the preload library into `dir` (once per version of it) and confines with it;
+    /// `without_privileges` as described above.
+    pub fn new(dir: &std::path::Path, without_privileges: bool) -> std::io::Result<Self> {
+        use sha2::Digest as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let digest = sha2::Sha256::digest(NONDUMPABLE_LIBRARY);
+        let version: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+        let preload = dir.join(format!("eddy-nondumpable-{version}.so"));
+        if std::fs::read(&preload).ok().as_deref() != Some(NONDUMPABLE_LIBRARY) {
+            std::fs::create_dir_all(dir)?;
+            // Written aside and renamed: an instance starting meanwhile never loads half a file.
+            let partial = dir.join(format!(
+                ".eddy-nondumpable-{version}.{}",
+                std::process::id()
+            ));
+            std::fs::write(&partial, NONDUMPABLE_LIBRARY)?;
+            std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))?;
+            std::fs::rename(&partial, &preload)?;
+        }
+        Ok(Self {
+            preload,
+            without_privileges,
+        })
+    }
+
+    /// Whether instances run without capabilities and without a view of the cgroups.
+    pub fn without_privileges(&self) -> bool {
+        self.without_privileges
+    }
+
+    /// Confines a runtime about to be started by `command` (whose environment is already set:
+    /// the preload library goes before any the Function names).
+    pub fn apply(&self, command: &mut std::process::Command) {
+        let preload = match command
+            .get_envs()
+            .find(|(name, _)| *name == "LD_PRELOAD")
+            .and_then(|(_, value)| value)
+        {
+            Some(theirs) if !theirs.is_empty() => {
+                let mut both = self.preload.clone().into_os_string();
+                both.push(":");
+                both.push(theirs);
+                both
+            }
+            _ => self.preload.clone().into_os_string(),
+        };
+        command.env("LD_PRELOAD", preload);
+        #[cfg(target_os = "linux")]
+        if self.without_privileges {
+            use std::os::unix::process::CommandExt as _;
+            #[allow(unsafe_code)]
+            // SAFETY: the closure runs between fork and exec and makes only system calls
+            // (unshare, mount, prctl) with arguments on the stack; it allocates nothing and
+            // touches no memory of the parent.
+            unsafe {
+                command.pre_exec(give_up_privileges);
+            }
+        }
+    }
+}
+
+/// In a child about to exec: a mount namespace of its own with `/sys/fs/cgroup` hidden under
+/// an empty read-only tmpfs, then every capability dropped for good (bounding and ambient sets
+/// emptied, root's exec-time capabilities off and locked, no new privileges).
+#[cfg(target_os = "linux")]
+fn give_up_privileges() -> std::io::Result<()> {
+    use nix::{
+        libc,
+        mount::{MsFlags, mount},
+        sched::{CloneFlags, unshare},
+    };
+    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+    const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
+    const SECBIT_KEEP_CAPS_LOCKED: libc::c_ulong = 1 << 5;
+    const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+    unshare(CloneFlags::CLONE_NEWNS)?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    mount(
+        Some("tmpfs"),
+        "/sys/fs/cgroup",
+        Some("tmpfs"),
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("size=4k,mode=0555"),
+    )?;
+    let prctl = |option: libc::c_int, arg: libc::c_ulong| -> std::io::Result<()> {
+        #[allow(unsafe_code)]
+        // SAFETY: prctl(2) with integer arguments only.
+        let result = unsafe {
+            libc::prctl(
+                option,
+                arg,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    for capability in 0..64 {
+        match prctl(libc::PR_CAPBSET_DROP, capability) {
+            Ok(()) => {}
+            // Past the kernel's last capability.
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => break,
+            Err(error) => return Err(error),
+        }
+    }
+    prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+    )?;
+    prctl(
+        libc::PR_SET_SECUREBITS,
+        SECBIT_NOROOT
+            | SECBIT_NOROOT_LOCKED
+            | SECBIT_NO_SETUID_FIXUP
+            | SECBIT_NO_SETUID_FIXUP_LOCKED
+            | SECBIT_KEEP_CAPS_LOCKED
+            | SECBIT_NO_CAP_AMBIENT_RAISE
+            | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
+    )?;
+    nix::sys::prctl::set_no_new_privs().map_err(std::io::Error::from)
+}
+
 /// For the CLI: a closed stdout (`eddy get functions | head -1`) ends the command quietly, as it
 /// does any Unix tool, instead of `println!` panicking on `EPIPE` (Rust ignores `SIGPIPE`).
 /// Never for the services, whose clients may go away at any time.
@@ -178,6 +334,61 @@ fn kill_all(seen: &[Seen]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process started under the confinement makes itself non-dumpable: the kernel then shows
+    /// root as the owner of its `/proc/<pid>/environ`. The same program without it is the
+    /// control. Run as root, both run as `nobody` so the owners differ.
+    #[test]
+    fn confined_processes_are_not_dumpable() {
+        use std::os::unix::{
+            fs::MetadataExt as _, fs::PermissionsExt as _, process::CommandExt as _,
+        };
+        let dir = std::env::temp_dir().join(format!("eddy-confinement-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let confinement = Confinement::new(&dir, false).unwrap();
+        // Written once: a second confinement reuses the file.
+        assert_eq!(
+            Confinement::new(&dir, false).unwrap().preload,
+            confinement.preload
+        );
+        let user = if nix::unistd::geteuid().is_root() {
+            65534
+        } else {
+            nix::unistd::geteuid().as_raw()
+        };
+        let start = |confined: bool| {
+            let mut command = std::process::Command::new("sleep");
+            command.arg("30");
+            if nix::unistd::geteuid().is_root() {
+                command.uid(65534).gid(65534);
+            }
+            if confined {
+                confinement.apply(&mut command);
+            }
+            command.spawn().unwrap()
+        };
+        let owner = |pid: u32| {
+            std::fs::metadata(format!("/proc/{pid}/environ"))
+                .unwrap()
+                .uid()
+        };
+        let mut control = start(false);
+        let mut confined = start(true);
+        // The preload runs before `sleep`'s main: poll until the kernel shows it, bounded.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while owner(confined.id()) != 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let (control_owner, confined_owner) = (owner(control.id()), owner(confined.id()));
+        for child in [&mut control, &mut confined] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(control_owner, user, "the control stays dumpable");
+        assert_eq!(confined_owner, 0, "the confined process is non-dumpable");
+    }
 
     #[test]
     fn hardened_processes_are_not_dumpable_and_may_open_more_files() {

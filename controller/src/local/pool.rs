@@ -57,6 +57,8 @@ pub struct PoolConfig {
     pub cgroups: Option<Arc<eddy_platform::cgroup::Cgroups>>,
     /// Processes and threads one instance may have, in its cgroup.
     pub max_function_tasks: u64,
+    /// What confines every runtime process.
+    pub confinement: Arc<eddy_platform::process::Confinement>,
 }
 
 /// An instance's cgroup, if any; dropped (everything left in it killed, then removed) on a
@@ -941,6 +943,7 @@ impl Pool {
                 .join_on_spawn(command.as_std_mut())
                 .map_err(|error| error.to_string())?;
         }
+        self.config.confinement.apply(command.as_std_mut());
         let mut child = command
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", program.display()))?;

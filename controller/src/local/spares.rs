@@ -75,6 +75,8 @@ pub struct Spares {
     per_runtime: usize,
     /// Where the Python server file the spares run is written.
     dir: PathBuf,
+    /// What confines every runtime process (spares become instances).
+    confinement: Arc<eddy_platform::process::Confinement>,
     slots: Mutex<HashMap<SpareKey, Slot>>,
     kick: Notify,
 }
@@ -124,10 +126,16 @@ impl std::fmt::Debug for Spares {
 
 impl Spares {
     /// Keeps `per_runtime` spares of each runtime in use (0: none); runs until `shutdown`.
-    pub fn start(per_runtime: usize, dir: PathBuf, shutdown: CancellationToken) -> Arc<Self> {
+    pub fn start(
+        per_runtime: usize,
+        dir: PathBuf,
+        confinement: Arc<eddy_platform::process::Confinement>,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
         let spares = Arc::new(Self {
             per_runtime,
             dir,
+            confinement,
             slots: Mutex::default(),
             kick: Notify::new(),
         });
@@ -283,6 +291,7 @@ impl Spares {
             .stdout(writer)
             .stderr(writer_too);
         process::supervise(&mut command);
+        self.confinement.apply(command.as_std_mut());
         let spawned = command.spawn();
         // The command holds the pipe's writing end; it must close here, so the reader sees the
         // end when the spare exits.
