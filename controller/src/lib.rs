@@ -130,6 +130,16 @@ pub struct KubernetesArgs {
         default_value = "ghcr.io/eddy-dev/eddy-runtime-{runtime}:{version}"
     )]
     pub runtime_images: String,
+    /// The Pod Security Standards level a Function's own `podSecurityContext` and
+    /// `containerSecurityContext` must meet (`restricted`, `baseline` or `privileged`); a
+    /// Function asking for more is not deployed, and its status names the fields.
+    #[arg(
+        long = "function-pod-security",
+        env = "EDDY_FUNCTION_POD_SECURITY",
+        value_enum,
+        default_value_t = kubernetes::render::PodSecurityLevel::Restricted
+    )]
+    pub function_pod_security: kubernetes::render::PodSecurityLevel,
     /// One active controller among the replicas.
     #[command(flatten)]
     pub leader: kubernetes::leader::LeaderArgs,
@@ -157,6 +167,7 @@ impl KubernetesArgs {
             trace_collector: eddy_platform::traces::collector_endpoint().map(str::to_owned),
             build: self.build,
             runtime_images: self.runtime_images.clone(),
+            pod_security: self.function_pod_security,
         }
     }
 }

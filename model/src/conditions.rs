@@ -36,6 +36,9 @@ pub enum Reason {
     ValidationFailed,
     /// A Secret or ConfigMap (or one of its keys) the spec reads is missing (local).
     ReferenceNotFound,
+    /// The Function's security contexts ask for more than the operator's Pod Security level
+    /// allows (Kubernetes; the message names the fields).
+    SecurityContextRefused,
     // BuildReady
     /// A build runs.
     BuildRunning,
@@ -95,6 +98,7 @@ impl Reason {
             Self::ConfigurationValid => "ConfigurationValid",
             Self::ValidationFailed => "ValidationFailed",
             Self::ReferenceNotFound => "ReferenceNotFound",
+            Self::SecurityContextRefused => "SecurityContextRefused",
             Self::BuildRunning => "BuildRunning",
             Self::BuildSucceeded => "BuildSucceeded",
             Self::BuildReused => "BuildReused",

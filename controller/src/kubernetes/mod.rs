@@ -36,7 +36,7 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 
-pub use render::{BuildMode, RenderConfig, Rendered, Scaling, render, render_at};
+pub use render::{BuildMode, PodSecurityLevel, RenderConfig, Rendered, Scaling, render, render_at};
 
 use crate::{
     Error, Result,
@@ -627,6 +627,23 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
             },
         };
         let rendered = render_at(function, &context.config, commit.as_deref())?;
+        let violations = rendered.pod_security_violations(context.config.pod_security);
+        if !violations.is_empty() {
+            // What runs keeps running; nothing of this generation is applied.
+            let message = violations.join("; ");
+            tracing::warn!(%namespace, function = %name, %message, "security context refused");
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    ConditionType::ConfigurationReady,
+                    Some(false),
+                    Reason::SecurityContextRefused,
+                    message,
+                ),
+            );
+            write_status(client, function, previous.as_ref(), &status).await?;
+            return Ok(Action::await_change());
+        }
         let configured = match &commit {
             Some(commit) => format!("build {} of commit {commit}", rendered.hash),
             None => format!("build {}", rendered.hash),

@@ -152,6 +152,7 @@ fn config() -> RenderConfig {
         trace_collector: None,
         build: BuildMode::Image,
         runtime_images: "ghcr.io/eddy-dev/eddy-runtime-{runtime}:{version}".to_owned(),
+        pod_security: PodSecurityLevel::Restricted,
     }
 }
 
@@ -2750,5 +2751,54 @@ fn a_buildless_git_source_is_fetched_by_the_pod() {
     assert_eq!(
         pod["initContainers"][0], job_source,
         "the build's own fetch"
+    );
+}
+
+/// A Function's own security contexts are judged against the operator's Pod Security level on
+/// what its pods would run: eddy's defaults pass `restricted`; `privileged: true`, an added
+/// `SYS_ADMIN` and `runAsUser: 0` (the attack probe's asks) are refused by field, under
+/// `baseline` the root user passes but not the rest, and `privileged` takes anything.
+#[test]
+fn security_contexts_beyond_the_operators_level_are_refused_by_field() {
+    let plain = function(json!({"runtime": "nodejs22", "source": {"inline": {"source": "x"}}}));
+    let rendered = render(&plain, &config()).unwrap();
+    assert_eq!(
+        rendered.pod_security_violations(PodSecurityLevel::Restricted),
+        Vec::<String>::new()
+    );
+    let asking = function(json!({
+        "runtime": "nodejs22", "source": {"inline": {"source": "x"}},
+        "podSecurityContext": {"runAsUser": 0, "runAsNonRoot": false},
+        "containerSecurityContext": {"privileged": true, "allowPrivilegeEscalation": true,
+                                     "capabilities": {"add": ["SYS_ADMIN"], "drop": []}},
+    }));
+    let rendered = render(&asking, &config()).unwrap();
+    let restricted = rendered.pod_security_violations(PodSecurityLevel::Restricted);
+    for field in [
+        "spec.containerSecurityContext.privileged: must not be true",
+        "spec.containerSecurityContext.capabilities.add: SYS_ADMIN may not be added",
+        "spec.containerSecurityContext.allowPrivilegeEscalation: must be false",
+        "spec.podSecurityContext.runAsUser: must not be 0",
+        "spec.containerSecurityContext.capabilities.drop: must include ALL",
+    ] {
+        assert!(
+            restricted.iter().any(|v| v.starts_with(field)),
+            "{field} in {restricted:?}"
+        );
+    }
+    assert!(
+        restricted[0].ends_with("(the restricted Pod Security profile the operator set)"),
+        "{restricted:?}"
+    );
+    let baseline = rendered.pod_security_violations(PodSecurityLevel::Baseline);
+    assert_eq!(baseline.len(), 2, "{baseline:?}");
+    assert!(
+        baseline.iter().all(|v| !v.contains("runAsUser")),
+        "{baseline:?}"
+    );
+    assert!(
+        rendered
+            .pod_security_violations(PodSecurityLevel::Privileged)
+            .is_empty()
     );
 }
