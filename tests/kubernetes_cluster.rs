@@ -935,6 +935,132 @@ async fn kubectl_scale_and_an_hpa_work_on_a_function() {
     cluster.finish().await;
 }
 
+/// A controller started before the namespace of its Lease exists (a new user's order of steps)
+/// says why it cannot join the election, keeps trying, and leads and reconciles once the
+/// namespace and the chart's Lease Role are there: no restart.
+#[tokio::test]
+async fn a_controller_started_before_its_lease_namespace_leads_once_it_exists() {
+    use k8s_openapi::api::{
+        core::v1::Namespace,
+        rbac::v1::{Role, RoleBinding},
+    };
+    let _serial = serial().await;
+    let cluster = Cluster::new("late-lease").await;
+    let lease_namespace = format!("{}-lease", cluster.namespace);
+    let controller = cluster
+        .component(
+            "controller",
+            &[
+                ("EDDY_API_ADDR", "127.0.0.1:0"),
+                ("EDDY_LEASE_NAMESPACE", &lease_namespace),
+            ],
+        )
+        .await;
+    eventually(
+        "the controller to say why it cannot join",
+        Duration::from_secs(30),
+        || async {
+            let log = controller.log();
+            log.contains("cannot join the lease election") && log.contains(&lease_namespace)
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}:\n{}", controller.log()));
+
+    // The namespace, and in it the chart's Lease Role and its binding, as the chart makes them.
+    let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": lease_namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let roles: Api<Role> = Api::namespaced(cluster.admin.clone(), SYSTEM);
+    let bindings: Api<RoleBinding> = Api::namespaced(cluster.admin.clone(), SYSTEM);
+    let lease_role = roles
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|role| {
+            role.rules.iter().flatten().any(|rule| {
+                rule.resources
+                    .iter()
+                    .flatten()
+                    .any(|resource| resource == "leases")
+            })
+        })
+        .expect("the chart's Lease Role");
+    let role_name = lease_role.metadata.name.clone().unwrap();
+    let binding = bindings
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|binding| binding.role_ref.name == role_name)
+        .expect("the chart's Lease RoleBinding");
+    let copy = |metadata: &kube::core::ObjectMeta| kube::core::ObjectMeta {
+        name: metadata.name.clone(),
+        namespace: Some(lease_namespace.clone()),
+        ..Default::default()
+    };
+    Api::<Role>::namespaced(cluster.admin.clone(), &lease_namespace)
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: copy(&lease_role.metadata),
+                rules: lease_role.rules.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(cluster.admin.clone(), &lease_namespace)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: copy(&binding.metadata),
+                role_ref: binding.role_ref.clone(),
+                subjects: binding.subjects.clone(),
+            },
+        )
+        .await
+        .unwrap();
+
+    let leases: Api<Lease> = Api::namespaced(cluster.admin.clone(), &lease_namespace);
+    let lease_name = format!("{RELEASE}-controller");
+    eventually(
+        "the controller to lead, unrestarted",
+        Duration::from_secs(30),
+        || async {
+            leases.get(&lease_name).await.is_ok_and(|l| {
+                l.spec.and_then(|s| s.holder_identity).as_deref() == Some(controller.name.as_str())
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}:\n{}", controller.log()));
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    functions
+        .patch(
+            "late",
+            &PatchParams::apply("test"),
+            &Patch::Apply(function("late", inline("module.exports = {main: () => 1}"))),
+        )
+        .await
+        .unwrap();
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "late", Duration::from_secs(60))
+        .await;
+    drop(controller);
+    let _ = namespaces
+        .delete(&lease_namespace, &DeleteParams::default())
+        .await;
+    cluster.finish().await;
+}
+
 /// Two controllers: one leads; SIGKILL it and the other takes over within the lease duration;
 /// only the leader wrote (managedFields).
 #[tokio::test]
@@ -1809,7 +1935,8 @@ spec:
 }
 
 /// Buildless (`controller.build: buildless`, the default) on the real API server under the
-/// chart's RBAC: a Kyma Function with dependencies reaches Running without any build Job, its
+/// chart's RBAC: a Kyma Function with dependencies (and the empty `runtimeImageOverride` and
+/// profile Kyma's tools write) reaches Running without any build Job, its
 /// pods on the runtime image with the `install` init container and the sources' ConfigMap;
 /// a changed source rolls to a new ConfigMap (the old one kept until the rollout is done).
 #[tokio::test]
@@ -1838,6 +1965,11 @@ metadata:
   namespace: {ns}
 spec:
   runtime: nodejs22
+  # As Kyma's tools write a field left blank: not set, in the CRD and in the Deployment.
+  runtimeImageOverride: ""
+  resourceConfiguration:
+    function:
+      profile: ""
   source:
     inline:
       source: "module.exports = {{ main: () => require('lodash').capitalize('hi') }}"

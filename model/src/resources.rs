@@ -227,7 +227,11 @@ pub struct FunctionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplate>,
     /// An image to run instead of the runtime's (Kubernetes only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_as_none"
+    )]
     #[schemars(length(max = 1024))]
     pub runtime_image_override: Option<String>,
     /// The pod's security context (Kubernetes only).
@@ -388,7 +392,11 @@ pub struct GitRepositorySource {
     #[x_kube(validation = Rule::new(r"self.matches('^[^-\\s][^\\s]*$')").message("must be a branch, tag or commit: no spaces, not starting with '-'"))]
     pub reference: String,
     /// Directory of the function in the repository (default: the top).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_as_none"
+    )]
     #[schemars(length(max = 1024))]
     #[x_kube(validation = Rule::new("!self.matches('(^|/)[.][.](/|$)')").message("must stay inside the repository: no '..'"))]
     pub base_dir: Option<String>,
@@ -519,13 +527,25 @@ pub const CONTAINER_RESOURCES: [&str; 6] = [
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FieldSelector {
     /// `v1` (the default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_as_none"
+    )]
     #[schemars(length(max = 16))]
     pub api_version: Option<String>,
     /// `metadata.name`, `metadata.namespace`, `metadata.labels['k']`, `status.podIP`, ….
     #[schemars(length(max = 512))]
     #[x_kube(validation = Rule::new(r"self in ['metadata.name', 'metadata.namespace', 'metadata.uid', 'spec.nodeName', 'spec.serviceAccountName', 'status.hostIP', 'status.hostIPs', 'status.podIP', 'status.podIPs'] || self.matches('^metadata[.](labels|annotations)\\[\'[^\']+\'\\]$')").message(FIELD_PATH_MESSAGE))]
     pub field_path: String,
+}
+
+/// Reads an optional string, an empty one as not set: Kyma's tools write `""` for a field left
+/// blank (`runtimeImageOverride: ""`), and Kyma takes it as absent.
+fn empty_as_none<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(deserializer)?.filter(|value| !value.is_empty()))
 }
 
 /// Why a `fieldRef.fieldPath` is refused.
@@ -536,7 +556,11 @@ pub const FIELD_PATH_MESSAGE: &str = "must be a pod field Kubernetes passes to e
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResourceFieldSelector {
     /// The container (the function's, when given).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_as_none"
+    )]
     #[schemars(length(max = 63))]
     pub container_name: Option<String>,
     /// `limits.cpu`, `limits.memory`, `requests.cpu`, `requests.memory`, ….
@@ -684,11 +708,15 @@ pub struct ResourceConfiguration {
 /// A build preset or explicit resources, never both.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new("!(has(self.profile) && has(self.resources))").message("set profile or resources, not both"))]
+#[x_kube(validation = Rule::new("!(has(self.profile) && self.profile != '' && has(self.resources))").message("set profile or resources, not both"))]
 pub struct BuildResourceRequest {
     /// `local-dev`, `slow`, `normal` or `fast`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self in ['local-dev', 'slow', 'normal', 'fast']").message("must be one of local-dev, slow, normal, fast"))]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_as_none"
+    )]
+    #[x_kube(validation = Rule::new("self in ['', 'local-dev', 'slow', 'normal', 'fast']").message("must be one of local-dev, slow, normal, fast"))]
     pub profile: Option<String>,
     /// Explicit requests and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -698,11 +726,15 @@ pub struct BuildResourceRequest {
 /// A preset or explicit resources, never both.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new("!(has(self.profile) && has(self.resources))").message("set profile or resources, not both"))]
+#[x_kube(validation = Rule::new("!(has(self.profile) && self.profile != '' && has(self.resources))").message("set profile or resources, not both"))]
 pub struct ResourceRequest {
     /// `XS`, `S`, `M`, `L` or `XL`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self in ['XS', 'S', 'M', 'L', 'XL']").message("must be one of XS, S, M, L, XL"))]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_as_none"
+    )]
+    #[x_kube(validation = Rule::new("self in ['', 'XS', 'S', 'M', 'L', 'XL']").message("must be one of XS, S, M, L, XL"))]
     pub profile: Option<String>,
     /// Explicit requests and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -2398,6 +2430,40 @@ mod tests {
             "spec": spec,
         }))
         .unwrap()
+    }
+
+    /// Kyma's tools write `""` for a field left blank: each optional string means "not set",
+    /// so it renders no empty image, draws no warning and passes validation.
+    #[test]
+    fn empty_optional_strings_from_kymas_tools_mean_not_set() {
+        let function: Function = serde_json::from_value(serde_json::json!({
+            "apiVersion": KYMA_FUNCTION_API_VERSION, "kind": "Function",
+            "metadata": {"name": "hello", "namespace": "default"},
+            "spec": {
+                "runtime": "nodejs22",
+                "runtimeImageOverride": "",
+                "source": {"gitRepository": {"url": "https://example.com/r.git",
+                                             "reference": "main", "baseDir": ""}},
+                "resourceConfiguration": {"function": {"profile": "", "resources": {"limits": {"memory": "64Mi"}}},
+                                          "build": {"profile": ""}},
+                "env": [{"name": "MEM", "valueFrom": {"resourceFieldRef": {"containerName": "", "resource": "limits.memory"}}},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"apiVersion": "", "fieldPath": "metadata.name"}}}],
+            },
+        }))
+        .unwrap();
+        let spec = &function.spec;
+        assert_eq!(spec.runtime_image_override, None);
+        let git = spec.source.git_repository.as_ref().unwrap();
+        assert_eq!(git.base_dir, None);
+        let resources = spec.resource_configuration.as_ref().unwrap();
+        assert_eq!(resources.function.as_ref().unwrap().profile, None);
+        assert_eq!(resources.build.as_ref().unwrap().profile, None);
+        assert!(
+            !spec
+                .kubernetes_only_fields()
+                .contains(&"spec.runtimeImageOverride")
+        );
+        assert_eq!(validate_function(&function), Vec::new());
     }
 
     #[test]

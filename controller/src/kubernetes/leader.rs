@@ -75,27 +75,60 @@ pub fn field_manager(identity: &str) -> String {
 }
 
 /// Competes for the lease. The receiver says whether this replica leads; dropping it releases
-/// the lease, after which the returned task ends.
+/// the lease, after which the returned task ends. Joining the election is retried until it
+/// succeeds (an API server that is not there yet, a Lease namespace that does not exist yet),
+/// each failure logged with its cause, with a backoff from 200 ms to 10 s; `None` at
+/// `shutdown`. Once joined, the manager retries its own errors (logged by it).
 pub async fn leadership(
     client: Client,
     args: &LeaderArgs,
     identity: String,
-) -> Result<(
+    shutdown: &CancellationToken,
+) -> Option<(
     watch::Receiver<bool>,
     JoinHandle<kube_lease_manager::Result<LeaseManager>>,
 )> {
     let (duration, grace) = args.timing();
-    let manager = LeaseManagerBuilder::new(client, args.lease_name.clone())
-        .with_namespace(args.lease_namespace.clone())
-        // Its own field manager per replica: two replicas' applies of the holder conflict.
-        .with_field_manager(field_manager(&identity))
-        .with_identity(identity)
-        .with_duration(duration)
-        .with_grace(grace)
-        .build()
-        .await?;
-    Ok(manager.watch().await)
+    let mut failures = 0_u32;
+    loop {
+        let built = LeaseManagerBuilder::new(client.clone(), args.lease_name.clone())
+            .with_namespace(args.lease_namespace.clone())
+            // Its own field manager per replica: two replicas' applies of the holder conflict.
+            .with_field_manager(field_manager(&identity))
+            .with_identity(identity.clone())
+            .with_duration(duration)
+            .with_grace(grace)
+            .build()
+            .await;
+        let error = match built {
+            Ok(manager) => {
+                if failures > 0 {
+                    tracing::info!(failures, "joined the lease election");
+                }
+                return Some(manager.watch().await);
+            }
+            Err(error) => error,
+        };
+        failures = failures.saturating_add(1);
+        let delay = JOIN_RETRY.delay(failures);
+        tracing::warn!(
+            %error,
+            lease = %args.lease_name,
+            namespace = %args.lease_namespace,
+            failures,
+            retry_in = ?delay,
+            "cannot join the lease election; nothing is reconciled until it is joined"
+        );
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
 }
+
+/// How joining the lease election is retried.
+const JOIN_RETRY: eddy_model::backoff::Backoff =
+    eddy_model::backoff::Backoff::exponential(Duration::from_millis(200), Duration::from_secs(10));
 
 /// Runs `work` while `leading` is true: started when this replica becomes the leader,
 /// cancelled (its token) and awaited when it stops being one, started again when it leads

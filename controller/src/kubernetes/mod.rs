@@ -1056,8 +1056,11 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
             return Ok::<(), Error>(());
         }
         let identity = election.identity();
-        let (leading, manager) =
-            leader::leadership(client.clone(), election, identity.clone()).await?;
+        let Some((leading, manager)) =
+            leader::leadership(client.clone(), election, identity.clone(), &shutdown).await
+        else {
+            return Ok(());
+        };
         tracing::info!(%identity, lease = %election.lease_name, namespace = %election.lease_namespace, "competing for the lease");
         leader::while_leading(leading, shutdown, |term| {
             run(client.clone(), context.clone(), term)

@@ -2454,6 +2454,7 @@ async fn the_lease_is_created_taken_renewed_and_lost_to_another_replica() {
         client,
         &leader_args("controller-a"),
         "controller-a".to_owned(),
+        &eddy_platform::shutdown::CancellationToken::new(),
     )
     .await
     .expect("the election starts");
@@ -2525,6 +2526,7 @@ async fn a_standby_takes_the_lease_once_the_holder_stops_renewing() {
         client,
         &leader_args("controller-a"),
         "controller-a".to_owned(),
+        &eddy_platform::shutdown::CancellationToken::new(),
     )
     .await
     .expect("the election starts");
