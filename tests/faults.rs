@@ -63,14 +63,6 @@ impl Child {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 const RECORDER: &str = r#"
 const fs = require("fs");
 module.exports = { main: async (event) => {
@@ -98,7 +90,10 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
     let record_file: PathBuf = dir.path().join("delivered.txt");
     std::fs::write(&record_file, "").unwrap();
 
-    let bus_port = free_port();
+    // Claimed below the ephemeral range: no other process is handed it while the event-bus is
+    // down between its SIGKILL and its restart on the same port.
+    let bus_claim = eddy_testing::PortClaim::new().unwrap();
+    let bus_port = bus_claim.port;
     let bus_url = format!("http://127.0.0.1:{bus_port}");
     let mut bus = Child::start(
         [

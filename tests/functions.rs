@@ -1379,7 +1379,7 @@ module.exports = { main: (event) => {
 /// daemon that left its process group and its parent (which `--isolation none` cannot find at
 /// stop) goes with the function.
 #[tokio::test]
-async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind() {
+async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind_as_root() {
     let platform = Platform::start_with(Options {
         isolation: eddy_controller::Isolation::Cgroup,
         max_function_tasks: 64,

@@ -10,8 +10,7 @@ use std::{
 };
 
 use eddy_model::apirule::{
-    APIRule, HostClaim, RuleKey, award_hosts, check_namespace_boundary, full_host,
-    validate_api_rule,
+    APIRule, HostClaim, RuleKey, award_hosts, check_namespace_boundary, validate_api_rule,
 };
 use eddy_model::resources::describe_errors;
 use eddy_platform::flags::ApiRuleArgs;
@@ -25,12 +24,7 @@ fn hosts_of(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Vec<String>, String
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
-    Ok(rule
-        .spec
-        .hosts
-        .iter()
-        .map(|host| full_host(host, &serving.domain))
-        .collect())
+    Ok(rule.spec.full_hosts(&serving.domain))
 }
 
 /// Whether `rule` is honoured among `all` (it may be among them, in an older version): its

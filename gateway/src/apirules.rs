@@ -16,8 +16,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use axum::response::{IntoResponse as _, Response};
 use eddy_model::apirule::{
     APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, HostClaim, JwtAuthorization,
-    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, full_host, request_host,
-    select_rule, validate_api_rule,
+    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, request_host, select_rule,
+    validate_api_rule,
 };
 use eddy_model::resources::{JwtAccess, describe_errors};
 use eddy_platform::errors::ErrorResponse;
@@ -471,11 +471,7 @@ pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String
     Ok(Exposure {
         namespace,
         name: rule.name_any(),
-        hosts: spec
-            .hosts
-            .iter()
-            .map(|host| full_host(host, &serving.domain))
-            .collect(),
+        hosts: spec.full_hosts(&serving.domain),
         templates: spec.templates(),
         rules,
         cors,

@@ -465,6 +465,14 @@ impl ApiRuleSpec {
         rule.service.as_ref().or(self.service.as_ref())
     }
 
+    /// Its hosts as served: a one-label host is prefixed to `domain`. Pure.
+    pub fn full_hosts(&self, domain: &str) -> Vec<String> {
+        self.hosts
+            .iter()
+            .map(|host| full_host(host, domain))
+            .collect()
+    }
+
     /// The Services (namespace, name) the rules of an APIRule in `namespace` send to, each
     /// once, in rule order. Pure.
     pub fn targets(&self, namespace: &str) -> Vec<(String, String)> {

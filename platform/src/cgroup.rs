@@ -330,15 +330,12 @@ mod tests {
     /// Where cgroups can be made (root, or a delegated v2 cgroup), an instance's cgroup limits
     /// its tasks, takes a child started in it, and leaves nothing behind.
     #[test]
-    fn a_cgroup_holds_its_processes_and_kills_them_all() {
+    fn a_cgroup_holds_its_processes_and_kills_them_all_as_root() {
+        // scripts/test skips the `_as_root` tests (in its summary) for a user who is not root,
+        // except under CI; run by hand without root, a delegated cgroup v2 does as well.
         let cgroups = match Cgroups::new("eddy-test") {
             Ok(cgroups) => cgroups,
-            Err(error) if !nix::unistd::geteuid().is_root() => {
-                // Not root and no delegation: nothing to test on this machine.
-                eprintln!("cgroups unavailable here: {error}");
-                return;
-            }
-            Err(error) => panic!("cgroups unavailable as root: {error}"),
+            Err(error) => panic!("cgroups cannot be made here (run as root): {error}"),
         };
         let cgroup = cgroups
             .create(
