@@ -1378,3 +1378,51 @@ async fn https_sinks_get_their_events_over_tls() {
         ("over-tls".to_owned(), "/hooks/orders".to_owned())
     );
 }
+
+/// A Function sink that never resolves (no such Function) is retried for its attempts and
+/// then dead-lettered as `sink_unresolved`, counted in `eddy_dispatcher_dead_lettered_total`
+/// and `eddy_dispatcher_retried_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolved_function_sink_is_dead_lettered_with_its_reason() {
+    let platform = Platform::start().await;
+    let (status, body) = platform
+        .put_subscription(
+            "nobody",
+            json!({"sink": "http://nobody.default.svc.cluster.local", "types": ["order.created.v1"],
+                   "delivery": {"maxAttempts": 2, "backoff": "constant", "initialDelay": "200ms"}}),
+        )
+        .await;
+    assert!(status == 200 || status == 201, "{status}: {body}");
+    eventually(
+        "the consumer of nobody",
+        Duration::from_secs(20),
+        || async { platform.consumer_info("nobody").await.is_some() },
+    )
+    .await
+    .unwrap();
+    platform
+        .publish("shop", "order.created.v1", "lost-sink", json!({}))
+        .await;
+    platform.wait_settled("nobody").await;
+    let letters = platform.dead_letters("nobody").await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["reason"], "sink_unresolved", "{letters:?}");
+    assert_eq!(letters[0]["attempts"], 2, "{letters:?}");
+    let subscription = "{subscription=\"default/nobody\"}";
+    assert_eq!(
+        metric(
+            &platform,
+            &format!("eddy_dispatcher_dead_lettered_total{subscription}")
+        )
+        .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &platform,
+            &format!("eddy_dispatcher_retried_total{subscription}")
+        )
+        .await,
+        Some(1.0)
+    );
+}

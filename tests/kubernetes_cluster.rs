@@ -263,6 +263,8 @@ struct Cluster {
     plane: &'static ControlPlane,
     admin: Client,
     namespace: String,
+    /// When the test began (its window of the audit log).
+    started: chrono::DateTime<chrono::Utc>,
 }
 
 impl Cluster {
@@ -275,7 +277,32 @@ impl Cluster {
             plane,
             admin,
             namespace,
+            started: chrono::Utc::now(),
         }
+    }
+
+    /// The chart's RBAC let its components do everything they tried during this test: the
+    /// audit log has no request of the chart's ServiceAccounts that the authorizer forbade
+    /// since the test began (a 403 for another reason, such as a namespace being deleted, is
+    /// not RBAC's).
+    fn assert_no_rbac_refusal(&self) {
+        let refused: Vec<String> = audit_events(self.plane)
+            .iter()
+            .filter(|event| received(event) >= self.started)
+            .filter(|event| event["annotations"]["authorization.k8s.io/decision"] == "forbid")
+            .map(|event| {
+                format!(
+                    "{} ({})",
+                    describe(event),
+                    event["annotations"]["authorization.k8s.io/reason"]
+                )
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "the chart's RBAC refused requests:\n{}",
+            refused.join("\n")
+        );
     }
 
     /// The chart's `component` with `overrides`, as a process.
@@ -385,13 +412,46 @@ impl Cluster {
     }
 }
 
-/// The chart's RBAC let the component do everything it tried: no request refused for its
-/// ServiceAccount (the API server's words: `… is forbidden: User "system:serviceaccount:…"`).
-fn assert_no_rbac_refusal(log: &str) {
-    assert!(
-        !log.contains("is forbidden: User"),
-        "the chart's RBAC refused a request:\n{log}"
-    );
+/// The API server's audit log (`scripts/kube` audits every request of the chart's
+/// ServiceAccounts), one JSON event a line, as far as it is written.
+fn audit_events(plane: &ControlPlane) -> Vec<Value> {
+    std::fs::read_to_string(plane.dir().join("audit.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+/// When an audit event's request came in.
+fn received(event: &Value) -> chrono::DateTime<chrono::Utc> {
+    event["requestReceivedTimestamp"]
+        .as_str()
+        .and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok())
+        .map_or(chrono::DateTime::<chrono::Utc>::MIN_UTC, |time| time.into())
+}
+
+/// One line saying who asked what of the API server, and its answer.
+fn describe(event: &Value) -> String {
+    let object = &event["objectRef"];
+    format!(
+        "{} {} {}/{}/{} by {} ({}): {}",
+        event["verb"].as_str().unwrap_or_default(),
+        object["resource"].as_str().unwrap_or_default(),
+        object["apiGroup"].as_str().unwrap_or_default(),
+        object["namespace"].as_str().unwrap_or_default(),
+        object["name"].as_str().unwrap_or_default(),
+        event["user"]["username"].as_str().unwrap_or_default(),
+        event["userAgent"].as_str().unwrap_or_default(),
+        event["responseStatus"]["code"]
+    )
+}
+
+/// Whether a verb changes something.
+fn is_write(event: &Value) -> bool {
+    matches!(
+        event["verb"].as_str(),
+        Some("create" | "update" | "patch" | "delete" | "deletecollection")
+    )
 }
 
 fn function(name: &str, spec: Value) -> Value {
@@ -657,8 +717,7 @@ async fn the_examples_reach_running_under_the_charts_rbac() {
     let orders = hpas.get("orders").await.unwrap();
     assert_eq!(orders.spec.max_replicas, 3);
     // The chart's RBAC let the controller do all of it.
-    let log = controller.log();
-    assert_no_rbac_refusal(&log);
+    cluster.assert_no_rbac_refusal();
     drop(controller);
     cluster.finish().await;
 }
@@ -1062,7 +1121,8 @@ async fn a_controller_started_before_its_lease_namespace_leads_once_it_exists() 
 }
 
 /// Two controllers: one leads; SIGKILL it and the other takes over within the lease duration;
-/// only the leader wrote (managedFields).
+/// only the leader wrote (the API server's audit log, by each replica's user agent; and
+/// managedFields).
 #[tokio::test]
 async fn a_standby_controller_takes_over_within_the_lease_duration() {
     let _serial = serial().await;
@@ -1095,6 +1155,7 @@ async fn a_standby_controller_takes_over_within_the_lease_duration() {
     cluster
         .wait_running("eddy.dev/v1alpha1", "led", Duration::from_secs(60))
         .await;
+    let killed_at = chrono::Utc::now();
     first.kill();
     let killed = Instant::now();
     functions
@@ -1123,6 +1184,29 @@ async fn a_standby_controller_takes_over_within_the_lease_duration() {
     cluster
         .wait_running("eddy.dev/v1alpha1", "after", Duration::from_secs(60))
         .await;
+    // Only the leader wrote: the audit log tells the replicas apart by their user agents.
+    // Until the first was killed, the standby made no write but its lease attempts; the
+    // first's writes are there (so the check can see a write when there is one).
+    let writes_by = |name: &str, before: chrono::DateTime<chrono::Utc>| -> Vec<String> {
+        let agent = format!("eddy-controller/{name}");
+        audit_events(cluster.plane)
+            .iter()
+            .filter(|event| received(event) >= cluster.started && received(event) < before)
+            .filter(|event| event["userAgent"] == agent.as_str() && is_write(event))
+            .filter(|event| event["objectRef"]["resource"] != "leases")
+            .map(describe)
+            .collect()
+    };
+    assert!(
+        !writes_by(&first.name, killed_at).is_empty(),
+        "the leader's writes are in the audit log"
+    );
+    let standby = writes_by(&second.name, killed_at);
+    assert!(
+        standby.is_empty(),
+        "the standby wrote while it stood by:\n{}",
+        standby.join("\n")
+    );
     // Only the controller's field manager wrote the children.
     let deployments: Api<Deployment> = cluster.api();
     for name in ["led", "after"] {
@@ -1335,8 +1419,7 @@ async fn the_controller_takes_back_its_fields_and_leaves_the_rest() {
         Some("shop"),
         "another manager's annotation is kept"
     );
-    let log = controller.log();
-    assert_no_rbac_refusal(&log);
+    cluster.assert_no_rbac_refusal();
     drop(controller);
     cluster.finish().await;
 }
@@ -1569,8 +1652,7 @@ async fn the_dispatcher_delivers_for_subscriptions_of_both_groups_and_follows_th
         .await
         .unwrap();
     }
-    let log = dispatcher.log();
-    assert_no_rbac_refusal(&log);
+    cluster.assert_no_rbac_refusal();
     drop(dispatcher);
     cluster.finish().await;
 }
@@ -1712,8 +1794,7 @@ async fn the_gateway_routes_by_the_functions_it_reads_and_enforces_access() {
     })
     .await
     .unwrap();
-    let log = gateway.log();
-    assert_no_rbac_refusal(&log);
+    cluster.assert_no_rbac_refusal();
     drop(gateway);
     cluster.finish().await;
 }
@@ -1926,9 +2007,7 @@ spec:
     let (status, body) = call(format!("http://crossing.localhost:{port}/apis"), None).await;
     assert_eq!(status, 404, "{body}");
     assert!(!body.contains("/svc/"), "{body}");
-    for component in [&gateway, &controller] {
-        assert_no_rbac_refusal(&component.log());
-    }
+    cluster.assert_no_rbac_refusal();
     drop(gateway);
     drop(controller);
     cluster.finish().await;
@@ -2050,7 +2129,7 @@ spec:
         "still no Job"
     );
 
-    assert_no_rbac_refusal(&controller.log());
+    cluster.assert_no_rbac_refusal();
     drop(controller);
     cluster.finish().await;
 }

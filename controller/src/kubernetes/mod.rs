@@ -1024,7 +1024,16 @@ where
 /// The Kubernetes backend as a service: probes on the API address, the reconcilers against
 /// the cluster the controller runs in (or the current kubeconfig context).
 pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()> {
-    let client = Client::try_default().await?;
+    // Each replica names itself in its requests' user agent, so the API server's audit log
+    // tells the leader's writes from a standby's.
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    let agent = format!("eddy-controller/{}", args.kubernetes.leader.identity());
+    if let Ok(agent) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, agent));
+    }
+    let client = Client::try_from(config)?;
     let sinks = SinkPolicy {
         allowed: args.allowed_sinks.clone(),
     };
