@@ -957,40 +957,6 @@ spec:
     .unwrap();
 }
 
-/// A client that reaches every host on the gateway's address (as `*.localhost` and a DNS
-/// record would), so calls name the host an APIRule exposes.
-fn host_client(platform: &Platform, hosts: &[&str]) -> reqwest::Client {
-    let addr: std::net::SocketAddr = platform
-        .gateway
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    let mut builder = reqwest::Client::builder();
-    for host in hosts {
-        builder = builder.resolve(host, addr);
-    }
-    builder.build().unwrap()
-}
-
-async fn apirule_state(platform: &Platform, name: &str) -> (String, String) {
-    let rule = platform
-        .get_json(&format!(
-            "{}/apis/gateway.kyma-project.io/v2/namespaces/default/apirules/{name}",
-            platform.api
-        ))
-        .await;
-    (
-        rule["status"]["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        rule["status"]["description"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-    )
-}
-
 /// Kyma's tutorials for exposing a Function, applied unchanged in one file with their
 /// Functions: the noAuth APIRule answers 200 without a token; the JWT one 401 without and 200
 /// with a valid token, on its host and on the gateway's own path to the Function. Rules decide
@@ -1108,7 +1074,7 @@ spec:
         || async {
             let mut ready = true;
             for name in ["hello", "secured", "hello-alpha"] {
-                ready &= apirule_state(&platform, name).await.0 == "Ready";
+                ready &= platform.apirule_state("default", name).await.0 == "Ready";
             }
             ready
         },
@@ -1116,17 +1082,14 @@ spec:
     .await
     .unwrap();
     assert_eq!(
-        apirule_state(&platform, "hello").await.1,
+        platform.apirule_state("default", "hello").await.1,
         format!("exposed on http://hello.localhost:{port}")
     );
-    let hosts = host_client(
-        &platform,
-        &[
-            "hello.localhost",
-            "secured.example.com",
-            "hello-alpha.example.com",
-        ],
-    );
+    let hosts = platform.host_client(&[
+        "hello.localhost",
+        "secured.example.com",
+        "hello-alpha.example.com",
+    ]);
     let get = |url: String, token: Option<String>| {
         let hosts = hosts.clone();
         async move {
@@ -1249,8 +1212,8 @@ spec:
         .await;
     assert!(ok, "{stdout}\n{stderr}");
     eventually("the statuses", Duration::from_secs(30), || async {
-        let nobody = apirule_state(&platform, "nobody").await;
-        let copycat = apirule_state(&platform, "copycat").await;
+        let nobody = platform.apirule_state("default", "nobody").await;
+        let copycat = platform.apirule_state("default", "copycat").await;
         nobody
             == (
                 "Warning".to_owned(),

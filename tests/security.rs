@@ -580,31 +580,6 @@ module.exports = {
 };
 "#;
 
-fn host_client(gateway: &str, hosts: &[&str]) -> reqwest::Client {
-    let addr: std::net::SocketAddr = gateway.trim_start_matches("http://").parse().unwrap();
-    let mut builder = reqwest::Client::builder();
-    for host in hosts {
-        builder = builder.resolve(host, addr);
-    }
-    builder.build().unwrap()
-}
-
-async fn apirule_state(platform: &Platform, namespace: &str, name: &str) -> (String, String) {
-    let rule = platform
-        .get_json(&format!(
-            "{}/apis/gateway.kyma-project.io/v2/namespaces/{namespace}/apirules/{name}",
-            platform.api
-        ))
-        .await;
-    let text = |field: &str| {
-        rule["status"][field]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    };
-    (text("state"), text("description"))
-}
-
 /// The attack probe's APIRule findings, replayed as the attacker did them: someone who may
 /// apply manifests in namespace `aaa-mallory` goes after the Function `vault` in `victim`,
 /// which a JWT APIRule protects.
@@ -627,10 +602,7 @@ async fn an_apirule_in_one_namespace_cannot_open_a_function_of_another() {
     })
     .await;
     let port = platform.gateway.rsplit(':').next().unwrap().to_owned();
-    let hosts = host_client(
-        &platform.gateway,
-        &["vault.localhost", "steal.localhost", "tenant.localhost"],
-    );
+    let hosts = platform.host_client(&["vault.localhost", "steal.localhost", "tenant.localhost"]);
     let indent = |text: &str| text.replace('\n', "\n        ");
 
     // Mallory's decoy, exposed first on the host the victim will ask for.
@@ -659,7 +631,7 @@ spec:
         .await;
     assert!(ok, "{stdout}\n{stderr}");
     eventually("squat to be Ready", Duration::from_secs(30), || async {
-        apirule_state(&platform, "aaa-mallory", "squat").await.0 == "Ready"
+        platform.apirule_state("aaa-mallory", "squat").await.0 == "Ready"
     })
     .await
     .unwrap();
@@ -704,7 +676,7 @@ spec:
     eventually(
         "the victim's APIRule to be an Error",
         Duration::from_secs(30),
-        || async { apirule_state(&platform, "victim", "vault").await.0 == "Error" },
+        || async { platform.apirule_state("victim", "vault").await.0 == "Error" },
     )
     .await
     .unwrap();
@@ -755,7 +727,7 @@ spec:
     eventually(
         "the victim's APIRule to be Ready",
         Duration::from_secs(30),
-        || async { apirule_state(&platform, "victim", "vault").await.0 == "Ready" },
+        || async { platform.apirule_state("victim", "vault").await.0 == "Ready" },
     )
     .await
     .unwrap();
@@ -844,7 +816,7 @@ spec:
         .await;
     assert!(ok, "{stdout}\n{stderr}");
     eventually("tenant to be Ready", Duration::from_secs(30), || async {
-        apirule_state(&platform, "victim", "tenant").await.0 == "Ready"
+        platform.apirule_state("victim", "tenant").await.0 == "Ready"
     })
     .await
     .unwrap();

@@ -693,6 +693,34 @@ impl Platform {
         self.wait_running_at("default", name).await;
     }
 
+    /// A client that reaches every one of `hosts` on the gateway's address (as `*.localhost`
+    /// and a DNS record would), so calls name the host an APIRule exposes.
+    pub fn host_client(&self, hosts: &[&str]) -> reqwest::Client {
+        let addr: SocketAddr = self.gateway.trim_start_matches("http://").parse().unwrap();
+        let mut builder = reqwest::Client::builder();
+        for host in hosts {
+            builder = builder.resolve(host, addr);
+        }
+        builder.build().unwrap()
+    }
+
+    /// The `state` and `description` of APIRule `namespace/name`'s status (empty when none).
+    pub async fn apirule_state(&self, namespace: &str, name: &str) -> (String, String) {
+        let rule = self
+            .get_json(&format!(
+                "{}/apis/gateway.kyma-project.io/v2/namespaces/{namespace}/apirules/{name}",
+                self.api
+            ))
+            .await;
+        let text = |field: &str| {
+            rule["status"][field]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        (text("state"), text("description"))
+    }
+
     /// What a function's instances wrote to their log so far.
     pub async fn function_log(&self, name: &str) -> String {
         self.get_text(&format!(
