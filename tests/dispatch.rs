@@ -1426,3 +1426,80 @@ async fn an_unresolved_function_sink_is_dead_lettered_with_its_reason() {
         Some(1.0)
     );
 }
+
+/// 408 and 429 are retried like 5xx, and the waits between attempts follow the Subscription's
+/// `backoff`: `linear` grows by `initialDelay` per attempt up to `maxDelay` (500 ms, then
+/// capped at 600 ms where it would be 1 s and 1.5 s), `constant` waits `initialDelay` each time
+/// (where `exponential` would double it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_statuses_wait_as_the_linear_and_constant_backoffs_say() {
+    let platform = Platform::start().await;
+    let answers = || -> support::Behaviour {
+        Arc::new(|_, attempt| match attempt {
+            1 => StatusCode::REQUEST_TIMEOUT.into_response(),
+            2 => StatusCode::TOO_MANY_REQUESTS.into_response(),
+            3 => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+            _ => StatusCode::OK.into_response(),
+        })
+    };
+    let linear = Sink::start(Duration::ZERO, answers()).await;
+    let constant = Sink::start(Duration::ZERO, answers()).await;
+    for (name, sink, delivery) in [
+        (
+            "linear",
+            &linear,
+            json!({"maxAttempts": 5, "backoff": "linear", "initialDelay": "500ms", "maxDelay": "600ms"}),
+        ),
+        (
+            "constant",
+            &constant,
+            json!({"maxAttempts": 5, "backoff": "constant", "initialDelay": "300ms", "maxDelay": "60s"}),
+        ),
+    ] {
+        platform
+            .subscribe(
+                name,
+                json!({"sink": sink.url, "types": ["order.created.v1"], "delivery": delivery}),
+            )
+            .await;
+    }
+    platform
+        .publish("shop", "order.created.v1", "patience", json!({}))
+        .await;
+    for name in ["linear", "constant"] {
+        platform.wait_settled(name).await;
+        let counts = subscription_counts(&platform, name).await;
+        assert_eq!(counts["delivered"], 1, "{name}: {counts}");
+        assert_eq!(
+            counts["retried"], 3,
+            "{name}: 408, 429 and 503 retried: {counts}"
+        );
+        assert!(platform.dead_letters(name).await.is_empty(), "{name}");
+    }
+    let gaps = |sink: &Sink| -> Vec<Duration> {
+        let arrivals: Vec<std::time::Instant> = sink.received().iter().map(|r| r.at).collect();
+        arrivals.windows(2).map(|pair| pair[1] - pair[0]).collect()
+    };
+    let ms = Duration::from_millis;
+    // Lower bounds are the promise; upper bounds tell the shape apart on a loaded machine.
+    let waited = gaps(&linear);
+    assert_eq!(waited.len(), 3, "{waited:?}");
+    assert!(
+        waited[0] >= ms(500) && waited[0] < ms(950),
+        "linear: {waited:?}"
+    );
+    for gap in &waited[1..] {
+        assert!(
+            *gap >= ms(600) && *gap < ms(1_000),
+            "linear, capped at 600 ms: {waited:?}"
+        );
+    }
+    let waited = gaps(&constant);
+    assert_eq!(waited.len(), 3, "{waited:?}");
+    for gap in &waited {
+        assert!(
+            *gap >= ms(300) && *gap < ms(580),
+            "constant 300 ms: {waited:?}"
+        );
+    }
+}
