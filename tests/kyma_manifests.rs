@@ -548,7 +548,8 @@ async fn kyma_fields_eddy_cannot_honour_are_refused_by_name() {
 }
 
 /// A mount inside another (`/s` and `/s/inner`, which Kubernetes allows) shows its own Secret:
-/// the deepest mount wins, in both runtimes.
+/// the deepest mount wins, in both runtimes, and Python reads it through `open`, `os.scandir`
+/// and `pathlib` alike.
 #[tokio::test(flavor = "multi_thread")]
 async fn nested_secret_mounts_each_show_their_own_secret() {
     let platform = Platform::start().await;
@@ -568,6 +569,18 @@ async fn nested_secret_mounts_each_show_their_own_secret() {
             "nested-python",
             "python311",
             "def main(event, context):\n    return open('/s/a').read() + ' ' + open('/s/inner/b').read()\n",
+        ),
+        // The ways Python code lists and reads a mount besides open(): os.scandir, pathlib.
+        (
+            "nested-pathlib",
+            "python311",
+            "import os, pathlib\n\
+             def main(event, context):\n    \
+                 names = sorted(entry.name for entry in os.scandir('/s') if entry.is_file())\n    \
+                 inner = pathlib.Path('/s/inner')\n    \
+                 listed = sorted(p.name for p in inner.iterdir())\n    \
+                 assert names == ['a'] and listed == ['b'] and (inner / 'b').exists(), (names, listed)\n    \
+                 return pathlib.Path('/s/a').read_text() + ' ' + (inner / 'b').read_text()\n",
         ),
     ] {
         let function = json!({
