@@ -1544,3 +1544,54 @@ async fn isolated_instances_keep_to_their_limits_and_leave_nothing_behind_as_roo
     .await
     .unwrap();
 }
+
+/// A function that crashes as it loads is restarted with a growing delay (100 ms after the
+/// first failure, doubling up to 10 s), not in a tight loop, and its status says it keeps
+/// failing. Each start writes its time to a file, so the waits between starts are measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_instance_is_restarted_with_a_growing_backoff() {
+    let platform = Platform::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let starts = dir.path().join("starts");
+    let source = r#"
+require("fs").appendFileSync(process.env.STARTS_FILE, Date.now() + "\n");
+process.exit(3);
+"#;
+    let (status, body) = platform
+        .put_function(
+            "crasher",
+            json!({"runtime": "nodejs22", "source": {"inline": {"source": source}},
+                   "env": [{"name": "STARTS_FILE", "value": starts.to_str().unwrap()}]}),
+        )
+        .await;
+    assert!(status == 200 || status == 201, "{status}: {body}");
+    let times = || -> Vec<u64> {
+        std::fs::read_to_string(&starts)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.parse().ok())
+            .collect()
+    };
+    eventually("six starts", Duration::from_secs(60), || async {
+        times().len() >= 6
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error}: {:?}", times()));
+    let started = times();
+    let gaps: Vec<u64> = started.windows(2).map(|pair| pair[1] - pair[0]).collect();
+    // 100, 200, 400, 800, 1600 ms after failures 1 to 5, plus each start's own time (spawning
+    // a runtime, loading the function), which only adds.
+    for (index, gap) in gaps.iter().take(5).enumerate() {
+        let backoff = 100_u64 << index;
+        assert!(
+            *gap >= backoff && *gap < backoff + 2_000,
+            "wait {index} was {gap} ms, the backoff {backoff} ms: {gaps:?}"
+        );
+    }
+    let (status, reason, message) = platform.condition("crasher", "Running").await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InstanceFailing"),
+        "{message}"
+    );
+}
