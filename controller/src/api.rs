@@ -30,6 +30,8 @@ pub struct ApiState {
     pub store: Store,
     /// The operator's settings that validation follows.
     pub policy: Policy,
+    /// Every APIRule the local follower knows (an APIRule being applied is judged among them).
+    pub known_apirules: crate::apirules::KnownApiRules,
     /// Function logs (`<dir>/<namespace>/<name>.log`).
     pub logs_dir: std::path::PathBuf,
     /// The local backend, for the instances of each function.
@@ -461,15 +463,14 @@ impl ApiResource for APIRule {
     }
 
     async fn standing(&self, state: &ApiState) -> Vec<String> {
-        let all = match state.store.list::<APIRule>(None).await {
-            Ok(all) => all,
-            Err(error) => {
-                tracing::warn!(%error, "cannot list APIRules to judge one");
-                return Vec::new();
-            }
+        // Judged in memory, among the APIRules the follower knows: an apply reads no more of
+        // the store than it writes, however many APIRules there are.
+        let judged = {
+            let known = state.known_apirules.lock();
+            let all: Vec<&APIRule> = known.values().collect();
+            crate::apirules::judge(self, &all, &state.policy.apirules, |_| false)
         };
-        let all: Vec<&APIRule> = all.iter().collect();
-        match crate::apirules::judge(self, &all, &state.policy.apirules, |_| false) {
+        match judged {
             Ok(_) => Vec::new(),
             Err(problem) => vec![format!(
                 "not honoured: {problem}; its status is Error, and the Functions it names \

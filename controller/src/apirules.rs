@@ -97,6 +97,10 @@ pub fn state_of(
     }
 }
 
+/// Every APIRule the local follower has seen, by key: shared with the API, which judges an
+/// APIRule being applied among them without reading the store.
+pub type KnownApiRules = Arc<parking_lot::Mutex<HashMap<RuleKey, APIRule>>>;
+
 /// What the local follower knows: every APIRule, and which were honoured when last judged
 /// (they keep their hosts, as at the gateway).
 struct Follower {
@@ -104,7 +108,7 @@ struct Follower {
     serving: ApiRuleArgs,
     scheme: String,
     port: Option<u16>,
-    rules: parking_lot::Mutex<HashMap<RuleKey, APIRule>>,
+    rules: KnownApiRules,
     honoured: parking_lot::Mutex<HashSet<RuleKey>>,
 }
 
@@ -189,6 +193,7 @@ pub async fn follow_local(
     store: eddy_platform::store::Store,
     serving: ApiRuleArgs,
     gateway_url: String,
+    known: KnownApiRules,
     shutdown: eddy_platform::shutdown::CancellationToken,
 ) {
     use eddy_platform::store::{Change, StoredResource as _};
@@ -198,7 +203,7 @@ pub async fn follow_local(
         serving,
         scheme: url.as_ref().map_or("http", url::Url::scheme).to_owned(),
         port: url.as_ref().and_then(url::Url::port),
-        rules: parking_lot::Mutex::default(),
+        rules: known,
         honoured: parking_lot::Mutex::default(),
     });
     let ticker = async {

@@ -555,10 +555,12 @@ impl Controller {
         let logs_dir = pool_config.logs_dir.clone();
         let build_config = functions.build_config(&data_dir);
         let sources = functions.sources(&data_dir);
+        let known_apirules = apirules::KnownApiRules::default();
         tokio::spawn(apirules::follow_local(
             store.clone(),
             functions.exposure.clone(),
             gateway_url.clone(),
+            known_apirules.clone(),
             shutdown.child_token(),
         ));
         let backend = Arc::new(local::LocalController::new(
@@ -577,6 +579,7 @@ impl Controller {
                 sinks,
                 apirules: functions.exposure.clone(),
             },
+            known_apirules,
             logs_dir,
             backend: Some(backend.clone()),
         });
