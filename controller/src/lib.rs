@@ -140,6 +140,22 @@ pub struct KubernetesArgs {
         default_value_t = kubernetes::render::PodSecurityLevel::Restricted
     )]
     pub function_pod_security: kubernetes::render::PodSecurityLevel,
+    /// The forward proxy the containers that download while a Function is built (the
+    /// buildless install, the Git fetch, the image build) go through: HTTP_PROXY and
+    /// HTTPS_PROXY in them.
+    #[arg(long = "egress-proxy", env = "EDDY_EGRESS_PROXY")]
+    pub egress_proxy: Option<String>,
+    /// Hosts those containers reach without the proxy (NO_PROXY).
+    #[arg(
+        long = "egress-no-proxy",
+        env = "EDDY_EGRESS_NO_PROXY",
+        default_value = "localhost,127.0.0.1,.svc,.cluster.local"
+    )]
+    pub egress_no_proxy: String,
+    /// A ConfigMap, in each function namespace, whose key `ca.crt` is the CA bundle those
+    /// containers trust (the public roots and a TLS-intercepting proxy's, as one PEM file).
+    #[arg(long = "egress-ca-configmap", env = "EDDY_EGRESS_CA_CONFIGMAP")]
+    pub egress_ca_config_map: Option<String>,
     /// One active controller among the replicas.
     #[command(flatten)]
     pub leader: kubernetes::leader::LeaderArgs,
@@ -168,6 +184,14 @@ impl KubernetesArgs {
             build: self.build,
             runtime_images: self.runtime_images.clone(),
             pod_security: self.function_pod_security,
+            egress: kubernetes::render::Egress {
+                proxy: self.egress_proxy.clone().filter(|proxy| !proxy.is_empty()),
+                no_proxy: self.egress_no_proxy.clone(),
+                ca_config_map: self
+                    .egress_ca_config_map
+                    .clone()
+                    .filter(|name| !name.is_empty()),
+            },
         }
     }
 }

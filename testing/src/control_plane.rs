@@ -123,6 +123,16 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
 }
 
+/// What runs the pods of a control plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    /// kwok: pods are marked Running, no container runs.
+    Kwok,
+    /// A real kubelet with containerd and runc (`scripts/kube up --node real`), with every
+    /// image of `scripts/images` loaded.
+    Real,
+}
+
 impl ControlPlane {
     /// The control plane of this test run, started on first use.
     pub fn shared() -> Result<&'static ControlPlane> {
@@ -130,13 +140,29 @@ impl ControlPlane {
         if let Some(plane) = SHARED.get() {
             return Ok(plane);
         }
-        let plane = Self::start_or_join()?;
+        let plane = Self::start_or_join(Node::Kwok)?;
         Ok(SHARED.get_or_init(|| plane))
     }
 
-    fn start_or_join() -> Result<Self> {
+    /// The control plane with a real node of this test run, started on first use, with
+    /// eddy's images built and loaded into the node (`scripts/images`). A node that cannot
+    /// start is an error with its reason, never a skip.
+    pub fn real_node() -> Result<&'static ControlPlane> {
+        static REAL: OnceLock<ControlPlane> = OnceLock::new();
+        if let Some(plane) = REAL.get() {
+            return Ok(plane);
+        }
+        let plane = Self::start_or_join(Node::Real)?;
+        Ok(REAL.get_or_init(|| plane))
+    }
+
+    fn start_or_join(node: Node) -> Result<Self> {
         let runner = std::os::unix::process::parent_id();
-        let dir = std::env::temp_dir().join(format!("eddy-kube-{runner}"));
+        let name = match node {
+            Node::Kwok => format!("eddy-kube-{runner}"),
+            Node::Real => format!("eddy-kube-real-{runner}"),
+        };
+        let dir = std::env::temp_dir().join(name);
         std::fs::create_dir_all(&dir)?;
         let lock = std::fs::File::create(dir.join("start.lock"))?;
         lock.lock()?;
@@ -146,8 +172,12 @@ impl ControlPlane {
         };
         if !plane.serving() {
             let started = std::time::Instant::now();
-            let output = Command::new(repo().join("scripts/kube"))
-                .arg("up")
+            let mut up = Command::new(repo().join("scripts/kube"));
+            up.arg("up");
+            if node == Node::Real {
+                up.args(["--node", "real"]);
+            }
+            let output = up
                 .env("EDDY_KUBE_DIR", &plane.dir)
                 .env("EDDY_KUBE_OWNER_PID", runner.to_string())
                 .output()
@@ -167,9 +197,33 @@ impl ControlPlane {
                 started.elapsed().as_secs_f64(),
                 plane.dir.display()
             );
+            if node == Node::Real {
+                let started = std::time::Instant::now();
+                let output = Command::new(repo().join("scripts/images"))
+                    .env("EDDY_KUBE_DIR", &plane.dir)
+                    .output()
+                    .context("running scripts/images")?;
+                ensure!(
+                    output.status.success(),
+                    "scripts/images failed ({}):\n{}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                );
+                eprintln!(
+                    "images ready on the node in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
         }
         drop(lock);
         Ok(plane)
+    }
+
+    /// The forward proxy on a real node's bridge, pods' one way out (`http://<ip>:<port>`).
+    pub fn egress_proxy(&self) -> Result<String> {
+        let url = std::fs::read_to_string(self.dir.join("proxy.url"))
+            .context("the real node's proxy.url (a kwok control plane has none)")?;
+        Ok(url.trim().to_owned())
     }
 
     /// Whether the API server answers `/readyz`.

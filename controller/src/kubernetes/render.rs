@@ -118,6 +118,88 @@ pub struct RenderConfig {
     pub runtime_images: String,
     /// What a Function's own security contexts must meet.
     pub pod_security: PodSecurityLevel,
+    /// How the containers that download while a Function is built get out.
+    pub egress: Egress,
+}
+
+/// How the containers that reach the network while a Function is built (the buildless
+/// `install`, the Git fetch, the image build) get out, as clusters behind a corporate proxy
+/// need: through a forward proxy, trusting the CA certificates of a ConfigMap.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Egress {
+    /// The forward proxy (`http://proxy.corp:3128`), given as HTTP_PROXY and HTTPS_PROXY.
+    pub proxy: Option<String>,
+    /// Hosts reached without the proxy (NO_PROXY), comma-separated.
+    pub no_proxy: String,
+    /// A ConfigMap in each function namespace whose key `ca.crt` is the CA bundle to trust:
+    /// the public roots and the proxy's own, as one PEM file.
+    pub ca_config_map: Option<String>,
+}
+
+/// Where [`Egress::ca_config_map`]'s bundle is mounted.
+const EGRESS_CA_DIR: &str = "/etc/eddy/ca";
+
+impl Egress {
+    /// The proxy and CA variables npm, pip, git and Kaniko read (both spellings of the proxy
+    /// ones: tools disagree on which they read).
+    fn env(&self) -> Vec<EnvVar> {
+        let var = |name: &str, value: &str| EnvVar {
+            name: name.to_owned(),
+            value: Some(value.to_owned()),
+            ..EnvVar::default()
+        };
+        let mut env = Vec::new();
+        if let Some(proxy) = &self.proxy {
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.push(var(name, proxy));
+            }
+            for name in ["NO_PROXY", "no_proxy"] {
+                env.push(var(name, &self.no_proxy));
+            }
+        }
+        if self.ca_config_map.is_some() {
+            let bundle = format!("{EGRESS_CA_DIR}/ca.crt");
+            for name in [
+                "SSL_CERT_FILE",
+                "NODE_EXTRA_CA_CERTS",
+                "PIP_CERT",
+                "REQUESTS_CA_BUNDLE",
+                "GIT_SSL_CAINFO",
+            ] {
+                env.push(var(name, &bundle));
+            }
+        }
+        env
+    }
+
+    /// The CA bundle's volume, when there is one.
+    fn volume(&self) -> Option<Volume> {
+        let name = self.ca_config_map.as_ref()?;
+        Some(Volume {
+            name: "egress-ca".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: name.clone(),
+                items: Some(vec![KeyToPath {
+                    key: "ca.crt".into(),
+                    path: "ca.crt".into(),
+                    ..KeyToPath::default()
+                }]),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        })
+    }
+
+    /// The CA bundle's mount at `dir`, when there is one.
+    fn mount(&self, dir: &'static str) -> Option<VolumeMount> {
+        self.ca_config_map.as_ref()?;
+        Some(VolumeMount {
+            name: "egress-ca".into(),
+            mount_path: dir.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        })
+    }
 }
 
 /// The Pod Security Standards level a Function's own security contexts (`podSecurityContext`,
@@ -748,6 +830,9 @@ fn build_job(
             )
         }
     };
+    // Kaniko, written in Go, trusts SSL_CERT_FILE's bundle.
+    mounts.extend(config.egress.mount(EGRESS_CA_DIR));
+    volumes.extend(config.egress.volume());
     if let Some(secret) = &config.registry_secret {
         mounts.push(VolumeMount {
             name: "registry".into(),
@@ -797,6 +882,7 @@ fn build_job(
                         name: "build".into(),
                         image: Some(config.builder_image.clone()),
                         args: Some(args),
+                        env: Some(config.egress.env()).filter(|env| !env.is_empty()),
                         // The build log's tail becomes the container's termination message,
                         // which the controller puts into BuildReady.
                         termination_message_policy: Some("FallbackToLogsOnError".into()),
@@ -909,6 +995,8 @@ fn git_fetch_container(
             ..VolumeMount::default()
         },
     ];
+    env.extend(config.egress.env());
+    mounts.extend(config.egress.mount(EGRESS_CA_DIR));
     match &repository.auth {
         Some(auth) if auth.type_ == RepositoryAuthType::Basic => {
             env.push(from_secret(
@@ -1319,6 +1407,8 @@ fn buildless_pod(
         var("EDDY_BUILD_HASH", &owned.hash),
         var("HOME", "/tmp"),
     ]);
+    install_env.extend(config.egress.env());
+    volumes.extend(config.egress.volume());
     let resources = function.spec.function_resources();
     init_containers.push(Container {
         name: "install".into(),
@@ -1347,7 +1437,10 @@ fn buildless_pod(
                 mount_path: "/tmp".into(),
                 ..VolumeMount::default()
             },
-        ]),
+        ]
+        .into_iter()
+        .chain(config.egress.mount(EGRESS_CA_DIR))
+        .collect()),
         ..Container::default()
     });
     Buildless {

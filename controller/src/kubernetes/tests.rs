@@ -153,6 +153,7 @@ fn config() -> RenderConfig {
         build: BuildMode::Image,
         runtime_images: "ghcr.io/eddy-dev/eddy-runtime-{runtime}:{version}".to_owned(),
         pod_security: PodSecurityLevel::Restricted,
+        egress: render::Egress::default(),
     }
 }
 
@@ -2803,4 +2804,62 @@ fn security_contexts_beyond_the_operators_level_are_refused_by_field() {
             .pod_security_violations(PodSecurityLevel::Privileged)
             .is_empty()
     );
+}
+
+/// Behind a corporate proxy: the buildless install gets the proxy (both spellings, since npm
+/// and pip read different ones) and the CA bundle of the operator's ConfigMap, mounted where
+/// the variables point; the function container gets neither.
+#[test]
+fn buildless_installs_reach_registries_through_the_egress_proxy_and_ca_bundle() {
+    let function = function(json!({
+        "runtime": "python312",
+        "source": {"inline": {"source": "def main(event, context):\n    return 'ok'\n",
+                              "dependencies": "requests==2.32.3"}},
+    }));
+    let config = RenderConfig {
+        egress: render::Egress {
+            proxy: Some("http://proxy.corp:3128".into()),
+            no_proxy: ".svc,.cluster.local".into(),
+            ca_config_map: Some("corp-ca".into()),
+        },
+        ..buildless_config()
+    };
+    let rendered = render(&function, &config).expect("renders");
+    let pod = to_json(&rendered.deployment)["spec"]["template"]["spec"].clone();
+    let install = &pod["initContainers"][0];
+    let env = |container: &Value, name: &str| {
+        container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|var| var["name"] == name)
+            .map(|var| var["value"].clone())
+    };
+    for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY"] {
+        assert_eq!(env(install, name), Some(json!("http://proxy.corp:3128")), "{name}");
+    }
+    assert_eq!(env(install, "NO_PROXY"), Some(json!(".svc,.cluster.local")));
+    for name in ["PIP_CERT", "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE"] {
+        assert_eq!(env(install, name), Some(json!("/etc/eddy/ca/ca.crt")), "{name}");
+    }
+    assert!(
+        install["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .contains(&json!({"name": "egress-ca", "mountPath": "/etc/eddy/ca", "readOnly": true}))
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|volume| volume["name"] == "egress-ca")
+        .expect("the CA volume");
+    assert_eq!(volume["configMap"]["name"], "corp-ca");
+    let function_container = &pod["containers"][0];
+    assert_eq!(env(function_container, "HTTPS_PROXY"), None);
+    assert_eq!(env(function_container, "PIP_CERT"), None);
+
+    let plain = render(&function, &buildless_config()).expect("renders");
+    let pod = to_json(&plain.deployment)["spec"]["template"]["spec"].clone();
+    assert_eq!(env(&pod["initContainers"][0], "HTTPS_PROXY"), None);
 }
