@@ -3,8 +3,7 @@
 //! objects `eddy controller render` prints. Needs what `scripts/setup --tests` installs: Helm 4
 //! and kubectl in `.tools/bin`, kubernetes-validate in `.tools/venv/bin`.
 //!
-//! The NATS subchart cannot be fetched here, so the chart is rendered from a copy without that
-//! dependency and with `nats.enabled=false` (an external NATS) in every values set.
+//! The chart has no dependency to fetch: NATS is its own StatefulSet (templates/nats.yaml).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -61,8 +60,8 @@ fn lowest_kubernetes_version() -> String {
     version
 }
 
-fn chart_without_nats(dir: &Path) -> PathBuf {
-    control_plane::chart_without_nats(dir).unwrap()
+fn chart_copy(dir: &Path) -> PathBuf {
+    control_plane::chart_copy(dir).unwrap()
 }
 
 /// Checks `objects` (a multi-document YAML file) with kubernetes-validate --strict against
@@ -123,7 +122,7 @@ fn render_chart(values: Option<&str>, extra: &[&str]) -> BTreeMap<String, usize>
 /// [`render_chart`], and the rendered YAML.
 fn render_chart_text(values: Option<&str>, extra: &[&str]) -> (BTreeMap<String, usize>, String) {
     let dir = tempfile::tempdir().unwrap();
-    let chart = chart_without_nats(dir.path());
+    let chart = chart_copy(dir.path());
     let mut value_args: Vec<String> = Vec::new();
     if let Some(values) = values {
         value_args.push("--values".to_owned());
@@ -225,12 +224,28 @@ fn count(kinds: &BTreeMap<String, usize>, kind: &str) -> usize {
 
 #[test]
 fn the_chart_renders_valid_objects_with_its_default_values() {
-    // The defaults, with only what the absent NATS subchart forces.
-    let (kinds, rendered) = render_chart_text(
-        None,
-        &["nats.enabled=false", "externalNats.url=nats://nats:4222"],
-    );
+    let (kinds, rendered) = render_chart_text(None, &[]);
     assert_eq!(count(&kinds, "customresourcedefinition"), 2, "{kinds:?}");
+    // NATS, the chart's own: three clustered JetStream servers on their own volumes, and the
+    // components pointed at its Service.
+    assert_eq!(count(&kinds, "statefulset"), 1, "{kinds:?}");
+    assert!(
+        rendered.contains("replicas: 3\n  serviceName: eddy-nats-headless"),
+        "{rendered}"
+    );
+    assert!(
+        rendered
+            .contains("nats://eddy-nats-2.eddy-nats-headless.eddy-system.svc.cluster.local:6222"),
+        "the cluster routes name every server"
+    );
+    assert!(
+        rendered.contains("volumeClaimTemplates:"),
+        "a PVC per server"
+    );
+    assert!(
+        rendered.contains("nats://eddy-nats.eddy-system.svc.cluster.local:4222"),
+        "the components connect to the chart's NATS"
+    );
     // Who gets in, read from the policies' rules: functions take only the dispatcher and the
     // gateway, the event-bus only the dispatcher and the function namespaces, the gateway only
     // the ingress gateway; anything else open is a probe.
@@ -267,8 +282,8 @@ fn the_chart_renders_valid_objects_with_its_default_values() {
     assert_eq!(count(&kinds, "role"), 1, "the Lease's Role: {kinds:?}");
     assert_eq!(
         count(&kinds, "poddisruptionbudget"),
-        3,
-        "the event-bus's, the gateway's and the two controllers': {kinds:?}"
+        4,
+        "the event-bus's, the gateway's, the two controllers' and NATS's: {kinds:?}"
     );
     assert_eq!(
         count(&kinds, "AuthorizationPolicy (security.istio.io)"),
@@ -291,6 +306,46 @@ fn the_chart_renders_valid_objects_with_its_default_values() {
 fn the_chart_renders_valid_objects_for_an_external_nats() {
     let kinds = render_chart(Some("external-nats-values.yaml"), &[]);
     assert_eq!(count(&kinds, "deployment"), 4, "{kinds:?}");
+    assert_eq!(
+        count(&kinds, "statefulset"),
+        0,
+        "no NATS of the chart's: {kinds:?}"
+    );
+}
+
+/// charts/eddy/ci/real-node-values.yaml: one node, no registry, no mesh (what the real-pod
+/// tests install): one NATS server on an emptyDir with streams at R1, images from the node,
+/// and the egress proxy passed to the controller when set.
+#[test]
+fn the_chart_renders_valid_objects_for_one_real_node() {
+    let (kinds, rendered) = render_chart_text(
+        Some("real-node-values.yaml"),
+        &["controller.egress.proxy=http://10.0.0.1:3128"],
+    );
+    assert_eq!(count(&kinds, "statefulset"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "authorizationpolicy"), 0, "{kinds:?}");
+    assert!(
+        rendered.contains("replicas: 1\n  serviceName: eddy-nats-headless"),
+        "{rendered}"
+    );
+    assert!(
+        !rendered.contains("volumeClaimTemplates:"),
+        "an emptyDir, no PVC"
+    );
+    assert!(!rendered.contains("cluster {"), "one server, not clustered");
+    assert!(
+        rendered.contains("image: localhost/nats:local"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("image: localhost/eddy:0.1.0"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("{name: EDDY_STREAM_REPLICAS, value: \"1\"}"),
+        "streams at R1"
+    );
+    assert!(rendered.contains("{name: EDDY_EGRESS_PROXY, value: \"http://10.0.0.1:3128\"}"));
 }
 
 #[test]

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use eddy_model::resources::{Function, validate_function, validate_subscription};
 use eddy_testing::{
-    control_plane::{ControlPlane, chart_without_nats, run, run_with_input},
+    control_plane::{ControlPlane, chart_copy, run, run_with_input},
     eventually,
 };
 use k8s_openapi::api::{
@@ -106,7 +106,7 @@ fn shared_release(plane: &ControlPlane) -> Result<()> {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let chart = chart_without_nats(dir.path())?;
+    let chart = chart_copy(dir.path())?;
     helm_install(
         plane,
         &chart,
@@ -472,7 +472,7 @@ async fn the_chart_installs_with_each_values_set_and_its_crds_are_accepted() {
     // Kyma compatibility: the shared release.
     shared_release(plane).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let chart = chart_without_nats(dir.path()).unwrap();
+    let chart = chart_copy(dir.path()).unwrap();
     for (release, values) in [
         ("external-nats", "external-nats-values.yaml"),
         ("istio-off", "istio-off-values.yaml"),

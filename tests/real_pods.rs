@@ -10,7 +10,7 @@
 
 use std::{fs::File, process::Command, time::Duration};
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use eddy_testing::{
     control_plane::{ControlPlane, repo, run, run_with_input},
     eventually,
@@ -33,20 +33,19 @@ fn installed() -> Result<&'static ControlPlane> {
     if !status.status.success() {
         let started = std::time::Instant::now();
         let proxy = plane.egress_proxy()?;
-        run(plane.helm()?.args(["install", RELEASE]).arg(repo().join("charts/eddy")).args([
-            "-n",
-            SYSTEM,
-            "--create-namespace",
-            "-f",
-        ])
-        .arg(repo().join("charts/eddy/ci/real-node-values.yaml"))
-        .args([
-            "--set",
-            &format!("controller.egress.proxy={proxy}"),
-            "--wait",
-            "--timeout",
-            "4m",
-        ]))
+        run(plane
+            .helm()?
+            .args(["install", RELEASE])
+            .arg(repo().join("charts/eddy"))
+            .args(["-n", SYSTEM, "--create-namespace", "-f"])
+            .arg(repo().join("charts/eddy/ci/real-node-values.yaml"))
+            .args([
+                "--set",
+                &format!("controller.egress.proxy={proxy}"),
+                "--wait",
+                "--timeout",
+                "4m",
+            ]))
         .context("helm install of the chart on the real node")?;
         eprintln!(
             "chart installed and Ready on the real node in {:.1} s",
@@ -63,7 +62,10 @@ fn kubectl_json(plane: &ControlPlane, args: &[&str]) -> Result<Value> {
 
 /// A namespace of its own for one test (deleted at the end, pods and all).
 fn namespace(plane: &ControlPlane, prefix: &str) -> Result<String> {
-    let name = format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let name = format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
     run(plane.kubectl()?.args(["create", "namespace", &name]))?;
     Ok(name)
 }
@@ -89,31 +91,78 @@ fn condition(function: &Value, kind: &str) -> Option<(String, String, String)> {
 }
 
 /// Waits until the Function is Running (its Deployment available), or fails with its status.
-async fn running(plane: &ControlPlane, namespace: &str, name: &str, within: Duration) -> Result<()> {
+async fn running(
+    plane: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    within: Duration,
+) -> Result<()> {
     let mut last = Value::Null;
-    let ready = eventually(&format!("Function {namespace}/{name} Running"), within, || {
-        let result = kubectl_json(plane, &["get", "functions.eddy.dev", name, "-n", namespace]);
-        if let Ok(function) = &result {
-            last = function.clone();
-        }
-        let ok = result.is_ok_and(|function| {
-            condition(&function, "Running").is_some_and(|(status, _, _)| status == "True")
-        });
-        async move { ok }
-    })
+    let ready = eventually(
+        &format!("Function {namespace}/{name} Running"),
+        within,
+        || {
+            let result = kubectl_json(plane, &["get", "functions.eddy.dev", name, "-n", namespace]);
+            if let Ok(function) = &result {
+                last = function.clone();
+            }
+            let ok = result.is_ok_and(|function| {
+                condition(&function, "Running").is_some_and(|(status, _, _)| status == "True")
+            });
+            async move { ok }
+        },
+    )
     .await;
     ready.with_context(|| format!("its status: {}", last["status"]))
 }
 
+/// [`call_once`], again while the Service refuses the connection: a Deployment is available a
+/// moment before kube-proxy routes its Service to the new endpoints.
+fn call(
+    plane: &ControlPlane,
+    namespace: &str,
+    service: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match call_once(plane, namespace, service, path, body) {
+            Err(error)
+                if std::time::Instant::now() < deadline
+                    && format!("{error:#}").contains("exit status: 7") =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// `curl` from the host to a Service's ClusterIP (kube-proxy serves it on the host too).
-fn call(plane: &ControlPlane, namespace: &str, service: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
+fn call_once(
+    plane: &ControlPlane,
+    namespace: &str,
+    service: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String)> {
     let service = kubectl_json(plane, &["get", "service", service, "-n", namespace])?;
-    let ip = service["spec"]["clusterIP"].as_str().context("the Service's ClusterIP")?;
-    let port = service["spec"]["ports"][0]["port"].as_u64().context("the Service's port")?;
+    let ip = service["spec"]["clusterIP"]
+        .as_str()
+        .context("the Service's ClusterIP")?;
+    let port = service["spec"]["ports"][0]["port"]
+        .as_u64()
+        .context("the Service's port")?;
     let mut curl = Command::new("curl");
     curl.args(["-s", "-m", "20", "-w", "\n%{http_code}"]);
     if let Some(body) = body {
-        curl.args(["-H", "content-type: application/json", "--data-binary", body]);
+        curl.args([
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            body,
+        ]);
     }
     let output = run(curl.arg(format!("http://{ip}:{port}{path}")))?;
     let (text, code) = output.rsplit_once('\n').context("curl's status line")?;
@@ -132,8 +181,16 @@ async fn the_chart_runs_on_a_real_node_with_every_container_up() -> Result<()> {
         .iter()
         .filter_map(|item| item["metadata"]["name"].as_str())
         .collect();
-    for wanted in ["eddy-controller", "eddy-event-bus", "eddy-dispatcher", "eddy-gateway"] {
-        ensure!(names.contains(&wanted), "no Deployment {wanted} in {names:?}");
+    for wanted in [
+        "eddy-controller",
+        "eddy-event-bus",
+        "eddy-dispatcher",
+        "eddy-gateway",
+    ] {
+        ensure!(
+            names.contains(&wanted),
+            "no Deployment {wanted} in {names:?}"
+        );
     }
     for deployment in deployments["items"].as_array().context("deployments")? {
         let available = deployment["status"]["conditions"]
@@ -149,10 +206,17 @@ async fn the_chart_runs_on_a_real_node_with_every_container_up() -> Result<()> {
         );
     }
     let nats = kubectl_json(plane, &["get", "statefulset", "eddy-nats", "-n", SYSTEM])?;
-    ensure!(nats["status"]["readyReplicas"] == 1, "NATS not Ready: {}", nats["status"]);
+    ensure!(
+        nats["status"]["readyReplicas"] == 1,
+        "NATS not Ready: {}",
+        nats["status"]
+    );
     let pods = kubectl_json(plane, &["get", "pods", "-n", SYSTEM])?;
     for pod in pods["items"].as_array().context("pods")? {
-        for container in pod["status"]["containerStatuses"].as_array().context("container statuses")? {
+        for container in pod["status"]["containerStatuses"]
+            .as_array()
+            .context("container statuses")?
+        {
             ensure!(
                 container["ready"] == true && container["restartCount"] == 0,
                 "pod {} container {}: ready {} after {} restarts ({})",
@@ -178,7 +242,8 @@ async fn the_chart_runs_on_a_real_node_with_every_container_up() -> Result<()> {
 /// container through the node's proxy, each answering through its Service with what only the
 /// dependency could compute.
 #[tokio::test]
-async fn buildless_functions_install_their_dependencies_and_answer_through_their_services() -> Result<()> {
+async fn buildless_functions_install_their_dependencies_and_answer_through_their_services()
+-> Result<()> {
     let plane = installed()?;
     let namespace = namespace(plane, "buildless")?;
     apply(
@@ -190,6 +255,7 @@ kind: Function
 metadata: {name: chunker}
 spec:
   runtime: nodejs22
+  resourceConfiguration: {function: {profile: XS}}
   source:
     inline:
       source: |
@@ -202,6 +268,7 @@ kind: Function
 metadata: {name: semver}
 spec:
   runtime: python312
+  resourceConfiguration: {function: {profile: XS}}
   source:
     inline:
       source: |
@@ -214,10 +281,18 @@ spec:
     running(plane, &namespace, "chunker", Duration::from_secs(180)).await?;
     running(plane, &namespace, "semver", Duration::from_secs(180)).await?;
     let (status, body) = call(plane, &namespace, "chunker", "/", None)?;
-    ensure!(status == 200 && body == "[[1,2],[3,4],[5]]", "chunker answered {status}: {body}");
+    ensure!(
+        status == 200 && body == "[[1,2],[3,4],[5]]",
+        "chunker answered {status}: {body}"
+    );
     let (status, body) = call(plane, &namespace, "semver", "/", None)?;
-    ensure!(status == 200 && body == "True True", "semver answered {status}: {body}");
-    run(plane.kubectl()?.args(["delete", "namespace", &namespace, "--wait=false"]))?;
+    ensure!(
+        status == 200 && body == "True True",
+        "semver answered {status}: {body}"
+    );
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
     Ok(())
 }
 
@@ -236,6 +311,7 @@ kind: Function
 metadata: {name: broken}
 spec:
   runtime: nodejs22
+  resourceConfiguration: {function: {profile: XS}}
   source:
     inline:
       source: "module.exports = { main: () => 'never' };"
@@ -247,7 +323,10 @@ spec:
         "the Function's status to say the install failed",
         Duration::from_secs(120),
         || {
-            let function = kubectl_json(plane, &["get", "functions.eddy.dev", "broken", "-n", &namespace]);
+            let function = kubectl_json(
+                plane,
+                &["get", "functions.eddy.dev", "broken", "-n", &namespace],
+            );
             if let Ok(function) = &function {
                 seen = function["status"].clone();
             }
@@ -265,7 +344,9 @@ spec:
     )
     .await;
     failed.with_context(|| format!("the status: {seen}"))?;
-    run(plane.kubectl()?.args(["delete", "namespace", &namespace, "--wait=false"]))?;
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
     Ok(())
 }
 
@@ -284,6 +365,7 @@ kind: Function
 metadata: {name: plain}
 spec:
   runtime: python312
+  resourceConfiguration: {function: {profile: XS}}
   source:
     inline:
       source: |
@@ -292,27 +374,366 @@ spec:
 "#,
     )?;
     running(plane, &namespace, "plain", Duration::from_secs(120)).await?;
-    let pods = kubectl_json(plane, &["get", "pods", "-n", &namespace, "-l", "eddy.dev/function=plain"])?;
-    let pod = pods["items"][0]["metadata"]["name"].as_str().context("the function's pod")?.to_owned();
-    let id = run(plane.kubectl()?.args(["exec", "-n", &namespace, &pod, "--", "id", "-u"]))?;
+    let pods = kubectl_json(
+        plane,
+        &[
+            "get",
+            "pods",
+            "-n",
+            &namespace,
+            "-l",
+            "eddy.dev/function=plain",
+        ],
+    )?;
+    let pod = pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .context("the function's pod")?
+        .to_owned();
+    let id = run(plane
+        .kubectl()?
+        .args(["exec", "-n", &namespace, &pod, "--", "id", "-u"]))?;
     ensure!(id.trim() != "0", "the function runs as root");
     let write = plane
         .kubectl()?
-        .args(["exec", "-n", &namespace, &pod, "--", "sh", "-c", "echo x > /pwned"])
+        .args([
+            "exec",
+            "-n",
+            &namespace,
+            &pod,
+            "--",
+            "sh",
+            "-c",
+            "echo x > /pwned",
+        ])
         .output()?;
-    ensure!(!write.status.success(), "a write to / succeeded inside the function's container");
+    ensure!(
+        !write.status.success(),
+        "a write to / succeeded inside the function's container"
+    );
     let said = String::from_utf8_lossy(&write.stderr);
-    ensure!(said.contains("Read-only file system"), "the write failed for another reason: {said}");
-    run(plane.kubectl()?.args(["delete", "namespace", &namespace, "--wait=false"]))?;
+    ensure!(
+        said.contains("Read-only file system"),
+        "the write failed for another reason: {said}"
+    );
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
     Ok(())
 }
 
-/// Pod traffic stays on the node: a pod cannot open a connection to an address off the node
-/// (the node's drop rule counts it), while the forward proxy is reachable.
+/// Waits until each Subscription is Ready: its consumer exists, so an event published from
+/// now on is delivered (a consumer delivers from its creation).
+async fn subscriptions_ready(plane: &ControlPlane, namespace: &str, names: &[&str]) -> Result<()> {
+    for name in names {
+        eventually(
+            &format!("Subscription {namespace}/{name} Ready"),
+            Duration::from_secs(60),
+            || {
+                let ready = kubectl_json(
+                    plane,
+                    &["get", "subscriptions.eddy.dev", name, "-n", namespace],
+                )
+                .is_ok_and(|subscription| {
+                    condition(&subscription, "Ready").is_some_and(|(status, _, _)| status == "True")
+                });
+                async move { ready }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Publishes one CloudEvent (binary mode) to the event-bus Service; its status code.
+fn publish(plane: &ControlPlane, kind: &str, id: &str, data: &str) -> Result<u16> {
+    let bus = kubectl_json(plane, &["get", "service", "eddy-event-bus", "-n", SYSTEM])?;
+    let ip = bus["spec"]["clusterIP"]
+        .as_str()
+        .context("the event-bus ClusterIP")?;
+    let code = run(Command::new("curl").args([
+        "-s",
+        "-m",
+        "20",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        "ce-specversion: 1.0",
+        "-H",
+        &format!("ce-type: {kind}"),
+        "-H",
+        "ce-source: real-pod-test",
+        "-H",
+        &format!("ce-id: {id}"),
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        data,
+        &format!("http://{ip}/publish"),
+    ]))?;
+    Ok(code.trim().parse()?)
+}
+
+/// An event published to the event-bus Service goes through NATS in its pod and the
+/// dispatcher's pod to the Function's pod, whose log shows it.
+#[tokio::test]
+async fn a_published_event_reaches_the_subscribed_functions_pod() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "events")?;
+    apply(
+        plane,
+        &namespace,
+        &format!(
+            r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: logger}}
+spec:
+  runtime: nodejs22
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        module.exports = {{ main: (event) => {{ console.log("received", event["ce-id"], JSON.stringify(event.data)); return "ok"; }} }};
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Subscription
+metadata: {{name: to-logger}}
+spec:
+  sink: http://logger.{namespace}.svc.cluster.local
+  types: [realpod.ping.v1]
+"#
+        ),
+    )?;
+    running(plane, &namespace, "logger", Duration::from_secs(120)).await?;
+    subscriptions_ready(plane, &namespace, &["to-logger"]).await?;
+    let id = format!("ping-{}", uuid::Uuid::new_v4().simple());
+    let status = publish(plane, "realpod.ping.v1", &id, r#"{"n": 42}"#)?;
+    ensure!(
+        status == 204 || status == 202 || status == 200,
+        "publish answered {status}"
+    );
+    let wanted = format!("received {id} {{\"n\":42}}");
+    let mut log = String::new();
+    let seen = eventually(
+        "the event in the function pod's log",
+        Duration::from_secs(60),
+        || {
+            log = plane
+                .kubectl()
+                .and_then(|mut kubectl| {
+                    run(kubectl.args(["logs", "-n", &namespace, "deploy/logger"]))
+                })
+                .unwrap_or_default();
+            let seen = log.contains(&wanted);
+            async move { seen }
+        },
+    )
+    .await;
+    seen.with_context(|| format!("the pod's log:\n{log}"))?;
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    Ok(())
+}
+
+/// examples/shop as a user applies it (namespace default): an order published to the event-bus
+/// reserves stock in the nodejs20 pod, whose reply event is recorded by the python311 pod.
+#[tokio::test]
+async fn the_shop_example_chains_its_functions_through_real_pods() -> Result<()> {
+    let plane = installed()?;
+    for file in ["functions.yaml", "subscriptions.yaml"] {
+        run(plane
+            .kubectl()?
+            .args(["apply", "-n", "default", "-f"])
+            .arg(repo().join("examples/shop").join(file)))?;
+    }
+    running(plane, "default", "stock-reserver", Duration::from_secs(180)).await?;
+    running(
+        plane,
+        "default",
+        "reservation-recorder",
+        Duration::from_secs(180),
+    )
+    .await?;
+    subscriptions_ready(plane, "default", &["reserve-stock", "record-reservation"]).await?;
+    let order = format!("order-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let data = format!(r#"{{"orderId": "{order}", "items": [{{"sku": "A-1", "qty": 2}}]}}"#);
+    let published = publish(plane, "order.created.v1", &order, &data)?;
+    ensure!(
+        (200..300).contains(&published),
+        "publish answered {published}"
+    );
+    let mut answer = String::new();
+    let recorded = eventually("the reservation recorded", Duration::from_secs(60), || {
+        answer = call(plane, "default", "reservation-recorder", "/", None)
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        let recorded = answer.contains(&order);
+        async move { recorded }
+    })
+    .await;
+    recorded.with_context(|| format!("the recorder holds: {answer}"))?;
+    let reservations: Value = serde_json::from_str(&answer)?;
+    let mine: Vec<&Value> = reservations["reservations"]
+        .as_array()
+        .context("reservations")?
+        .iter()
+        .filter(|reservation| reservation["orderId"] == order.as_str())
+        .collect();
+    ensure!(
+        mine.len() == 1,
+        "the order was recorded {} times: {answer}",
+        mine.len()
+    );
+    ensure!(
+        mine[0]["items"] == serde_json::json!([{"sku": "A-1", "qty": 2}]),
+        "{answer}"
+    );
+    Ok(())
+}
+
+/// The controller's pod deleted: its Deployment's next pod takes the Lease and reconciles a
+/// Function applied after; a deleted Function leaves no pod behind.
+#[tokio::test]
+async fn a_new_controller_pod_reconciles_and_a_deleted_function_leaves_no_pod() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "successor")?;
+    run(plane.kubectl()?.args([
+        "delete",
+        "pod",
+        "-n",
+        SYSTEM,
+        "-l",
+        "app.kubernetes.io/component=controller",
+        "--wait=true",
+    ]))?;
+    apply(
+        plane,
+        &namespace,
+        r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {name: after}
+spec:
+  runtime: python312
+  resourceConfiguration: {function: {profile: XS}}
+  source:
+    inline:
+      source: |
+        def main(event, context):
+            return "made by the successor"
+"#,
+    )?;
+    running(plane, &namespace, "after", Duration::from_secs(150)).await?;
+    let (status, body) = call(plane, &namespace, "after", "/", None)?;
+    ensure!(
+        status == 200 && body == "made by the successor",
+        "{status}: {body}"
+    );
+    run(plane
+        .kubectl()?
+        .args(["delete", "functions.eddy.dev", "after", "-n", &namespace]))?;
+    eventually(
+        "no pod of the deleted Function",
+        Duration::from_secs(90),
+        || {
+            let gone = kubectl_json(
+                plane,
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    &namespace,
+                    "-l",
+                    "eddy.dev/function=after",
+                ],
+            )
+            .is_ok_and(|pods| pods["items"].as_array().is_some_and(Vec::is_empty));
+            async move { gone }
+        },
+    )
+    .await?;
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    Ok(())
+}
+
+/// The node's drop rule's packet count (pod traffic that tried to leave the node).
+fn dropped_off_node(plane: &ControlPlane) -> Result<u64> {
+    let settings = std::fs::read_to_string(plane.dir().join("node.env"))?;
+    let id = settings
+        .lines()
+        .find_map(|line| line.strip_prefix("node_id="))
+        .context("node_id in node.env")?;
+    let chain =
+        run(Command::new("nft").args(["list", "chain", "inet", &format!("eddy-{id}"), "forward"]))?;
+    let packets = chain
+        .split_whitespace()
+        .skip_while(|word| *word != "packets")
+        .nth(1)
+        .context("the drop rule's counter")?;
+    Ok(packets.parse()?)
+}
+
+/// Pod traffic stays on the node: a pod's connection to an address off the node is dropped
+/// (the node's rule counts it), while the forward proxy on the node's bridge takes it to a
+/// package registry.
 #[tokio::test]
 async fn pod_traffic_stays_on_the_node_but_for_the_proxy() -> Result<()> {
     let plane = installed()?;
-    let pods = kubectl_json(plane, &["get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/name=nats"])?;
-    let _ = pods;
-    bail!("not written yet")
+    let namespace = namespace(plane, "egress")?;
+    let proxy = plane.egress_proxy()?;
+    let version = env!("CARGO_PKG_VERSION");
+    let script = r#"
+import socket, urllib.request, os
+try:
+    socket.create_connection(("192.0.2.1", 80), timeout=3)
+    print("direct: connected")
+except OSError as error:
+    print("direct: failed", type(error).__name__)
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({"https": os.environ["PROXY"]}))
+print("proxied:", opener.open("https://pypi.org/simple/packaging/", timeout=30).status)
+"#;
+    let before = dropped_off_node(plane)?;
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "egress"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "probe",
+            "image": format!("localhost/eddy-runtime-python312:{version}"),
+            "imagePullPolicy": "Never",
+            "command": ["python", "-c", script],
+            "env": [{"name": "PROXY", "value": proxy}],
+        }]}
+    });
+    apply(plane, &namespace, &pod.to_string())?;
+    eventually("the probe pod to finish", Duration::from_secs(90), || {
+        let done =
+            kubectl_json(plane, &["get", "pod", "egress", "-n", &namespace]).is_ok_and(|pod| {
+                pod["status"]["phase"] == "Succeeded" || pod["status"]["phase"] == "Failed"
+            });
+        async move { done }
+    })
+    .await?;
+    let log = run(plane.kubectl()?.args(["logs", "-n", &namespace, "egress"]))?;
+    ensure!(
+        log.contains("direct: failed"),
+        "a pod reached an address off the node: {log}"
+    );
+    ensure!(
+        log.contains("proxied: 200"),
+        "the proxy did not take the pod out: {log}"
+    );
+    let after = dropped_off_node(plane)?;
+    ensure!(
+        after > before,
+        "the node's drop rule counted nothing ({before} then {after}): {log}"
+    );
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    Ok(())
 }

@@ -52,7 +52,8 @@ pub enum Reason {
     BuildTimeout,
     /// A tool the build needs (npm, python) is missing (local).
     BuildToolMissing,
-    /// Installing the dependencies failed (local).
+    /// Installing the dependencies failed (locally, or in a buildless pod's `install` init
+    /// container on Kubernetes; the message has npm's or pip's own error).
     DependencyInstallFailed,
     /// The Git repository could not be read at the reference (local).
     SourceUnavailable,

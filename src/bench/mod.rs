@@ -22,6 +22,7 @@ mod buildless;
 mod e2e;
 mod forwarder;
 mod load;
+mod real_node;
 mod scale;
 mod soak;
 
@@ -184,6 +185,23 @@ pub enum Scenario {
         #[arg(long = "runtimes-dir", env = "EDDY_RUNTIMES_DIR")]
         runtimes_dir: Option<PathBuf>,
     },
+    /// The chart on a real node (scripts/kube up --node real, the current kubeconfig): a
+    /// buildless Function's apply → Running without and with a dependency, and publish →
+    /// function latency at a fixed rate through the pods.
+    RealNode {
+        /// Events per second offered.
+        #[arg(long, default_value_t = 50)]
+        rate: u64,
+        /// How long events are offered.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Apply → Running runs per case.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The namespace eddy's chart runs in.
+        #[arg(long = "system-namespace", default_value = "eddy-system")]
+        system_namespace: String,
+    },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
         /// Runs per runtime and measure.
@@ -226,6 +244,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
             let runtimes = runtimes_dir.unwrap_or_else(|| data_dir.path().join("runtimes"));
             buildless::run(runs, &dependencies, data_dir.path(), &runtimes).await
+        }
+        Scenario::RealNode {
+            rate,
+            duration,
+            runs,
+            system_namespace,
+        } => {
+            real_node::run(real_node::Settings {
+                rate,
+                duration,
+                system_namespace,
+                runs,
+            })
+            .await
         }
         Scenario::Ingest(flags) => ingest(&flags, 1).await,
         Scenario::IngestBatch(flags) => ingest(&flags, 100).await,

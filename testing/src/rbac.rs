@@ -60,7 +60,7 @@ pub fn needed_by(method: &str, path_and_query: &str) -> BTreeSet<String> {
 pub fn rendered(template: &str, sets: &[&str]) -> anyhow::Result<String> {
     use anyhow::Context as _;
     let dir = tempfile::tempdir()?;
-    let chart = crate::control_plane::chart_without_nats(dir.path())?;
+    let chart = crate::control_plane::chart_copy(dir.path())?;
     let mut helm = std::process::Command::new(crate::control_plane::tool("bin/helm")?);
     helm.args(["template", "eddy"])
         .arg(&chart)

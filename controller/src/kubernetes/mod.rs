@@ -242,6 +242,46 @@ pub fn build_log_tail(pods: &[Pod]) -> Option<String> {
         .find(|message| !message.is_empty())
 }
 
+/// Why a buildless pod's `install` init container failed, from its termination message (the
+/// tail of npm's or pip's output): the pod name and the message. The container may be waiting
+/// to run again (CrashLoopBackOff), so its last state counts as well. Pure.
+pub fn install_failure(pods: &[Pod]) -> Option<(String, String)> {
+    pods.iter().find_map(|pod| {
+        let statuses = pod.status.as_ref()?.init_container_statuses.as_ref()?;
+        let install = statuses.iter().find(|status| status.name == "install")?;
+        let failed = [install.state.as_ref(), install.last_state.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|state| state.terminated.as_ref())
+            .find(|terminated| terminated.exit_code != 0)?;
+        let message = failed
+            .message
+            .as_deref()
+            .map(|message| crate::status::tail(message.trim(), 20))
+            .filter(|message| !message.is_empty())
+            .unwrap_or_else(|| format!("exit code {}", failed.exit_code));
+        Some((pod.name_any(), message))
+    })
+}
+
+/// Why a Function's pod cannot be placed on a node (the scheduler's own message, such as
+/// `0/1 nodes are available: 1 Insufficient cpu.`): the pod name and the message. Pure.
+pub fn unschedulable(pods: &[Pod]) -> Option<(String, String)> {
+    pods.iter().find_map(|pod| {
+        let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+        let refused = conditions.iter().find(|condition| {
+            condition.type_ == "PodScheduled"
+                && condition.status == "False"
+                && condition.reason.as_deref() == Some("Unschedulable")
+        })?;
+        Some((pod.name_any(), refused.message.clone().unwrap_or_default()))
+    })
+}
+
+/// How soon a Function whose pods are not available yet is looked at again: a failed install
+/// or a pod no node takes shows in no object the controller watches.
+const INSTALL_CHECK: Duration = Duration::from_secs(5);
+
 /// The Running condition (status, reason, message) and available replicas of a Function's
 /// Deployment. Pure.
 pub fn running_condition(
@@ -877,14 +917,50 @@ impl Target<'_> {
         }
         let (ok, reason, message, replicas) =
             running_condition(&deployment, render::scaling(function));
+        status.replicas = replicas;
+        status.describe_spec(&function.spec);
+        status.runtime_image = Some(rendered.image.clone());
+        let mut message = message;
+        if ok != Some(true) {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.namespace);
+            let selector = format!(
+                "{}={},{}={}",
+                render::FUNCTION_LABEL,
+                self.name,
+                render::BUILD_HASH_LABEL,
+                rendered.hash
+            );
+            let pods = pods.list(&ListParams::default().labels(&selector)).await?;
+            if let Some((pod, log)) = install_failure(&pods.items) {
+                let message = format!("installing the dependencies failed in pod {pod}:\n{log}");
+                tracing::warn!(namespace = %self.namespace, function = %self.name, %message, "dependency install failed");
+                for kind in [ConditionType::BuildReady, ConditionType::Running] {
+                    set_condition(
+                        &mut status.conditions,
+                        condition(
+                            kind,
+                            Some(false),
+                            Reason::DependencyInstallFailed,
+                            message.clone(),
+                        ),
+                    );
+                }
+                return Ok(INSTALL_CHECK);
+            }
+            // Pending for want of a node is said, with the scheduler's reason.
+            if let Some((pod, why)) = unschedulable(&pods.items) {
+                message = format!("{message}; pod {pod} cannot be scheduled: {why}");
+            }
+        }
         set_condition(
             &mut status.conditions,
             condition(ConditionType::Running, ok, reason, message),
         );
-        status.replicas = replicas;
-        status.describe_spec(&function.spec);
-        status.runtime_image = Some(rendered.image.clone());
-        Ok(RESYNC)
+        Ok(if ok != Some(true) {
+            INSTALL_CHECK
+        } else {
+            RESYNC
+        })
     }
 }
 

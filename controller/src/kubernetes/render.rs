@@ -1425,22 +1425,27 @@ fn buildless_pod(
             ..ResourceRequirements::default()
         }),
         security_context: Some(hardened_container()),
-        volume_mounts: Some(vec![
-            sources_mount,
-            VolumeMount {
-                name: "function".into(),
-                mount_path: FUNCTION_DIR.into(),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "tmp".into(),
-                mount_path: "/tmp".into(),
-                ..VolumeMount::default()
-            },
-        ]
-        .into_iter()
-        .chain(config.egress.mount(EGRESS_CA_DIR))
-        .collect()),
+        // npm's or pip's own error becomes the termination message, which the controller puts
+        // into the Function's status (DependencyInstallFailed).
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(
+            vec![
+                sources_mount,
+                VolumeMount {
+                    name: "function".into(),
+                    mount_path: FUNCTION_DIR.into(),
+                    ..VolumeMount::default()
+                },
+                VolumeMount {
+                    name: "tmp".into(),
+                    mount_path: "/tmp".into(),
+                    ..VolumeMount::default()
+                },
+            ]
+            .into_iter()
+            .chain(config.egress.mount(EGRESS_CA_DIR))
+            .collect(),
+        ),
         ..Container::default()
     });
     Buildless {

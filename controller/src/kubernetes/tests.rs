@@ -381,7 +381,7 @@ async fn first_reconcile_creates_the_config_map_and_the_build_job() {
     assert!(
         data["Dockerfile"]
             .as_str()
-            .is_some_and(|d| d.contains("FROM node:${NODE_MAJOR}-alpine"))
+            .is_some_and(|d| d.contains("ARG BASE_IMAGE=node:${NODE_MAJOR}-alpine"))
     );
     assert!(data["server.mjs"].is_string());
     assert!(data["runtime-package.json"].is_string());
@@ -2710,6 +2710,26 @@ async fn a_buildless_function_is_deployed_without_a_build() {
                 json!({}),
             ),
         ),
+        // Not available yet: the pods of this build are read, and one no node takes is said.
+        expect(
+            Method::GET,
+            format!(
+                "{}?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%3D{}",
+                base("pods"),
+                rendered.hash
+            ),
+            |_| {
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [{
+                        "metadata": {"name": "reserve-stock-1"},
+                        "status": {"conditions": [{"type": "PodScheduled", "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "0/1 nodes are available: 1 Insufficient cpu."}]},
+                    }]}),
+                )
+            },
+        ),
         function_status_write(&function),
     ];
     let (client, server) = api_server(exchanges);
@@ -2717,9 +2737,25 @@ async fn a_buildless_function_is_deployed_without_a_build() {
     context.clock = test_now;
     let result = reconcile_function(Arc::new(function), Arc::new(context)).await;
     let bodies = server.await.expect("the API server saw what it expected");
-    assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
-    let status = &bodies[4]["status"];
+    assert_eq!(result.expect("reconciled"), Action::requeue(INSTALL_CHECK));
+    let status = &bodies[5]["status"];
     assert_condition(status, "BuildReady", "True", "Buildless");
+    let running = status["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .find(|condition| condition["type"] == "Running")
+        .expect("Running");
+    assert!(
+        running["message"]
+            .as_str()
+            .is_some_and(|message| {
+                message.contains(
+            "pod reserve-stock-1 cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu."
+        )
+            }),
+        "{running}"
+    );
     assert_eq!(status["runtimeImage"], json!(rendered.image));
 }
 
@@ -2836,11 +2872,19 @@ fn buildless_installs_reach_registries_through_the_egress_proxy_and_ca_bundle() 
             .map(|var| var["value"].clone())
     };
     for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY"] {
-        assert_eq!(env(install, name), Some(json!("http://proxy.corp:3128")), "{name}");
+        assert_eq!(
+            env(install, name),
+            Some(json!("http://proxy.corp:3128")),
+            "{name}"
+        );
     }
     assert_eq!(env(install, "NO_PROXY"), Some(json!(".svc,.cluster.local")));
     for name in ["PIP_CERT", "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE"] {
-        assert_eq!(env(install, name), Some(json!("/etc/eddy/ca/ca.crt")), "{name}");
+        assert_eq!(
+            env(install, name),
+            Some(json!("/etc/eddy/ca/ca.crt")),
+            "{name}"
+        );
     }
     assert!(
         install["volumeMounts"]
@@ -2862,4 +2906,48 @@ fn buildless_installs_reach_registries_through_the_egress_proxy_and_ca_bundle() 
     let plain = render(&function, &buildless_config()).expect("renders");
     let pod = to_json(&plain.deployment)["spec"]["template"]["spec"].clone();
     assert_eq!(env(&pod["initContainers"][0], "HTTPS_PROXY"), None);
+}
+
+/// A buildless pod whose `install` failed (now, or before a restart: CrashLoopBackOff) names
+/// the pod and npm's own message; a running or still-installing pod names nothing.
+#[test]
+fn a_failed_install_is_read_from_the_install_containers_termination_message() {
+    let pod = |name: &str, install: Value| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"initContainerStatuses": [install]},
+        }))
+        .expect("a pod")
+    };
+    let npm = "npm error code E404\nnpm error 404 Not Found - GET https://registry.npmjs.org/nope";
+    let crashing = pod(
+        "f-1",
+        json!({"name": "install", "ready": false, "restartCount": 2, "image": "i", "imageID": "",
+               "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+               "lastState": {"terminated": {"exitCode": 1, "message": npm}}}),
+    );
+    let installing = pod(
+        "f-2",
+        json!({"name": "install", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+               "state": {"running": {}}}),
+    );
+    let installed = pod(
+        "f-3",
+        json!({"name": "install", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+               "state": {"terminated": {"exitCode": 0, "message": "installed abc"}}}),
+    );
+    assert_eq!(
+        install_failure(&[installing.clone(), crashing]),
+        Some(("f-1".to_owned(), npm.to_owned()))
+    );
+    assert_eq!(install_failure(&[installing, installed]), None);
+    let silent = pod(
+        "f-4",
+        json!({"name": "install", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+               "state": {"terminated": {"exitCode": 137}}}),
+    );
+    assert_eq!(
+        install_failure(&[silent]),
+        Some(("f-4".to_owned(), "exit code 137".to_owned()))
+    );
 }
