@@ -444,8 +444,9 @@ async fn subscriptions_ready(plane: &ControlPlane, namespace: &str, names: &[&st
     Ok(())
 }
 
-/// Publishes one CloudEvent (binary mode) to the event-bus Service; its status code.
-fn publish(plane: &ControlPlane, kind: &str, id: &str, data: &str) -> Result<u16> {
+/// Publishes one CloudEvent (binary mode) from `source` to the event-bus Service; its status
+/// code.
+fn publish(plane: &ControlPlane, source: &str, kind: &str, id: &str, data: &str) -> Result<u16> {
     let bus = kubectl_json(plane, &["get", "service", "eddy-event-bus", "-n", SYSTEM])?;
     let ip = bus["spec"]["clusterIP"]
         .as_str()
@@ -463,7 +464,7 @@ fn publish(plane: &ControlPlane, kind: &str, id: &str, data: &str) -> Result<u16
         "-H",
         &format!("ce-type: {kind}"),
         "-H",
-        "ce-source: real-pod-test",
+        &format!("ce-source: {source}"),
         "-H",
         &format!("ce-id: {id}"),
         "-H",
@@ -509,7 +510,13 @@ spec:
     running(plane, &namespace, "logger", Duration::from_secs(120)).await?;
     subscriptions_ready(plane, &namespace, &["to-logger"]).await?;
     let id = format!("ping-{}", uuid::Uuid::new_v4().simple());
-    let status = publish(plane, "realpod.ping.v1", &id, r#"{"n": 42}"#)?;
+    let status = publish(
+        plane,
+        "real-pod-test",
+        "realpod.ping.v1",
+        &id,
+        r#"{"n": 42}"#,
+    )?;
     ensure!(
         status == 204 || status == 202 || status == 200,
         "publish answered {status}"
@@ -560,7 +567,7 @@ async fn the_shop_example_chains_its_functions_through_real_pods() -> Result<()>
     subscriptions_ready(plane, "default", &["reserve-stock", "record-reservation"]).await?;
     let order = format!("order-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let data = format!(r#"{{"orderId": "{order}", "items": [{{"sku": "A-1", "qty": 2}}]}}"#);
-    let published = publish(plane, "order.created.v1", &order, &data)?;
+    let published = publish(plane, "shop", "order.created.v1", &order, &data)?;
     ensure!(
         (200..300).contains(&published),
         "publish answered {published}"
@@ -731,6 +738,216 @@ print("proxied:", opener.open("https://pypi.org/simple/packaging/", timeout=30).
     ensure!(
         after > before,
         "the node's drop rule counted nothing ({before} then {after}): {log}"
+    );
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    Ok(())
+}
+
+/// The task of the chart's controller container on the node (containerd's id), from crictl's
+/// view through `ctr`: the container labelled as the controller of eddy's namespace.
+fn controller_task(plane: &ControlPlane) -> Result<Option<String>> {
+    let socket = plane.dir().join("run/containerd/containerd.sock");
+    let containers = run(Command::new("ctr").arg("-a").arg(&socket).args([
+        "-n",
+        "k8s.io",
+        "containers",
+        "ls",
+        "-q",
+    ]))?;
+    let tasks = run(Command::new("ctr")
+        .arg("-a")
+        .arg(&socket)
+        .args(["-n", "k8s.io", "tasks", "ls"]))?;
+    for id in containers.lines() {
+        let info = run(Command::new("ctr").arg("-a").arg(&socket).args([
+            "-n",
+            "k8s.io",
+            "containers",
+            "info",
+            id,
+        ]))?;
+        let info: Value = serde_json::from_str(&info)?;
+        let labels = &info["Labels"];
+        let running = tasks
+            .lines()
+            .any(|line| line.starts_with(id) && line.contains("RUNNING"));
+        if labels["io.kubernetes.container.name"] == "controller"
+            && labels["io.kubernetes.pod.namespace"] == SYSTEM
+            && running
+        {
+            return Ok(Some(id.to_owned()));
+        }
+    }
+    Ok(None)
+}
+
+/// The controller started while the API server is down (its container killed, the kubelet
+/// starting it again meanwhile) recovers once the API server is back, without a restart of
+/// its own: it takes the Lease and reconciles a Function applied then.
+#[tokio::test]
+async fn a_controller_started_while_the_api_server_is_down_recovers_without_a_restart() -> Result<()>
+{
+    let plane = installed()?;
+    let pods = kubectl_json(
+        plane,
+        &[
+            "get",
+            "pods",
+            "-n",
+            SYSTEM,
+            "-l",
+            "app.kubernetes.io/component=controller",
+        ],
+    )?;
+    let restarts_before = pods["items"][0]["status"]["containerStatuses"][0]["restartCount"]
+        .as_i64()
+        .context("the controller's restart count")?;
+    let first = controller_task(plane)?.context("the controller's container on the node")?;
+    let script = repo().join("scripts/kube");
+    run(Command::new(&script)
+        .args(["stop", "kube-apiserver"])
+        .env("EDDY_KUBE_DIR", plane.dir()))?;
+    let socket = plane.dir().join("run/containerd/containerd.sock");
+    run(Command::new("ctr")
+        .arg("-a")
+        .arg(&socket)
+        .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", &first]))?;
+    // The kubelet starts it again on its own, API server or not.
+    let mut second = None;
+    let restarted = eventually(
+        "the kubelet to start the controller again",
+        Duration::from_secs(60),
+        || {
+            second = controller_task(plane)
+                .ok()
+                .flatten()
+                .filter(|id| *id != first);
+            let restarted = second.is_some();
+            async move { restarted }
+        },
+    )
+    .await;
+    let up = run(Command::new(&script)
+        .arg("up")
+        .env("EDDY_KUBE_DIR", plane.dir()));
+    restarted?;
+    up?;
+    let namespace = namespace(plane, "recovery")?;
+    apply(
+        plane,
+        &namespace,
+        r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {name: later}
+spec:
+  runtime: nodejs22
+  resourceConfiguration: {function: {profile: XS}}
+  source:
+    inline:
+      source: "module.exports = { main: () => 'reconciled' };"
+"#,
+    )?;
+    running(plane, &namespace, "later", Duration::from_secs(120)).await?;
+    let (status, body) = call(plane, &namespace, "later", "/", None)?;
+    ensure!(status == 200 && body == "reconciled", "{status}: {body}");
+    ensure!(
+        controller_task(plane)? == second,
+        "the controller was restarted again: it did not recover on its own"
+    );
+    let pods = kubectl_json(
+        plane,
+        &[
+            "get",
+            "pods",
+            "-n",
+            SYSTEM,
+            "-l",
+            "app.kubernetes.io/component=controller",
+        ],
+    )?;
+    let restarts = pods["items"][0]["status"]["containerStatuses"][0]["restartCount"]
+        .as_i64()
+        .context("the controller's restart count")?;
+    ensure!(
+        restarts == restarts_before + 1,
+        "restarts: {restarts_before} before, {restarts} after (one was ours)"
+    );
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    Ok(())
+}
+
+/// eddy's gateway in its pod fronts a Function at `/<namespace>/<function>` and enforces its
+/// `access`: no token 401, a wrong one 401, the right one reaches the function's pod.
+#[tokio::test]
+async fn the_gateway_pod_serves_a_function_and_enforces_its_access() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "gateway")?;
+    let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
+    let digest = run_with_input(&mut Command::new("sha256sum"), &token)?;
+    let digest = digest
+        .split_whitespace()
+        .next()
+        .context("sha256sum's digest")?
+        .to_owned();
+    apply(
+        plane,
+        &namespace,
+        &format!(
+            r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: guarded}}
+spec:
+  runtime: python312
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  access: {{mode: token, tokenDigests: ["sha256:{digest}"]}}
+  source:
+    inline:
+      source: |
+        def main(event, context):
+            return "behind the gateway"
+"#
+        ),
+    )?;
+    running(plane, &namespace, "guarded", Duration::from_secs(120)).await?;
+    let gateway = kubectl_json(plane, &["get", "service", "eddy-gateway", "-n", SYSTEM])?;
+    let ip = gateway["spec"]["clusterIP"]
+        .as_str()
+        .context("the gateway's ClusterIP")?
+        .to_owned();
+    let url = format!("http://{ip}/{namespace}/guarded/");
+    let status = |authorization: Option<&str>| -> Result<(u16, String)> {
+        let mut curl = Command::new("curl");
+        curl.args(["-s", "-m", "20", "-w", "\n%{http_code}"]);
+        if let Some(authorization) = authorization {
+            curl.args(["-H", &format!("authorization: Bearer {authorization}")]);
+        }
+        let output = run(curl.arg(&url))?;
+        let (body, code) = output.rsplit_once('\n').context("curl's status line")?;
+        Ok((code.trim().parse()?, body.to_owned()))
+    };
+    // The gateway learns of the Function through its watch: poll until it routes.
+    let mut last = (0, String::new());
+    let served = eventually(
+        "the gateway to serve the Function with its token",
+        Duration::from_secs(60),
+        || {
+            last = status(Some(&token)).unwrap_or((0, String::new()));
+            let served = last == (200, "behind the gateway".to_owned());
+            async move { served }
+        },
+    )
+    .await;
+    served.with_context(|| format!("the gateway answered {} {}", last.0, last.1))?;
+    ensure!(status(None)?.0 == 401, "no token must be refused");
+    ensure!(
+        status(Some("not-the-token"))?.0 == 401,
+        "a wrong token must be refused"
     );
     run(plane
         .kubectl()?

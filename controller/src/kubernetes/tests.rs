@@ -2747,13 +2747,11 @@ async fn a_buildless_function_is_deployed_without_a_build() {
         .find(|condition| condition["type"] == "Running")
         .expect("Running");
     assert!(
-        running["message"]
-            .as_str()
-            .is_some_and(|message| {
-                message.contains(
+        running["message"].as_str().is_some_and(|message| {
+            message.contains(
             "pod reserve-stock-1 cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu."
         )
-            }),
+        }),
         "{running}"
     );
     assert_eq!(status["runtimeImage"], json!(rendered.image));
