@@ -954,3 +954,48 @@ spec:
         .args(["delete", "namespace", &namespace, "--wait=true"]))?;
     Ok(())
 }
+
+/// Every runtime image `scripts/images` builds serves a Function in a real pod: each answers
+/// with its own interpreter's version.
+#[tokio::test]
+async fn every_runtime_image_serves_a_function() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "runtimes")?;
+    let runtimes = [
+        ("nodejs20", "v20."),
+        ("nodejs22", "v22."),
+        ("nodejs24", "v24."),
+        ("python311", "3.11."),
+        ("python312", "3.12."),
+    ];
+    let mut manifests = String::new();
+    for (runtime, _) in runtimes {
+        let source = if runtime.starts_with("nodejs") {
+            "module.exports = { main: () => process.version };".to_owned()
+        } else {
+            "import platform\ndef main(event, context):\n    return platform.python_version()\n"
+                .to_owned()
+        };
+        let function = serde_json::json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+            "metadata": {"name": runtime},
+            "spec": {"runtime": runtime,
+                     "resourceConfiguration": {"function": {"profile": "XS"}},
+                     "source": {"inline": {"source": source}}},
+        });
+        manifests.push_str(&format!("---\n{function}\n"));
+    }
+    apply(plane, &namespace, &manifests)?;
+    for (runtime, version) in runtimes {
+        running(plane, &namespace, runtime, Duration::from_secs(150)).await?;
+        let (status, body) = call(plane, &namespace, runtime, "/", None)?;
+        ensure!(
+            status == 200 && body.starts_with(version),
+            "{runtime} answered {status}: {body}"
+        );
+    }
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    Ok(())
+}
