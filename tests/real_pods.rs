@@ -685,19 +685,107 @@ fn dropped_off_node(plane: &ControlPlane) -> Result<u64> {
     Ok(packets.parse()?)
 }
 
-/// Pod traffic stays on the node: a pod's connection to an address off the node is dropped
-/// (the node's rule counts it), while the forward proxy on the node's bridge takes it to a
-/// package registry.
+/// A host off the node that would answer a pod: a network namespace behind a veth, routed both
+/// ways, with an HTTP server the host itself reaches. Removed on drop.
+struct OutsideHost {
+    namespace: String,
+    link: String,
+    server: std::process::Child,
+    address: String,
+}
+
+impl OutsideHost {
+    fn start() -> Result<Self> {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..6];
+        let namespace = format!("eddy-outside-{id}");
+        let (link, peer) = (format!("vo{id}"), format!("vi{id}"));
+        let octet = u8::from_str_radix(&id[..2], 16)?;
+        let (near, address) = (format!("10.251.{octet}.1"), format!("10.251.{octet}.2"));
+        let ip = |args: &[&str]| run(Command::new("ip").args(args));
+        ip(&["netns", "add", &namespace])?;
+        let mut host = Self {
+            namespace: namespace.clone(),
+            link: link.clone(),
+            server: Command::new("true").spawn()?,
+            address: address.clone(),
+        };
+        ip(&["link", "add", &link, "type", "veth", "peer", "name", &peer])?;
+        ip(&["link", "set", &peer, "netns", &namespace])?;
+        ip(&["addr", "add", &format!("{near}/30"), "dev", &link])?;
+        ip(&["link", "set", &link, "up"])?;
+        // The answer comes back in through this link: forwarding on it only.
+        std::fs::write(format!("/proc/sys/net/ipv4/conf/{link}/forwarding"), "1")?;
+        ip(&[
+            "netns",
+            "exec",
+            &namespace,
+            "ip",
+            "addr",
+            "add",
+            &format!("{address}/30"),
+            "dev",
+            &peer,
+        ])?;
+        ip(&[
+            "netns", "exec", &namespace, "ip", "link", "set", &peer, "up",
+        ])?;
+        ip(&["netns", "exec", &namespace, "ip", "link", "set", "lo", "up"])?;
+        ip(&[
+            "netns", "exec", &namespace, "ip", "route", "add", "default", "via", &near,
+        ])?;
+        // A bare responder: http.server would first look its address up in DNS, which this
+        // namespace cannot reach.
+        let responder = format!(
+            "import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('{address}', 8000))\ns.listen()\nwhile True:\n    c, _ = s.accept()\n    c.sendall(b'HTTP/1.0 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\nok')\n    c.close()\n"
+        );
+        host.server = Command::new("ip")
+            .args(["netns", "exec", &namespace, "python3", "-c", &responder])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        Ok(host)
+    }
+}
+
+impl Drop for OutsideHost {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.namespace])
+            .output();
+    }
+}
+
+/// Pod traffic stays on the node: a host off the node that the host itself reaches, and that
+/// would answer a pod (it routes back), is out of a pod's reach (the node's drop rule counts
+/// the attempt), while the forward proxy on the node's bridge takes the pod to a package
+/// registry.
 #[tokio::test]
 async fn pod_traffic_stays_on_the_node_but_for_the_proxy() -> Result<()> {
     let plane = installed()?;
+    let outside = OutsideHost::start()?;
+    let url = format!("http://{}:8000/", outside.address);
+    eventually(
+        "the outside host to answer the host",
+        Duration::from_secs(10),
+        || {
+            let reached =
+                run(Command::new("curl").args(["-sf", "-m", "2", "-o", "/dev/null", &url])).is_ok();
+            async move { reached }
+        },
+    )
+    .await?;
     let namespace = namespace(plane, "egress")?;
     let proxy = plane.egress_proxy()?;
     let version = env!("CARGO_PKG_VERSION");
     let script = r#"
 import socket, urllib.request, os
 try:
-    socket.create_connection(("192.0.2.1", 80), timeout=3)
+    socket.create_connection((os.environ["OUTSIDE"], 8000), timeout=5)
     print("direct: connected")
 except OSError as error:
     print("direct: failed", type(error).__name__)
@@ -713,7 +801,7 @@ print("proxied:", opener.open("https://pypi.org/simple/packaging/", timeout=30).
             "image": format!("localhost/eddy-runtime-python312:{version}"),
             "imagePullPolicy": "Never",
             "command": ["python", "-c", script],
-            "env": [{"name": "PROXY", "value": proxy}],
+            "env": [{"name": "PROXY", "value": proxy}, {"name": "OUTSIDE", "value": outside.address}],
         }]}
     });
     apply(plane, &namespace, &pod.to_string())?;
@@ -728,7 +816,7 @@ print("proxied:", opener.open("https://pypi.org/simple/packaging/", timeout=30).
     let log = run(plane.kubectl()?.args(["logs", "-n", &namespace, "egress"]))?;
     ensure!(
         log.contains("direct: failed"),
-        "a pod reached an address off the node: {log}"
+        "a pod reached a host off the node: {log}"
     );
     ensure!(
         log.contains("proxied: 200"),
