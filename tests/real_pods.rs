@@ -116,6 +116,30 @@ async fn running(
     ready.with_context(|| format!("its status: {}", last["status"]))
 }
 
+/// `curl` of `url` with `headers` (and `body`, POSTed): the status code and the body.
+fn curl(url: &str, headers: &[String], body: Option<&str>) -> Result<(u16, String)> {
+    let mut curl = Command::new("curl");
+    curl.args(["-s", "-m", "20", "-w", "\n%{http_code}"]);
+    for header in headers {
+        curl.args(["-H", header]);
+    }
+    if let Some(body) = body {
+        curl.args(["--data-binary", body]);
+    }
+    let output = run(curl.arg(url))?;
+    let (text, code) = output.rsplit_once('\n').context("curl's status line")?;
+    Ok((code.trim().parse()?, text.to_owned()))
+}
+
+/// Deletes a test's namespace and waits until it is gone: its pods' requests free the node
+/// for the next test.
+fn delete_namespace(plane: &ControlPlane, namespace: &str) -> Result<()> {
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", namespace, "--wait=true"]))?;
+    Ok(())
+}
+
 /// [`call_once`], again while the Service refuses the connection: a Deployment is available a
 /// moment before kube-proxy routes its Service to the new endpoints.
 fn call(
@@ -154,19 +178,11 @@ fn call_once(
     let port = service["spec"]["ports"][0]["port"]
         .as_u64()
         .context("the Service's port")?;
-    let mut curl = Command::new("curl");
-    curl.args(["-s", "-m", "20", "-w", "\n%{http_code}"]);
-    if let Some(body) = body {
-        curl.args([
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            body,
-        ]);
+    let mut headers = Vec::new();
+    if body.is_some() {
+        headers.push("content-type: application/json".to_owned());
     }
-    let output = run(curl.arg(format!("http://{ip}:{port}{path}")))?;
-    let (text, code) = output.rsplit_once('\n').context("curl's status line")?;
-    Ok((code.trim().parse()?, text.to_owned()))
+    curl(&format!("http://{ip}:{port}{path}"), &headers, body)
 }
 
 /// The chart's every Deployment Available and its NATS Ready, each container running without
@@ -290,9 +306,7 @@ spec:
         status == 200 && body == "True True",
         "semver answered {status}: {body}"
     );
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -344,9 +358,7 @@ spec:
     )
     .await;
     failed.with_context(|| format!("the status: {seen}"))?;
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -415,9 +427,7 @@ spec:
         said.contains("Read-only file system"),
         "the write failed for another reason: {said}"
     );
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -539,9 +549,7 @@ spec:
     )
     .await;
     seen.with_context(|| format!("the pod's log:\n{log}"))?;
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -662,9 +670,7 @@ spec:
         },
     )
     .await?;
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -827,9 +833,7 @@ print("proxied:", opener.open("https://pypi.org/simple/packaging/", timeout=30).
         after > before,
         "the node's drop rule counted nothing ({before} then {after}): {log}"
     );
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -963,9 +967,7 @@ spec:
         restarts == restarts_before + 1,
         "restarts: {restarts_before} before, {restarts} after (one was ours)"
     );
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -1010,14 +1012,11 @@ spec:
         .to_owned();
     let url = format!("http://{ip}/{namespace}/guarded/");
     let status = |authorization: Option<&str>| -> Result<(u16, String)> {
-        let mut curl = Command::new("curl");
-        curl.args(["-s", "-m", "20", "-w", "\n%{http_code}"]);
-        if let Some(authorization) = authorization {
-            curl.args(["-H", &format!("authorization: Bearer {authorization}")]);
-        }
-        let output = run(curl.arg(&url))?;
-        let (body, code) = output.rsplit_once('\n').context("curl's status line")?;
-        Ok((code.trim().parse()?, body.to_owned()))
+        let headers: Vec<String> = authorization
+            .map(|token| format!("authorization: Bearer {token}"))
+            .into_iter()
+            .collect();
+        curl(&url, &headers, None)
     };
     // The gateway learns of the Function through its watch: poll until it routes.
     let mut last = (0, String::new());
@@ -1037,9 +1036,7 @@ spec:
         status(Some("not-the-token"))?.0 == 401,
         "a wrong token must be refused"
     );
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }
 
@@ -1082,8 +1079,6 @@ async fn every_runtime_image_serves_a_function() -> Result<()> {
             "{runtime} answered {status}: {body}"
         );
     }
-    run(plane
-        .kubectl()?
-        .args(["delete", "namespace", &namespace, "--wait=true"]))?;
+    delete_namespace(plane, &namespace)?;
     Ok(())
 }

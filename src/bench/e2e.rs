@@ -25,7 +25,8 @@ use serde_json::json;
 
 use crate::up::Platform;
 
-const HANDLER: &str = "module.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) console.log(\"latency_ms \" + ((performance.timeOrigin + performance.now()) - sent).toFixed(3));\n  return \"\";\n} };\n";
+/// A no-op nodejs handler that logs, for every event, how long ago it was published.
+pub(super) const HANDLER: &str = "module.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) console.log(\"latency_ms \" + ((performance.timeOrigin + performance.now()) - sent).toFixed(3));\n  return \"\";\n} };\n";
 
 /// The backlog a sustained rate may leave when its window ends, in time at that rate. A path 5%
 /// short of the rate leaves this much behind in two seconds; one scheduling stall of a few
@@ -98,12 +99,23 @@ pub(super) fn now_ms() -> f64 {
 }
 
 async fn publish(http: &reqwest::Client, url: &str, sequence: u64) -> anyhow::Result<()> {
+    publish_stamped(http, url, "bench.e2e.v1", &format!("e2e-{sequence}")).await
+}
+
+/// Publishes one event of type `kind` stamped with its send time (`ce-benchsent`, which
+/// [`HANDLER`] reads); an answer other than 204 is an error.
+pub(super) async fn publish_stamped(
+    http: &reqwest::Client,
+    url: &str,
+    kind: &str,
+    id: &str,
+) -> anyhow::Result<()> {
     let response = http
         .post(url)
         .header("ce-specversion", "1.0")
-        .header("ce-id", format!("e2e-{sequence}"))
+        .header("ce-id", id)
         .header("ce-source", "bench")
-        .header("ce-type", "bench.e2e.v1")
+        .header("ce-type", kind)
         .header("ce-benchsent", format!("{:.3}", now_ms()))
         .header("content-type", "application/json")
         .body("{}")

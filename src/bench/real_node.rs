@@ -18,9 +18,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::e2e::{now_ms, quantile};
-
-const HANDLER: &str = "module.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) console.log(\"latency_ms \" + ((performance.timeOrigin + performance.now()) - sent).toFixed(3));\n  return \"\";\n} };\n";
+use super::e2e::{HANDLER, publish_stamped, quantile};
 
 /// Settings of the run.
 #[derive(Debug, Clone)]
@@ -145,23 +143,13 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         let http = http.clone();
         let url = url.clone();
         sends.spawn(async move {
-            let response = http
-                .post(&url)
-                .header("ce-specversion", "1.0")
-                .header("ce-id", format!("real-{sequence}"))
-                .header("ce-source", "bench")
-                .header("ce-type", "bench.realnode.v1")
-                .header("ce-benchsent", format!("{:.3}", now_ms()))
-                .header("content-type", "application/json")
-                .body("{}")
-                .send()
-                .await?;
-            anyhow::ensure!(
-                response.status().as_u16() == 204,
-                "the event-bus answered {}",
-                response.status()
-            );
-            Ok(())
+            publish_stamped(
+                &http,
+                &url,
+                "bench.realnode.v1",
+                &format!("real-{sequence}"),
+            )
+            .await
         });
     }
     while let Some(sent) = sends.join_next().await {

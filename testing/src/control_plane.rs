@@ -193,16 +193,8 @@ impl ControlPlane {
             );
             if node == Node::Real {
                 let started = std::time::Instant::now();
-                let output = Command::new(repo().join("scripts/images"))
-                    .env("EDDY_KUBE_DIR", &plane.dir)
-                    .output()
-                    .context("running scripts/images")?;
-                ensure!(
-                    output.status.success(),
-                    "scripts/images failed ({}):\n{}",
-                    output.status,
-                    String::from_utf8_lossy(&output.stderr)
-                );
+                run(Command::new(repo().join("scripts/images")).env("EDDY_KUBE_DIR", &plane.dir))
+                    .context("scripts/images")?;
                 eprintln!(
                     "images ready on the node in {:.1} s",
                     started.elapsed().as_secs_f64()
