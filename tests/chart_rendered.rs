@@ -320,7 +320,10 @@ fn the_chart_renders_valid_objects_for_an_external_nats() {
 fn the_chart_renders_valid_objects_for_one_real_node() {
     let (kinds, rendered) = render_chart_text(
         Some("real-node-values.yaml"),
-        &["controller.egress.proxy=http://10.0.0.1:3128"],
+        &[
+            "controller.egress.proxy=http://10.0.0.1:3128",
+            "trustedCA.configMap=corp-ca",
+        ],
     );
     assert_eq!(count(&kinds, "statefulset"), 1, "{kinds:?}");
     assert_eq!(count(&kinds, "authorizationpolicy"), 0, "{kinds:?}");
@@ -346,6 +349,16 @@ fn the_chart_renders_valid_objects_for_one_real_node() {
         "streams at R1"
     );
     assert!(rendered.contains("{name: EDDY_EGRESS_PROXY, value: \"http://10.0.0.1:3128\"}"));
+    // The trusted CA reaches the two components that make outbound TLS calls, with the image's
+    // public roots kept (rustls reads SSL_CERT_FILE and SSL_CERT_DIR together).
+    assert_eq!(
+        rendered
+            .matches("{name: SSL_CERT_DIR, value: /etc/eddy/trusted-ca}")
+            .count(),
+        2,
+        "gateway and dispatcher"
+    );
+    assert_eq!(rendered.matches("name: corp-ca\n").count(), 2, "{rendered}");
 }
 
 #[test]

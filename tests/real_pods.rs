@@ -14,11 +14,26 @@ use anyhow::{Context as _, Result, ensure};
 use eddy_testing::{
     control_plane::{ControlPlane, repo, run, run_with_input},
     eventually,
+    pki::Pki,
 };
 use serde_json::Value;
 
+#[path = "support/jwt.rs"]
+mod jwt;
+
 const RELEASE: &str = "eddy";
 const SYSTEM: &str = "eddy-system";
+/// The ConfigMap of the CA the chart's gateway and dispatcher trust besides the public roots.
+const TRUSTED_CA: &str = "eddy-test-ca";
+
+/// The CA of the run's internal HTTPS servers (an issuer's JWKS on the node's address), kept
+/// in the node's directory: every test process of the run shares it with the installed chart.
+fn trusted_pki(plane: &ControlPlane) -> Result<Pki> {
+    Ok(Pki::kept_in(
+        &plane.dir().join("trusted-ca"),
+        &plane.node_ip()?,
+    ))
+}
 
 /// The real node, with the chart installed (once per test run: each test is a process of its
 /// own under nextest, so the install happens under a file lock).
@@ -33,6 +48,18 @@ fn installed() -> Result<&'static ControlPlane> {
     if !status.status.success() {
         let started = std::time::Instant::now();
         let proxy = plane.egress_proxy()?;
+        let ca = std::fs::read_to_string(trusted_pki(plane)?.path("ca.pem"))?;
+        let manifest = serde_json::json!([
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM}},
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": TRUSTED_CA, "namespace": SYSTEM}, "data": {"ca.crt": ca}},
+        ]);
+        for object in manifest.as_array().context("the manifest")? {
+            run_with_input(
+                plane.kubectl()?.args(["apply", "-f", "-"]),
+                &object.to_string(),
+            )?;
+        }
         run(plane
             .helm()?
             .args(["install", RELEASE])
@@ -42,6 +69,8 @@ fn installed() -> Result<&'static ControlPlane> {
             .args([
                 "--set",
                 &format!("controller.egress.proxy={proxy}"),
+                "--set",
+                &format!("trustedCA.configMap={TRUSTED_CA}"),
                 "--wait",
                 "--timeout",
                 "4m",
@@ -1036,6 +1065,100 @@ spec:
         status(Some("not-the-token"))?.0 == 401,
         "a wrong token must be refused"
     );
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
+
+/// The gateway pod enforces a Kyma APIRule's JWT rule with an issuer whose JWKS is served over
+/// HTTPS under an internal CA (the chart's `trustedCA`), from the node's address: no token and
+/// a token signed by another key are refused, a valid token is served, a method no rule lists
+/// is not routed, and the keys were fetched from inside the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_pod_enforces_a_jwt_apirule_with_an_issuer_behind_an_internal_ca()
+-> Result<()> {
+    let plane = installed()?;
+    let pki = trusted_pki(plane)?;
+    let (jwks_uri, fetches) = jwt::serve_jwks_tls(&pki, &plane.node_ip()?).await;
+    let namespace = namespace(plane, "jwt")?;
+    let issuer = jwt::ISSUER;
+    apply(
+        plane,
+        &namespace,
+        &format!(
+            r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: secured}}
+spec:
+  runtime: python312
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        def main(event, context):
+            return "for token holders"
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: secured}}
+spec:
+  hosts: [secured.example.com]
+  service: {{name: secured, port: 80}}
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - path: /*
+      methods: [GET]
+      jwt:
+        authentications:
+          - issuer: {issuer}
+            jwksUri: {jwks_uri}
+"#
+        ),
+    )?;
+    running(plane, &namespace, "secured", Duration::from_secs(120)).await?;
+    let gateway = kubectl_json(plane, &["get", "service", "eddy-gateway", "-n", SYSTEM])?;
+    let ip = gateway["spec"]["clusterIP"]
+        .as_str()
+        .context("the gateway's ClusterIP")?
+        .to_owned();
+    let url = format!("http://{ip}/");
+    let ask = |token: Option<&str>, method: &str| -> Result<(u16, String)> {
+        let mut headers = vec!["host: secured.example.com".to_owned()];
+        headers.extend(token.map(|token| format!("authorization: Bearer {token}")));
+        let mut curl = Command::new("curl");
+        curl.args(["-s", "-m", "20", "-X", method, "-w", "\n%{http_code}"]);
+        for header in &headers {
+            curl.args(["-H", header]);
+        }
+        let output = run(curl.arg(&url))?;
+        let (text, code) = output.rsplit_once('\n').context("curl's status line")?;
+        Ok((code.trim().parse()?, text.to_owned()))
+    };
+    let valid = jwt::jwt(jwt::ISSUER_KEY, "key-1", serde_json::json!({}));
+    // The gateway learns of the APIRule through its watch: poll until it routes.
+    let mut last = (0, String::new());
+    let served = eventually(
+        "the gateway to serve the APIRule's host to a valid token",
+        Duration::from_secs(60),
+        || {
+            last = ask(Some(&valid), "GET").unwrap_or((0, String::new()));
+            let served = last == (200, "for token holders".to_owned());
+            async move { served }
+        },
+    )
+    .await;
+    served.with_context(|| format!("the gateway answered {} {}", last.0, last.1))?;
+    ensure!(
+        fetches.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "the gateway pod never fetched the issuer's keys"
+    );
+    let missing = ask(None, "GET")?;
+    ensure!(missing.0 == 401, "no token: {missing:?}");
+    let forged = jwt::jwt(jwt::OTHER_KEY, "key-1", serde_json::json!({}));
+    let forged = ask(Some(&forged), "GET")?;
+    ensure!(forged.0 == 401, "a token of another key: {forged:?}");
+    let unlisted = ask(Some(&valid), "DELETE")?;
+    ensure!(unlisted.0 == 404, "a method no rule lists: {unlisted:?}");
     delete_namespace(plane, &namespace)?;
     Ok(())
 }

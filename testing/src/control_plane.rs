@@ -212,6 +212,16 @@ impl ControlPlane {
         Ok(url.trim().to_owned())
     }
 
+    /// The real node's address (its name too): pods reach the host there, on the node's bridge.
+    pub fn node_ip(&self) -> Result<String> {
+        let proxy = self.egress_proxy()?;
+        proxy
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split(':').next())
+            .map(str::to_owned)
+            .with_context(|| format!("no address in the proxy URL {proxy}"))
+    }
+
     /// Whether the API server answers `/readyz`.
     fn serving(&self) -> bool {
         self.kubeconfig.is_file()

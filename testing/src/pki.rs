@@ -1,85 +1,44 @@
 //! Certificates for TLS tests, made with openssl: a CA, a server certificate for 127.0.0.1
-//! and a client certificate.
+//! (or another address) and a client certificate.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{path::PathBuf, process::Command};
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
 pub struct Pki {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    _temporary: Option<tempfile::TempDir>,
 }
 
 impl Pki {
     /// Makes them in a temporary directory.
     #[allow(clippy::new_without_default)]
     pub fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let run = |args: &[&str]| {
-            let output = Command::new("openssl")
-                .args(args)
-                .current_dir(dir.path())
-                .output()
-                .expect("openssl (the tests need it, as the README says)");
-            assert!(
-                output.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        };
-        let curve = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-        ];
-        run(&[
-            &["req", "-x509", "-days", "1", "-subj", "/CN=eddy test CA"][..],
-            &curve,
-            &["-keyout", "ca.key", "-out", "ca.pem"],
-        ]
-        .concat());
-        for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
-            std::fs::write(
-                dir.path().join(format!("{name}.ext")),
-                format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
-            )
-            .unwrap();
-            run(&[
-                &["req", "-subj", &format!("/CN={name}")][..],
-                &curve,
-                &[
-                    "-keyout",
-                    &format!("{name}.key"),
-                    "-out",
-                    &format!("{name}.csr"),
-                ],
-            ]
-            .concat());
-            run(&[
-                "x509",
-                "-req",
-                "-days",
-                "1",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ]);
+        let temporary = tempfile::tempdir().unwrap();
+        let dir = temporary.path().to_path_buf();
+        make(&dir, "127.0.0.1");
+        Self {
+            dir,
+            _temporary: Some(temporary),
         }
-        Self { dir }
+    }
+
+    /// The certificates kept in `dir`, the server's for `ip`: made there unless they already
+    /// are (the test processes of one run share one CA; the caller serializes them).
+    pub fn kept_in(dir: &std::path::Path, ip: &str) -> Self {
+        if !dir.join("client.pem").is_file() {
+            std::fs::create_dir_all(dir).unwrap();
+            make(dir, ip);
+        }
+        Self {
+            dir: dir.to_path_buf(),
+            _temporary: None,
+        }
     }
 
     /// A file of it: `ca.pem`, `server.pem`, `server.key`, `client.pem`, `client.key`.
     pub fn path(&self, file: &str) -> PathBuf {
-        self.dir.path().join(file)
+        self.dir.join(file)
     }
 
     /// [`Self::path`] as a string.
@@ -95,5 +54,69 @@ impl Pki {
             self.arg("server.key"),
             self.arg("ca.pem"),
         )
+    }
+}
+
+/// Makes the CA, a server certificate for `ip` and a client certificate in `dir`.
+fn make(dir: &std::path::Path, ip: &str) {
+    let run = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (the tests need it, as the README says)");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let curve = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509", "-days", "1", "-subj", "/CN=eddy test CA"][..],
+        &curve,
+        &["-keyout", "ca.key", "-out", "ca.pem"],
+    ]
+    .concat());
+    for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+        std::fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("subjectAltName=IP:{ip}\nextendedKeyUsage={usage}\n"),
+        )
+        .unwrap();
+        run(&[
+            &["req", "-subj", &format!("/CN={name}")][..],
+            &curve,
+            &[
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        ]
+        .concat());
+        run(&[
+            "x509",
+            "-req",
+            "-days",
+            "1",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.pem"),
+        ]);
     }
 }

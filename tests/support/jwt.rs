@@ -58,14 +58,16 @@ pub fn jwt_with_crit(
     jsonwebtoken::encode(&header, &all, &key).unwrap()
 }
 
-/// Serves the issuer's JWKS (only `ISSUER_KEY`, as `key-1`) and counts its fetches.
-pub async fn serve_jwks() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+type Fetches = std::sync::Arc<std::sync::atomic::AtomicUsize>;
+
+/// The issuer's JWKS (only `ISSUER_KEY`, as `key-1`) at `/jwks`, counting its fetches.
+fn jwks_app() -> (axum::Router, Fetches) {
     use jsonwebtoken::{Algorithm, EncodingKey, jwk::Jwk};
     let key = EncodingKey::from_ec_pem(ISSUER_KEY.as_bytes()).unwrap();
     let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
     jwk.common.key_id = Some("key-1".to_owned());
     let document = json!({"keys": [jwk]});
-    let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let fetches = Fetches::default();
     let counted = fetches.clone();
     let app = axum::Router::new().route(
         "/jwks",
@@ -75,8 +77,52 @@ pub async fn serve_jwks() -> (String, std::sync::Arc<std::sync::atomic::AtomicUs
             async move { axum::Json(document) }
         }),
     );
+    (app, fetches)
+}
+
+/// Serves the issuer's JWKS over HTTP on loopback and counts its fetches.
+pub async fn serve_jwks() -> (String, Fetches) {
+    let (app, fetches) = jwks_app();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     (format!("{url}/jwks"), fetches)
+}
+
+/// Serves the issuer's JWKS over HTTPS on `ip` with `pki`'s server certificate (made for that
+/// address) and counts its fetches.
+pub async fn serve_jwks_tls(pki: &eddy_testing::pki::Pki, ip: &str) -> (String, Fetches) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    let (app, fetches) = jwks_app();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.path("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let url = format!("https://{}/jwks", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    (url, fetches)
 }

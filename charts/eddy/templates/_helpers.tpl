@@ -69,6 +69,29 @@ capabilities: {drop: [ALL]}
 {{- end }}
 {{- end -}}
 
+{{/* trustedCA.configMap: extra CA certificates trusted besides the image's public roots (rustls reads both SSL_CERT_FILE and SSL_CERT_DIR). */}}
+{{- define "eddy.trustedCaEnv" -}}
+{{- if .Values.trustedCA.configMap }}
+- {name: SSL_CERT_FILE, value: /etc/ssl/certs/ca-certificates.crt}
+- {name: SSL_CERT_DIR, value: /etc/eddy/trusted-ca}
+{{- end }}
+{{- end -}}
+{{- define "eddy.trustedCaMount" -}}
+{{- if .Values.trustedCA.configMap }}
+- name: trusted-ca
+  mountPath: /etc/eddy/trusted-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "eddy.trustedCaVolume" -}}
+{{- if .Values.trustedCA.configMap }}
+- name: trusted-ca
+  configMap:
+    name: {{ .Values.trustedCA.configMap }}
+    items: [{key: ca.crt, path: ca.crt}]
+{{- end }}
+{{- end -}}
+
 {{- define "eddy.extraEnv" -}}
 {{- range $name, $value := . }}
 - name: {{ $name }}

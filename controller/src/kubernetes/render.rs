@@ -1265,8 +1265,7 @@ fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: Some(function.spec.pod_annotations())
-                        .filter(|annotations| !annotations.is_empty()),
+                    annotations: Some(pod_annotations(function, !init_containers.is_empty())),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -1303,6 +1302,22 @@ fn deployment(
         },
         ..Deployment::default()
     }
+}
+
+/// A function pod's annotations: Istio's proxy held until it is ready (Kyma's default, which
+/// the user's annotations may override), then the user's, and with init containers (the
+/// buildless install, the Git fetch) Istio's native sidecar: the proxy then starts before them,
+/// so their downloads are not lost to a mesh redirect with no proxy behind it yet.
+fn pod_annotations(function: &Function, has_init_containers: bool) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::from([(
+        "proxy.istio.io/config".to_owned(),
+        r#"{ "holdApplicationUntilProxyStarts": true }"#.to_owned(),
+    )]);
+    annotations.extend(function.spec.pod_annotations());
+    if has_init_containers {
+        annotations.insert("sidecar.istio.io/nativeSidecar".to_owned(), "true".to_owned());
+    }
+    annotations
 }
 
 /// What a buildless pod adds: its volumes and init containers.

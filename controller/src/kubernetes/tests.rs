@@ -1401,6 +1401,38 @@ fn kyma_fields_reach_the_deployment_as_written() {
     assert_eq!(container["image"], "registry.example.com/custom-node:1");
 }
 
+/// Function pods carry Kyma's Istio annotations: the application held until the proxy is up
+/// (the user's own proxy config wins), and with init containers (the buildless install) the
+/// native sidecar, so the proxy runs before them and their downloads are not lost.
+#[test]
+fn function_pods_start_their_istio_proxy_before_their_init_containers() {
+    let annotations = |spec: serde_json::Value, build: BuildMode| {
+        let rendered = render(&function(spec), &RenderConfig { build, ..config() }).expect("renders");
+        let deployment = serde_json::to_value(&rendered.deployment).expect("json");
+        deployment["spec"]["template"]["metadata"]["annotations"].clone()
+    };
+    let buildless = annotations(json!({}), BuildMode::Buildless);
+    assert_eq!(buildless["sidecar.istio.io/nativeSidecar"], "true");
+    assert_eq!(
+        buildless["proxy.istio.io/config"],
+        r#"{ "holdApplicationUntilProxyStarts": true }"#
+    );
+    let built = annotations(json!({}), BuildMode::Image);
+    assert!(
+        built.get("sidecar.istio.io/nativeSidecar").is_none(),
+        "an image-built pod has no init container: {built}"
+    );
+    let own = annotations(
+        json!({"annotations": {"proxy.istio.io/config": "{}", "sidecar.istio.io/nativeSidecar": "false"}}),
+        BuildMode::Buildless,
+    );
+    assert_eq!(own["proxy.istio.io/config"], "{}", "the user's proxy config wins");
+    assert_eq!(
+        own["sidecar.istio.io/nativeSidecar"], "true",
+        "the init containers need the proxy first"
+    );
+}
+
 #[test]
 fn functions_get_the_trace_collector_while_traces_are_on() {
     let env_of = |config: &RenderConfig| -> Vec<(String, String)> {
