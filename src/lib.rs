@@ -166,8 +166,8 @@ pub enum Command {
     Init {
         /// The function's name.
         name: String,
-        /// nodejs20, nodejs22, nodejs24, python311 or python312.
-        #[arg(long, default_value = "nodejs20")]
+        /// nodejs20, nodejs22, nodejs24, nodejs26, python311, python312 or python314.
+        #[arg(long, default_value = "nodejs26")]
         runtime: String,
         /// Namespace written into the manifest.
         #[arg(long = "namespace", short = 'n', default_value = "default")]

@@ -4,16 +4,24 @@
 use eddy_model::resources::Runtime;
 use sha2::{Digest, Sha256};
 
-/// The Node.js runtimes' server (nodejs20, nodejs22 and nodejs24 share it).
+/// The Node.js runtimes' server (every Node.js runtime shares it; nodejs26 calls the function
+/// with Kyma's new runtime API).
 pub const NODEJS_SERVER: &str = include_str!("../runtimes/nodejs/server.mjs");
 /// The Node.js runtimes' own libraries, with their versions pinned by the lockfile below.
 pub const NODEJS_PACKAGE: &str = include_str!("../runtimes/nodejs/package.json");
 /// The lockfile of [`NODEJS_PACKAGE`].
 pub const NODEJS_PACKAGE_LOCK: &str = include_str!("../runtimes/nodejs/package-lock.json");
+/// The `sdk` module of Kyma's new runtime API for Node.js: installed as the runtime's
+/// `node_modules/sdk`, it asks the server, which configured it, for everything.
+pub const NODEJS_SDK: &str = include_str!("../runtimes/nodejs/sdk.js");
 /// The Python runtimes' server (python311 and python312 share it).
 pub const PYTHON_SERVER: &str = include_str!("../runtimes/python/server.py");
 /// The Python runtimes' own libraries, pinned with hashes.
 pub const PYTHON_REQUIREMENTS: &str = include_str!("../runtimes/python/requirements.txt");
+/// The python314 runtime's server: Kyma's new runtime API (Flask on gevent).
+pub const PYTHON314_SERVER: &str = include_str!("../runtimes/python314/server.py");
+/// The python314 runtime's own libraries, pinned with hashes as Kyma pins them.
+pub const PYTHON314_REQUIREMENTS: &str = include_str!("../runtimes/python314/requirements.txt");
 
 /// The Node.js image recipe (`NODE_MAJOR` picks the Node.js version).
 pub const NODEJS_DOCKERFILE: &str = include_str!("../runtimes/nodejs/Dockerfile");
@@ -45,7 +53,7 @@ pub struct RuntimeFiles {
 /// The files of `runtime`.
 pub fn files(runtime: Runtime) -> RuntimeFiles {
     match runtime {
-        Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 => RuntimeFiles {
+        Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 | Runtime::Nodejs26 => RuntimeFiles {
             server_file: "server.mjs",
             server: NODEJS_SERVER,
             handler_file: "handler.js",
@@ -54,6 +62,7 @@ pub fn files(runtime: Runtime) -> RuntimeFiles {
             libraries: &[
                 ("package.json", NODEJS_PACKAGE),
                 ("package-lock.json", NODEJS_PACKAGE_LOCK),
+                ("sdk.js", NODEJS_SDK),
             ],
             bundled_server: Some("dist/server.mjs"),
         },
@@ -64,6 +73,15 @@ pub fn files(runtime: Runtime) -> RuntimeFiles {
             dependencies_file: "requirements.txt",
             dockerfile: PYTHON_DOCKERFILE,
             libraries: &[("requirements.txt", PYTHON_REQUIREMENTS)],
+            bundled_server: None,
+        },
+        Runtime::Python314 => RuntimeFiles {
+            server_file: "server.py",
+            server: PYTHON314_SERVER,
+            handler_file: "handler.py",
+            dependencies_file: "requirements.txt",
+            dockerfile: PYTHON_DOCKERFILE,
+            libraries: &[("requirements.txt", PYTHON314_REQUIREMENTS)],
             bundled_server: None,
         },
     }

@@ -139,13 +139,42 @@ def main(event, context):
     return {"hello": "from " + context["function-name"], "received": event["data"]}
 "#;
 
+const NODE_REQUEST_TEMPLATE: &str = r#"// Called for every request and every event delivered to this function, with Express's request
+// and response (Kyma's new runtime API). sdk.getCloudEvent(req): the CloudEvent, or null.
+const sdk = require("sdk");
+
+module.exports = {
+  main: async function (req, res) {
+    const event = sdk.getCloudEvent(req);
+    console.log(`${sdk.getFunctionName()} got`, event ? event.type : "a request");
+    res.json({ hello: "from " + sdk.getFunctionName(), received: event ? event.data : req.body ?? null });
+  },
+};
+"#;
+
+const PYTHON_REQUEST_TEMPLATE: &str = r#"# Called for every request and every event delivered to this function; the request is Flask's
+# (Kyma's new runtime API). sdk.get_cloud_event(): the CloudEvent, or None.
+import flask
+import sdk
+
+
+def main():
+    event = sdk.get_cloud_event()
+    print(sdk.get_function_name(), "got", event.get_type() if event else "a request", flush=True)
+    received = event.get_data() if event else flask.request.get_json(silent=True)
+    return {"hello": "from " + sdk.get_function_name(), "received": received}
+"#;
+
 /// The manifest `eddy init` writes. Pure.
 pub fn init_manifest(name: &str, runtime: &str, namespace: &str) -> anyhow::Result<String> {
     let source = match runtime {
         "nodejs20" | "nodejs22" | "nodejs24" => NODE_TEMPLATE,
+        "nodejs26" => NODE_REQUEST_TEMPLATE,
         "python311" | "python312" => PYTHON_TEMPLATE,
+        "python314" => PYTHON_REQUEST_TEMPLATE,
         other => bail!(
-            "unknown runtime {other:?}: use nodejs20, nodejs22, nodejs24, python311 or python312"
+            "unknown runtime {other:?}: use {}",
+            eddy_model::resources::Runtime::NAMES
         ),
     };
     if !eddy_model::resources::is_dns1035_label(name) {

@@ -1,5 +1,6 @@
-// eddy's Node.js runtime (nodejs20, nodejs22, nodejs24): serves a function's handler.js over
-// HTTP with Kyma Serverless's contract (docs/functions.md). Express 5 and body-parser parse the
+// eddy's Node.js runtime (nodejs20, nodejs22, nodejs24, nodejs26): serves a function's handler.js
+// over HTTP with Kyma Serverless's contract (docs/functions.md): `main(event, context)`, or on
+// nodejs26 Kyma's new runtime API, `main(req, res)` with the `sdk` module. Express 5 and body-parser parse the
 // request, the CloudEvents SDK reads events, prom-client counts calls, and OpenTelemetry traces
 // them; the tracing SDK and its exporter load only when TRACE_COLLECTOR_ENDPOINT is set.
 //
@@ -75,13 +76,18 @@ const env = process.env;
 const functionName = env.FUNC_NAME || "";
 const namespace = env.SERVICE_NAMESPACE || env.FUNC_NAMESPACE || "";
 const runtime = env.FUNC_RUNTIME || "";
-const port = Number(env.FUNC_PORT || 8080);
-const host = env.FUNC_HOST || "127.0.0.1";
+// FUNC_PORT and FUNC_HOST are eddy's (the platform sets them); SERVER_PORT and SERVER_HOST are
+// the names Kyma's new runtimes read.
+const port = Number(env.FUNC_PORT || env.SERVER_PORT || 8080);
+const host = env.FUNC_HOST || env.SERVER_HOST || "127.0.0.1";
+// Kyma's new runtime API: the function gets Express's request and response.
+const requestApi = runtime === "nodejs26";
 const timeoutSeconds = positiveNumber(env.FUNC_TIMEOUT, 180);
 // FUNC_BODY_MB_LIMIT is Kyma's current name; REQ_MB_LIMIT its older one.
 const bodyLimitMb = positiveNumber(env.FUNC_BODY_MB_LIMIT || env.REQ_MB_LIMIT, 1);
 const functionDir = env.FUNC_DIR || path.join(path.dirname(new URL(import.meta.url).pathname), "function");
-const handlerModule = (env.MOD_NAME || "handler") + ".js";
+// HANDLER_PATH (Kyma's new runtimes) names the handler file, relative to the function's directory.
+const handlerModule = (requestApi && env.HANDLER_PATH) || (env.MOD_NAME || "handler") + ".js";
 const handlerName = env.FUNC_HANDLER || "main";
 const publisherAddress = env.PUBLISHER_PROXY_ADDRESS || "";
 
@@ -219,11 +225,32 @@ if (env.EDDY_SECRET_MOUNTS) {
   moduleApi.syncBuiltinESMExports();
 }
 
+// ---- the sdk module (Kyma's new runtime API) ------------------------------------------------
+
+// `require("sdk")` finds the runtime's node_modules/sdk, which asks this object for everything.
+globalThis[Symbol.for("eddy.runtime")] = Object.freeze({
+  tracer,
+  functionName,
+  namespace,
+  runtime,
+  timeoutSeconds,
+  bodyLimitMb,
+  getCloudEvent: (req) => {
+    if (!isCloudEvent(req)) return null;
+    try {
+      return HTTP.toEvent({ headers: req.headers, body: req.body });
+    } catch {
+      return null;
+    }
+  },
+  emitCloudEvent: (type, source, data, optionalAttributes) => emitCloudEvent(type, source, data, optionalAttributes),
+});
+
 // ---- the function --------------------------------------------------------------------------
 
 let userFunction;
 try {
-  const loaded = await import(pathToFileURL(path.join(functionDir, handlerModule)).href);
+  const loaded = await import(pathToFileURL(path.resolve(functionDir, handlerModule)).href);
   // ES modules export `main`; CommonJS exports arrive as `default` (and usually as `main` too).
   const candidate = loaded[handlerName] ?? loaded.default?.[handlerName];
   if (typeof candidate === "function") userFunction = candidate;
@@ -365,6 +392,20 @@ function answerError(error, span, sendResponse) {
   sendResponse(message, 500);
 }
 
+/** Kyma's new runtime API: `main(req, res)`; the function answers through `res`. A thrown or
+ * rejected string is the answer's body; anything else is a 500 "Internal server error". */
+async function callRequestFunction(req, res, span) {
+  const sendResponse = (body, status) => {
+    if (!res.headersSent) res.status(status).send(body);
+  };
+  try {
+    await userFunction(req, res);
+  } catch (error) {
+    failuresTotal.inc();
+    answerError(error, span, sendResponse);
+  }
+}
+
 async function callFunction(req, res) {
   callsTotal.inc();
   const started = performance.now();
@@ -386,6 +427,7 @@ async function callFunction(req, res) {
   }, timeoutSeconds * 1000);
   try {
     await otelContext.with(trace.setSpan(parent, span), async () => {
+      if (requestApi) return callRequestFunction(req, res, span);
       let event;
       try {
         event = buildEvent(req, res);
@@ -401,9 +443,15 @@ async function callFunction(req, res) {
       }
     });
   } finally {
-    clearTimeout(timer);
-    span.setAttribute("http.response.status_code", res.statusCode);
-    span.end();
+    const finish = () => {
+      clearTimeout(timer);
+      span.setAttribute("http.response.status_code", res.statusCode);
+      span.end();
+    };
+    // A `main(req, res)` may answer after it returns (from a callback): the timeout holds until
+    // the response ends, as Kyma's does.
+    if (requestApi && !res.writableEnded) res.once("close", finish);
+    else finish();
   }
 }
 
@@ -441,7 +489,8 @@ function bodyParserFor(req) {
   if (type === "application/json" || type === "application/cloudevents+json") return parseJson;
   if (type.startsWith("text/")) return parseText;
   if (type === "application/x-www-form-urlencoded") return parseForm;
-  if (type.startsWith("multipart/")) return null;
+  // Kyma's new runtime API gives multipart bodies raw, as Kyma's nodejs26 does.
+  if (type.startsWith("multipart/")) return requestApi ? parseRaw : null;
   // body-parser reads nothing from a request without a body.
   return parseRaw;
 }
@@ -451,6 +500,9 @@ function readBody(req, res) {
   if (!parse) return Promise.resolve();
   return new Promise((resolve, reject) => parse(req, res, (error) => (error ? reject(error) : resolve())));
 }
+
+// SERVER_INTERNAL_LOGGER: each request logged in Apache's combined format (morgan), as Kyma's.
+const requestLogger = env.SERVER_INTERNAL_LOGGER ? (await import("morgan")).default("combined") : null;
 
 function fromGateway(req) {
   if (instanceSecret.length === 0) return true;
@@ -465,6 +517,7 @@ async function serve(req, res) {
   req.res = res;
   res.req = req;
   res.locals = Object.create(null);
+  if (requestLogger) await new Promise((resolve) => requestLogger(req, res, resolve));
   if (!fromGateway(req)) {
     res.status(403).json({ error: "call this function through the eddy gateway" });
     return;

