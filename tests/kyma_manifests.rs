@@ -115,7 +115,7 @@ async fn kyma_examples_apply_unchanged_and_behave_as_documented() {
         function["apiVersion"],
         "serverless.kyma-project.io/v1alpha2"
     );
-    assert_eq!(function["status"]["runtime"], "nodejs22");
+    assert_eq!(function["status"]["runtime"], "nodejs24");
     assert_eq!(
         function["status"]["podSelector"],
         "eddy.dev/function=db-info"

@@ -126,12 +126,23 @@ async fn running(
     name: &str,
     within: Duration,
 ) -> Result<()> {
+    running_as(plane, "functions.eddy.dev", namespace, name, within).await
+}
+
+/// [`running`] for a Function of `resource` (eddy's, or Kyma's `functions.serverless.kyma-project.io`).
+async fn running_as(
+    plane: &ControlPlane,
+    resource: &str,
+    namespace: &str,
+    name: &str,
+    within: Duration,
+) -> Result<()> {
     let mut last = Value::Null;
     let ready = eventually(
         &format!("Function {namespace}/{name} Running"),
         within,
         || {
-            let result = kubectl_json(plane, &["get", "functions.eddy.dev", name, "-n", namespace]);
+            let result = kubectl_json(plane, &["get", resource, name, "-n", namespace]);
             if let Ok(function) = &result {
                 last = function.clone();
             }
@@ -463,15 +474,22 @@ spec:
 /// Waits until each Subscription is Ready: its consumer exists, so an event published from
 /// now on is delivered (a consumer delivers from its creation).
 async fn subscriptions_ready(plane: &ControlPlane, namespace: &str, names: &[&str]) -> Result<()> {
+    subscriptions_ready_as(plane, "subscriptions.eddy.dev", namespace, names).await
+}
+
+/// [`subscriptions_ready`] for Subscriptions of `resource` (eddy's or Kyma's).
+async fn subscriptions_ready_as(
+    plane: &ControlPlane,
+    resource: &str,
+    namespace: &str,
+    names: &[&str],
+) -> Result<()> {
     for name in names {
         eventually(
             &format!("Subscription {namespace}/{name} Ready"),
             Duration::from_secs(60),
             || {
-                let ready = kubectl_json(
-                    plane,
-                    &["get", "subscriptions.eddy.dev", name, "-n", namespace],
-                )
+                let ready = kubectl_json(plane, &["get", resource, name, "-n", namespace])
                 .is_ok_and(|subscription| {
                     condition(&subscription, "Ready").is_some_and(|(status, _, _)| status == "True")
                 });
@@ -1173,16 +1191,21 @@ async fn every_runtime_image_serves_a_function() -> Result<()> {
         ("nodejs20", "v20."),
         ("nodejs22", "v22."),
         ("nodejs24", "v24."),
+        ("nodejs26", "v26."),
         ("python311", "3.11."),
         ("python312", "3.12."),
+        ("python314", "3.14."),
     ];
     let mut manifests = String::new();
     for (runtime, _) in runtimes {
-        let source = if runtime.starts_with("nodejs") {
-            "module.exports = { main: () => process.version };".to_owned()
-        } else {
-            "import platform\ndef main(event, context):\n    return platform.python_version()\n"
-                .to_owned()
+        let source = match runtime {
+            // Kyma's new runtime API: Express's response, Flask's request.
+            "nodejs26" => "module.exports = { main: (req, res) => res.send(process.version) };",
+            "python314" => "import platform\n\ndef main():\n    return platform.python_version()\n",
+            nodejs if nodejs.starts_with("nodejs") => {
+                "module.exports = { main: () => process.version };"
+            }
+            _ => "import platform\ndef main(event, context):\n    return platform.python_version()\n",
         };
         let function = serde_json::json!({
             "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
@@ -1202,6 +1225,102 @@ async fn every_runtime_image_serves_a_function() -> Result<()> {
             "{runtime} answered {status}: {body}"
         );
     }
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
+
+/// Kyma's current runtimes in real pods, from Kyma's own kinds: a nodejs26 Function emits an
+/// event with the sdk (through the event-bus Service, as PUBLISHER_PROXY_ADDRESS names it), a
+/// Kyma Subscription delivers it, and a python314 Function reads it with the sdk and logs it.
+#[tokio::test]
+async fn kyma_s_current_runtimes_chain_an_event_through_real_pods() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "kyma-new")?;
+    apply(
+        plane,
+        &namespace,
+        &format!(
+            r#"
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: emitter}}
+spec:
+  runtime: nodejs26
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        const sdk = require("sdk");
+        module.exports = {{ main: async (req, res) => {{
+          const answer = await sdk.emitCloudEvent("order.shipped.v1", "warehouse", req.body, {{ id: req.query.id }});
+          res.status(202).json({{ published: answer.status }});
+        }} }};
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: recorder}}
+spec:
+  runtime: python314
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        import json
+        import sdk
+
+
+        def main():
+            event = sdk.get_cloud_event()
+            print("recorded", event.get_id(), json.dumps(event.get_data()), flush=True)
+            return "ok"
+---
+apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata: {{name: to-recorder}}
+spec:
+  sink: http://recorder.{namespace}.svc.cluster.local
+  source: warehouse
+  types: [order.shipped.v1]
+"#
+        ),
+    )?;
+    let kyma_functions = "functions.serverless.kyma-project.io";
+    running_as(plane, kyma_functions, &namespace, "emitter", Duration::from_secs(150)).await?;
+    running_as(plane, kyma_functions, &namespace, "recorder", Duration::from_secs(150)).await?;
+    subscriptions_ready_as(
+        plane,
+        "subscriptions.eventing.kyma-project.io",
+        &namespace,
+        &["to-recorder"],
+    )
+    .await?;
+    let id = format!("ship-{}", uuid::Uuid::new_v4().simple());
+    let (status, body) = call(
+        plane,
+        &namespace,
+        "emitter",
+        &format!("/?id={id}"),
+        Some(r#"{"order": 7}"#),
+    )?;
+    ensure!(status == 202, "the emitter answered {status}: {body}");
+    let wanted = format!("recorded {id} {{\"order\": 7}}");
+    let mut log = String::new();
+    let seen = eventually(
+        "the event in the python314 pod's log",
+        Duration::from_secs(60),
+        || {
+            log = plane
+                .kubectl()
+                .and_then(|mut kubectl| {
+                    run(kubectl.args(["logs", "-n", &namespace, "deploy/recorder"]))
+                })
+                .unwrap_or_default();
+            let seen = log.contains(&wanted);
+            async move { seen }
+        },
+    )
+    .await;
+    seen.with_context(|| format!("the recorder pod's log:\n{log}"))?;
     delete_namespace(plane, &namespace)?;
     Ok(())
 }
