@@ -484,3 +484,65 @@ async fn deprecated_runtimes_warn_at_apply_and_in_the_status_and_still_run() {
     .await
     .unwrap();
 }
+
+// ---- manifests on standard input ---------------------------------------------------------------
+
+/// Runs the eddy CLI against `platform` with `input` on its standard input.
+async fn eddy_with_input(platform: &Platform, args: &[&str], input: &str) -> (bool, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
+        .args(args)
+        .env("EDDY_SERVER", platform.api.as_str())
+        .env_remove("EDDY_NAMESPACE")
+        .env_remove("EDDY_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    (
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
+}
+
+/// `cat <<EOF | eddy apply -f -`, as Kyma's tutorials apply every manifest with kubectl: the
+/// Kyma Function from standard input runs; `eddy delete -f -` of the same text removes it.
+#[tokio::test]
+async fn manifests_are_applied_and_deleted_from_standard_input() {
+    let platform = Platform::start().await;
+    let manifest = r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: piped
+spec:
+  runtime: nodejs26
+  source:
+    inline:
+      source: |
+        module.exports = { main: (req, res) => res.send("from stdin") };
+"#;
+    let (ok, output) = eddy_with_input(&platform, &["apply", "-f", "-"], manifest).await;
+    assert!(ok, "{output}");
+    platform.wait_running_at("default", "piped").await;
+    let (status, body) = text(platform.invoke("piped", "/").send().await.unwrap()).await;
+    assert_eq!((status, body.as_str()), (200, "from stdin"));
+    let (ok, output) = eddy_with_input(&platform, &["delete", "-f", "-"], manifest).await;
+    assert!(ok, "{output}");
+    eventually("the Function gone", Duration::from_secs(30), || async {
+        platform.function("piped").await["kind"] != "Function"
+    })
+    .await
+    .unwrap();
+    let (ok, output) = eddy_with_input(&platform, &["apply", "-f", "-"], "kind: [").await;
+    assert!(!ok);
+    assert!(output.contains("standard input is not valid YAML"), "{output}");
+}

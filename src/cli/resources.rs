@@ -147,9 +147,22 @@ fn resource_url(server: &str, namespace: &str, kind: Kind, name: Option<&str>) -
     }
 }
 
-/// Reads every manifest in a file (several YAML documents allowed) or a directory (its
-/// `.yaml`, `.yml` and `.json` files, sorted).
+/// Reads every manifest in a file (several YAML documents allowed), a directory (its `.yaml`,
+/// `.yml` and `.json` files, sorted), or standard input for `-` (as kubectl does: Kyma's
+/// tutorials apply with `cat <<EOF | kubectl apply -f -`).
 pub fn read_manifests(path: &Path) -> anyhow::Result<Vec<Value>> {
+    if path == Path::new("-") {
+        use std::io::Read as _;
+        let mut text = String::new();
+        std::io::stdin()
+            .take(MAX_MANIFEST_BYTES + 1)
+            .read_to_string(&mut text)
+            .context("cannot read standard input")?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            anyhow::bail!("standard input holds more than {MAX_MANIFEST_BYTES} bytes of manifests");
+        }
+        return parse_manifests(&text, "standard input");
+    }
     let mut files = Vec::new();
     if path.is_dir() {
         for entry in
@@ -180,13 +193,20 @@ pub fn read_manifests(path: &Path) -> anyhow::Result<Vec<Value>> {
         }
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
-        check_nesting(&text).with_context(|| format!("{} is not a manifest", file.display()))?;
-        for document in serde_yaml_ng::Deserializer::from_str(&text) {
-            let value: Value = serde::Deserialize::deserialize(document)
-                .with_context(|| format!("{} is not valid YAML", file.display()))?;
-            if !value.is_null() {
-                manifests.push(value);
-            }
+        manifests.extend(parse_manifests(&text, &file.display().to_string())?);
+    }
+    Ok(manifests)
+}
+
+/// The manifests of one YAML text (several documents allowed); `origin` names it in errors.
+fn parse_manifests(text: &str, origin: &str) -> anyhow::Result<Vec<Value>> {
+    check_nesting(text).with_context(|| format!("{origin} is not a manifest"))?;
+    let mut manifests = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(text) {
+        let value: Value = serde::Deserialize::deserialize(document)
+            .with_context(|| format!("{origin} is not valid YAML"))?;
+        if !value.is_null() {
+            manifests.push(value);
         }
     }
     Ok(manifests)
