@@ -546,3 +546,31 @@ spec:
     assert!(!ok);
     assert!(output.contains("standard input is not valid YAML"), "{output}");
 }
+
+/// A Function's instances carry its labels and annotations as its pods would, the deprecated
+/// `template`'s too (Kyma users select pods by them).
+#[tokio::test]
+async fn local_instances_carry_the_functions_and_the_templates_labels() {
+    let platform = Platform::start().await;
+    platform
+        .deploy(
+            "labelled",
+            json!({"runtime": "nodejs26",
+                   "source": {"inline": {"source": "module.exports = { main: (req, res) => res.end() };"}},
+                   "labels": {"team": "orders"}, "annotations": {"example.com/owner": "orders-team"},
+                   "template": {"labels": {"tier": "gold"}, "annotations": {"example.com/cost": "low"}}}),
+        )
+        .await;
+    let instances: Value = platform
+        .get_json(&format!(
+            "{}/apis/eddy.dev/v1alpha1/namespaces/default/functions/labelled/instances",
+            platform.api
+        ))
+        .await;
+    let metadata = &instances["items"][0]["metadata"];
+    assert_eq!(metadata["labels"]["team"], "orders", "{instances}");
+    assert_eq!(metadata["labels"]["tier"], "gold", "{instances}");
+    assert_eq!(metadata["labels"]["eddy.dev/function"], "labelled");
+    assert_eq!(metadata["annotations"]["example.com/owner"], "orders-team");
+    assert_eq!(metadata["annotations"]["example.com/cost"], "low");
+}

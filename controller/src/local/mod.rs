@@ -804,8 +804,8 @@ impl LocalController {
     }
 
     /// A function's instances as a Kubernetes-style `PodList`: each carries the Function's
-    /// `labels` and `annotations` beside `eddy.dev/function`, so `status.podSelector` selects
-    /// them. `None` when the function is not known.
+    /// `labels` and `annotations` (and the deprecated `template`'s) beside `eddy.dev/function`,
+    /// so `status.podSelector` selects them. `None` when the function is not known.
     pub fn instances(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
         let tracked = self
             .tracked
@@ -813,12 +813,15 @@ impl LocalController {
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()?;
         let function = tracked.function.lock().clone();
+        // As its pods on Kubernetes: `labels` and `annotations` over the deprecated `template`'s.
         let mut labels = function
             .as_ref()
-            .map(|f| f.spec.labels.clone())
+            .map(|f| f.spec.pod_labels())
             .unwrap_or_default();
         labels.insert("eddy.dev/function".to_owned(), name.to_owned());
-        let annotations = function.map(|f| f.spec.annotations).unwrap_or_default();
+        let annotations = function
+            .map(|f| f.spec.pod_annotations())
+            .unwrap_or_default();
         let items: Vec<serde_json::Value> = tracked
             .pool
             .instances()
