@@ -1994,10 +1994,12 @@ spec:
         .send()
         .await
         .unwrap();
-    assert_eq!(deleted.status(), 404);
+    assert_eq!(deleted.status(), 403);
     let secured = format!("http://secured.example.com:{port}/orders");
-    let (status, body) = call(secured.clone(), None).await;
-    assert_eq!(status, 401, "{body}");
+    assert_eq!(
+        call(secured.clone(), None).await,
+        (403, "RBAC: access denied".to_owned())
+    );
     assert_eq!(
         call(secured, Some(jwt(ISSUER_KEY, "key-1", json!({})))).await,
         (200, format!("/svc/{ns}/secured/8080/orders"))

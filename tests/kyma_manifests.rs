@@ -1123,23 +1123,23 @@ spec:
     );
     let posted = hosts.post(format!("{hello}/")).send().await.unwrap();
     assert_eq!(posted.status(), 200);
+    // A method no rule lists: Kyma's gateway's (Istio's) words.
     let deleted = hosts.delete(format!("{hello}/")).send().await.unwrap();
-    assert_eq!(deleted.status(), 404);
-    assert!(
-        deleted
-            .text()
-            .await
-            .unwrap()
-            .contains("no rule allows DELETE /")
-    );
+    assert_eq!(deleted.status(), 403);
+    assert_eq!(deleted.text().await.unwrap(), "RBAC: access denied");
 
-    // JWT: 401 without a token or with another issuer's key, 200 with a valid one.
+    // JWT, as Kyma's gateway answers: 403 `RBAC: access denied` without a token, 401 `Jwt
+    // verification fails` with another issuer's key, 200 with a valid one.
     let secured = format!("http://secured.example.com:{port}/");
-    let (status, body) = get(secured.clone(), None).await;
-    assert_eq!(status, 401, "{body}");
-    assert!(body.contains("APIRule default/secured"), "{body}");
+    assert_eq!(
+        get(secured.clone(), None).await,
+        (403, "RBAC: access denied".to_owned())
+    );
     let forged = jwt(OTHER_KEY, "key-1", json!({}));
-    assert_eq!(get(secured.clone(), Some(forged)).await.0, 401);
+    assert_eq!(
+        get(secured.clone(), Some(forged)).await,
+        (401, "Jwt verification fails".to_owned())
+    );
     let token = jwt(ISSUER_KEY, "key-1", json!({}));
     assert_eq!(
         get(secured.clone(), Some(token.clone())).await,
@@ -1147,7 +1147,7 @@ spec:
     );
     // The gateway's own path to the Function obeys the APIRule that exposes it.
     let by_path = format!("{}/default/secured/", platform.gateway);
-    assert_eq!(get(by_path.clone(), None).await.0, 401);
+    assert_eq!(get(by_path.clone(), None).await.0, 403);
     assert_eq!(get(by_path, Some(token)).await.0, 200);
 
     // v2alpha1, `{*}`, and CORS.
@@ -1156,7 +1156,7 @@ spec:
         get(format!("{alpha}/orders/7"), None).await,
         (200, "Hello World! /orders/7".to_owned())
     );
-    assert_eq!(get(format!("{alpha}/orders/7/lines"), None).await.0, 404);
+    assert_eq!(get(format!("{alpha}/orders/7/lines"), None).await.0, 403);
     let preflight = hosts
         .request(reqwest::Method::OPTIONS, format!("{alpha}/orders/7"))
         .header("origin", "https://shop.example.com")

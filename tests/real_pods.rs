@@ -1170,13 +1170,20 @@ spec:
         fetches.load(std::sync::atomic::Ordering::SeqCst) > 0,
         "the gateway pod never fetched the issuer's keys"
     );
+    // As Kyma's gateway answers.
     let missing = ask(None, "GET")?;
-    ensure!(missing.0 == 401, "no token: {missing:?}");
+    ensure!(
+        missing == (403, "RBAC: access denied".to_owned()),
+        "no token: {missing:?}"
+    );
     let forged = jwt::jwt(jwt::OTHER_KEY, "key-1", serde_json::json!({}));
     let forged = ask(Some(&forged), "GET")?;
-    ensure!(forged.0 == 401, "a token of another key: {forged:?}");
+    ensure!(
+        forged == (401, "Jwt verification fails".to_owned()),
+        "a token of another key: {forged:?}"
+    );
     let unlisted = ask(Some(&valid), "DELETE")?;
-    ensure!(unlisted.0 == 404, "a method no rule lists: {unlisted:?}");
+    ensure!(unlisted.0 == 403, "a method no rule lists: {unlisted:?}");
     delete_namespace(plane, &namespace)?;
     Ok(())
 }

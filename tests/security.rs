@@ -744,7 +744,7 @@ spec:
     };
     let on_host = format!("http://vault.localhost:{port}/admin");
     for url in [by_path.clone(), on_host.clone()] {
-        assert_eq!(call(url.clone(), None).await.0, 401, "{url}");
+        assert_eq!(call(url.clone(), None).await.0, 403, "{url}");
         let split_audience = jwt(ISSUER_KEY, "key-1", json!({"aud": "x vault"}));
         let (status, body) = call(url.clone(), Some(split_audience)).await;
         assert_eq!(status, 403, "{url}: {body}");
@@ -755,7 +755,7 @@ spec:
     // `/metrics` on an APIRule's host is the Function's own (its runtime's), behind its rule;
     // the gateway's, with every namespace's calls, stays on the gateway's own host.
     let metrics = format!("http://vault.localhost:{port}/metrics");
-    assert_eq!(call(metrics.clone(), None).await.0, 401);
+    assert_eq!(call(metrics.clone(), None).await.0, 403);
     let (status, body) = call(metrics, Some(good.clone())).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\nfunction_calls_total "), "{body}");

@@ -29,6 +29,13 @@ use serde_json::Value;
 
 use crate::jwt::{JwtVerifier, Refusal};
 
+
+/// What Kyma's gateway (Istio's RBAC filter) answers a call no rule allows, or one without the
+/// token or the claims a rule asks for: 403 with these words.
+pub const RBAC_DENIED: &str = "RBAC: access denied";
+/// What Kyma's gateway (Envoy's JWT filter) answers a token that fails verification: 401.
+pub const JWT_VERIFICATION_FAILS: &str = "Jwt verification fails";
+
 /// Where a rule sends its calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -111,15 +118,29 @@ impl Chosen {
             return Ok(());
         };
         let exposure = &self.exposure;
-        // A 401 says `WWW-Authenticate: Bearer` (ErrorResponse adds it).
+        // As Kyma's gateway (Istio) answers: no token, or a token the rule does not authorize,
+        // is 403 `RBAC: access denied`; a token that fails verification is 401 `Jwt
+        // verification fails` (with `WWW-Authenticate: Bearer`). Why is logged, not said. Keys
+        // that cannot be fetched stay eddy's 503, which says so.
         let refused = |refusal: Refusal| {
-            ErrorResponse::message(
-                refusal.status,
-                format!(
-                    "APIRule {}/{}: {}",
-                    exposure.namespace, exposure.name, refusal.message
+            tracing::debug!(
+                apirule = %format_args!("{}/{}", exposure.namespace, exposure.name),
+                why = %refusal.message,
+                "APIRule refused a call"
+            );
+            match refusal.status {
+                StatusCode::UNAUTHORIZED => {
+                    ErrorResponse::text(StatusCode::UNAUTHORIZED, JWT_VERIFICATION_FAILS)
+                }
+                StatusCode::FORBIDDEN => ErrorResponse::text(StatusCode::FORBIDDEN, RBAC_DENIED),
+                status => ErrorResponse::message(
+                    status,
+                    format!(
+                        "APIRule {}/{}: {}",
+                        exposure.namespace, exposure.name, refusal.message
+                    ),
                 ),
-            )
+            }
             .into_response()
         };
         let found = issuers.iter().find_map(|issuer| {
@@ -127,9 +148,10 @@ impl Chosen {
             Some((issuer, token))
         });
         let Some((first, token)) = found else {
-            return Err(refused(Refusal::unauthenticated(
-                "a bearer JWT is required",
-            )));
+            return Err(refused(Refusal {
+                status: StatusCode::FORBIDDEN,
+                message: "a bearer JWT is required".to_owned(),
+            }));
         };
         // The issuer is told by the token's `iss` (read unverified only to pick the keys).
         let claimed = unverified_issuer(&token);
@@ -253,13 +275,11 @@ impl Exposure {
                 index,
             })
             .ok_or_else(|| {
-                ErrorResponse::message(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "APIRule {}/{}: no rule allows {method} {path}",
-                        self.namespace, self.name
-                    ),
-                )
+                tracing::debug!(
+                    apirule = %format_args!("{}/{}", self.namespace, self.name),
+                    %method, path, "no rule allows the call"
+                );
+                ErrorResponse::text(StatusCode::FORBIDDEN, RBAC_DENIED)
             })
     }
 
@@ -721,13 +741,11 @@ impl Exposures {
             })
             .map(Some)
             .ok_or_else(|| {
-                ErrorResponse::message(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "function {namespace}/{function} is exposed by APIRules; none of their \
-                         rules allows {method} {path}"
-                    ),
-                )
+                tracing::debug!(
+                    function = %format_args!("{namespace}/{function}"),
+                    %method, path, "exposed by APIRules, none of whose rules allows the call"
+                );
+                ErrorResponse::text(StatusCode::FORBIDDEN, RBAC_DENIED)
             })
     }
 }

@@ -21,6 +21,8 @@ pub struct ErrorResponse {
     status: StatusCode,
     body: Value,
     retry_after: bool,
+    /// The body is a string sent as `text/plain` (the answers Kyma's Istio gateway gives).
+    plain_text: bool,
 }
 
 impl ErrorResponse {
@@ -30,6 +32,16 @@ impl ErrorResponse {
             status,
             body,
             retry_after: status == StatusCode::SERVICE_UNAVAILABLE,
+            plain_text: false,
+        }
+    }
+
+    /// A `text/plain` body, word for word (Istio's `RBAC: access denied`, which clients written
+    /// against Kyma's gateway compare).
+    pub fn text(status: StatusCode, text: impl Into<String>) -> Self {
+        Self {
+            plain_text: true,
+            ..Self::new(status, Value::String(text.into()))
         }
     }
 
@@ -77,7 +89,15 @@ impl ErrorResponse {
 
 impl IntoResponse for ErrorResponse {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body)).into_response();
+        let mut response = match (self.plain_text, self.body) {
+            (true, Value::String(text)) => (
+                self.status,
+                [(header::CONTENT_TYPE, "text/plain")],
+                text,
+            )
+                .into_response(),
+            (_, body) => (self.status, Json(body)).into_response(),
+        };
         let headers = response.headers_mut();
         if self.retry_after {
             headers.insert(
