@@ -574,3 +574,67 @@ async fn local_instances_carry_the_functions_and_the_templates_labels() {
     assert_eq!(metadata["annotations"]["example.com/owner"], "orders-team");
     assert_eq!(metadata["annotations"]["example.com/cost"], "low");
 }
+
+// ---- APIRules ------------------------------------------------------------------------------------
+
+/// Kyma's trap, a rule hidden by an earlier one sharing a method: applied, but the APIRule is
+/// in `Error` as on Kyma, with eddy's explanation as its description, and its host serves
+/// nothing; fixed, it is Ready and serves.
+#[tokio::test]
+async fn an_apirule_with_a_hidden_rule_is_an_error_as_on_kyma() {
+    let platform = Platform::start().await;
+    deploy_on(
+        &platform,
+        "nodejs26",
+        "hello",
+        "module.exports = { main: (req, res) => res.send('hello ' + req.path) };",
+        json!([]),
+    )
+    .await;
+    let manifest = |second_path: &str| {
+        format!(
+            r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: trap}}
+spec:
+  hosts: [trap]
+  service: {{name: hello, port: 80}}
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - path: /anything/one
+      methods: [GET]
+      noAuth: true
+    - path: {second_path}
+      methods: [GET, POST]
+      noAuth: true
+"#
+        )
+    };
+    let (ok, _, stderr) = platform.apply_text(&manifest("/anything/{**}")).await;
+    assert!(ok, "applying is not refused: {stderr}");
+    eventually("the APIRule in Error", Duration::from_secs(20), || async {
+        platform.apirule_state("default", "trap").await.0 == "Error"
+    })
+    .await
+    .unwrap();
+    let (_, description) = platform.apirule_state("default", "trap").await;
+    assert!(
+        description.contains("spec.rules[1] does not apply to /anything/one"),
+        "{description}"
+    );
+    let port = platform.gateway.rsplit(':').next().unwrap().to_owned();
+    let hosts = platform.host_client(&["trap.localhost"]);
+    let url = format!("http://trap.localhost:{port}/anything/one");
+    let answer = hosts.get(&url).send().await.unwrap();
+    assert_ne!(answer.status(), 200, "an APIRule in Error serves nothing");
+    let (ok, _, stderr) = platform.apply_text(&manifest("/other/{**}")).await;
+    assert!(ok, "{stderr}");
+    eventually("the fixed APIRule Ready", Duration::from_secs(20), || async {
+        platform.apirule_state("default", "trap").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+    let answer = hosts.get(&url).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap(), "hello /anything/one");
+}

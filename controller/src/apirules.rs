@@ -24,6 +24,11 @@ fn hosts_of(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Vec<String>, String
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
+    // As on Kyma: a rule an earlier one hides puts the APIRule in Error.
+    let hidden = rule.spec.hidden_rules();
+    if !hidden.is_empty() {
+        return Err(hidden.join("; "));
+    }
     Ok(rule.spec.full_hosts(&serving.domain))
 }
 
@@ -65,7 +70,7 @@ pub fn judge(
 }
 
 /// The state and description an APIRule's status shows: `Error` when it is not honoured,
-/// `Warning` when a Service it names is missing or a rule is hidden by another, else `Ready`
+/// `Warning` when a Service it names is missing or a field is not read, else `Ready`
 /// with where it is exposed. Pure.
 pub fn state_of(
     judged: &Result<Vec<String>, String>,

@@ -414,6 +414,10 @@ pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
+    let hidden = rule.spec.hidden_rules();
+    if !hidden.is_empty() {
+        return Err(hidden.join("; "));
+    }
     let namespace = rule.namespace().unwrap_or_else(|| "default".to_owned());
     let spec = &rule.spec;
     let mut rules = Vec::with_capacity(spec.rules.len());

@@ -502,14 +502,20 @@ impl ApiRuleSpec {
             .collect()
     }
 
-    /// What eddy takes but does not act on, and rules an earlier rule hides (Kyma's trap:
-    /// a rule sharing a method with an earlier one loses the earlier one's paths, for all of
-    /// its methods).
+    /// What eddy takes but does not act on.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
         if self.external_gateway.is_some() {
             warnings.push("spec.externalGateway is not read: eddy has one gateway".to_owned());
         }
+        warnings
+    }
+
+    /// Rules an earlier rule hides (Kyma's trap: a rule sharing a method with an earlier one
+    /// loses the earlier one's paths, for all of its methods). As on Kyma, such an APIRule is
+    /// in `Error` and not honoured; applying it is not refused.
+    pub fn hidden_rules(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
         for (index, rule) in self.rules.iter().enumerate() {
             let Ok(template) = PathTemplate::parse(&rule.path) else {
                 continue;
@@ -947,7 +953,7 @@ mod tests {
     }
 
     #[test]
-    fn kymas_trap_is_warned_about() {
+    fn kymas_trap_is_found() {
         let spec: ApiRuleSpec = serde_json::from_value(serde_json::json!({
             "hosts": ["h"], "service": {"name": "s", "port": 80},
             "rules": [
@@ -956,7 +962,8 @@ mod tests {
             ],
         }))
         .unwrap();
-        let warnings = spec.warnings();
+        assert!(spec.warnings().is_empty());
+        let warnings = spec.hidden_rules();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
             warnings[0].contains("spec.rules[1] does not apply to /anything/one"),
