@@ -638,3 +638,70 @@ spec:
     assert_eq!(answer.status(), 200);
     assert_eq!(answer.text().await.unwrap(), "hello /anything/one");
 }
+
+// ---- the publisher proxy's subscribed events ----------------------------------------------------
+
+/// `GET /{application}/v1/events/subscribed` answers as Kyma's publisher proxy: the types the
+/// Subscriptions receive from that application (standard matching by source; exact matching by
+/// Kyma's `sap.kyma.custom.<application>.` prefix), each once.
+#[tokio::test]
+async fn the_event_bus_lists_an_applications_subscribed_events() {
+    let platform = Platform::start().await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe(
+            "orders",
+            json!({"sink": sink.url, "source": "shop", "types": ["order.created.v1", "order.paid.v2"]}),
+        )
+        .await;
+    platform
+        .subscribe(
+            "orders-again",
+            json!({"sink": sink.url, "source": "shop", "types": ["order.created.v1"]}),
+        )
+        .await;
+    platform
+        .subscribe(
+            "carts",
+            json!({"sink": sink.url, "typeMatching": "exact", "types": ["sap.kyma.custom.shop.cart.emptied.v1"]}),
+        )
+        .await;
+    platform
+        .subscribe(
+            "invoices",
+            json!({"sink": sink.url, "source": "billing", "types": ["invoice.sent.v1"]}),
+        )
+        .await;
+    for name in ["orders", "orders-again", "carts", "invoices"] {
+        platform.wait_subscription_ready(name).await;
+    }
+    let url = format!("{}/shop/v1/events/subscribed", platform.bus);
+    let answer = std::sync::Arc::new(std::sync::Mutex::new(Value::Null));
+    let listed = eventually("the four consumers listed", Duration::from_secs(20), || {
+        let (request, answer) = (reqwest::get(url.clone()), answer.clone());
+        async move {
+            let listed: Value = request.await.unwrap().json().await.unwrap();
+            let three = listed["eventsInfo"].as_array().is_some_and(|e| e.len() == 3);
+            *answer.lock().unwrap() = listed;
+            three
+        }
+    })
+    .await;
+    let answer = answer.lock().unwrap().clone();
+    assert!(listed.is_ok(), "{answer}");
+    assert_eq!(
+        answer,
+        json!({"eventsInfo": [
+            {"name": "cart.emptied", "version": "v1"},
+            {"name": "order.created", "version": "v1"},
+            {"name": "order.paid", "version": "v2"},
+        ]})
+    );
+    let none: Value = reqwest::get(format!("{}/nobody/v1/events/subscribed", platform.bus))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(none, json!({"eventsInfo": []}));
+}

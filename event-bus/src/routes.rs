@@ -111,6 +111,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/publish", post(publish))
         .route("/{application}/v1/events", post(publish_legacy))
+        .route("/{application}/v1/events/subscribed", get(subscribed))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -179,6 +180,7 @@ fn route_label(path: Option<&MatchedPath>) -> &'static str {
     match path.map(MatchedPath::as_str) {
         Some("/publish") => PUBLISH,
         Some("/{application}/v1/events") => "legacy",
+        Some("/{application}/v1/events/subscribed") => "subscribed",
         Some("/healthz") => "healthz",
         Some("/readyz") => "readyz",
         Some("/metrics") => "metrics",
@@ -712,6 +714,38 @@ fn legacy_error(
     let body =
         json!({ "status": status.as_u16(), "type": kind, "message": message, "details": details });
     ErrorResponse::new(status, body).into_response()
+}
+
+/// `GET /{application}/v1/events/subscribed`, as Kyma's publisher proxy answers it: the event
+/// types the Subscriptions in force receive from `application`, `{"eventsInfo": [{"name",
+/// "version"}]}`. Read from the consumers JetStream holds for them. The publish token is
+/// asked for when tokens are on, as for publishing.
+async fn subscribed(
+    State(state): Shared,
+    Path(application): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !state.authorized(&headers) {
+        return legacy_error(
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required",
+            &[],
+        );
+    }
+    match state.publisher.consumer_filter_subjects().await {
+        Ok(subjects) => {
+            let events = legacy::subscribed_events(&application, &subjects);
+            Json(json!({ "eventsInfo": events })).into_response()
+        }
+        Err(problem) => {
+            tracing::warn!(%problem, "cannot list the subscribed events");
+            legacy_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("cannot list the subscribed events: {problem}"),
+                &[],
+            )
+        }
+    }
 }
 
 async fn publish_legacy(

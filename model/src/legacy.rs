@@ -202,6 +202,62 @@ pub fn from_legacy(
     })
 }
 
+/// Kyma eventing's default `eventTypePrefix`: an exact-matching Subscription names an
+/// application's event as `<prefix>.<application>.<event>.<version>`.
+pub const KYMA_EVENT_TYPE_PREFIX: &str = "sap.kyma.custom";
+
+/// One event type subscribed for an application, as Kyma's publisher proxy lists it under
+/// `GET /{application}/v1/events/subscribed`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct SubscribedEvent {
+    /// The type without its version (`order.created`).
+    pub name: String,
+    /// The last segment of the type (`v1`).
+    pub version: String,
+}
+
+/// The events subscribed for `application`, from the filter subjects of the Subscriptions'
+/// consumers, as Kyma's publisher proxy finds them: under standard matching every type of a
+/// Subscription whose source is the application; under exact matching (any source) the types
+/// `sap.kyma.custom.<application>.` begins, without that prefix. Each once, sorted. Pure.
+pub fn subscribed_events(application: &str, filter_subjects: &[String]) -> Vec<SubscribedEvent> {
+    let exact_prefix = format!("{KYMA_EVENT_TYPE_PREFIX}.{application}.");
+    let mut events: Vec<SubscribedEvent> = filter_subjects
+        .iter()
+        .filter_map(|subject| {
+            let rest = subject
+                .strip_prefix(crate::subject::EVENTS_SUBJECT_PREFIX)?
+                .strip_prefix('.')?;
+            let (source, type_tokens) = rest.split_once('.')?;
+            let mut ty = String::new();
+            for token in type_tokens.split('.') {
+                if token == "*" || token == ">" {
+                    return None;
+                }
+                if !ty.is_empty() {
+                    ty.push('.');
+                }
+                ty.push_str(&crate::subject::unescape_token(token)?);
+            }
+            let ty = if source == "*" {
+                ty.strip_prefix(&exact_prefix)?.to_owned()
+            } else if crate::subject::unescape_token(source)? == application {
+                ty
+            } else {
+                return None;
+            };
+            let (name, version) = ty.rsplit_once('.').unwrap_or((ty.as_str(), ""));
+            Some(SubscribedEvent {
+                name: name.to_owned(),
+                version: version.to_owned(),
+            })
+        })
+        .collect();
+    events.sort();
+    events.dedup();
+    events
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,5 +323,29 @@ mod tests {
         assert_eq!(errors[0].field, "event-type");
         assert_eq!(parse("[1]").unwrap_err()[0].field, "body");
         assert_eq!(parse("{").unwrap_err()[0].field, "body");
+    }
+
+    #[test]
+    fn subscribed_events_are_listed_as_kymas_publisher_proxy_lists_them() {
+        let subject = |source: &str, ty: &str| crate::subject::event_subject(source, ty).unwrap();
+        let subjects = vec![
+            subject("shop", "order.created.v1"),
+            subject("shop", "order.created.v1"),
+            subject("shop", "order.paid.v2"),
+            subject("billing", "invoice.sent.v1"),
+            "eddy.events.*.sap.kyma.custom.shop.cart.emptied.v1".to_owned(),
+            "eddy.events.*.sap.kyma.custom.billing.x.v1".to_owned(),
+            "eddy.events.shop.order.>".to_owned(),
+            "eddy.dlq.default.x".to_owned(),
+        ];
+        assert_eq!(
+            subscribed_events("shop", &subjects),
+            vec![
+                SubscribedEvent { name: "cart.emptied".into(), version: "v1".into() },
+                SubscribedEvent { name: "order.created".into(), version: "v1".into() },
+                SubscribedEvent { name: "order.paid".into(), version: "v2".into() },
+            ]
+        );
+        assert!(subscribed_events("nobody", &subjects).is_empty());
     }
 }

@@ -118,6 +118,29 @@ impl Publisher {
         }
     }
 
+    /// The filter subjects of every consumer on the events stream: what the Subscriptions in
+    /// force listen to (one durable consumer each). Errors as text, for an answer that says so.
+    pub async fn consumer_filter_subjects(&self) -> Result<Vec<String>, String> {
+        use futures::StreamExt as _;
+        let stream = self
+            .inner
+            .jetstream
+            .get_stream_no_info(layout::EVENTS_STREAM)
+            .await
+            .map_err(|error| format!("the events stream: {error}"))?;
+        let mut consumers = stream.consumers();
+        let mut subjects = Vec::new();
+        while let Some(info) = consumers.next().await {
+            let info = info.map_err(|error| format!("listing the consumers: {error}"))?;
+            let config = info.config;
+            subjects.extend(config.filter_subjects);
+            if !config.filter_subject.is_empty() {
+                subjects.push(config.filter_subject);
+            }
+        }
+        Ok(subjects)
+    }
+
     /// Connected to NATS and the stream is in place.
     pub fn is_ready(&self) -> bool {
         self.is_connected() && self.inner.stream_ready.load(Ordering::Acquire)
