@@ -155,6 +155,11 @@ async fn kyma_examples_apply_unchanged_and_behave_as_documented() {
         instances["items"][0]["metadata"]["annotations"]["example.com/owner"],
         "orders-team"
     );
+    let audit = platform.function("audit").await;
+    assert_eq!(
+        audit["status"]["functionAnnotations"]["example.com/owner"], "orders-team",
+        "Kyma's status names the pods' annotations: {audit}"
+    );
 
     // A Secret's values are never shown.
     let (ok, table, _) = platform.eddy(&["get", "secrets"]).await;
@@ -436,9 +441,16 @@ async fn functions_of_one_repository_build_together_and_an_unreachable_source_is
         assert_eq!(status, 201, "{body}");
     }
     for name in &names {
-        platform.wait_running_at("default", name).await;
+        let function = platform.wait_running_at("default", name).await;
         let (status, body) = call(&platform, "default", name, None).await;
         assert_eq!((status, body), (200, json!({"version": "v1"})), "{name}");
+        // Kyma's current status of a Git source, with the commit built.
+        let git = &function["status"]["gitRepository"];
+        assert_eq!(git["url"], url.as_str(), "{function}");
+        assert_eq!(git["reference"], "main");
+        assert_eq!(git["baseDir"], "hello");
+        assert_eq!(git["commit"], function["status"]["commit"]);
+        assert_eq!(git["commit"].as_str().map(str::len), Some(40), "{function}");
     }
 
     // A repository that is not there yet: SourceUnavailable, then running once it is.

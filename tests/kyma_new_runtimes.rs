@@ -2,7 +2,10 @@
 //! processes: the handlers are written as Kyma's docs and runtime sources write them (Express's
 //! `req` and `res`; Flask's `flask.request`; the `sdk` module), served locally through the
 //! gateway, their events published through the event-bus and delivered by the dispatcher.
-//! nodejs20 and nodejs22, deprecated in Kyma's schedule, still run with a warning.
+//! nodejs20 and nodejs22, deprecated in Kyma's schedule, still run with a warning. Also the
+//! smaller pieces of Kyma's current contract: manifests on standard input, the instances'
+//! labels, a hidden APIRule rule as an Error, the publisher proxy's subscribed events.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
@@ -453,10 +456,10 @@ async fn deprecated_runtimes_warn_at_apply_and_in_the_status_and_still_run() {
         "{stderr}"
     );
     let (ok, _, stderr) = platform
-        .apply_text(
-            &manifest("current", "nodejs26")
-                .replace("module.exports = { main: () => 'still here' };", "module.exports = { main: (req, res) => res.send('current') };"),
-        )
+        .apply_text(&manifest("current", "nodejs26").replace(
+            "module.exports = { main: () => 'still here' };",
+            "module.exports = { main: (req, res) => res.send('current') };",
+        ))
         .await;
     assert!(ok, "{stderr}");
     assert!(!stderr.contains("deprecated"), "{stderr}");
@@ -544,7 +547,10 @@ spec:
     .unwrap();
     let (ok, output) = eddy_with_input(&platform, &["apply", "-f", "-"], "kind: [").await;
     assert!(!ok);
-    assert!(output.contains("standard input is not valid YAML"), "{output}");
+    assert!(
+        output.contains("standard input is not valid YAML"),
+        "{output}"
+    );
 }
 
 /// A Function's instances carry its labels and annotations as its pods would, the deprecated
@@ -629,9 +635,11 @@ spec:
     assert_ne!(answer.status(), 200, "an APIRule in Error serves nothing");
     let (ok, _, stderr) = platform.apply_text(&manifest("/other/{**}")).await;
     assert!(ok, "{stderr}");
-    eventually("the fixed APIRule Ready", Duration::from_secs(20), || async {
-        platform.apirule_state("default", "trap").await.0 == "Ready"
-    })
+    eventually(
+        "the fixed APIRule Ready",
+        Duration::from_secs(20),
+        || async { platform.apirule_state("default", "trap").await.0 == "Ready" },
+    )
     .await
     .unwrap();
     let answer = hosts.get(&url).send().await.unwrap();
@@ -681,7 +689,9 @@ async fn the_event_bus_lists_an_applications_subscribed_events() {
         let (request, answer) = (reqwest::get(url.clone()), answer.clone());
         async move {
             let listed: Value = request.await.unwrap().json().await.unwrap();
-            let three = listed["eventsInfo"].as_array().is_some_and(|e| e.len() == 3);
+            let three = listed["eventsInfo"]
+                .as_array()
+                .is_some_and(|e| e.len() == 3);
             *answer.lock().unwrap() = listed;
             three
         }

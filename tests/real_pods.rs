@@ -490,9 +490,10 @@ async fn subscriptions_ready_as(
             Duration::from_secs(60),
             || {
                 let ready = kubectl_json(plane, &["get", resource, name, "-n", namespace])
-                .is_ok_and(|subscription| {
-                    condition(&subscription, "Ready").is_some_and(|(status, _, _)| status == "True")
-                });
+                    .is_ok_and(|subscription| {
+                        condition(&subscription, "Ready")
+                            .is_some_and(|(status, _, _)| status == "True")
+                    });
                 async move { ready }
             },
         )
@@ -1092,8 +1093,8 @@ spec:
 /// a token signed by another key are refused, a valid token is served, a method no rule lists
 /// is not routed, and the keys were fetched from inside the cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_gateway_pod_enforces_a_jwt_apirule_with_an_issuer_behind_an_internal_ca()
--> Result<()> {
+async fn the_gateway_pod_enforces_a_jwt_apirule_with_an_issuer_behind_an_internal_ca() -> Result<()>
+{
     let plane = installed()?;
     let pki = trusted_pki(plane)?;
     let (jwks_uri, fetches) = jwt::serve_jwks_tls(&pki, &plane.node_ip()?).await;
@@ -1212,7 +1213,9 @@ async fn every_runtime_image_serves_a_function() -> Result<()> {
             nodejs if nodejs.starts_with("nodejs") => {
                 "module.exports = { main: () => process.version };"
             }
-            _ => "import platform\ndef main(event, context):\n    return platform.python_version()\n",
+            _ => {
+                "import platform\ndef main(event, context):\n    return platform.python_version()\n"
+            }
         };
         let function = serde_json::json!({
             "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
@@ -1292,8 +1295,22 @@ spec:
         ),
     )?;
     let kyma_functions = "functions.serverless.kyma-project.io";
-    running_as(plane, kyma_functions, &namespace, "emitter", Duration::from_secs(150)).await?;
-    running_as(plane, kyma_functions, &namespace, "recorder", Duration::from_secs(150)).await?;
+    running_as(
+        plane,
+        kyma_functions,
+        &namespace,
+        "emitter",
+        Duration::from_secs(150),
+    )
+    .await?;
+    running_as(
+        plane,
+        kyma_functions,
+        &namespace,
+        "recorder",
+        Duration::from_secs(150),
+    )
+    .await?;
     subscriptions_ready_as(
         plane,
         "subscriptions.eventing.kyma-project.io",

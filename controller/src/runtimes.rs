@@ -53,19 +53,21 @@ pub struct RuntimeFiles {
 /// The files of `runtime`.
 pub fn files(runtime: Runtime) -> RuntimeFiles {
     match runtime {
-        Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 | Runtime::Nodejs26 => RuntimeFiles {
-            server_file: "server.mjs",
-            server: NODEJS_SERVER,
-            handler_file: "handler.js",
-            dependencies_file: "package.json",
-            dockerfile: NODEJS_DOCKERFILE,
-            libraries: &[
-                ("package.json", NODEJS_PACKAGE),
-                ("package-lock.json", NODEJS_PACKAGE_LOCK),
-                ("sdk.js", NODEJS_SDK),
-            ],
-            bundled_server: Some("dist/server.mjs"),
-        },
+        Runtime::Nodejs20 | Runtime::Nodejs22 | Runtime::Nodejs24 | Runtime::Nodejs26 => {
+            RuntimeFiles {
+                server_file: "server.mjs",
+                server: NODEJS_SERVER,
+                handler_file: "handler.js",
+                dependencies_file: "package.json",
+                dockerfile: NODEJS_DOCKERFILE,
+                libraries: &[
+                    ("package.json", NODEJS_PACKAGE),
+                    ("package-lock.json", NODEJS_PACKAGE_LOCK),
+                    ("sdk.js", NODEJS_SDK),
+                ],
+                bundled_server: Some("dist/server.mjs"),
+            }
+        }
         Runtime::Python311 | Runtime::Python312 => RuntimeFiles {
             server_file: "server.py",
             server: PYTHON_SERVER,

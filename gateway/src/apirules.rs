@@ -29,7 +29,6 @@ use serde_json::Value;
 
 use crate::jwt::{JwtVerifier, Refusal};
 
-
 /// What Kyma's gateway (Istio's RBAC filter) answers a call no rule allows, or one without the
 /// token or the claims a rule asks for: 403 with these words.
 pub const RBAC_DENIED: &str = "RBAC: access denied";

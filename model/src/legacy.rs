@@ -341,9 +341,18 @@ mod tests {
         assert_eq!(
             subscribed_events("shop", &subjects),
             vec![
-                SubscribedEvent { name: "cart.emptied".into(), version: "v1".into() },
-                SubscribedEvent { name: "order.created".into(), version: "v1".into() },
-                SubscribedEvent { name: "order.paid".into(), version: "v2".into() },
+                SubscribedEvent {
+                    name: "cart.emptied".into(),
+                    version: "v1".into()
+                },
+                SubscribedEvent {
+                    name: "order.created".into(),
+                    version: "v1".into()
+                },
+                SubscribedEvent {
+                    name: "order.paid".into(),
+                    version: "v2".into()
+                },
             ]
         );
         assert!(subscribed_events("nobody", &subjects).is_empty());

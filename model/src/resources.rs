@@ -842,6 +842,31 @@ pub struct FunctionStatus {
     /// A Git source's reference and base directory, as Kyma reports them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repository: Option<RepositoryStatus>,
+    /// A Git source as Kyma's current status reports it: the URL, the reference, the base
+    /// directory and the commit built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_repository: Option<GitRepositoryStatus>,
+    /// The annotations the function's pods (locally, its instances) were given from the spec,
+    /// as Kyma reports them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub function_annotations: BTreeMap<String, String>,
+}
+
+/// A Git source as Kyma's `status.gitRepository` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GitRepositoryStatus {
+    /// The repository's URL.
+    pub url: String,
+    /// The directory of the function in the repository.
+    #[serde(default)]
+    pub base_dir: String,
+    /// The branch, tag or commit asked for.
+    #[serde(default)]
+    pub reference: String,
+    /// The commit the reference resolved to, which the current build is of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
 }
 
 /// A Git source as the status shows it.
@@ -858,8 +883,20 @@ pub struct RepositoryStatus {
 
 impl FunctionStatus {
     /// Fills in what the status says about the spec itself, as Kyma's does: the runtime, the
-    /// resource profile and a Git source's reference and base directory.
+    /// resource profile, the pods' annotations and a Git source (with the `commit` already in
+    /// the status).
     pub fn describe_spec(&mut self, spec: &FunctionSpec) {
+        self.function_annotations = spec.pod_annotations();
+        self.git_repository = spec
+            .source
+            .git_repository
+            .as_ref()
+            .map(|git| GitRepositoryStatus {
+                url: git.url.clone(),
+                base_dir: git.base_dir.clone().unwrap_or_else(|| "/".to_owned()),
+                reference: git.reference.clone(),
+                commit: self.commit.clone(),
+            });
         self.runtime = Some(spec.runtime.as_str().to_owned());
         self.function_resource_profile =
             Some(spec.resource_profile().unwrap_or("custom").to_owned());
@@ -1027,7 +1064,11 @@ impl FunctionSpec {
         if self.template.is_some() {
             deprecated.push("spec.template is deprecated (as in Kyma): its labels and annotations are used as spec.labels and spec.annotations".to_owned());
         }
-        deprecated.extend(self.runtime.deprecation().map(|text| format!("spec.runtime: {text}")));
+        deprecated.extend(
+            self.runtime
+                .deprecation()
+                .map(|text| format!("spec.runtime: {text}")),
+        );
         deprecated
     }
 

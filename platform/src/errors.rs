@@ -90,12 +90,9 @@ impl ErrorResponse {
 impl IntoResponse for ErrorResponse {
     fn into_response(self) -> Response {
         let mut response = match (self.plain_text, self.body) {
-            (true, Value::String(text)) => (
-                self.status,
-                [(header::CONTENT_TYPE, "text/plain")],
-                text,
-            )
-                .into_response(),
+            (true, Value::String(text)) => {
+                (self.status, [(header::CONTENT_TYPE, "text/plain")], text).into_response()
+            }
             (_, body) => (self.status, Json(body)).into_response(),
         };
         let headers = response.headers_mut();

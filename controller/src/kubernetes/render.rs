@@ -1315,7 +1315,10 @@ fn pod_annotations(function: &Function, has_init_containers: bool) -> BTreeMap<S
     )]);
     annotations.extend(function.spec.pod_annotations());
     if has_init_containers {
-        annotations.insert("sidecar.istio.io/nativeSidecar".to_owned(), "true".to_owned());
+        annotations.insert(
+            "sidecar.istio.io/nativeSidecar".to_owned(),
+            "true".to_owned(),
+        );
     }
     annotations
 }

@@ -1407,7 +1407,8 @@ fn kyma_fields_reach_the_deployment_as_written() {
 #[test]
 fn function_pods_start_their_istio_proxy_before_their_init_containers() {
     let annotations = |spec: serde_json::Value, build: BuildMode| {
-        let rendered = render(&function(spec), &RenderConfig { build, ..config() }).expect("renders");
+        let rendered =
+            render(&function(spec), &RenderConfig { build, ..config() }).expect("renders");
         let deployment = serde_json::to_value(&rendered.deployment).expect("json");
         deployment["spec"]["template"]["metadata"]["annotations"].clone()
     };
@@ -1426,7 +1427,10 @@ fn function_pods_start_their_istio_proxy_before_their_init_containers() {
         json!({"annotations": {"proxy.istio.io/config": "{}", "sidecar.istio.io/nativeSidecar": "false"}}),
         BuildMode::Buildless,
     );
-    assert_eq!(own["proxy.istio.io/config"], "{}", "the user's proxy config wins");
+    assert_eq!(
+        own["proxy.istio.io/config"], "{}",
+        "the user's proxy config wins"
+    );
     assert_eq!(
         own["sidecar.istio.io/nativeSidecar"], "true",
         "the init containers need the proxy first"

@@ -723,9 +723,9 @@ impl LocalController {
                 ),
             );
             status.observed_generation = Some(generation);
+            status.commit = commit;
             status.describe_spec(&function.spec);
             status.pod_selector = Some(format!("eddy.dev/function={}", function.key().1));
-            status.commit = commit;
         });
     }
 
