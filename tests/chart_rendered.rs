@@ -359,16 +359,26 @@ fn the_chart_renders_valid_objects_for_one_real_node() {
         "gateway and dispatcher"
     );
     assert_eq!(rendered.matches("name: corp-ca\n").count(), 2, "{rendered}");
+    // Kyma's kinds served: both publisher names answer, and Kyma Functions get the current one.
+    for alias in ["eventing-publisher-proxy", "eventing-event-publisher-proxy"] {
+        assert!(
+            rendered.contains(&format!("name: {alias}\n  namespace: kyma-system")),
+            "{alias}"
+        );
+    }
+    assert!(rendered.contains(
+        "{name: EDDY_KYMA_PUBLISHER_URL, value: \"http://eventing-publisher-proxy.kyma-system.svc.cluster.local/publish\"}"
+    ));
 }
 
 #[test]
 fn the_chart_renders_valid_objects_serving_kyma_s_api_groups() {
     let kinds = render_chart(Some("kyma-compatibility-values.yaml"), &[]);
     // Kyma's Function, Subscription and APIRule CRDs beside eddy's, the kyma-system namespace
-    // and the publisher address in it.
+    // and Kyma's two publisher addresses in it.
     assert_eq!(count(&kinds, "customresourcedefinition"), 5, "{kinds:?}");
     assert_eq!(count(&kinds, "namespace"), 1, "{kinds:?}");
-    assert_eq!(count(&kinds, "service"), 4, "{kinds:?}");
+    assert_eq!(count(&kinds, "service"), 5, "{kinds:?}");
     let defaults = render_chart(None, &[]);
     assert_eq!(
         count(&defaults, "customresourcedefinition"),

@@ -715,3 +715,127 @@ async fn the_event_bus_lists_an_applications_subscribed_events() {
         .unwrap();
     assert_eq!(none, json!({"eventsInfo": []}));
 }
+
+// ---- PUBLISHER_PROXY_ADDRESS ------------------------------------------------------------------
+
+/// A Function may set PUBLISHER_PROXY_ADDRESS (Kyma's own tests point it at a publisher mock):
+/// its runtime then publishes there, and eddy's publish token does not go with the event.
+#[tokio::test]
+async fn a_functions_own_publisher_address_is_what_its_runtime_uses() {
+    // With publish tokens on, so the runtime has a token that must not reach the mock.
+    let platform = Platform::start_with(Options {
+        bus_tokens: vec!["publisher-secret".to_owned()],
+        ..Options::default()
+    })
+    .await;
+    let mock = Sink::ok().await;
+    let token_holder = r#"
+const sdk = require("sdk");
+module.exports = { main: async (req, res) => {
+  const answer = await sdk.emitCloudEvent("order.real.v1", "tests", { n: 2 }, { id: "real-1" });
+  res.json({ status: answer.status });
+} };
+"#;
+    // The platform's address still takes the function's token (else the event-bus says 401).
+    deploy_on(&platform, "nodejs26", "platformed", token_holder, json!([])).await;
+    let answer = json_answer(platform.invoke("platformed", "/")).await;
+    assert!(
+        answer["status"]
+            .as_u64()
+            .is_some_and(|s| (200..300).contains(&s)),
+        "{answer}"
+    );
+    let source = r#"
+const sdk = require("sdk");
+module.exports = { main: async (req, res) => {
+  const answer = await sdk.emitCloudEvent("order.mocked.v1", "tests", { n: 1 }, { id: "mocked-1" });
+  res.json({ status: answer.status, address: process.env.PUBLISHER_PROXY_ADDRESS });
+} };
+"#;
+    deploy_on(
+        &platform,
+        "nodejs26",
+        "mocked",
+        source,
+        json!([{"name": "PUBLISHER_PROXY_ADDRESS", "value": mock.url}]),
+    )
+    .await;
+    let answer = json_answer(platform.invoke("mocked", "/")).await;
+    assert_eq!(answer["address"], mock.url.as_str());
+    mock.wait_for(1).await;
+    let received = &mock.received()[0];
+    let event: Value = serde_json::from_slice(&received.body).unwrap();
+    assert_eq!(event["id"], "mocked-1", "a structured CloudEvent: {event}");
+    assert_eq!(event["type"], "order.mocked.v1");
+    assert_eq!(
+        received.header("authorization"),
+        "",
+        "no eddy token for a foreign address"
+    );
+}
+
+/// Wildcard APIRule hosts, as Kyma takes them: `*.example.com` serves any name under it (one
+/// label or more), a more specific APIRule's host wins over it, and locally `*` under the
+/// gateway's domain serves any label.
+#[tokio::test]
+async fn wildcard_apirule_hosts_serve_any_name_under_them_and_yield_to_specific_ones() {
+    let platform = Platform::start().await;
+    for name in ["wild", "special", "catchall"] {
+        deploy_on(
+            &platform,
+            "nodejs26",
+            name,
+            &format!("module.exports = {{ main: (req, res) => res.send('{name}') }};"),
+            json!([]),
+        )
+        .await;
+    }
+    let rule = |name: &str, host: &str, service: &str| {
+        format!(
+            "apiVersion: gateway.kyma-project.io/v2\nkind: APIRule\nmetadata: {{name: {name}}}\nspec:\n  hosts: [\"{host}\"]\n  service: {{name: {service}, port: 80}}\n  gateway: kyma-system/kyma-gateway\n  rules:\n    - path: /*\n      methods: [GET]\n      noAuth: true\n"
+        )
+    };
+    let manifests = [
+        rule("wild", "*.example.com", "wild"),
+        rule("special", "special.example.com", "special"),
+        rule("catchall", "*", "catchall"),
+    ]
+    .join("---\n");
+    let (ok, _, stderr) = platform.apply_text(&manifests).await;
+    assert!(ok, "{stderr}");
+    for name in ["wild", "special", "catchall"] {
+        eventually(
+            &format!("APIRule {name} Ready"),
+            Duration::from_secs(20),
+            || async { platform.apirule_state("default", name).await.0 == "Ready" },
+        )
+        .await
+        .unwrap();
+    }
+    let port = platform.gateway.rsplit(':').next().unwrap().to_owned();
+    let hosts = [
+        "orders.example.com",
+        "a.b.example.com",
+        "special.example.com",
+        "anything.localhost",
+    ];
+    let client = platform.host_client(&hosts);
+    for (host, served_by) in [
+        ("orders.example.com", "wild"),
+        ("a.b.example.com", "wild"),
+        ("special.example.com", "special"),
+        ("anything.localhost", "catchall"),
+    ] {
+        let answer = client
+            .get(format!("http://{host}:{port}/"))
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status();
+        assert_eq!(
+            (status.as_u16(), answer.text().await.unwrap()),
+            (200, served_by.to_owned()),
+            "{host}"
+        );
+    }
+}

@@ -106,6 +106,11 @@ pub struct KubernetesArgs {
         default_value = "http://eddy-event-bus.eddy-system.svc.cluster.local/publish"
     )]
     pub publisher_url: String,
+    /// Kyma's publisher address, given to Kyma Functions as PUBLISHER_PROXY_ADDRESS instead of
+    /// --publisher-url where it is served (the chart's kymaCompatibility.publisherProxy), as
+    /// Kyma's Function controller sets it.
+    #[arg(long = "kyma-publisher-url", env = "EDDY_KYMA_PUBLISHER_URL")]
+    pub kyma_publisher_url: Option<String>,
     /// Longest an image build may run.
     #[arg(long = "image-build-timeout", env = "EDDY_IMAGE_BUILD_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
     pub image_build_timeout: Duration,
@@ -177,6 +182,10 @@ impl KubernetesArgs {
             registry_secret: self.registry_secret.clone(),
             insecure_registry: self.insecure_registry,
             publisher_url: self.publisher_url.clone(),
+            kyma_publisher_url: self
+                .kyma_publisher_url
+                .clone()
+                .filter(|url| !url.is_empty()),
             build_timeout_seconds: i64::try_from(self.image_build_timeout.as_secs())
                 .unwrap_or(i64::MAX),
             target_cpu_utilization: self.hpa_cpu_target,

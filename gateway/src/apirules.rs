@@ -16,8 +16,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use axum::response::{IntoResponse as _, Response};
 use eddy_model::apirule::{
     APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, HostClaim, JwtAuthorization,
-    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, request_host, select_rule,
-    validate_api_rule,
+    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, host_candidates, request_host,
+    select_rule, validate_api_rule,
 };
 use eddy_model::resources::{JwtAccess, describe_errors};
 use eddy_platform::errors::ErrorResponse;
@@ -526,6 +526,12 @@ struct Table {
 }
 
 impl Table {
+    /// The APIRule serving a request's `host`: the one naming it, else the most specific
+    /// wildcard over it.
+    fn find(&self, host: &str) -> Option<&Arc<Exposure>> {
+        host_candidates(host).find_map(|candidate| self.by_host.get(candidate.as_ref()))
+    }
+
     /// Decides again who holds each host (`award_hosts`: oldest first).
     fn rebuild(&mut self) {
         let held: std::collections::HashSet<Key> = self.live.drain().map(|(key, _)| key).collect();
@@ -661,7 +667,7 @@ impl Exposures {
     /// Whether an APIRule exposes `host` (as a request names it, port and all).
     pub fn names_host(&self, host: &str) -> bool {
         let table = self.table.read();
-        !table.by_host.is_empty() && table.by_host.contains_key(&request_host(host))
+        !table.by_host.is_empty() && table.find(&request_host(host)).is_some()
     }
 
     /// The APIRule exposing the host a request names.
@@ -674,7 +680,7 @@ impl Exposures {
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| uri.authority().map(http::uri::Authority::as_str))?;
-        table.by_host.get(&request_host(host)).cloned()
+        table.find(&request_host(host)).cloned()
     }
 
     /// The rule a call on the gateway's own path to `namespace/function` falls under, when

@@ -46,7 +46,8 @@ pub const MAX_TIMEOUT_SECONDS: u32 = 3900;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApiRuleSpec {
     /// Where the Service is exposed: a fully qualified name (`shop.example.com`) or one label
-    /// (`shop`), which is prefixed to the gateway's domain.
+    /// (`shop`), which is prefixed to the gateway's domain; either may be a wildcard
+    /// (`*.example.com`, `*`), which a more specific host of another APIRule overrides.
     #[schemars(length(min = 1, max = 8), inner(length(max = 255)))]
     pub hosts: Vec<String>,
     /// The Service that receives the calls (a rule may name its own).
@@ -456,7 +457,26 @@ pub fn award_hosts<'a>(mut claims: Vec<HostClaim<'a>>) -> Vec<(&'a RuleKey, Resu
 
 /// Whether `host` is a name Kyma takes: one lower-case DNS label, or at least two. Pure.
 fn is_host(host: &str) -> bool {
-    host.len() <= 255 && host.split('.').all(is_dns1123_label)
+    // A wildcard (`*.example.com`, or `*` under the gateway's domain) as Kyma takes it.
+    let named = match host.strip_prefix('*') {
+        Some("") => return true,
+        Some(rest) => match rest.strip_prefix('.') {
+            Some(rest) => rest,
+            None => return false,
+        },
+        None => host,
+    };
+    host.len() <= 255 && named.split('.').all(is_dns1123_label)
+}
+
+/// The hosts a request's `host` may be served under, the most specific first: itself, then the
+/// wildcards over it (`a.b.example.com`: `*.b.example.com`, `*.example.com`, `*.com`), as an
+/// Istio Gateway's suffix wildcards match. Pure.
+pub fn host_candidates(host: &str) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
+    std::iter::once(std::borrow::Cow::Borrowed(host)).chain(
+        host.match_indices('.')
+            .map(move |(dot, _)| std::borrow::Cow::Owned(format!("*{}", &host[dot..]))),
+    )
 }
 
 impl ApiRuleSpec {
@@ -566,7 +586,8 @@ pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {
                 format!("spec.hosts[{index}]"),
                 format!(
                     "{host:?} is not a host: one lower-case DNS label (prefixed to the gateway's \
-                     domain) or a fully qualified name such as shop.example.com"
+                     domain) or a fully qualified name such as shop.example.com, either may \
+                     start with a wildcard (*.example.com)"
                 ),
             );
         }
@@ -968,6 +989,35 @@ mod tests {
         assert!(
             warnings[0].contains("spec.rules[1] does not apply to /anything/one"),
             "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn wildcard_hosts_are_taken_and_matched_most_specific_first() {
+        for good in ["*", "*.example.com", "*.shop.example.com", "shop"] {
+            assert!(is_host(good), "{good}");
+        }
+        for bad in [
+            "*example.com",
+            "a*.example.com",
+            "shop.*.com",
+            "*.",
+            "**.example.com",
+        ] {
+            assert!(!is_host(bad), "{bad}");
+        }
+        assert_eq!(full_host("*", "localhost"), "*.localhost");
+        let candidates: Vec<String> = host_candidates("a.b.example.com")
+            .map(|c| c.into_owned())
+            .collect();
+        assert_eq!(
+            candidates,
+            [
+                "a.b.example.com",
+                "*.b.example.com",
+                "*.example.com",
+                "*.com"
+            ]
         );
     }
 }

@@ -513,7 +513,7 @@ pub struct EnvVar {
     /// digit; names the platform sets are reserved).
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.matches('^[-._A-Za-z][-._A-Za-z0-9]*$')").message(ENV_NAME_MESSAGE))]
-    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'PUBLISHER_PROXY_ADDRESS', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message(Message::Expression("self + ' is set by the platform'".into())))]
+    #[x_kube(validation = Rule::new("!(self in ['FUNC_NAME', 'FUNC_NAMESPACE', 'SERVICE_NAMESPACE', 'FUNC_RUNTIME', 'FUNC_HANDLER', 'MOD_NAME', 'FUNC_PORT', 'EDDY_INSTANCE_SECRET', 'EDDY_PUBLISHER_TOKEN'])").message(Message::Expression("self + ' is set by the platform'".into())))]
     pub name: String,
     /// Value (no NUL byte: a process environment cannot hold one; at most 64 KiB, which also
     /// keeps the rule within the API server's cost budget).
@@ -983,7 +983,7 @@ pub const PROFILES: [(&str, &str, &str, &str, &str); 5] = [
 ];
 
 /// Environment variables the platform sets; users may not set them.
-pub const RESERVED_ENV: [&str; 10] = [
+pub const RESERVED_ENV: [&str; 9] = [
     "FUNC_NAME",
     "FUNC_NAMESPACE",
     "SERVICE_NAMESPACE",
@@ -991,10 +991,13 @@ pub const RESERVED_ENV: [&str; 10] = [
     "FUNC_HANDLER",
     "MOD_NAME",
     "FUNC_PORT",
-    "PUBLISHER_PROXY_ADDRESS",
     "EDDY_INSTANCE_SECRET",
     "EDDY_PUBLISHER_TOKEN",
 ];
+
+/// Where a function's runtime publishes events. The platform sets it; a Function may set its
+/// own (Kyma's tests point it at a publisher mock), and then that is what its runtime uses.
+pub const PUBLISHER_PROXY_ADDRESS: &str = "PUBLISHER_PROXY_ADDRESS";
 
 /// The environment every function instance gets from the platform (Kyma's runtime contract),
 /// the same in both backends: its name and namespace, runtime, handler, port, timeout and where
@@ -1018,7 +1021,7 @@ pub fn runtime_env(
         ("MOD_NAME", "handler".to_owned()),
         ("FUNC_PORT", port.clone()),
         (FUNC_TIMEOUT_ENV, timeout_seconds.to_string()),
-        ("PUBLISHER_PROXY_ADDRESS", publisher_url.to_owned()),
+        (PUBLISHER_PROXY_ADDRESS, publisher_url.to_owned()),
     ];
     if runtime.handler_api() == HandlerApi::Request {
         env.extend([

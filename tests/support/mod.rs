@@ -51,6 +51,9 @@ pub struct Options {
     /// What confines each instance (`--isolation`), and its task cap.
     pub isolation: eddy_controller::Isolation,
     pub max_function_tasks: u64,
+    /// Tokens the event-bus asks publishers for (`--bus-token`); functions then get a
+    /// publish-only token of their own.
+    pub bus_tokens: Vec<String>,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             dispatcher: true,
             isolation: eddy_controller::Isolation::None,
             max_function_tasks: 512,
+            bus_tokens: Vec::new(),
         }
     }
 }
@@ -139,6 +143,7 @@ impl Platform {
                 "https://127.0.0.1:".to_owned(),
             ],
             no_dispatcher: true,
+            bus_tokens: options.bus_tokens.clone(),
             ..eddy_platform::flags::defaults()
         };
         let up = eddy::up::Platform::start(&args, false, &shutdown)

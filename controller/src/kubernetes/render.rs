@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use eddy_model::resources::{
     BUILD_PROFILE_RESOURCES, DEFAULT_TIMEOUT_SECONDS, FUNC_TIMEOUT_ENV, Function,
-    GitRepositorySource, InlineSource, RepositoryAuthType, Resources, Runtime,
+    GitRepositorySource, InlineSource, PUBLISHER_PROXY_ADDRESS, RepositoryAuthType, Resources,
+    Runtime,
 };
 use k8s_openapi::{
     api::{
@@ -106,6 +107,9 @@ pub struct RenderConfig {
     pub insecure_registry: bool,
     /// The event-bus publish URL given to functions as `PUBLISHER_PROXY_ADDRESS`.
     pub publisher_url: String,
+    /// With Kyma's publisher address served (kymaCompatibility): what Kyma's Function
+    /// controller sets, given to Kyma Functions instead of `publisher_url`.
+    pub kyma_publisher_url: Option<String>,
     /// Longest a build may run.
     pub build_timeout_seconds: i64,
     /// CPU utilization an autoscaled Function's HPA aims for, in percent of the request.
@@ -1094,15 +1098,30 @@ fn deployment(
         value: Some(value),
         ..EnvVar::default()
     };
+    // A Kyma Function gets Kyma's publisher address when eddy serves it; a Function that sets
+    // its own PUBLISHER_PROXY_ADDRESS keeps it.
+    let publisher_url = match (
+        &config.kyma_publisher_url,
+        eddy_model::kyma::stored_as(&function.metadata),
+    ) {
+        (Some(kyma), Some(_)) => kyma,
+        _ => &config.publisher_url,
+    };
+    let own_publisher = function
+        .spec
+        .env
+        .iter()
+        .any(|user| user.name == PUBLISHER_PROXY_ADDRESS);
     let mut env: Vec<EnvVar> = eddy_model::resources::runtime_env(
         name,
         &owned.namespace,
         function.spec.runtime,
         FUNCTION_PORT,
         timeout,
-        &config.publisher_url,
+        publisher_url,
     )
     .into_iter()
+    .filter(|(name, _)| !(own_publisher && *name == PUBLISHER_PROXY_ADDRESS))
     .map(|(name, value)| var(name, value))
     .collect();
     if let Some(endpoint) = &config.trace_collector {

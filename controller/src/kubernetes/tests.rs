@@ -147,6 +147,7 @@ fn config() -> RenderConfig {
         registry_secret: None,
         insecure_registry: false,
         publisher_url: "http://eddy-event-bus.eddy-system.svc.cluster.local/publish".to_owned(),
+        kyma_publisher_url: None,
         build_timeout_seconds: 600,
         target_cpu_utilization: 50,
         trace_collector: None,
@@ -1434,6 +1435,56 @@ fn function_pods_start_their_istio_proxy_before_their_init_containers() {
     assert_eq!(
         own["sidecar.istio.io/nativeSidecar"], "true",
         "the init containers need the proxy first"
+    );
+}
+
+/// PUBLISHER_PROXY_ADDRESS: eddy's event-bus by default; Kyma's current publisher address for
+/// a Kyma Function where eddy serves it (what Kyma's Function controller sets); the
+/// Function's own, once, where it sets one.
+#[test]
+fn the_publisher_address_is_eddys_kymas_or_the_functions_own() {
+    let address_of = |function: &Function, config: &RenderConfig| -> Vec<String> {
+        let rendered = render(function, config).expect("renders");
+        let pod = rendered.deployment.spec.template.spec.expect("a pod");
+        pod.containers[0]
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.name == "PUBLISHER_PROXY_ADDRESS")
+            .map(|e| e.value.unwrap_or_default())
+            .collect()
+    };
+    let kyma_address = "http://eventing-publisher-proxy.kyma-system.svc.cluster.local/publish";
+    let serving_kyma = RenderConfig {
+        kyma_publisher_url: Some(kyma_address.to_owned()),
+        ..config()
+    };
+    let eddys = function(json!({}));
+    assert_eq!(
+        address_of(&eddys, &serving_kyma),
+        vec!["http://eddy-event-bus.eddy-system.svc.cluster.local/publish"]
+    );
+    let mut kymas = function(json!({}));
+    kymas.metadata.annotations = Some(
+        [(
+            eddy_model::resources::APPLIED_AS_ANNOTATION.to_owned(),
+            eddy_model::resources::KYMA_FUNCTION_API_VERSION.to_owned(),
+        )]
+        .into(),
+    );
+    assert_eq!(address_of(&kymas, &serving_kyma), vec![kyma_address]);
+    assert_eq!(
+        address_of(&kymas, &config()),
+        vec!["http://eddy-event-bus.eddy-system.svc.cluster.local/publish"],
+        "without the alias served, eddy's own"
+    );
+    let own = function(
+        json!({"env": [{"name": "PUBLISHER_PROXY_ADDRESS", "value": "http://mock.test/publish"}]}),
+    );
+    assert_eq!(
+        address_of(&own, &serving_kyma),
+        vec!["http://mock.test/publish"]
     );
 }
 

@@ -17,7 +17,10 @@ use std::{
 
 use parking_lot::Mutex;
 
-use eddy_model::{backoff::Backoff, resources::Runtime};
+use eddy_model::{
+    backoff::Backoff,
+    resources::{PUBLISHER_PROXY_ADDRESS, Runtime},
+};
 use eddy_platform::cgroup::Cgroup;
 use eddy_platform::{process, shutdown::CancellationToken};
 use tokio::sync::{Notify, watch};
@@ -980,7 +983,19 @@ impl Pool {
         }
         set("FUNC_DIR", revision.function_dir.as_os_str());
         set("EDDY_INSTANCE_SECRET", instance.secret.as_ref());
-        if let Some(token) = &self.config.publisher_token {
+        // The event-bus's publish token goes only where the platform's address points: a
+        // function that names its own PUBLISHER_PROXY_ADDRESS (Kyma's tests point it at a mock)
+        // publishes there without it.
+        let own_publisher = revision
+            .env
+            .iter()
+            .any(|(name, _)| name == PUBLISHER_PROXY_ADDRESS);
+        if let Some(token) = self
+            .config
+            .publisher_token
+            .as_ref()
+            .filter(|_| !own_publisher)
+        {
             set("EDDY_PUBLISHER_TOKEN", token.as_ref());
         }
         if let Some(endpoint) = &self.config.trace_collector {
