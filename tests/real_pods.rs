@@ -89,14 +89,51 @@ fn kubectl_json(plane: &ControlPlane, args: &[&str]) -> Result<Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// A namespace of its own for one test (deleted at the end, pods and all).
-fn namespace(plane: &ControlPlane, prefix: &str) -> Result<String> {
+/// A namespace of its own for one test, deleted at the end, pods and all: by
+/// [`delete_namespace`] once the test passed (waiting, so the next test has the node's room),
+/// or when this is dropped by a failed test (not waiting), so its pods never hold the node's
+/// CPU against the tests after it.
+struct TestNamespace {
+    name: String,
+    plane: &'static ControlPlane,
+}
+
+impl std::ops::Deref for TestNamespace {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if let Ok(mut kubectl) = self.plane.kubectl() {
+            let _ = kubectl
+                .args([
+                    "delete",
+                    "namespace",
+                    &self.name,
+                    "--wait=false",
+                    "--ignore-not-found",
+                ])
+                .output();
+        }
+    }
+}
+
+fn namespace(plane: &'static ControlPlane, prefix: &str) -> Result<TestNamespace> {
     let name = format!(
         "{prefix}-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..6]
     );
     run(plane.kubectl()?.args(["create", "namespace", &name]))?;
-    Ok(name)
+    Ok(TestNamespace { name, plane })
 }
 
 fn apply(plane: &ControlPlane, namespace: &str, manifest: &str) -> Result<()> {

@@ -16,8 +16,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use axum::response::{IntoResponse as _, Response};
 use eddy_model::apirule::{
     APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, HostClaim, JwtAuthorization,
-    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, host_candidates, request_host,
-    select_rule, validate_api_rule,
+    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, host_suffixes, request_host,
+    select_rule, validate_api_rule, wildcard_suffix,
 };
 use eddy_model::resources::{JwtAccess, describe_errors};
 use eddy_platform::errors::ErrorResponse;
@@ -521,21 +521,30 @@ struct Table {
     /// What is honoured, by key and by host.
     live: HashMap<Key, Arc<Exposure>>,
     by_host: HashMap<String, Arc<Exposure>>,
+    /// What is honoured under wildcard hosts, by the suffix they match (`.example.com`).
+    by_suffix: HashMap<String, Arc<Exposure>>,
     /// Why an APIRule is not honoured: invalid, or a host an older one holds.
     refused: HashMap<Key, String>,
 }
 
 impl Table {
     /// The APIRule serving a request's `host`: the one naming it, else the most specific
-    /// wildcard over it.
+    /// wildcard over it (looked up by slices of `host`: a call allocates nothing here, and
+    /// without wildcard hosts costs one lookup, as before them).
     fn find(&self, host: &str) -> Option<&Arc<Exposure>> {
-        host_candidates(host).find_map(|candidate| self.by_host.get(candidate.as_ref()))
+        self.by_host.get(host).or_else(|| {
+            if self.by_suffix.is_empty() {
+                return None;
+            }
+            host_suffixes(host).find_map(|suffix| self.by_suffix.get(suffix))
+        })
     }
 
     /// Decides again who holds each host (`award_hosts`: oldest first).
     fn rebuild(&mut self) {
         let held: std::collections::HashSet<Key> = self.live.drain().map(|(key, _)| key).collect();
         self.by_host.clear();
+        self.by_suffix.clear();
         self.refused.clear();
         let claims = self
             .entries
@@ -554,7 +563,12 @@ impl Table {
             match (awarded, &self.entries[key].compiled) {
                 (Ok(()), Ok(exposure)) => {
                     for host in &exposure.hosts {
-                        self.by_host.insert(host.clone(), exposure.clone());
+                        match wildcard_suffix(host) {
+                            Some(suffix) => {
+                                self.by_suffix.insert(suffix.to_owned(), exposure.clone())
+                            }
+                            None => self.by_host.insert(host.clone(), exposure.clone()),
+                        };
                     }
                     self.live.insert(key.clone(), exposure.clone());
                 }
@@ -667,13 +681,14 @@ impl Exposures {
     /// Whether an APIRule exposes `host` (as a request names it, port and all).
     pub fn names_host(&self, host: &str) -> bool {
         let table = self.table.read();
-        !table.by_host.is_empty() && table.find(&request_host(host)).is_some()
+        let none = table.by_host.is_empty() && table.by_suffix.is_empty();
+        !none && table.find(&request_host(host)).is_some()
     }
 
     /// The APIRule exposing the host a request names.
     pub fn by_host(&self, headers: &HeaderMap, uri: &http::Uri) -> Option<Arc<Exposure>> {
         let table = self.table.read();
-        if table.by_host.is_empty() {
+        if table.by_host.is_empty() && table.by_suffix.is_empty() {
             return None;
         }
         let host = headers

@@ -469,14 +469,18 @@ fn is_host(host: &str) -> bool {
     host.len() <= 255 && named.split('.').all(is_dns1123_label)
 }
 
-/// The hosts a request's `host` may be served under, the most specific first: itself, then the
-/// wildcards over it (`a.b.example.com`: `*.b.example.com`, `*.example.com`, `*.com`), as an
-/// Istio Gateway's suffix wildcards match. Pure.
-pub fn host_candidates(host: &str) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
-    std::iter::once(std::borrow::Cow::Borrowed(host)).chain(
-        host.match_indices('.')
-            .map(move |(dot, _)| std::borrow::Cow::Owned(format!("*{}", &host[dot..]))),
-    )
+/// What a wildcard host matches the end of (`*.example.com`: `.example.com`); `None` for a
+/// host without a wildcard. Pure.
+pub fn wildcard_suffix(host: &str) -> Option<&str> {
+    host.strip_prefix('*')
+        .filter(|suffix| suffix.starts_with('.'))
+}
+
+/// The wildcard suffixes a request's `host` falls under, the most specific first
+/// (`a.b.example.com`: `.b.example.com`, `.example.com`, `.com`), as an Istio Gateway's suffix
+/// wildcards match: slices of `host`, nothing allocated. Pure.
+pub fn host_suffixes(host: &str) -> impl Iterator<Item = &str> {
+    host.match_indices('.').map(move |(dot, _)| &host[dot..])
 }
 
 impl ApiRuleSpec {
@@ -1007,17 +1011,9 @@ mod tests {
             assert!(!is_host(bad), "{bad}");
         }
         assert_eq!(full_host("*", "localhost"), "*.localhost");
-        let candidates: Vec<String> = host_candidates("a.b.example.com")
-            .map(|c| c.into_owned())
-            .collect();
-        assert_eq!(
-            candidates,
-            [
-                "a.b.example.com",
-                "*.b.example.com",
-                "*.example.com",
-                "*.com"
-            ]
-        );
+        assert_eq!(wildcard_suffix("*.example.com"), Some(".example.com"));
+        assert_eq!(wildcard_suffix("shop.example.com"), None);
+        let suffixes: Vec<&str> = host_suffixes("a.b.example.com").collect();
+        assert_eq!(suffixes, [".b.example.com", ".example.com", ".com"]);
     }
 }
