@@ -56,32 +56,6 @@ fn structured_event(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder
         )
 }
 
-/// Deploys `source` (which emits `order.shipped.v1` from `warehouse` with id `ship-7` and data
-/// `{"order": 7}` through the sdk), calls it and waits for the event at a subscribed sink.
-async fn check_emit(runtime: &str, source: &str) -> (u16, String) {
-    let platform = Platform::start_with(Options::default()).await;
-    let sink = Sink::ok().await;
-    platform
-        .subscribe(
-            "emitted",
-            json!({"sink": sink.url, "types": ["order.shipped.v1"]}),
-        )
-        .await;
-    deploy_on(&platform, runtime, "emitter", source, json!([])).await;
-    let answer = text(platform.invoke("emitter", "/").send().await.unwrap()).await;
-    eprintln!("the emitter answered {answer:?}");
-    sink.wait_for(1).await;
-    let received = &sink.received()[0];
-    assert_eq!(received.header("ce-id"), "ship-7");
-    assert_eq!(received.header("ce-type"), "order.shipped.v1");
-    assert_eq!(received.header("ce-source"), "warehouse");
-    assert_eq!(
-        serde_json::from_slice::<Value>(&received.body).unwrap(),
-        json!({"order": 7})
-    );
-    answer
-}
-
 // ---- nodejs26 ----------------------------------------------------------------------------------
 
 /// Kyma's migration guide's "after" handler: `main(req, res)` reads Express's request (query,
@@ -250,7 +224,7 @@ export async function main(req, res) {
   res.json({ status: answer.status });
 }
 "#;
-    let (status, body) = check_emit("nodejs26", source).await;
+    let (status, body) = support::check_emit("nodejs26", source).await;
     assert_eq!(status, 200, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert!(
@@ -426,7 +400,7 @@ def main():
     answer = sdk.emit_cloud_event("order.shipped.v1", "warehouse", {"order": 7}, {"id": "ship-7"})
     return {"status": answer.status_code}
 "#;
-    let (status, body) = check_emit("python314", source).await;
+    let (status, body) = support::check_emit("python314", source).await;
     assert_eq!(status, 200, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert!(

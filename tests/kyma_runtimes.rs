@@ -13,7 +13,7 @@ use std::{
 use axum::{Router, body::Bytes, extract::State, routing::post};
 use eddy_testing::eventually;
 use serde_json::{Value, json};
-use support::{Options, Platform, Sink};
+use support::Platform;
 
 /// Deploys `source` as a nodejs20 function named `name`, with `extra` merged into the spec.
 async fn deploy(platform: &Platform, name: &str, source: &str, extra: Value) {
@@ -91,31 +91,6 @@ async fn send_structured_event(platform: &Platform, name: &str) -> Value {
             ),
     )
     .await
-}
-
-/// Deploys `source`, which emits `order.shipped.v1` from `warehouse` with id `ship-7` and data
-/// `{"order": 7}`, calls it and waits for the event at a subscribed sink. The call's answer.
-async fn check_emit(runtime: &str, source: &str) -> (u16, String) {
-    let platform = Platform::start_with(Options::default()).await;
-    let sink = Sink::ok().await;
-    platform
-        .subscribe(
-            "emitted",
-            json!({"sink": sink.url, "types": ["order.shipped.v1"]}),
-        )
-        .await;
-    deploy_on(&platform, runtime, "emitter", source, json!({})).await;
-    let answer = text(platform.invoke("emitter", "/").send().await.unwrap()).await;
-    sink.wait_for(1).await;
-    let received = &sink.received()[0];
-    assert_eq!(received.header("ce-id"), "ship-7");
-    assert_eq!(received.header("ce-type"), "order.shipped.v1");
-    assert_eq!(received.header("ce-source"), "warehouse");
-    assert_eq!(
-        serde_json::from_slice::<Value>(&received.body).unwrap(),
-        json!({"order": 7})
-    );
-    answer
 }
 
 #[tokio::test]
@@ -404,7 +379,7 @@ module.exports = { main: async (event) => {
   return { status: answer.status };
 } };
 "#;
-    let (status, body) = check_emit("nodejs20", source).await;
+    let (status, body) = support::check_emit("nodejs20", source).await;
     assert_eq!(status, 200);
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert!(
@@ -690,7 +665,7 @@ def main(event, context):
     return "emitted"
 "#;
     assert_eq!(
-        check_emit("python312", source).await,
+        support::check_emit("python312", source).await,
         (200, "emitted".to_owned())
     );
 }

@@ -195,8 +195,21 @@ async fn running_as(
 
 /// `curl` of `url` with `headers` (and `body`, POSTed): the status code and the body.
 fn curl(url: &str, headers: &[String], body: Option<&str>) -> Result<(u16, String)> {
+    curl_as(None, url, headers, body)
+}
+
+/// [`curl`] with the request's `method` named (`-X`).
+fn curl_as(
+    method: Option<&str>,
+    url: &str,
+    headers: &[String],
+    body: Option<&str>,
+) -> Result<(u16, String)> {
     let mut curl = Command::new("curl");
     curl.args(["-s", "-m", "20", "-w", "\n%{http_code}"]);
+    if let Some(method) = method {
+        curl.args(["-X", method]);
+    }
     for header in headers {
         curl.args(["-H", header]);
     }
@@ -215,6 +228,32 @@ fn delete_namespace(plane: &ControlPlane, namespace: &str) -> Result<()> {
         .kubectl()?
         .args(["delete", "namespace", namespace, "--wait=true"]))?;
     Ok(())
+}
+
+/// Waits until the log of `deployment`'s pod holds `wanted`, or fails with the log.
+async fn pod_log_shows(
+    plane: &ControlPlane,
+    namespace: &str,
+    deployment: &str,
+    wanted: &str,
+) -> Result<()> {
+    let mut log = String::new();
+    let seen = eventually(
+        &format!("{wanted:?} in the log of {namespace}/{deployment}"),
+        Duration::from_secs(60),
+        || {
+            log = plane
+                .kubectl()
+                .and_then(|mut kubectl| {
+                    run(kubectl.args(["logs", "-n", namespace, &format!("deploy/{deployment}")]))
+                })
+                .unwrap_or_default();
+            let seen = log.contains(wanted);
+            async move { seen }
+        },
+    )
+    .await;
+    seen.with_context(|| format!("the pod's log:\n{log}"))
 }
 
 /// [`call_once`], again while the Service refuses the connection: a Deployment is available a
@@ -617,23 +656,7 @@ spec:
         "publish answered {status}"
     );
     let wanted = format!("received {id} {{\"n\":42}}");
-    let mut log = String::new();
-    let seen = eventually(
-        "the event in the function pod's log",
-        Duration::from_secs(60),
-        || {
-            log = plane
-                .kubectl()
-                .and_then(|mut kubectl| {
-                    run(kubectl.args(["logs", "-n", &namespace, "deploy/logger"]))
-                })
-                .unwrap_or_default();
-            let seen = log.contains(&wanted);
-            async move { seen }
-        },
-    )
-    .await;
-    seen.with_context(|| format!("the pod's log:\n{log}"))?;
+    pod_log_shows(plane, &namespace, "logger", &wanted).await?;
     delete_namespace(plane, &namespace)?;
     Ok(())
 }
@@ -1181,14 +1204,7 @@ spec:
     let ask = |token: Option<&str>, method: &str| -> Result<(u16, String)> {
         let mut headers = vec!["host: secured.example.com".to_owned()];
         headers.extend(token.map(|token| format!("authorization: Bearer {token}")));
-        let mut curl = Command::new("curl");
-        curl.args(["-s", "-m", "20", "-X", method, "-w", "\n%{http_code}"]);
-        for header in &headers {
-            curl.args(["-H", header]);
-        }
-        let output = run(curl.arg(&url))?;
-        let (text, code) = output.rsplit_once('\n').context("curl's status line")?;
-        Ok((code.trim().parse()?, text.to_owned()))
+        curl_as(Some(method), &url, &headers, None)
     };
     let valid = jwt::jwt(jwt::ISSUER_KEY, "key-1", serde_json::json!({}));
     // The gateway learns of the APIRule through its watch: poll until it routes.
@@ -1365,23 +1381,7 @@ spec:
     )?;
     ensure!(status == 202, "the emitter answered {status}: {body}");
     let wanted = format!("recorded {id} {{\"order\": 7}}");
-    let mut log = String::new();
-    let seen = eventually(
-        "the event in the python314 pod's log",
-        Duration::from_secs(60),
-        || {
-            log = plane
-                .kubectl()
-                .and_then(|mut kubectl| {
-                    run(kubectl.args(["logs", "-n", &namespace, "deploy/recorder"]))
-                })
-                .unwrap_or_default();
-            let seen = log.contains(&wanted);
-            async move { seen }
-        },
-    )
-    .await;
-    seen.with_context(|| format!("the recorder pod's log:\n{log}"))?;
+    pod_log_shows(plane, &namespace, "recorder", &wanted).await?;
     delete_namespace(plane, &namespace)?;
     Ok(())
 }

@@ -758,3 +758,36 @@ pub fn condition_of(resource: &Value, type_: &str) -> (String, String, String) {
         found["message"].as_str().unwrap_or("").to_owned(),
     )
 }
+
+/// Deploys `source` on `runtime` as `emitter` (it emits `order.shipped.v1` from `warehouse`
+/// with id `ship-7` and data `{"order": 7}`), calls it and waits for the event at a subscribed
+/// sink. The call's status and body.
+pub async fn check_emit(runtime: &str, source: &str) -> (u16, String) {
+    let platform = Platform::start_with(Options::default()).await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe(
+            "emitted",
+            json!({"sink": sink.url, "types": ["order.shipped.v1"]}),
+        )
+        .await;
+    platform
+        .deploy(
+            "emitter",
+            json!({"runtime": runtime, "source": {"inline": {"source": source}}}),
+        )
+        .await;
+    let response = platform.invoke("emitter", "/").send().await.unwrap();
+    let answer = (response.status().as_u16(), response.text().await.unwrap());
+    eprintln!("the emitter answered {answer:?}");
+    sink.wait_for(1).await;
+    let received = &sink.received()[0];
+    assert_eq!(received.header("ce-id"), "ship-7");
+    assert_eq!(received.header("ce-type"), "order.shipped.v1");
+    assert_eq!(received.header("ce-source"), "warehouse");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&received.body).unwrap(),
+        json!({"order": 7})
+    );
+    answer
+}
