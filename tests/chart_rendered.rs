@@ -388,6 +388,61 @@ fn the_chart_renders_valid_objects_serving_kyma_s_api_groups() {
     assert_eq!(count(&defaults, "namespace"), 0, "{defaults:?}");
 }
 
+/// The external authorizers of APIRules' `extAuth` rules: one ConfigMap, read as the gateway
+/// and the controller read it, given to both (their APIRule decisions must agree), and a
+/// changed list restarts them.
+#[test]
+fn the_chart_gives_the_gateway_and_the_controller_the_extension_providers() {
+    let (_, rendered) = render_chart_text(Some("extension-providers-values.yaml"), &[]);
+    let objects: Vec<serde_json::Value> = rendered
+        .split("\n---")
+        .filter_map(|document| serde_yaml_ng::from_str(document).ok())
+        .collect();
+    let providers = objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "eddy-extension-providers")
+        .expect("the extension providers' ConfigMap");
+    let providers = eddy_model::ext_authz::ExtensionProviders::parse(
+        providers["data"]["providers.yaml"].as_str().unwrap(),
+    )
+    .unwrap();
+    let oauth2_proxy = providers.authorizer("oauth2-proxy").unwrap();
+    assert_eq!(
+        oauth2_proxy.base_url,
+        "http://oauth2-proxy.oauth2-proxy.svc.cluster.local:80"
+    );
+    for component in ["gateway", "controller"] {
+        let deployment = objects
+            .iter()
+            .find(|o| {
+                o["kind"] == "Deployment" && o["metadata"]["name"] == format!("eddy-{component}")
+            })
+            .unwrap();
+        let pod = &deployment["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let env = container["env"].as_array().unwrap();
+        assert!(
+            env.iter().any(|e| e["name"] == "EDDY_EXTENSION_PROVIDERS"
+                && e["value"] == "/etc/eddy/extension-providers/providers.yaml"),
+            "{component}: {container:#}"
+        );
+        assert!(
+            pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["configMap"]["name"] == "eddy-extension-providers"),
+            "{component}: {pod:#}"
+        );
+        assert!(
+            deployment["spec"]["template"]["metadata"]["annotations"]
+                ["checksum/extension-providers"]
+                .is_string(),
+            "{component}: a changed provider list restarts it"
+        );
+    }
+}
+
 #[test]
 fn the_chart_renders_valid_objects_exposing_functions_through_the_gateway_api() {
     let kinds = render_chart(Some("gateway-api-values.yaml"), &[]);

@@ -1801,8 +1801,8 @@ async fn the_gateway_routes_by_the_functions_it_reads_and_enforces_access() {
 
 /// Kyma's APIRules on the real API server, under the chart's RBAC: both versions are served
 /// (the CRD takes Kyma's tutorial manifests as written), the controller reports Kyma's status
-/// (Ready with the URL; Error for a host an older APIRule holds, for `extAuth`, and for a
-/// Service in another namespace), and the gateway routes a named host to the rule's Service:
+/// (Ready with the URL; Error for a host an older APIRule holds, for an `extAuth` authorizer
+/// the gateway lacks, and for a Service in another namespace), and the gateway routes a named host to the rule's Service:
 /// noAuth 200, JWT 401 without a token and 200 with one, a method no rule lists 404; the
 /// APIRule crossing namespaces routes nothing.
 #[tokio::test]
@@ -1945,7 +1945,8 @@ spec:
         copy.is_some_and(|s| {
             s.0 == "Error"
                 && s.1 == format!("host hello.localhost is already exposed by APIRule {ns}/hello")
-        }) && outsourced.is_some_and(|s| s.0 == "Error" && s.1.contains("spec.rules[0].extAuth"))
+        }) && outsourced
+            .is_some_and(|s| s.0 == "Error" && s.1.contains("spec.rules[0].extAuth.authorizers[0]"))
             && crossing.is_some_and(|s| {
                 s.0 == "Error"
                     && s.1.starts_with(&format!(

@@ -813,3 +813,548 @@ async fn wildcard_apirule_hosts_serve_any_name_under_them_and_yield_to_specific_
         );
     }
 }
+
+/// One check an authorizer was sent.
+#[derive(Debug, Clone)]
+struct Check {
+    method: String,
+    path_and_query: String,
+    headers: http::HeaderMap,
+}
+
+/// An oauth2-proxy-shaped authorizer on loopback: a session cookie `_oauth2_proxy=alice-session`
+/// is allowed (202, with who the caller is in `x-auth-request-*` headers), anything else is
+/// refused with 401 and a sign-in hint, as oauth2-proxy's `/oauth2/auth` answers. Every check
+/// it is sent is kept.
+async fn serve_authorizer() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Check>>>) {
+    use axum::response::IntoResponse as _;
+    let checks: std::sync::Arc<std::sync::Mutex<Vec<Check>>> = Default::default();
+    let kept = checks.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let kept = kept.clone();
+        async move {
+            let (parts, _) = request.into_parts();
+            let signed_in = parts
+                .headers
+                .get("cookie")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|c| c.split("; ").any(|c| c == "_oauth2_proxy=alice-session"));
+            kept.lock().unwrap().push(Check {
+                method: parts.method.to_string(),
+                path_and_query: parts.uri.path_and_query().unwrap().to_string(),
+                headers: parts.headers,
+            });
+            if signed_in {
+                (
+                    http::StatusCode::ACCEPTED,
+                    [
+                        ("x-auth-request-user", "alice"),
+                        ("x-auth-request-email", "alice@example.com"),
+                        ("x-internal-note", "not for the function"),
+                        ("x-auth-trace", "checked-by-oauth2-proxy"),
+                    ],
+                )
+                    .into_response()
+            } else {
+                (
+                    http::StatusCode::UNAUTHORIZED,
+                    [
+                        ("content-type", "text/plain"),
+                        ("set-cookie", "_oauth2_proxy_csrf=abc; Path=/"),
+                        ("x-debug", "not for the caller"),
+                    ],
+                    "Unauthorized: sign in at /oauth2/start",
+                )
+                    .into_response()
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, checks)
+}
+
+/// Kyma's `extAuth`, through Istio's HTTP ext_authz contract: the authorizer named by the rule
+/// (an extension provider in Istio's mesh config shape) is sent the call's method, path (after
+/// its `pathPrefix`), host, authorization and listed headers, and no body; a 2xx lets the call
+/// through with the answer's listed headers; any other answer reaches the caller as the
+/// authorizer gave it, with only its listed headers. `restrictions` (a JWT) apply after it. An
+/// authorizer that cannot be asked answers `statusOnError`, or lets the call through with
+/// `failOpen`. The Function's own path obeys the rule too, and a rule naming an authorizer the
+/// gateway lacks is refused at apply.
+#[tokio::test]
+async fn an_ext_auth_rule_asks_its_authorizer_then_checks_its_jwt_restrictions() {
+    use support::jwt::{ISSUER, ISSUER_KEY, jwt, serve_jwks};
+    let (port, checks) = serve_authorizer().await;
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let providers = eddy_model::ext_authz::ExtensionProviders::parse(&format!(
+        r#"
+extensionProviders:
+  - name: oauth2-proxy
+    envoyExtAuthzHttp:
+      service: 127.0.0.1
+      port: {port}
+      pathPrefix: /check
+      includeRequestHeadersInCheck: ["cookie", "x-forwarded-*"]
+      includeAdditionalHeadersInCheck: {{x-checked-by: eddy}}
+      headersToUpstreamOnAllow: ["x-auth-request-*"]
+      headersToDownstreamOnAllow: ["x-auth-trace"]
+      headersToDownstreamOnDeny: ["content-type", "set-cookie"]
+  - name: gone
+    envoyExtAuthzHttp: {{service: 127.0.0.1, port: {closed_port}, timeout: 2s, statusOnError: "503"}}
+  - name: gone-open
+    envoyExtAuthzHttp: {{service: 127.0.0.1, port: {closed_port}, timeout: 2s, failOpen: true}}
+"#
+    ))
+    .unwrap();
+    let platform = Platform::start_with(Options {
+        extension_providers: Some(providers),
+        ..Options::default()
+    })
+    .await;
+    deploy_on(
+        &platform,
+        "nodejs26",
+        "orders",
+        "module.exports = { main: (req, res) => res.json({ user: req.get('x-auth-request-user') || null, \
+         internal: req.get('x-internal-note') || null, path: req.originalUrl }) };",
+        json!([]),
+    )
+    .await;
+    let (jwks_uri, _) = serve_jwks().await;
+    let (ok, _, stderr) = platform
+        .apply_text(&format!(
+            r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: orders}}
+spec:
+  hosts: [orders]
+  service: {{name: orders, port: 80}}
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - path: /*
+      methods: [GET]
+      extAuth:
+        authorizers: [oauth2-proxy]
+    - path: /admin
+      methods: [POST]
+      extAuth:
+        authorizers: [oauth2-proxy]
+        restrictions:
+          authentications: [{{issuer: "{ISSUER}", jwksUri: "{jwks_uri}"}}]
+    - path: /gone
+      methods: [PUT]
+      extAuth: {{authorizers: [gone]}}
+    - path: /gone-open
+      methods: [DELETE]
+      extAuth: {{authorizers: [gone-open]}}
+"#
+        ))
+        .await;
+    assert!(ok, "{stderr}");
+    eventually("APIRule orders Ready", Duration::from_secs(20), || async {
+        platform.apirule_state("default", "orders").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+    let gateway_port = platform.gateway.rsplit(':').next().unwrap().to_owned();
+    let host = "orders.localhost";
+    let base = format!("http://{host}:{gateway_port}");
+    let client = platform.host_client(&[host]);
+    let session = "theme=dark; _oauth2_proxy=alice-session";
+
+    // Refused by the authorizer: its status, body and listed headers reach the caller.
+    let refused = client
+        .get(format!("{base}/orders/42?full=1"))
+        .header("x-forwarded-proto", "https")
+        .header("x-not-listed", "kept back")
+        .header("authorization", "Bearer opaque")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    assert_eq!(
+        refused.headers()["set-cookie"],
+        "_oauth2_proxy_csrf=abc; Path=/"
+    );
+    assert!(refused.headers().get("x-debug").is_none());
+    assert_eq!(
+        refused.text().await.unwrap(),
+        "Unauthorized: sign in at /oauth2/start"
+    );
+    let check = checks.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(check.method, "GET");
+    assert_eq!(check.path_and_query, "/check/orders/42?full=1");
+    assert_eq!(check.headers["host"], format!("{host}:{gateway_port}"));
+    assert_eq!(check.headers["authorization"], "Bearer opaque");
+    assert_eq!(check.headers["x-forwarded-proto"], "https");
+    assert_eq!(check.headers["x-checked-by"], "eddy");
+    assert_eq!(check.headers["content-length"], "0");
+    assert!(check.headers.get("x-not-listed").is_none(), "{check:?}");
+    assert!(check.headers.get("cookie").is_none(), "{check:?}");
+
+    // Allowed: the Function sees the listed headers of the answer, the caller the others.
+    let allowed = client
+        .get(format!("{base}/orders/42"))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(allowed.status().as_u16(), 200);
+    assert_eq!(allowed.headers()["x-auth-trace"], "checked-by-oauth2-proxy");
+    assert_eq!(
+        allowed.json::<Value>().await.unwrap(),
+        json!({"user": "alice", "internal": null, "path": "/orders/42"})
+    );
+    assert_eq!(
+        checks.lock().unwrap().last().unwrap().headers["cookie"],
+        session
+    );
+
+    // What the authorizer grants overrides what the caller sent under the same name.
+    let forged = client
+        .get(format!("{base}/orders/1"))
+        .header("cookie", session)
+        .header("x-auth-request-user", "mallory")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.json::<Value>().await.unwrap()["user"], "alice");
+
+    // The JWT restrictions apply after the authorizer.
+    let token = jwt(ISSUER_KEY, "key-1", json!({}));
+    let post = |cookie: Option<&str>, token: Option<&str>| {
+        let mut request = client.post(format!("{base}/admin"));
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", cookie);
+        }
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post(Some(session), None).await, 403);
+    assert_eq!(post(None, Some(&token)).await, 401);
+    assert_eq!(post(Some(session), Some(&token)).await, 200);
+
+    // An authorizer that cannot be asked: statusOnError, or through with failOpen.
+    let gone = client.put(format!("{base}/gone")).send().await.unwrap();
+    assert_eq!(gone.status().as_u16(), 503);
+    let gone_open = client
+        .delete(format!("{base}/gone-open"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone_open.status().as_u16(), 200);
+
+    // The Function's own path obeys the rule, with the path the Function is sent.
+    let own_path = format!("{}/default/orders/items?page=2", platform.gateway);
+    let refused = platform.http.get(&own_path).send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    assert_eq!(
+        checks.lock().unwrap().last().unwrap().path_and_query,
+        "/check/items?page=2"
+    );
+    let allowed = platform
+        .http
+        .get(&own_path)
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(allowed.status().as_u16(), 200);
+
+    // An authorizer the gateway does not have is refused by name.
+    let (ok, _, stderr) = platform
+        .apply_text(
+            "apiVersion: gateway.kyma-project.io/v2\nkind: APIRule\nmetadata: {name: opa}\nspec:\n  hosts: [opa]\n  service: {name: orders, port: 80}\n  rules:\n    - path: /*\n      methods: [GET]\n      extAuth: {authorizers: [opa]}\n",
+        )
+        .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("spec.rules[0].extAuth.authorizers[0]")
+            && stderr.contains("no extension provider \"opa\"")
+            && stderr.contains("oauth2-proxy, gone, gone-open"),
+        "{stderr}"
+    );
+}
+
+/// A private package registry on loopback, npm-compatible and PyPI-compatible (the simple
+/// index), serving one package each and only to callers with its token: npm's bearer token,
+/// pip's basic credentials. Returns its base URL and the paths it refused.
+async fn serve_private_registry(
+    token: &'static str,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::response::IntoResponse as _;
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let work = tempfile::tempdir().unwrap();
+    // The npm package: a tarball with package/package.json and package/index.js.
+    let package = work.path().join("package");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(
+        package.join("package.json"),
+        r#"{"name": "@eddy-private/greeting", "version": "1.0.0", "main": "index.js"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        package.join("index.js"),
+        "exports.hello = (who) => `hello ${who}, from the private registry`;\n",
+    )
+    .unwrap();
+    let tarball = work.path().join("greeting-1.0.0.tgz");
+    let tarred = std::process::Command::new("tar")
+        .args(["czf", tarball.to_str().unwrap(), "-C"])
+        .arg(work.path())
+        .arg("package")
+        .status()
+        .unwrap();
+    assert!(tarred.success());
+    let tarball = std::fs::read(&tarball).unwrap();
+    let integrity = format!(
+        "sha512-{}",
+        base64::engine::general_purpose::STANDARD.encode(sha2::Sha512::digest(&tarball))
+    );
+    // The Python package: a pure wheel, zipped by Python's own zipfile.
+    let wheel_path = work
+        .path()
+        .join("eddy_private_greeting-1.0.0-py3-none-any.whl");
+    let zipped = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            r#"import sys, zipfile
+files = {
+  "eddy_private_greeting/__init__.py": "def hello(who):\n    return f'hello {who}, from the private index'\n",
+  "eddy_private_greeting-1.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: eddy-private-greeting\nVersion: 1.0.0\n",
+  "eddy_private_greeting-1.0.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: eddy-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+records = [f"{name},," for name in files] + ["eddy_private_greeting-1.0.0.dist-info/RECORD,,"]
+with zipfile.ZipFile(sys.argv[1], "w") as wheel:
+    for name, text in files.items():
+        wheel.writestr(name, text)
+    wheel.writestr("eddy_private_greeting-1.0.0.dist-info/RECORD", "\n".join(records) + "\n")
+"#,
+        )
+        .arg(&wheel_path)
+        .status()
+        .unwrap();
+    assert!(zipped.success());
+    let wheel = std::fs::read(&wheel_path).unwrap();
+    let wheel_sha256: String = sha2::Sha256::digest(&wheel)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let refused: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let kept = refused.clone();
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("eddy:{token}"))
+    );
+    let url = base.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let (kept, url, tarball, wheel) = (kept.clone(), url.clone(), tarball.clone(), wheel.clone());
+        let (integrity, wheel_sha256, basic) =
+            (integrity.clone(), wheel_sha256.clone(), basic.clone());
+        async move {
+            let path = request.uri().path().to_owned();
+            let authorization = request
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            if authorization != format!("Bearer {token}") && authorization != basic {
+                kept.lock().unwrap().push(path);
+                return (http::StatusCode::UNAUTHORIZED, "a token is required").into_response();
+            }
+            match path.as_str() {
+                "/@eddy-private%2fgreeting" | "/@eddy-private%2Fgreeting" | "/@eddy-private/greeting" => {
+                    axum::Json(json!({
+                        "name": "@eddy-private/greeting",
+                        "dist-tags": {"latest": "1.0.0"},
+                        "versions": {"1.0.0": {
+                            "name": "@eddy-private/greeting", "version": "1.0.0", "main": "index.js",
+                            "dist": {"tarball": format!("{url}/tarballs/greeting-1.0.0.tgz"), "integrity": integrity},
+                        }},
+                    }))
+                    .into_response()
+                }
+                "/tarballs/greeting-1.0.0.tgz" => tarball.into_response(),
+                "/simple/eddy-private-greeting/" | "/simple/eddy-private-greeting" => {
+                    axum::response::Html(format!(
+                        "<html><body><a href=\"{url}/wheels/eddy_private_greeting-1.0.0-py3-none-any.whl#sha256={wheel_sha256}\">eddy_private_greeting-1.0.0-py3-none-any.whl</a></body></html>"
+                    ))
+                    .into_response()
+                }
+                "/wheels/eddy_private_greeting-1.0.0-py3-none-any.whl" => wheel.into_response(),
+                _ => http::StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    drop(work);
+    (base, refused)
+}
+
+/// Every file under `dir` that holds `needle`.
+fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(current) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&current) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if kind.is_file()
+                && std::fs::read(entry.path())
+                    .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+            {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+/// Kyma's private package registry Secret, locally: a Function whose dependency lives in a
+/// private registry fails its install without `serverless-package-registry-config`, and is
+/// built and runs once the Secret is applied (its namespace's `.npmrc`; Python through the
+/// cluster-wide Secret in `kyma-system` with Kyma's label, which without the label is not
+/// used). The token never reaches the function: not in its environment, not in any file of
+/// the data directory (builds, logs).
+#[tokio::test]
+async fn private_packages_install_with_kyma_s_package_registry_secret() {
+    const TOKEN: &str = "registry-token-5e1f0c";
+    let (registry, refused) = serve_private_registry(TOKEN).await;
+    let host = registry.trim_start_matches("http://");
+    let platform = Platform::start().await;
+    let function = |namespace: &str, name: &str, runtime: &str, source: &str, deps: &str| {
+        format!(
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  runtime: {runtime}\n  source:\n    inline:\n      source: |\n{}\n      dependencies: |\n{}\n",
+            source
+                .lines()
+                .map(|l| format!("        {l}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            deps.lines()
+                .map(|l| format!("        {l}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    };
+    let node_source = "const greeting = require('@eddy-private/greeting');\nmodule.exports = { main: (req, res) => res.json({ greeting: greeting.hello('kyma'),\n  registryEnv: Object.keys(process.env).filter((k) => /npm_config|pip_config/i.test(k)) }) };";
+    let (ok, _, stderr) = platform
+        .apply_text(&function(
+            "default",
+            "greet",
+            "nodejs26",
+            node_source,
+            r#"{"name": "greet", "dependencies": {"@eddy-private/greeting": "1.0.0"}}"#,
+        ))
+        .await;
+    assert!(ok, "{stderr}");
+    // Without the Secret npm does not know the private registry, and the build says so.
+    eventually("the install to fail", Duration::from_secs(120), || async {
+        let (state, reason, message) =
+            condition_of_at(&platform, "default", "greet", "BuildReady").await;
+        state == "False"
+            && reason == "DependencyInstallFailed"
+            && message.contains("@eddy-private/greeting")
+    })
+    .await
+    .unwrap();
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: serverless-package-registry-config, namespace: default}}\ntype: Opaque\nstringData:\n  .npmrc: |\n    @eddy-private:registry={registry}/\n    //{host}/:_authToken={TOKEN}\n"
+    );
+    let (ok, _, stderr) = platform.apply_text(&secret).await;
+    assert!(ok, "{stderr}");
+    // The Secret's arrival builds the Function again, and the private package is installed.
+    platform.wait_running_at("default", "greet").await;
+    let answer = json_answer(
+        platform
+            .http
+            .get(format!("{}/default/greet", platform.gateway)),
+    )
+    .await;
+    assert_eq!(
+        answer,
+        json!({"greeting": "hello kyma, from the private registry", "registryEnv": []})
+    );
+
+    // Python, through the cluster-wide Secret: only with Kyma's label.
+    let python_source = "import eddy_private_greeting\n\ndef main(event, context):\n    return eddy_private_greeting.hello('kyma')";
+    let cluster_secret = |labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: serverless-package-registry-config\n  namespace: kyma-system\n  labels: {{{labels}}}\ntype: Opaque\nstringData:\n  pip.conf: |\n    [global]\n    index-url = http://eddy:{TOKEN}@{host}/simple/\n    trusted-host = 127.0.0.1\n"
+        )
+    };
+    let (ok, _, stderr) = platform.apply_text(&cluster_secret("")).await;
+    assert!(ok, "{stderr}");
+    let (ok, _, stderr) = platform
+        .apply_text(&function(
+            "analytics",
+            "count",
+            "python312",
+            python_source,
+            "eddy-private-greeting==1.0.0",
+        ))
+        .await;
+    assert!(ok, "{stderr}");
+    eventually(
+        "the unlabelled Secret to be ignored",
+        Duration::from_secs(120),
+        || async {
+            let (state, reason, _) =
+                condition_of_at(&platform, "analytics", "count", "BuildReady").await;
+            state == "False" && reason == "DependencyInstallFailed"
+        },
+    )
+    .await
+    .unwrap();
+    let (ok, _, stderr) = platform
+        .apply_text(&cluster_secret(
+            "serverless.kyma-project.io/config: credentials",
+        ))
+        .await;
+    assert!(ok, "{stderr}");
+    platform.wait_running_at("analytics", "count").await;
+    let (status, body) = text(
+        platform
+            .http
+            .get(format!("{}/analytics/count", platform.gateway))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "hello kyma, from the private index")
+    );
+
+    // Every request the registry was sent carried the token.
+    assert!(refused.lock().unwrap().is_empty(), "{refused:?}");
+    // The token is in no build, log or runtime file.
+    let holding = files_holding(platform.data_dir.path(), TOKEN.as_bytes());
+    assert!(holding.is_empty(), "{holding:?}");
+}
+
+async fn condition_of_at(
+    platform: &Platform,
+    namespace: &str,
+    name: &str,
+    type_: &str,
+) -> (String, String, String) {
+    support::condition_of(&platform.function_at(namespace, name).await, type_)
+}

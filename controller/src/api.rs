@@ -448,12 +448,7 @@ impl ApiResource for APIRule {
     const GROUP: &'static str = apirule::GROUP;
 
     fn validate(&self, policy: &Policy) -> Vec<FieldError> {
-        let mut errors = apirule::validate_api_rule(self);
-        errors.extend(apirule::check_namespace_boundary(
-            self,
-            &policy.apirules.open_namespaces,
-        ));
-        errors
+        policy.apirules.problems(self)
     }
 
     fn prepare(&mut self, _applied_as: &str) {}

@@ -9,18 +9,15 @@ use std::{
     time::Duration,
 };
 
-use eddy_model::apirule::{
-    APIRule, HostClaim, RuleKey, award_hosts, check_namespace_boundary, validate_api_rule,
-};
+use eddy_model::apirule::{APIRule, HostClaim, RuleKey, award_hosts};
 use eddy_model::resources::describe_errors;
 use eddy_platform::flags::ApiRuleArgs;
 use kube::ResourceExt as _;
 
-/// An APIRule's hosts (short ones with the domain), or why it is not honoured: invalid, or
-/// sending calls across the namespace boundary.
+/// An APIRule's hosts (short ones with the domain), or why it is not honoured: invalid,
+/// sending calls across the namespace boundary, or naming an authorizer the gateway lacks.
 fn hosts_of(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Vec<String>, String> {
-    let mut errors = validate_api_rule(rule);
-    errors.extend(check_namespace_boundary(rule, &serving.open_namespaces));
+    let errors = serving.problems(rule);
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
@@ -264,7 +261,7 @@ mod tests {
     fn serving(domain: &str) -> ApiRuleArgs {
         ApiRuleArgs {
             domain: domain.to_owned(),
-            open_namespaces: Vec::new(),
+            ..eddy_platform::flags::defaults()
         }
     }
 

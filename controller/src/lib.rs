@@ -9,6 +9,7 @@ pub mod apirules;
 pub mod git;
 pub mod kubernetes;
 pub mod local;
+pub mod package_registry;
 mod path_lock;
 pub mod runtimes;
 pub mod status;

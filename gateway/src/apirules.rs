@@ -16,8 +16,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use axum::response::{IntoResponse as _, Response};
 use eddy_model::apirule::{
     APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, HostClaim, JwtAuthorization,
-    JwtHeader, PathTemplate, award_hosts, check_namespace_boundary, host_suffixes, request_host,
-    select_rule, validate_api_rule, wildcard_suffix,
+    JwtConfig, JwtHeader, PathTemplate, award_hosts, host_suffixes, request_host, select_rule,
+    wildcard_suffix,
 };
 use eddy_model::resources::{JwtAccess, describe_errors};
 use eddy_platform::errors::ErrorResponse;
@@ -27,6 +27,7 @@ use kube::ResourceExt as _;
 use parking_lot::RwLock;
 use serde_json::Value;
 
+use crate::ext_authz::{Authorizer, Granted};
 use crate::jwt::{JwtVerifier, Refusal};
 
 /// What Kyma's gateway (Istio's RBAC filter) answers a call no rule allows, or one without the
@@ -53,11 +54,19 @@ struct Issuer {
     from_params: Vec<String>,
 }
 
+/// A rule's JWT check: a token from one of its issuers, meeting one of its authorizations.
+struct JwtCheck {
+    issuers: Vec<Issuer>,
+    authorizations: Vec<JwtAuthorization>,
+}
+
 enum RuleAccess {
     NoAuth,
-    Jwt {
-        issuers: Vec<Issuer>,
-        authorizations: Vec<JwtAuthorization>,
+    Jwt(JwtCheck),
+    /// Every authorizer in turn, then the JWT `restrictions`.
+    ExtAuth {
+        authorizers: Vec<Authorizer>,
+        restrictions: Option<JwtCheck>,
     },
 }
 
@@ -107,15 +116,48 @@ impl Chosen {
     }
 
     /// Checks the caller against the rule: `noAuth` passes; a JWT rule needs a token from one
-    /// of its issuers (401), meeting one of its authorizations (403).
-    pub async fn admit(&self, headers: &HeaderMap, query: Option<&str>) -> Result<(), Response> {
-        let RuleAccess::Jwt {
+    /// of its issuers (401), meeting one of its authorizations (403); an `extAuth` rule asks
+    /// each authorizer about the `method` call to `path_and_query` (the path the rule matched),
+    /// then checks its JWT restrictions. What the authorizers grant is returned.
+    pub async fn admit(
+        &self,
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Result<Granted, Response> {
+        let mut granted = Granted::default();
+        match &self.rule().access {
+            RuleAccess::NoAuth => {}
+            RuleAccess::Jwt(check) => self.check_jwt(check, headers, query).await?,
+            RuleAccess::ExtAuth {
+                authorizers,
+                restrictions,
+            } => {
+                for authorizer in authorizers {
+                    authorizer
+                        .check(method, path_and_query, headers, &mut granted)
+                        .await?;
+                }
+                if let Some(check) = restrictions {
+                    self.check_jwt(check, headers, query).await?;
+                }
+            }
+        }
+        Ok(granted)
+    }
+
+    /// A JWT check of the rule, answered as Kyma's gateway answers.
+    async fn check_jwt(
+        &self,
+        check: &JwtCheck,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Result<(), Response> {
+        let JwtCheck {
             issuers,
             authorizations,
-        } = &self.rule().access
-        else {
-            return Ok(());
-        };
+        } = check;
         let exposure = &self.exposure;
         // As Kyma's gateway (Istio) answers: no token, or a token the rule does not authorize,
         // is 403 `RBAC: access denied`; a token that fails verification is 401 `Jwt
@@ -408,8 +450,7 @@ impl Cors {
 /// An APIRule compiled for the gateway, or why it cannot be (the status's description):
 /// invalid, or sending calls across the namespace boundary.
 pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String> {
-    let mut errors = validate_api_rule(rule);
-    errors.extend(check_namespace_boundary(rule, &serving.open_namespaces));
+    let errors = serving.problems(rule);
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
     }
@@ -435,29 +476,17 @@ pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String
                 .and_then(|p| u16::try_from(p).ok())
                 .unwrap_or(80),
         };
-        let access = match &each.jwt {
-            Some(jwt) => RuleAccess::Jwt {
-                issuers: jwt
-                    .authentications
+        let access = match (&each.jwt, &each.ext_auth) {
+            (Some(jwt), _) => RuleAccess::Jwt(jwt_check(jwt)?),
+            (None, Some(ext_auth)) => RuleAccess::ExtAuth {
+                authorizers: ext_auth
+                    .authorizers
                     .iter()
-                    .map(|authentication| {
-                        let verifier = JwtVerifier::new(JwtAccess {
-                            issuer: authentication.issuer.clone(),
-                            jwks_uri: authentication.jwks_uri.clone(),
-                            audiences: Vec::new(),
-                            required_claims: Default::default(),
-                        })
-                        .map_err(|error| format!("no TLS for the JWKS client: {error}"))?;
-                        Ok(Issuer {
-                            verifier,
-                            from_headers: authentication.from_headers.clone(),
-                            from_params: authentication.from_params.clone(),
-                        })
-                    })
+                    .map(|name| serving.providers().authorizer(name).map(Authorizer::new))
                     .collect::<Result<_, String>>()?,
-                authorizations: jwt.authorizations.clone(),
+                restrictions: ext_auth.restrictions.as_ref().map(jwt_check).transpose()?,
             },
-            None => RuleAccess::NoAuth,
+            (None, None) => RuleAccess::NoAuth,
         };
         let request = each.request.clone().unwrap_or_default();
         let headers = request
@@ -499,6 +528,32 @@ pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String
         rules,
         cors,
         spec: spec.clone(),
+    })
+}
+
+/// A rule's (or `extAuth` restrictions') JWT configuration, ready to check tokens.
+fn jwt_check(jwt: &JwtConfig) -> Result<JwtCheck, String> {
+    let issuers = jwt
+        .authentications
+        .iter()
+        .map(|authentication| {
+            let verifier = JwtVerifier::new(JwtAccess {
+                issuer: authentication.issuer.clone(),
+                jwks_uri: authentication.jwks_uri.clone(),
+                audiences: Vec::new(),
+                required_claims: Default::default(),
+            })
+            .map_err(|error| format!("no TLS for the JWKS client: {error}"))?;
+            Ok(Issuer {
+                verifier,
+                from_headers: authentication.from_headers.clone(),
+                from_params: authentication.from_params.clone(),
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(JwtCheck {
+        issuers,
+        authorizations: jwt.authorizations.clone(),
     })
 }
 
@@ -614,7 +669,7 @@ impl Exposures {
         Self {
             serving: ApiRuleArgs {
                 domain: serving.domain.trim_matches('.').to_ascii_lowercase(),
-                open_namespaces: serving.open_namespaces.clone(),
+                ..serving.clone()
             },
             table: RwLock::default(),
         }
@@ -816,7 +871,7 @@ mod tests {
     fn serving() -> ApiRuleArgs {
         ApiRuleArgs {
             domain: "localhost".to_owned(),
-            open_namespaces: Vec::new(),
+            ..eddy_platform::flags::defaults()
         }
     }
 

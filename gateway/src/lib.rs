@@ -7,6 +7,7 @@
 //! Services ([`kubernetes`]). Neither of those imports the other.
 
 pub mod apirules;
+pub mod ext_authz;
 pub mod jwt;
 pub mod kubernetes;
 pub mod local;
@@ -35,6 +36,7 @@ use http_body_util::Full;
 use tracing::Instrument as _;
 
 use crate::apirules::{Chosen, Exposure, Exposures, Target};
+use crate::ext_authz::Granted;
 
 /// Errors that stop a gateway.
 #[derive(Debug, thiserror::Error)]
@@ -300,11 +302,23 @@ impl<U: Upstreams> Gateway<U> {
                 }
             }
         }
-        if let Some(chosen) = &call.rule
-            && let Err(refused) = chosen.admit(request.headers(), request.uri().query()).await
-        {
-            return refused;
-        }
+        let granted = match &call.rule {
+            Some(chosen) => {
+                let admitted = chosen
+                    .admit(
+                        request.method(),
+                        &call.path_and_query,
+                        request.headers(),
+                        request.uri().query(),
+                    )
+                    .await;
+                match admitted {
+                    Ok(granted) => granted,
+                    Err(refused) => return refused,
+                }
+            }
+            None => Granted::default(),
+        };
         let (mut parts, body) = match read_request(self.max_body, request, call.platform_call).await
         {
             Ok(read) => read,
@@ -314,6 +328,9 @@ impl<U: Upstreams> Gateway<U> {
         if let Some(chosen) = &call.rule {
             chosen.decorate(&mut parts.headers);
             timeout = timeout.min(chosen.rule().timeout);
+        }
+        for (name, value) in granted.upstream {
+            parts.headers.insert(name, value);
         }
         let by_host = call.rule.as_ref().filter(|_| call.by_host);
         let mut upstream = http::Request::new(Full::new(body));
@@ -326,10 +343,15 @@ impl<U: Upstreams> Gateway<U> {
             path_and_query: &call.path_and_query,
             timeout,
         };
-        self.upstreams
+        let mut answer = self
+            .upstreams
             .send(destination, upstream)
             .await
-            .unwrap_or_else(IntoResponse::into_response)
+            .unwrap_or_else(IntoResponse::into_response);
+        for (name, value) in granted.downstream {
+            answer.headers_mut().append(name, value);
+        }
+        answer
     }
 }
 

@@ -110,7 +110,7 @@ pub struct ApiRuleRule {
     /// Callers need a JWT from one of these issuers, with these scopes and audiences.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt: Option<JwtConfig>,
-    /// An external authorizer (Istio's); eddy refuses it.
+    /// External authorizers (extension providers of the gateway), then optional JWT checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ext_auth: Option<ExtAuth>,
     /// Seconds a call under this rule may take.
@@ -185,14 +185,17 @@ pub struct JwtAuthorization {
     pub audiences: Vec<String>,
 }
 
-/// Kyma's external authorization; not built in eddy (refused with a reason).
+/// Kyma's external authorization: every named authorizer (an extension provider the gateway is
+/// configured with, as Istio's mesh config names them) must allow the call, then
+/// `restrictions` (a JWT) apply.
 #[derive(JsonSchema, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExtAuth {
-    /// The authorizers.
+    /// The authorizers, by extension provider name; each is asked in turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
     pub authorizers: Vec<String>,
-    /// JWT checks besides the authorizer.
+    /// JWT checks after the authorizers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restrictions: Option<JwtConfig>,
 }
@@ -670,23 +673,37 @@ pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {
                 "give exactly one access strategy: noAuth: true, jwt or extAuth".into(),
             );
         }
-        if rule.ext_auth.is_some() {
-            error(
-                format!("{at}.extAuth"),
-                "external authorizers are not built in eddy; use jwt (issuer and jwksUri) or \
-                 noAuth"
-                    .into(),
-            );
+        if let Some(ext_auth) = &rule.ext_auth {
+            if ext_auth.authorizers.is_empty() {
+                error(
+                    format!("{at}.extAuth.authorizers"),
+                    "name at least one authorizer (an extension provider of the gateway)".into(),
+                );
+            }
+            for (a, name) in ext_auth.authorizers.iter().enumerate() {
+                if name.is_empty() {
+                    error(format!("{at}.extAuth.authorizers[{a}]"), "is empty".into());
+                }
+            }
         }
-        if let Some(jwt) = &rule.jwt {
+        let jwt_checks = [
+            (rule.jwt.as_ref(), "jwt"),
+            (
+                rule.ext_auth.as_ref().and_then(|e| e.restrictions.as_ref()),
+                "extAuth.restrictions",
+            ),
+        ];
+        for (jwt, field) in jwt_checks {
+            let Some(jwt) = jwt else { continue };
+            let at = format!("{at}.{field}");
             if jwt.authentications.is_empty() {
                 error(
-                    format!("{at}.jwt.authentications"),
+                    format!("{at}.authentications"),
                     "name at least one issuer (issuer and jwksUri)".into(),
                 );
             }
             for (a, authentication) in jwt.authentications.iter().enumerate() {
-                let at = format!("{at}.jwt.authentications[{a}]");
+                let at = format!("{at}.authentications[{a}]");
                 if authentication.issuer.is_empty() {
                     error(format!("{at}.issuer"), "is required".into());
                 }
@@ -951,7 +968,8 @@ mod tests {
                 "hosts": ["Bad_Host"],
                 "rules": [
                     {"path": "/a*", "methods": ["FETCH"], "noAuth": true},
-                    {"path": "/*", "methods": ["GET"], "extAuth": {"authorizers": ["oauth2-proxy"]},
+                    {"path": "/*", "methods": ["GET"], "extAuth": {"authorizers": [""],
+                     "restrictions": {"authentications": [{"issuer": "", "jwksUri": "https://i/jwks"}]}},
                      "service": {"name": "s", "port": 70000}},
                     {"path": "/x", "methods": ["GET"], "jwt": {"authentications": [{"issuer": "i", "jwksUri": "http://example.com/jwks"}]},
                      "service": {"name": "s", "port": 80}},
@@ -971,7 +989,8 @@ mod tests {
                 "spec.rules[0].methods[0]",
                 "spec.rules[0].service",
                 "spec.rules[1].service.port",
-                "spec.rules[1].extAuth",
+                "spec.rules[1].extAuth.authorizers[0]",
+                "spec.rules[1].extAuth.restrictions.authentications[0].issuer",
                 "spec.rules[2].jwt.authentications[0].jwksUri",
             ]
         );

@@ -10,6 +10,7 @@ pub mod apirule;
 pub mod backoff;
 pub mod conditions;
 pub mod event;
+pub mod ext_authz;
 pub mod headers;
 pub mod kyma;
 pub mod legacy;

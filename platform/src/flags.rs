@@ -3,6 +3,9 @@
 //! code that builds arguments by hand (`eddy up`, tests, benches) can never disagree.
 
 use clap::{Args, Command, FromArgMatches};
+use eddy_model::apirule::{APIRule, check_namespace_boundary, validate_api_rule};
+use eddy_model::ext_authz::ExtensionProviders;
+use eddy_model::resources::FieldError;
 
 /// How Kyma's APIRules are served, for the controller (their status says whether they are
 /// honoured, and the URL) and the gateways (they route by them) alike.
@@ -20,6 +23,38 @@ pub struct ApiRuleArgs {
         value_delimiter = ','
     )]
     pub open_namespaces: Vec<String>,
+    /// A YAML file of Istio's `extensionProviders` (the list, or a mapping holding it): the
+    /// HTTP external authorizers (`envoyExtAuthzHttp`) APIRules' `extAuth` rules may name.
+    #[arg(
+        long = "extension-providers",
+        env = "EDDY_EXTENSION_PROVIDERS",
+        value_name = "FILE",
+        value_parser = read_extension_providers
+    )]
+    pub extension_providers: Option<ExtensionProviders>,
+}
+
+fn read_extension_providers(path: &str) -> Result<ExtensionProviders, String> {
+    ExtensionProviders::read(std::path::Path::new(path))
+}
+
+impl ApiRuleArgs {
+    /// The external authorizers APIRules may name (none when no file was given).
+    pub fn providers(&self) -> &ExtensionProviders {
+        static NONE: std::sync::OnceLock<ExtensionProviders> = std::sync::OnceLock::new();
+        self.extension_providers
+            .as_ref()
+            .unwrap_or_else(|| NONE.get_or_init(ExtensionProviders::default))
+    }
+
+    /// Everything that keeps an APIRule from being honoured here, each naming its field: its
+    /// own validity, the namespace boundary, and authorizers this gateway does not have. Pure.
+    pub fn problems(&self, rule: &APIRule) -> Vec<FieldError> {
+        let mut errors = validate_api_rule(rule);
+        errors.extend(check_namespace_boundary(rule, &self.open_namespaces));
+        errors.extend(self.providers().check(rule));
+        errors
+    }
 }
 
 /// What clap gives `T` for an empty command line, the environment ignored.

@@ -54,6 +54,8 @@ pub struct Options {
     /// Tokens the event-bus asks publishers for (`--bus-token`); functions then get a
     /// publish-only token of their own.
     pub bus_tokens: Vec<String>,
+    /// The gateway's external authorizers (`--extension-providers`).
+    pub extension_providers: Option<eddy_model::ext_authz::ExtensionProviders>,
 }
 
 impl Default for Options {
@@ -73,6 +75,7 @@ impl Default for Options {
             isolation: eddy_controller::Isolation::None,
             max_function_tasks: 512,
             bus_tokens: Vec::new(),
+            extension_providers: None,
         }
     }
 }
@@ -131,6 +134,10 @@ impl Platform {
                 warm_spares: options.warm_spares,
                 isolation: options.isolation,
                 max_function_tasks: options.max_function_tasks,
+                exposure: eddy_platform::flags::ApiRuleArgs {
+                    extension_providers: options.extension_providers.clone(),
+                    ..eddy_platform::flags::defaults()
+                },
                 ..Default::default()
             },
             nats_url: Some(nats.url()),

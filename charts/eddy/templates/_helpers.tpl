@@ -92,6 +92,32 @@ capabilities: {drop: [ALL]}
 {{- end }}
 {{- end -}}
 
+{{/* gateway.extensionProviders: Istio's extensionProviders, in a ConfigMap the gateway and the controller (APIRule status) read. */}}
+{{- define "eddy.extensionProvidersEnv" -}}
+{{- if .Values.gateway.extensionProviders }}
+- {name: EDDY_EXTENSION_PROVIDERS, value: /etc/eddy/extension-providers/providers.yaml}
+{{- end }}
+{{- end -}}
+{{- define "eddy.extensionProvidersMount" -}}
+{{- if .Values.gateway.extensionProviders }}
+- name: extension-providers
+  mountPath: /etc/eddy/extension-providers
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "eddy.extensionProvidersVolume" -}}
+{{- if .Values.gateway.extensionProviders }}
+- name: extension-providers
+  configMap:
+    name: {{ include "eddy.fullname" . }}-extension-providers
+{{- end }}
+{{- end -}}
+{{- define "eddy.extensionProvidersChecksum" -}}
+{{- if .Values.gateway.extensionProviders }}
+checksum/extension-providers: {{ toYaml .Values.gateway.extensionProviders | sha256sum | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "eddy.extraEnv" -}}
 {{- range $name, $value := . }}
 - name: {{ $name }}

@@ -516,6 +516,9 @@ async function serve(req, res) {
   // already there: see ExpressRequest below).
   req.res = res;
   res.req = req;
+  req.originalUrl = req.url;
+  req.baseUrl = "";
+  req.params = {};
   res.locals = Object.create(null);
   if (requestLogger) await new Promise((resolve) => requestLogger(req, res, resolve));
   if (!fromGateway(req)) {

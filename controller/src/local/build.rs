@@ -16,9 +16,10 @@ use eddy_model::{conditions::Reason, resources::Runtime};
 
 pub use super::installer::BuildFailure;
 use super::{
-    installer::run_installer,
+    installer::{run_installer, run_installer_with},
     toolchain::{Prepared, Toolchain},
 };
+use crate::package_registry::PackageRegistry;
 use crate::runtimes;
 
 /// Marks a finished build.
@@ -69,15 +70,17 @@ pub enum Code<'a> {
     },
 }
 
-/// Builds (or finds) the build of a function, saying what it does to `reporter`.
+/// Builds (or finds) the build of a function, its dependencies installed with `registry`'s
+/// configuration when there is one, saying what it does to `reporter`.
 pub async fn build(
     config: &BuildConfig,
     runtime: Runtime,
     code: Code<'_>,
+    registry: Option<&PackageRegistry>,
     reporter: Option<&Reporter>,
 ) -> Result<Build, BuildFailure> {
     let started = std::time::Instant::now();
-    let built = build_reported(config, runtime, code, reporter).await;
+    let built = build_reported(config, runtime, code, registry, reporter).await;
     match &built {
         Ok((build, installed)) if build.fresh => progress::report(
             reporter,
@@ -107,17 +110,24 @@ async fn build_reported(
     config: &BuildConfig,
     runtime: Runtime,
     code: Code<'_>,
+    registry: Option<&PackageRegistry>,
     reporter: Option<&Reporter>,
 ) -> Result<(Build, bool), BuildFailure> {
     progress::report(reporter, Phase::Runtime);
     let Prepared { program, libraries } = config.toolchain.prepare(runtime).await?;
-    let hash = match code {
+    let (hash, may_install) = match code {
         Code::Inline {
             source,
             dependencies,
-        } => build_hash(runtime, source, dependencies),
-        Code::Directory { identity, .. } => build_hash(runtime, identity, ""),
+        } => (
+            build_hash(runtime, source, dependencies),
+            !dependencies.trim().is_empty(),
+        ),
+        Code::Directory { identity, .. } => (build_hash(runtime, identity, ""), true),
     };
+    // What a private registry serves is part of what is built (and builds are shared).
+    let registry = registry.filter(|_| may_install);
+    let hash = registry.map_or(hash.clone(), |registry| registry.keyed(&hash));
     let dir = config
         .builds_dir
         .join(format!("{}-{hash}", runtime.as_str()));
@@ -214,7 +224,7 @@ async fn build_reported(
         }
     };
     if has_dependencies {
-        install(config, runtime, &program, &function_dir, reporter).await?;
+        install(config, runtime, &program, &function_dir, registry, reporter).await?;
     }
     let tree = tree_digest_of(&dir).await.ok_or_else(|| BuildFailure {
         reason: Reason::BuildFailed,
@@ -224,12 +234,14 @@ async fn build_reported(
     Ok((built(true), has_dependencies))
 }
 
-/// Installs a function's own dependencies into its directory (`python` is the runtime's).
+/// Installs a function's own dependencies into its directory (`python` is the runtime's),
+/// with a private registry's configuration when there is one.
 async fn install(
     config: &BuildConfig,
     runtime: Runtime,
     python: &Path,
     dir: &Path,
+    registry: Option<&PackageRegistry>,
     reporter: Option<&Reporter>,
 ) -> Result<(), BuildFailure> {
     let tool = if runtime.node_major().is_some() {
@@ -267,14 +279,112 @@ async fn install(
             command
         }
     };
-    run_installer(
+    let Some(registry) = registry else {
+        return run_installer(
+            command,
+            dir,
+            config.toolchain.timeout,
+            "installing dependencies",
+            reporter,
+        )
+        .await;
+    };
+    // The configuration is written beside the builds, never into the function's directory,
+    // readable by this user only, and removed when the install is done.
+    let private = RegistryFile::write(&config.builds_dir, runtime, registry).await?;
+    tracing::info!(secret = %registry.secret, "installing with a private package registry's configuration");
+    let variable = if runtime.node_major().is_some() {
+        "NPM_CONFIG_USERCONFIG"
+    } else {
+        "PIP_CONFIG_FILE"
+    };
+    let installed = run_installer_with(
         command,
         dir,
         config.toolchain.timeout,
         "installing dependencies",
         reporter,
+        &[(variable, private.path.as_os_str())],
     )
-    .await
+    .await;
+    private.remove().await;
+    installed
+}
+
+/// A private registry's configuration file, for one install.
+struct RegistryFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+impl RegistryFile {
+    /// Writes it in a directory of its own under `builds_dir` (mode 0700). npm's file is the
+    /// user's own configuration followed by the registry's, since npm reads one user file:
+    /// the registry's settings win, the user's proxy or CA settings stay. pip reads its file
+    /// after its others, so it is the registry's alone.
+    async fn write(
+        builds_dir: &Path,
+        runtime: Runtime,
+        registry: &PackageRegistry,
+    ) -> Result<Self, BuildFailure> {
+        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+        let dir = builds_dir.join(format!(".registry-{}", uuid_like()));
+        let (file_name, mut contents) = if runtime.node_major().is_some() {
+            let user = std::env::var_os("NPM_CONFIG_USERCONFIG")
+                .or_else(|| std::env::var_os("npm_config_userconfig"))
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".npmrc")));
+            let mut own = match user {
+                Some(path) => tokio::fs::read(&path).await.unwrap_or_default(),
+                None => Vec::new(),
+            };
+            if !own.is_empty() && !own.ends_with(b"\n") {
+                own.push(b'\n');
+            }
+            ("npmrc", own)
+        } else {
+            ("pip.conf", Vec::new())
+        };
+        contents.extend_from_slice(&registry.config);
+        let path = dir.join(file_name);
+        let (dir_for_task, path_for_task) = (dir.clone(), path.clone());
+        tokio::task::spawn_blocking(move || {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .recursive(true)
+                .create(&dir_for_task)?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path_for_task)?;
+            std::io::Write::write_all(&mut file, &contents)
+        })
+        .await
+        .map_err(|error| BuildFailure {
+            reason: Reason::BuildFailed,
+            message: format!("writing the package registry configuration failed: {error}"),
+        })?
+        .map_err(|error| BuildFailure::io("write", &path, &error))?;
+        Ok(Self { dir, path })
+    }
+
+    async fn remove(self) {
+        if let Err(error) = tokio::fs::remove_dir_all(&self.dir).await {
+            tracing::warn!(dir = %self.dir.display(), %error, "cannot remove a package registry configuration");
+        }
+    }
+}
+
+/// A name no other install uses at the same time.
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Copies the files and directories under `from` into `to`, leaving out `.git`, installed
@@ -416,6 +526,7 @@ mod tests {
                 source: "module.exports={main:()=>1}",
                 dependencies: "",
             },
+            None,
             Some(&reporter),
         )
         .await
@@ -455,6 +566,7 @@ mod tests {
                 dependencies: "",
             },
             None,
+            None,
         )
         .await
         .unwrap();
@@ -468,6 +580,7 @@ mod tests {
                 source: "def main(e, c): pass",
                 dependencies: "=== this is not a requirement\n",
             },
+            None,
             Some(&progress.of("shop/failed".to_owned())),
         )
         .await

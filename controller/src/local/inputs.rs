@@ -10,6 +10,7 @@ use eddy_platform::store::{Store, StoreError};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::git::GitCredentials;
+use crate::package_registry::PackageRegistry;
 
 /// The keys and values of one Secret or ConfigMap.
 pub type Data = BTreeMap<String, Vec<u8>>;
@@ -23,6 +24,9 @@ pub struct Inputs {
     pub mounts: Vec<(String, Data)>,
     /// The Git credentials, when the source names a Secret.
     pub git_credentials: Option<GitCredentials>,
+    /// The private package registry configuration its dependency install uses (Kyma's
+    /// `serverless-package-registry-config`), when there is one.
+    pub package_registry: Option<PackageRegistry>,
 }
 
 impl std::fmt::Debug for Inputs {
@@ -38,6 +42,7 @@ impl std::fmt::Debug for Inputs {
                 &self.mounts.iter().map(|(path, _)| path).collect::<Vec<_>>(),
             )
             .field("git_credentials", &self.git_credentials)
+            .field("package_registry", &self.package_registry)
             .finish()
     }
 }
@@ -157,12 +162,46 @@ pub async fn resolve(
         spec,
         node: host_name(),
     };
+    let package_registry = package_registry(store, namespace, spec).await?;
     Ok(resolve_with(&fields, |kind, name| {
         found
             .iter()
             .find(|((k, n), _)| *k == kind && n == name)
             .and_then(|(_, data)| data.clone())
+    })
+    .map(|inputs| Inputs {
+        package_registry,
+        ..inputs
     }))
+}
+
+/// The private package registry configuration a Function in `namespace` installs with: the
+/// namespace's `serverless-package-registry-config`, else `kyma-system`'s when it carries
+/// Kyma's label.
+async fn package_registry(
+    store: &Store,
+    namespace: &str,
+    spec: &FunctionSpec,
+) -> Result<Option<PackageRegistry>, StoreError> {
+    use crate::package_registry::{CLUSTER_NAMESPACE, SECRET_NAME, choose, is_cluster_wide};
+    let own = store
+        .get::<Secret>(namespace, SECRET_NAME)
+        .await?
+        .map(|secret| secret_data(&secret));
+    let cluster = match own {
+        Some(_) => None,
+        None => store
+            .get::<Secret>(CLUSTER_NAMESPACE, SECRET_NAME)
+            .await?
+            .filter(|secret| is_cluster_wide(secret.metadata.labels.as_ref()))
+            .map(|secret| secret_data(&secret)),
+    };
+    Ok(choose(
+        spec.runtime,
+        namespace,
+        own.as_ref(),
+        cluster.as_ref(),
+    ))
 }
 
 /// A Secret's keys and values (`stringData` was folded into `data` when it was applied).

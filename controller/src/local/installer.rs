@@ -16,11 +16,24 @@ pub use crate::status::BuildFailure;
 /// Runs an installer in `dir` with a filtered environment, its output in `dir/build.log`, within
 /// `timeout`; a failure says `what` failed, with the end of the log.
 pub async fn run_installer(
+    command: tokio::process::Command,
+    dir: &Path,
+    timeout: Duration,
+    what: &str,
+    reporter: Option<&Reporter>,
+) -> Result<(), BuildFailure> {
+    run_installer_with(command, dir, timeout, what, reporter, &[]).await
+}
+
+/// [`run_installer`] with `extra_env` set over the filtered environment (a private registry's
+/// configuration file).
+pub async fn run_installer_with(
     mut command: tokio::process::Command,
     dir: &Path,
     timeout: Duration,
     what: &str,
     reporter: Option<&Reporter>,
+    extra_env: &[(&str, &std::ffi::OsStr)],
 ) -> Result<(), BuildFailure> {
     let log_path = dir.join("build.log");
     let log = std::fs::File::create(&log_path)
@@ -40,6 +53,9 @@ pub async fn run_installer(
         if build_env_passes(&name.to_string_lossy()) {
             command.env(name, value);
         }
+    }
+    for (name, value) in extra_env {
+        command.env(name, value);
     }
     process::supervise(&mut command);
     let program = command

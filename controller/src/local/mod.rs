@@ -209,21 +209,26 @@ impl LocalController {
         self.stop_everything().await;
     }
 
-    /// Reconciles again every function that reads the Secret or ConfigMap that changed.
+    /// Reconciles again every function that reads the Secret or ConfigMap that changed: by
+    /// reference, or as its private package registry configuration (the namespace's, or the
+    /// cluster-wide one in `kyma-system`).
     fn object_changed(self: &Arc<Self>, kind: KeySource, key: Option<(String, String)>) {
+        use crate::package_registry::{CLUSTER_NAMESPACE, SECRET_NAME};
         let Some((namespace, name)) = key else { return };
+        let registry = kind == KeySource::Secret && name == SECRET_NAME;
         let readers: Vec<(Function, Arc<Tracked>)> = self
             .tracked
             .lock()
             .iter()
-            .filter(|((ns, _), _)| *ns == namespace)
+            .filter(|((ns, _), _)| *ns == namespace || (registry && namespace == CLUSTER_NAMESPACE))
             .filter_map(|(_, tracked)| {
                 let function = tracked.function.lock().clone()?;
-                function
-                    .spec
-                    .referenced_objects()
-                    .contains(&(kind, name.as_str()))
-                    .then(|| (function, tracked.clone()))
+                (registry
+                    || function
+                        .spec
+                        .referenced_objects()
+                        .contains(&(kind, name.as_str())))
+                .then(|| (function, tracked.clone()))
             })
             .collect();
         for (function, tracked) in readers {
@@ -463,7 +468,14 @@ impl LocalController {
                 dependencies: &inline.dependencies,
             };
             return Ok((
-                build::build(&self.build_config, runtime, code, reporter).await?,
+                build::build(
+                    &self.build_config,
+                    runtime,
+                    code,
+                    inputs.package_registry.as_ref(),
+                    reporter,
+                )
+                .await?,
                 None,
             ));
         }
@@ -501,7 +513,14 @@ impl LocalController {
             identity: &identity,
         };
         Ok((
-            build::build(&self.build_config, runtime, code, reporter).await?,
+            build::build(
+                &self.build_config,
+                runtime,
+                code,
+                inputs.package_registry.as_ref(),
+                reporter,
+            )
+            .await?,
             Some(commit),
         ))
     }
