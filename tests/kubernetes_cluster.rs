@@ -2136,3 +2136,150 @@ spec:
     drop(controller);
     cluster.finish().await;
 }
+
+/// Removes kyma-system's package registry Secret when a test ends, passed or not: the cluster
+/// is shared, and another test's Functions must not install with it.
+struct ClusterRegistrySecret(&'static ControlPlane);
+
+impl Drop for ClusterRegistrySecret {
+    fn drop(&mut self) {
+        if let Ok(mut kubectl) = self.0.kubectl() {
+            kubectl.args([
+                "delete",
+                "secret",
+                "serverless-package-registry-config",
+                "-n",
+                "kyma-system",
+                "--ignore-not-found",
+            ]);
+            let _ = run(&mut kubectl);
+        }
+    }
+}
+
+/// Kyma's private package registry Secret under the chart's RBAC: kyma-system's labelled one is
+/// copied into the Function's namespace (the one Secret name the controller may write) and
+/// mounted into the buildless `install` init container only; the namespace's own Secret then
+/// wins and the copy goes. The controller watches Secrets of that name alone (the only Secrets
+/// the chart lets it list), and the audit log shows no request of it refused.
+#[tokio::test]
+async fn kyma_s_package_registry_secret_reaches_the_install_only_under_the_charts_rbac() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("registry").await;
+    let _controller = cluster
+        .component(
+            "controller",
+            &[
+                ("EDDY_API_ADDR", "127.0.0.1:0"),
+                ("EDDY_BUILD", "buildless"),
+                (
+                    "EDDY_RUNTIME_IMAGES",
+                    "runtimes.test/eddy-runtime-{runtime}:{version}",
+                ),
+            ],
+        )
+        .await;
+    let ns = cluster.namespace.clone();
+    cluster
+        .kubectl_apply(&format!(
+            r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: greet
+  namespace: {ns}
+spec:
+  runtime: nodejs24
+  source:
+    inline:
+      source: "module.exports = {{ main: () => require('@acme/greeting').hello() }}"
+      dependencies: '{{"dependencies": {{"@acme/greeting": "1.0.0"}}}}'
+"#
+        ))
+        .unwrap();
+    let deployments: Api<Deployment> = cluster.api();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = cluster.api();
+    // Which Secret the install mounts, and whether the function's container mounts none.
+    let registry_mount = || async {
+        let deployment = deployments.get_opt("greet").await.ok()??;
+        let pod = deployment.spec.template.spec?;
+        let install = pod
+            .init_containers?
+            .into_iter()
+            .find(|c| c.name == "install")?;
+        let mounted = install
+            .volume_mounts?
+            .into_iter()
+            .find(|m| m.name == "package-registry")?;
+        assert_eq!(mounted.mount_path, "/eddy/package-registry");
+        assert!(
+            pod.containers[0]
+                .volume_mounts
+                .iter()
+                .flatten()
+                .all(|m| m.name != "package-registry"),
+            "the function's container mounts the registry"
+        );
+        pod.volumes?
+            .into_iter()
+            .find(|v| v.name == "package-registry")?
+            .secret?
+            .secret_name
+    };
+    eventually("the Deployment", Duration::from_secs(60), || async {
+        deployments.get_opt("greet").await.ok().flatten().is_some()
+    })
+    .await
+    .unwrap();
+    assert_eq!(registry_mount().await, None);
+
+    let _cleanup = ClusterRegistrySecret(cluster.plane);
+    let cluster_secret = r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: serverless-package-registry-config
+  namespace: kyma-system
+  labels: {"serverless.kyma-project.io/config": credentials}
+type: Opaque
+stringData:
+  .npmrc: |
+    @acme:registry=https://npm.acme.example/
+    //npm.acme.example/:_authToken=cluster-token
+"#;
+    let mut kubectl = cluster.plane.kubectl().unwrap();
+    kubectl.args(["apply", "--server-side", "-n", "kyma-system", "-f", "-"]);
+    run_with_input(&mut kubectl, cluster_secret).unwrap();
+    eventually(
+        "the install to mount the copy of kyma-system's Secret",
+        Duration::from_secs(60),
+        || async { registry_mount().await.as_deref() == Some("eddy-package-registry-config") },
+    )
+    .await
+    .unwrap();
+    let copy = secrets.get("eddy-package-registry-config").await.unwrap();
+    assert_eq!(
+        copy.data.unwrap()[".npmrc"].0,
+        b"@acme:registry=https://npm.acme.example/\n//npm.acme.example/:_authToken=cluster-token\n"
+    );
+
+    // The namespace's own Secret wins; the copy goes.
+    cluster
+        .kubectl_apply(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: serverless-package-registry-config}\ntype: Opaque\nstringData:\n  .npmrc: \"@acme:registry=https://npm.own.example/\\n\"\n",
+        )
+        .unwrap();
+    eventually(
+        "the install to mount the namespace's own Secret, the copy gone",
+        Duration::from_secs(60),
+        || async {
+            registry_mount().await.as_deref() == Some("serverless-package-registry-config")
+                && secrets
+                    .get_opt("eddy-package-registry-config")
+                    .await
+                    .is_ok_and(|copy| copy.is_none())
+        },
+    )
+    .await
+    .unwrap();
+    cluster.assert_no_rbac_refusal();
+    cluster.finish().await;
+}

@@ -36,7 +36,9 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 
-pub use render::{BuildMode, PodSecurityLevel, RenderConfig, Rendered, Scaling, render, render_at};
+pub use render::{
+    BuildMode, PodSecurityLevel, RenderConfig, Rendered, Scaling, render, render_at, render_with,
+};
 
 use crate::{
     Error, Result,
@@ -666,7 +668,13 @@ async fn reconcile_function_once(function: &Function, context: &Context) -> Resu
                 }
             },
         };
-        let rendered = render_at(function, &context.config, commit.as_deref())?;
+        let registry = package_registry(client, &namespace, function).await?;
+        let rendered = render_with(
+            function,
+            &context.config,
+            commit.as_deref(),
+            registry.as_ref(),
+        )?;
         let violations = rendered.pod_security_violations(context.config.pod_security);
         if !violations.is_empty() {
             // What runs keeps running; nothing of this generation is applied.
@@ -964,6 +972,112 @@ impl Target<'_> {
     }
 }
 
+/// Kyma's package registry Secrets, watched by that name alone (the chart grants list and
+/// watch of no other Secret), so a Function is reconciled again when the Secret its install
+/// reads appears, changes or goes.
+fn registry_secrets(client: &Client) -> (Api<Secret>, watcher::Config) {
+    (
+        Api::all(client.clone()),
+        watcher::Config::default().fields(&format!(
+            "metadata.name={}",
+            crate::package_registry::SECRET_NAME
+        )),
+    )
+}
+
+/// Whether a change to the package registry Secret of namespace `changed` concerns a Function
+/// in `namespace`: its own namespace's, or the cluster-wide one. Pure.
+fn registry_change_reaches(changed: &str, namespace: Option<&str>) -> bool {
+    changed == crate::package_registry::CLUSTER_NAMESPACE || namespace == Some(changed)
+}
+
+/// The name of the copy of the cluster-wide private package registry Secret in a Function's
+/// namespace (pods mount Secrets of their own namespace only).
+pub const PACKAGE_REGISTRY_COPY: &str = "eddy-package-registry-config";
+
+/// The private package registry configuration `function`'s dependency install uses, as a
+/// Secret of its namespace that its pods can mount: the namespace's own
+/// `serverless-package-registry-config`, else a copy of `kyma-system`'s labelled one (kept
+/// up to date at each reconcile, deleted when it no longer applies). `None` for code that
+/// installs nothing.
+async fn package_registry(
+    client: &Client,
+    namespace: &str,
+    function: &Function,
+) -> Result<Option<crate::package_registry::PackageRegistry>> {
+    use crate::package_registry::{CLUSTER_NAMESPACE, SECRET_NAME, choose, is_cluster_wide};
+    if !render::may_install(function) {
+        return Ok(None);
+    }
+    let data_of = |secret: &Secret| -> std::collections::BTreeMap<String, Vec<u8>> {
+        secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(key, value)| (key.clone(), value.0.clone()))
+            .collect()
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let own = secrets.get_opt(SECRET_NAME).await?;
+    let cluster = match (&own, namespace == CLUSTER_NAMESPACE) {
+        (None, false) => Api::<Secret>::namespaced(client.clone(), CLUSTER_NAMESPACE)
+            .get_opt(SECRET_NAME)
+            .await?
+            .filter(|secret| is_cluster_wide(secret.metadata.labels.as_ref())),
+        _ => None,
+    };
+    let chosen = choose(
+        function.spec.runtime,
+        namespace,
+        own.as_ref().map(data_of).as_ref(),
+        cluster.as_ref().map(data_of).as_ref(),
+    );
+    match (&cluster, chosen) {
+        (Some(cluster), Some(mut chosen)) => {
+            let copy = Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(PACKAGE_REGISTRY_COPY.to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                    labels: Some(
+                        [
+                            ("app.kubernetes.io/managed-by", "eddy"),
+                            (
+                                "eddy.dev/copy-of",
+                                "kyma-system.serverless-package-registry-config",
+                            ),
+                        ]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect(),
+                    ),
+                    ..Default::default()
+                },
+                type_: Some("Opaque".to_owned()),
+                data: cluster.data.clone(),
+                ..Secret::default()
+            };
+            apply(client, &copy).await?;
+            chosen.name = PACKAGE_REGISTRY_COPY.to_owned();
+            Ok(Some(chosen))
+        }
+        (_, chosen) => {
+            // A copy of a cluster-wide Secret that no longer applies goes (its credentials
+            // with it).
+            match secrets
+                .delete(PACKAGE_REGISTRY_COPY, &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(%namespace, "deleted the copy of the cluster-wide package registry Secret");
+                }
+                Err(kube::Error::Api(response)) if response.code == 404 => {}
+                Err(error) => return Err(error.into()),
+            }
+            Ok(chosen)
+        }
+    }
+}
+
 /// The commit a Git source's reference names now, with the credentials its Secret holds;
 /// or why it cannot be known (the reason and message for BuildReady). API errors are
 /// returned as errors (retried).
@@ -1188,17 +1302,36 @@ async fn run_kyma(client: Client, context: Arc<Context>, shutdown: CancellationT
     let function_controller = Controller::new_with(
         Api::<DynamicObject>::all_with(client.clone(), &functions),
         watcher::Config::default(),
-        functions,
-    )
-    .owns(Api::<Job>::all(client.clone()), owned.clone())
-    .owns(Api::<Deployment>::all(client.clone()), owned)
-    .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-    .run(reconcile_kyma_function, kyma_error_policy, context.clone())
-    .for_each(|result| async move {
-        if let Err(error) = result {
-            tracing::debug!(%error, "Kyma function reconcile");
-        }
-    });
+        functions.clone(),
+    );
+    let known = function_controller.store();
+    let (secrets, named) = registry_secrets(&client);
+    let function_controller = function_controller
+        .owns(Api::<Job>::all(client.clone()), owned.clone())
+        .owns(Api::<Deployment>::all(client.clone()), owned)
+        .watches(secrets, named, move |secret: Secret| {
+            let changed = secret.namespace().unwrap_or_default();
+            known
+                .state()
+                .into_iter()
+                .filter(|function| {
+                    registry_change_reaches(&changed, function.namespace().as_deref())
+                })
+                .map(|function| {
+                    kube::runtime::reflector::ObjectRef::from_obj_with(
+                        function.as_ref(),
+                        functions.clone(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(reconcile_kyma_function, kyma_error_policy, context.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "Kyma function reconcile");
+            }
+        });
     let subscription_controller = Controller::new_with(
         Api::<DynamicObject>::all_with(client.clone(), &subscriptions),
         watcher::Config::default(),
@@ -1306,9 +1439,24 @@ async fn run_eddy(client: Client, context: Arc<Context>, shutdown: CancellationT
     let functions: Api<Function> = Api::all(client.clone());
     let subscriptions: Api<Subscription> = Api::all(client.clone());
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=eddy");
-    let function_controller = Controller::new(functions, watcher::Config::default())
+    let function_controller = Controller::new(functions, watcher::Config::default());
+    let known = function_controller.store();
+    let (secrets, named) = registry_secrets(&client);
+    let function_controller = function_controller
         .owns(Api::<Job>::all(client.clone()), owned.clone())
         .owns(Api::<Deployment>::all(client.clone()), owned)
+        .watches(secrets, named, move |secret: Secret| {
+            let changed = secret.namespace().unwrap_or_default();
+            known
+                .state()
+                .into_iter()
+                .filter(|function| {
+                    render::may_install(function)
+                        && registry_change_reaches(&changed, function.namespace().as_deref())
+                })
+                .map(|function| kube::runtime::reflector::ObjectRef::from_obj(function.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile_function, error_policy, context.clone())
         .for_each(|result| async move {

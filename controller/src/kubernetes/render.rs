@@ -34,6 +34,7 @@ use k8s_openapi::{
 };
 use kube::{Resource as _, ResourceExt as _};
 
+use crate::package_registry::PackageRegistry;
 use crate::{Error, runtimes};
 
 /// The field manager of every server-side apply.
@@ -68,6 +69,11 @@ pub fn runtime_image(template: &str, runtime: eddy_model::resources::Runtime) ->
         .replace("{version}", env!("CARGO_PKG_VERSION"))
 }
 
+/// Where the private package registry configuration is mounted for the dependency install
+/// (the buildless `install` init container, the image build); the install script and the
+/// runtime Dockerfiles read `.npmrc` and `pip.conf` there.
+pub const PACKAGE_REGISTRY_DIR: &str = "/eddy/package-registry";
+
 /// Where a buildless pod's sources are mounted, and where their install puts the function.
 const BUILDLESS_SOURCES: &str = "/eddy/sources";
 /// The function's directory in eddy's runtime images (`FUNC_DIR`).
@@ -79,6 +85,9 @@ const FUNCTION_DIR: &str = "/runtime/function";
 pub const BUILDLESS_INSTALL_SCRIPT: &str = r#"set -eu
 cp -RL "$EDDY_SOURCES/." "$FUNC_DIR/"
 cd "$FUNC_DIR"
+# A private registry's configuration (Kyma's serverless-package-registry-config), when mounted.
+if [ -f /eddy/package-registry/.npmrc ]; then export NPM_CONFIG_USERCONFIG=/eddy/package-registry/.npmrc; fi
+if [ -f /eddy/package-registry/pip.conf ]; then export PIP_CONFIG_FILE=/eddy/package-registry/pip.conf; fi
 case "$FUNC_RUNTIME" in
   nodejs*)
     if [ -f package.json ]; then
@@ -543,6 +552,34 @@ struct Owned<'a> {
     namespace: String,
     owner: OwnerReference,
     hash: String,
+    /// The Secret of the namespace holding the private package registry configuration the
+    /// dependency install reads, when one applies.
+    package_registry: Option<&'a str>,
+}
+
+impl Owned<'_> {
+    /// The private registry's volume and its read-only mount, for what installs dependencies.
+    fn package_registry(&self) -> Option<(Volume, VolumeMount)> {
+        let secret = self.package_registry?;
+        Some((
+            Volume {
+                name: "package-registry".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.to_owned()),
+                    // A Secret deleted since leaves the install without it, as on Kyma.
+                    optional: Some(true),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            VolumeMount {
+                name: "package-registry".into(),
+                mount_path: PACKAGE_REGISTRY_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ))
+    }
 }
 
 impl Owned<'_> {
@@ -608,6 +645,26 @@ pub fn render_at(
     config: &RenderConfig,
     commit: Option<&str>,
 ) -> Result<Rendered, Error> {
+    render_with(function, config, commit, None)
+}
+
+/// Whether building `function` may install dependencies: inline code with some, or a Git
+/// source (whose files are known only when fetched). Pure.
+pub fn may_install(function: &Function) -> bool {
+    match &function.spec.source.inline {
+        Some(inline) => !inline.dependencies.trim().is_empty(),
+        None => function.spec.source.git_repository.is_some(),
+    }
+}
+
+/// [`render_at`], its dependencies installed with `registry`'s configuration (its Secret
+/// mounted where they are installed, its contents part of the build key).
+pub fn render_with(
+    function: &Function,
+    config: &RenderConfig,
+    commit: Option<&str>,
+    registry: Option<&PackageRegistry>,
+) -> Result<Rendered, Error> {
     let name = function
         .metadata
         .name
@@ -642,6 +699,8 @@ pub fn render_at(
             "",
         ),
     };
+    let registry = registry.filter(|_| may_install(function));
+    let hash = registry.map_or(hash.clone(), |registry| registry.keyed(&hash));
     let image = match config.build {
         BuildMode::Image => image(&config.registry, &namespace, name, &hash),
         BuildMode::Buildless => runtime_image(&config.runtime_images, runtime),
@@ -651,6 +710,7 @@ pub fn render_at(
         namespace,
         owner: owner_reference(function)?,
         hash,
+        package_registry: registry.map(|registry| registry.name.as_str()),
     };
     let scaling = scaling(function);
     Ok(Rendered {
@@ -837,6 +897,12 @@ fn build_job(
     // Kaniko, written in Go, trusts SSL_CERT_FILE's bundle.
     mounts.extend(config.egress.mount(EGRESS_CA_DIR));
     volumes.extend(config.egress.volume());
+    // Kaniko runs the Dockerfile's install in this container, where the mount is seen and
+    // left out of the image.
+    if let Some((volume, mount)) = owned.package_registry() {
+        volumes.push(volume);
+        mounts.push(mount);
+    }
     if let Some(secret) = &config.registry_secret {
         mounts.push(VolumeMount {
             name: "registry".into(),
@@ -1446,6 +1512,11 @@ fn buildless_pod(
     ]);
     install_env.extend(config.egress.env());
     volumes.extend(config.egress.volume());
+    // Only the install sees the registry's credentials, never the function's container.
+    let registry_mount = owned.package_registry().map(|(volume, mount)| {
+        volumes.push(volume);
+        mount
+    });
     let resources = function.spec.function_resources();
     init_containers.push(Container {
         name: "install".into(),
@@ -1481,6 +1552,7 @@ fn buildless_pod(
             ]
             .into_iter()
             .chain(config.egress.mount(EGRESS_CA_DIR))
+            .chain(registry_mount)
             .collect(),
         ),
         ..Container::default()

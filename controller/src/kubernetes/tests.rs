@@ -50,6 +50,28 @@ fn applied(expected: Value, extra: Value) -> impl FnOnce(Value) -> (u16, Value) 
     }
 }
 
+/// The requests of a Function that installs dependencies in namespace `shop` where no private
+/// package registry Secret applies: its own, the cluster-wide one, and the copy's removal.
+fn no_package_registry() -> Vec<Exchange> {
+    vec![
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/shop/secrets/serverless-package-registry-config",
+            not_found,
+        ),
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/kyma-system/secrets/serverless-package-registry-config",
+            not_found,
+        ),
+        expect(
+            Method::DELETE,
+            "/api/v1/namespaces/shop/secrets/eddy-package-registry-config?",
+            not_found,
+        ),
+    ]
+}
+
 fn not_found(_: Value) -> (u16, Value) {
     (
         404,
@@ -565,33 +587,31 @@ async fn job_failure_puts_the_build_log_into_build_ready_and_waits_to_retry() {
             }]},
         }],
     });
-    let (result, bodies) = run_function(
-        function.clone(),
-        vec![
-            expect(
-                Method::GET,
-                format!("{}/{job_name}", base("jobs")),
-                move |_| (200, job),
+    let mut exchanges = no_package_registry();
+    exchanges.extend([
+        expect(
+            Method::GET,
+            format!("{}/{job_name}", base("jobs")),
+            move |_| (200, job),
+        ),
+        // Only this attempt's pods: an earlier attempt's may still be there.
+        expect(
+            Method::GET,
+            format!(
+                "{}?&labelSelector=batch.kubernetes.io%2Fcontroller-uid%3Djob-uid-1",
+                base("pods")
             ),
-            // Only this attempt's pods: an earlier attempt's may still be there.
-            expect(
-                Method::GET,
-                format!(
-                    "{}?&labelSelector=batch.kubernetes.io%2Fcontroller-uid%3Djob-uid-1",
-                    base("pods")
-                ),
-                move |_| (200, pods),
-            ),
-            function_status_write(&function),
-        ],
-    )
-    .await;
+            move |_| (200, pods),
+        ),
+        function_status_write(&function),
+    ]);
+    let (result, bodies) = run_function(function.clone(), exchanges).await;
     assert_eq!(
         result.expect("reconciled"),
         Action::requeue(Duration::from_secs(50)),
         "looked at again when the retry is due"
     );
-    let status = &bodies[2]["status"];
+    let status = &bodies[5]["status"];
     assert_condition(status, "BuildReady", "False", "BuildFailed");
     let message = condition_of(status, "BuildReady")["message"]
         .as_str()
@@ -1763,7 +1783,7 @@ fn the_function_crd_declares_the_scale_subresource_on_the_controllers_fields() {
 /// call in a reconciler fails this test until the chart allows it.
 #[test]
 fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
-    let scenarios: [fn(); 21] = [
+    let scenarios: [fn(); 22] = [
         an_apirule_gets_kymas_status_judged_among_the_others,
         first_reconcile_creates_the_config_map_and_the_build_job,
         a_kyma_function_is_built_by_the_same_code_and_owns_its_objects,
@@ -1785,6 +1805,7 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         a_sink_outside_the_namespace_or_the_policy_is_refused_in_status,
         the_lease_is_created_taken_renewed_and_lost_to_another_replica,
         a_standby_takes_the_lease_once_the_holder_stops_renewing,
+        a_cluster_wide_package_registry_secret_is_copied_and_mounted_for_the_install_only,
     ];
     for scenario in scenarios {
         scenario();
@@ -1834,6 +1855,9 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         "eventing.kyma-project.io/subscriptions:watch",
         "gateway.kyma-project.io/apirules:list",
         "gateway.kyma-project.io/apirules:watch",
+        // Kyma's package registry Secrets, by name (resourceNames).
+        "/secrets:list",
+        "/secrets:watch",
     ]
     .into_iter()
     .map(str::to_owned)
@@ -1950,6 +1974,7 @@ async fn a_git_source_is_fetched_at_its_commit_and_a_moved_reference_builds_agai
     let rendered = render_at(&function, &config(), Some(&first)).expect("renders");
     let secret = "/api/v1/namespaces/shop/secrets/git-creds";
     let mut exchanges = vec![expect(Method::GET, secret, git_secret)];
+    exchanges.extend(no_package_registry());
     exchanges.extend(first_build(&function, &rendered));
     let (result, bodies) = run_git_function(function.clone(), git_dir.path(), exchanges).await;
     // The reference is looked at again every poll interval, not every five minutes.
@@ -1957,7 +1982,7 @@ async fn a_git_source_is_fetched_at_its_commit_and_a_moved_reference_builds_agai
         result.expect("reconciled"),
         Action::requeue(Duration::from_secs(60))
     );
-    let status = &bodies[4]["status"];
+    let status = &bodies[7]["status"];
     assert_eq!(status["commit"], first.as_str());
     assert_condition(status, "BuildReady", "Unknown", "BuildRunning");
     assert!(
@@ -1967,10 +1992,10 @@ async fn a_git_source_is_fetched_at_its_commit_and_a_moved_reference_builds_agai
         "{status}"
     );
     // The ConfigMap carries the runtime only: the handler comes from the repository.
-    let data = &bodies[2]["data"];
+    let data = &bodies[5]["data"];
     assert!(data["Dockerfile"].is_string() && data["server.mjs"].is_string());
     assert!(data.get("handler.js").is_none(), "{data}");
-    let job = &bodies[3];
+    let job = &bodies[6];
     let fetch = init_container(job);
     assert_eq!(fetch["image"], "docker.io/alpine/git:v2.47.2");
     assert_eq!(env_of(fetch, "GIT_URL")["value"], repository.url());
@@ -1998,12 +2023,13 @@ async fn a_git_source_is_fetched_at_its_commit_and_a_moved_reference_builds_agai
     let rebuilt = render_at(&moved, &config(), Some(&second)).expect("renders");
     assert_ne!(rebuilt.hash, rendered.hash);
     let mut exchanges = vec![expect(Method::GET, secret, git_secret)];
+    exchanges.extend(no_package_registry());
     exchanges.extend(first_build(&moved, &rebuilt));
     let (result, bodies) = run_git_function(moved, git_dir.path(), exchanges).await;
     result.expect("reconciled");
-    assert_eq!(bodies[4]["status"]["commit"], second.as_str());
+    assert_eq!(bodies[7]["status"]["commit"], second.as_str());
     assert_eq!(
-        env_of(init_container(&bodies[3]), "GIT_COMMIT")["value"],
+        env_of(init_container(&bodies[6]), "GIT_COMMIT")["value"],
         second.as_str()
     );
 }
@@ -2842,6 +2868,133 @@ async fn a_buildless_function_is_deployed_without_a_build() {
         "{running}"
     );
     assert_eq!(status["runtimeImage"], json!(rendered.image));
+}
+
+/// Kyma's cluster-wide package registry Secret (in `kyma-system`, with Kyma's label) is copied
+/// into the Function's namespace, mounted into the `install` init container only (never the
+/// function's container), and its contents are part of the build key.
+#[tokio::test]
+async fn a_cluster_wide_package_registry_secret_is_copied_and_mounted_for_the_install_only() {
+    use base64::Engine as _;
+    let function = function(json!({
+        "source": {"inline": {"source": "x",
+            "dependencies": "{\"dependencies\": {\"@acme/greeting\": \"1\"}}"}},
+    }));
+    let npmrc = "@acme:registry=https://npm.acme.example/\n//npm.acme.example/:_authToken=t0k3n\n";
+    let encoded = base64::engine::general_purpose::STANDARD.encode(npmrc);
+    let registry = crate::package_registry::PackageRegistry {
+        secret: "kyma-system/serverless-package-registry-config".into(),
+        name: PACKAGE_REGISTRY_COPY.into(),
+        config: npmrc.as_bytes().to_vec(),
+    };
+    let plain = render(&function, &buildless_config()).expect("renders");
+    let rendered =
+        render_with(&function, &buildless_config(), None, Some(&registry)).expect("renders");
+    assert_ne!(
+        rendered.hash, plain.hash,
+        "the registry is part of the build key"
+    );
+    let deployment = to_json(&rendered.deployment);
+    let pod = &deployment["spec"]["template"]["spec"];
+    let install = pod["initContainers"]
+        .as_array()
+        .expect("init containers")
+        .iter()
+        .find(|c| c["name"] == "install")
+        .expect("install");
+    assert!(
+        install["volumeMounts"].as_array().expect("mounts").contains(&json!(
+            {"name": "package-registry", "mountPath": "/eddy/package-registry", "readOnly": true}
+        )),
+        "{install}"
+    );
+    assert!(
+        pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .is_none_or(|mounts| mounts.iter().all(|m| m["name"] != "package-registry")),
+        "the function's container never sees the registry's credentials: {pod}"
+    );
+    assert!(pod["volumes"].as_array().expect("volumes").contains(&json!(
+        {"name": "package-registry", "secret": {"secretName": "eddy-package-registry-config", "optional": true}}
+    )));
+    let cluster_secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "serverless-package-registry-config", "namespace": "kyma-system",
+            "labels": {"serverless.kyma-project.io/config": "credentials"}},
+        "type": "Opaque", "data": {".npmrc": encoded},
+    });
+    let copy = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "eddy-package-registry-config", "namespace": "shop",
+            "labels": {"app.kubernetes.io/managed-by": "eddy",
+                "eddy.dev/copy-of": "kyma-system.serverless-package-registry-config"}},
+        "type": "Opaque", "data": {".npmrc": encoded},
+    });
+    let exchanges = vec![
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/shop/secrets/serverless-package-registry-config",
+            not_found,
+        ),
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/kyma-system/secrets/serverless-package-registry-config",
+            move |_| (200, cluster_secret),
+        ),
+        expect(
+            Method::PATCH,
+            format!("/api/v1/namespaces/shop/secrets/eddy-package-registry-config{APPLY}"),
+            applied(copy, json!({})),
+        ),
+        expect(
+            Method::PATCH,
+            format!(
+                "{}/reserve-stock-{}{APPLY}",
+                base("configmaps"),
+                rendered.hash
+            ),
+            applied(to_json(&rendered.config_map), json!({})),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("deployments")),
+            applied(deployment.clone(), json!({})),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("services")),
+            applied(to_json(&rendered.service), json!({})),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("hpas")),
+            applied(
+                to_json(&rendered.autoscaler.clone().expect("autoscaled")),
+                json!({}),
+            ),
+        ),
+        expect(
+            Method::GET,
+            format!(
+                "{}?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%3D{}",
+                base("pods"),
+                rendered.hash
+            ),
+            |_| {
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}),
+                )
+            },
+        ),
+        function_status_write(&function),
+    ];
+    let (client, server) = api_server(exchanges);
+    let mut context = Context::new(client, buildless_config(), SinkPolicy::default());
+    context.clock = test_now;
+    let result = reconcile_function(Arc::new(function), Arc::new(context)).await;
+    server.await.expect("the API server saw what it expected");
+    result.expect("reconciled");
 }
 
 /// A buildless Git source is fetched by the pod itself: the build Job's `source` init container
