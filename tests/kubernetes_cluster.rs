@@ -2283,3 +2283,126 @@ stringData:
     cluster.assert_no_rbac_refusal();
     cluster.finish().await;
 }
+
+/// Puts back the chart's publisher alias a test replaced (the cluster is shared).
+struct PublisherAlias(&'static ControlPlane, String);
+
+impl Drop for PublisherAlias {
+    fn drop(&mut self) {
+        for args in [
+            &[
+                "delete",
+                "functions.serverless.kyma-project.io",
+                "eventing-publisher-proxy",
+                "-n",
+                "kyma-system",
+                "--ignore-not-found",
+                "--wait=false",
+            ][..],
+            &[
+                "delete",
+                "service",
+                "eventing-publisher-proxy",
+                "-n",
+                "kyma-system",
+                "--ignore-not-found",
+            ][..],
+        ] {
+            if let Ok(mut kubectl) = self.0.kubectl() {
+                kubectl.args(args);
+                let _ = run(&mut kubectl);
+            }
+        }
+        if let Ok(mut kubectl) = self.0.kubectl() {
+            kubectl.args(["create", "-f", "-"]);
+            let _ = run_with_input(&mut kubectl, &self.1);
+        }
+    }
+}
+
+/// Kyma's own tests deploy a publisher mock as a Function named `eventing-publisher-proxy` in
+/// `kyma-system`: created after the chart's alias of that name, it replaces the alias (the
+/// controller deletes the ExternalName Service, the only Services it may delete) and its own
+/// Service takes the name, under the chart's RBAC.
+#[tokio::test]
+async fn a_function_named_as_kyma_s_publisher_proxy_replaces_the_chart_s_alias() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("publisher").await;
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(cluster.admin.clone(), "kyma-system");
+    let alias = services.get("eventing-publisher-proxy").await.unwrap();
+    assert_eq!(
+        alias.spec.as_ref().unwrap().type_.as_deref(),
+        Some("ExternalName")
+    );
+    let mut saved = serde_json::to_value(&alias).unwrap();
+    for field in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        saved["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    saved.as_object_mut().unwrap().remove("status");
+    let _restore = PublisherAlias(cluster.plane, saved.to_string());
+    let _controller = cluster
+        .component(
+            "controller",
+            &[
+                ("EDDY_API_ADDR", "127.0.0.1:0"),
+                ("EDDY_BUILD", "buildless"),
+                (
+                    "EDDY_RUNTIME_IMAGES",
+                    "runtimes.test/eddy-runtime-{runtime}:{version}",
+                ),
+            ],
+        )
+        .await;
+    let mut kubectl = cluster.plane.kubectl().unwrap();
+    kubectl.args(["apply", "--server-side", "-n", "kyma-system", "-f", "-"]);
+    run_with_input(
+        &mut kubectl,
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: eventing-publisher-proxy
+  namespace: kyma-system
+spec:
+  runtime: nodejs24
+  source:
+    inline:
+      source: "module.exports = { main: (event) => { console.log(JSON.stringify(event.data)); return ''; } }"
+"#,
+    )
+    .unwrap();
+    eventually(
+        "the Function's own Service to take the alias's name",
+        Duration::from_secs(60),
+        || async {
+            services
+                .get_opt("eventing-publisher-proxy")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|service| service.spec)
+                .is_some_and(|spec| {
+                    spec.type_.as_deref() != Some("ExternalName")
+                        && spec.selector.is_some_and(|s| {
+                            s.get("eddy.dev/function").map(String::as_str)
+                                == Some("eventing-publisher-proxy")
+                        })
+                })
+        },
+    )
+    .await
+    .unwrap();
+    // The other alias is untouched.
+    let other = services
+        .get("eventing-event-publisher-proxy")
+        .await
+        .unwrap();
+    assert_eq!(other.spec.unwrap().type_.as_deref(), Some("ExternalName"));
+    cluster.assert_no_rbac_refusal();
+    cluster.finish().await;
+}

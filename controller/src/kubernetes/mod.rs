@@ -903,6 +903,7 @@ impl Target<'_> {
             condition(ConditionType::BuildReady, Some(true), reason, message),
         );
         let deployment = apply(self.client, &rendered.deployment).await?;
+        replace_publisher_alias(self.client, self.namespace, self.name).await?;
         apply(self.client, &rendered.service).await?;
         match &rendered.autoscaler {
             Some(autoscaler) => {
@@ -970,6 +971,49 @@ impl Target<'_> {
             RESYNC
         })
     }
+}
+
+/// The names of Kyma's publisher proxy in `kyma-system`, which the chart's
+/// `kymaCompatibility.publisherProxy` answers at (ExternalName Services to the event-bus).
+pub const PUBLISHER_ALIASES: [&str; 2] =
+    ["eventing-publisher-proxy", "eventing-event-publisher-proxy"];
+
+/// A Function named as Kyma's publisher proxy in `kyma-system` (Kyma's own tests deploy a
+/// publisher mock so) wins over the chart's alias of that name: the alias Service is deleted
+/// so the Function's own takes the name. Anything else of that name is left to the apply.
+async fn replace_publisher_alias(client: &Client, namespace: &str, name: &str) -> Result<()> {
+    if namespace != "kyma-system" || !PUBLISHER_ALIASES.contains(&name) {
+        return Ok(());
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let Some(existing) = services.get_opt(name).await? else {
+        return Ok(());
+    };
+    let labels = existing.metadata.labels.clone().unwrap_or_default();
+    let is_alias = existing
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.type_.as_deref())
+        == Some("ExternalName")
+        && labels.get("app.kubernetes.io/part-of").map(String::as_str) == Some("eddy")
+        && labels
+            .get("app.kubernetes.io/component")
+            .map(String::as_str)
+            == Some("event-bus");
+    if !is_alias {
+        return Ok(());
+    }
+    // Only the alias read above: never a Service made in between.
+    let params = DeleteParams {
+        preconditions: existing.metadata.uid.map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    ignore_not_found(services.delete(name, &params).await.map(|_| ()))?;
+    tracing::info!(%namespace, function = %name, "the Function replaces the chart's publisher alias of its name");
+    Ok(())
 }
 
 /// Kyma's package registry Secrets, watched by that name alone (the chart grants list and
