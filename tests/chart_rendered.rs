@@ -626,3 +626,40 @@ spec:
         }
     }
 }
+
+/// `kubectl apply` warns of the runtimes `eddy apply` warns of: the chart's admission policy
+/// names exactly the runtimes eddy's model deprecates, with the model's words.
+#[test]
+fn the_chart_warns_of_the_runtimes_eddy_deprecates() {
+    use eddy_model::resources::Runtime;
+    let (_, rendered) = render_chart_text(None, &[]);
+    let policy: serde_json::Value = rendered
+        .split("\n---")
+        .filter_map(|document| serde_yaml_ng::from_str::<serde_json::Value>(document).ok())
+        .find(|object| object["kind"] == "ValidatingAdmissionPolicy")
+        .expect("the deprecation policy");
+    let runtime_rule = &policy["spec"]["validations"][0];
+    let expression = runtime_rule["expression"].as_str().unwrap();
+    let listed = expression
+        .split_once(" in [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+        .unwrap();
+    let listed: Vec<&str> = listed
+        .split(',')
+        .map(|n| n.trim().trim_matches('"'))
+        .collect();
+    let deprecated: Vec<&str> = Runtime::ALL
+        .into_iter()
+        .filter(|runtime| runtime.deprecation().is_some())
+        .map(Runtime::as_str)
+        .collect();
+    assert_eq!(listed, deprecated);
+    let words = Runtime::Nodejs20.deprecation().unwrap();
+    let (before, after) = words.split_once("nodejs20").unwrap();
+    let message = runtime_rule["messageExpression"].as_str().unwrap();
+    assert!(
+        message.contains(before) && message.contains(after),
+        "{message} says {words}"
+    );
+}

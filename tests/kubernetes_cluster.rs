@@ -2406,3 +2406,48 @@ spec:
     cluster.assert_no_rbac_refusal();
     cluster.finish().await;
 }
+
+/// `kubectl apply` of a Function on a runtime Kyma's schedule deprecates prints the warning
+/// `eddy apply` prints (the chart's admission policy, Warn only), and the Function is stored;
+/// a current runtime draws none.
+#[tokio::test]
+async fn kubectl_apply_warns_of_a_deprecated_runtime() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("deprecated").await;
+    let ns = cluster.namespace.clone();
+    let manifest = |name: &str, runtime: &str| {
+        format!(
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  runtime: {runtime}\n  source:\n    inline:\n      source: \"module.exports = {{ main: () => 'hi' }}\"\n"
+        )
+    };
+    let apply = |yaml: String| {
+        let mut kubectl = cluster.plane.kubectl().unwrap();
+        kubectl.args(["apply", "-f", "-"]);
+        kubectl
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = kubectl.spawn().unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), yaml.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let warned = apply(manifest("old", "nodejs20"));
+    assert!(
+        warned.contains(
+            "spec.runtime: runtime nodejs20 is deprecated and will be removed in the future \
+             (Kyma's deprecation schedule); move to nodejs26"
+        ),
+        "{warned}"
+    );
+    let quiet = apply(manifest("new", "nodejs24"));
+    assert!(!quiet.contains("deprecated"), "{quiet}");
+    let stored = cluster
+        .dynamic("serverless.kyma-project.io/v1alpha2", "Function")
+        .get_opt("old")
+        .await
+        .unwrap();
+    assert!(stored.is_some());
+    cluster.finish().await;
+}
