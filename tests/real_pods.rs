@@ -20,6 +20,8 @@ use serde_json::Value;
 
 #[path = "support/jwt.rs"]
 mod jwt;
+#[path = "support/registry.rs"]
+mod registry;
 
 const RELEASE: &str = "eddy";
 const SYSTEM: &str = "eddy-system";
@@ -1382,6 +1384,168 @@ spec:
     ensure!(status == 202, "the emitter answered {status}: {body}");
     let wanted = format!("recorded {id} {{\"order\": 7}}");
     pod_log_shows(plane, &namespace, "recorder", &wanted).await?;
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
+
+/// Deletes kyma-system's package registry Secret when the test ends, passed or not: other
+/// tests' Functions must not install with it.
+struct ClusterRegistrySecret(&'static ControlPlane);
+
+impl Drop for ClusterRegistrySecret {
+    fn drop(&mut self) {
+        if let Ok(mut kubectl) = self.0.kubectl() {
+            let _ = kubectl
+                .args([
+                    "delete",
+                    "secret",
+                    "serverless-package-registry-config",
+                    "-n",
+                    "kyma-system",
+                    "--ignore-not-found",
+                ])
+                .output();
+        }
+    }
+}
+
+/// Kyma's private package registry Secret in real pods: a nodejs26 Function installs a package
+/// only a private npm registry serves (its namespace's `.npmrc` with the registry's token),
+/// and a python312 Function one only a private index serves (kyma-system's labelled
+/// `pip.conf`, copied into its namespace), both by the buildless `install` init container
+/// through the node's proxy. The function's container has no trace of the configuration.
+#[tokio::test]
+async fn private_packages_install_in_real_pods_with_kyma_s_package_registry_secret() -> Result<()> {
+    const TOKEN: &str = "registry-token-real-7c2e";
+    let plane = installed()?;
+    let ip = plane.node_ip()?;
+    let (registry, refused) = registry::serve(&ip, TOKEN).await;
+    let host = registry.trim_start_matches("http://").to_owned();
+    let namespace = namespace(plane, "registry")?;
+    let _cleanup = ClusterRegistrySecret(plane);
+    run_with_input(
+        plane
+            .kubectl()?
+            .args(["apply", "-n", "kyma-system", "-f", "-"]),
+        &format!(
+            r#"
+apiVersion: v1
+kind: Secret
+metadata:
+  name: serverless-package-registry-config
+  labels: {{serverless.kyma-project.io/config: credentials}}
+type: Opaque
+stringData:
+  pip.conf: |
+    [global]
+    index-url = http://eddy:{TOKEN}@{host}/simple/
+    trusted-host = {ip}
+"#
+        ),
+    )?;
+    apply(
+        plane,
+        &namespace,
+        &format!(
+            r#"
+apiVersion: v1
+kind: Secret
+metadata: {{name: serverless-package-registry-config}}
+type: Opaque
+stringData:
+  .npmrc: |
+    @eddy-private:registry={registry}/
+    //{host}/:_authToken={TOKEN}
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: greet}}
+spec:
+  runtime: nodejs26
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        const greeting = require("@eddy-private/greeting");
+        module.exports = {{ main: (req, res) => res.send(greeting.hello("pods")) }};
+      dependencies: '{{"dependencies": {{"@eddy-private/greeting": "1.0.0"}}}}'
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: count}}
+spec:
+  runtime: python312
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        import eddy_private_greeting
+
+        def main(event, context):
+            return eddy_private_greeting.hello("pods")
+      dependencies: eddy-private-greeting==1.0.0
+"#
+        ),
+    )?;
+    let kyma_functions = "functions.serverless.kyma-project.io";
+    for name in ["greet", "count"] {
+        running_as(
+            plane,
+            kyma_functions,
+            &namespace,
+            name,
+            Duration::from_secs(180),
+        )
+        .await?;
+    }
+    let (status, body) = call(plane, &namespace, "greet", "/", None)?;
+    ensure!(
+        status == 200 && body == "hello pods, from the private registry",
+        "greet answered {status}: {body}"
+    );
+    let (status, body) = call(plane, &namespace, "count", "/", None)?;
+    ensure!(
+        status == 200 && body == "hello pods, from the private index",
+        "count answered {status}: {body}"
+    );
+    ensure!(
+        refused.lock().is_ok_and(|refused| refused.is_empty()),
+        "the registry was asked without its token: {refused:?}"
+    );
+    // Neither the configuration nor its variables are in the function's container.
+    for name in ["greet", "count"] {
+        let pods = kubectl_json(
+            plane,
+            &[
+                "get",
+                "pods",
+                "-n",
+                &namespace,
+                "-l",
+                &format!("eddy.dev/function={name}"),
+            ],
+        )?;
+        let pod = pods["items"][0]["metadata"]["name"]
+            .as_str()
+            .context("the function's pod")?
+            .to_owned();
+        let seen = run(plane.kubectl()?.args([
+            "exec",
+            "-n",
+            &namespace,
+            &pod,
+            "-c",
+            "function",
+            "--",
+            "sh",
+            "-c",
+            "ls /eddy/package-registry 2>&1; env | grep -ci -e npm_config_userconfig -e pip_config_file; true",
+        ]))?;
+        ensure!(
+            seen.contains("No such file or directory") && seen.trim_end().ends_with('0'),
+            "{name}'s container sees the registry configuration: {seen}"
+        );
+    }
     delete_namespace(plane, &namespace)?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 pub mod jwt;
 pub mod kube_mock;
+pub mod registry;
 
 use std::{
     collections::HashMap,
