@@ -1295,3 +1295,146 @@ spec:
         .unwrap();
     assert_eq!(later.status(), 404);
 }
+
+/// The APIRule fields the tutorials above leave out, against the real gateway: a JWT read from
+/// `fromHeaders` (with its prefix) or `fromParams` and from nowhere else, a rule's own `timeout`
+/// cutting a slow call at its seconds (504) while a rule without one lets it finish, and CORS
+/// origins allowed by `prefix` and `regex` (an origin neither matches gets no CORS headers).
+#[tokio::test]
+async fn apirule_token_sources_rule_timeouts_and_cors_origin_patterns() {
+    use support::jwt::{ISSUER, ISSUER_KEY, jwt, serve_jwks};
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let (jwks_uri, _) = serve_jwks().await;
+    let manifest = format!(
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: orders}}
+spec:
+  runtime: nodejs26
+  source:
+    inline:
+      source: |
+        module.exports = {{ main: (req, res) => {{
+          const ms = Number(req.query.ms || 0);
+          setTimeout(() => res.send(`done ${{req.path}}`), ms);
+        }} }};
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: orders}}
+spec:
+  hosts: [orders]
+  service: {{name: orders, port: 80}}
+  gateway: kyma-system/kyma-gateway
+  corsPolicy:
+    allowOrigins: [{{prefix: "https://shop."}}, {{regex: "https://[a-z]+\\.example\\.org"}}]
+    allowMethods: [GET]
+  rules:
+    - path: /header
+      methods: [GET]
+      jwt:
+        authentications:
+          - issuer: "{ISSUER}"
+            jwksUri: "{jwks_uri}"
+            fromHeaders: [{{name: x-jwt-assertion, prefix: "Kyma "}}]
+    - path: /param
+      methods: [GET]
+      jwt:
+        authentications:
+          - {{issuer: "{ISSUER}", jwksUri: "{jwks_uri}", fromParams: [jwt]}}
+    - path: /slow
+      methods: [GET]
+      timeout: 1
+      noAuth: true
+    - path: /patient
+      methods: [GET]
+      noAuth: true
+"#
+    );
+    let (ok, _, stderr) = platform.apply_text(&manifest).await;
+    assert!(ok, "{stderr}");
+    platform.wait_running_at("default", "orders").await;
+    eventually("APIRule orders Ready", Duration::from_secs(20), || async {
+        platform.apirule_state("default", "orders").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+    let port = platform.gateway.rsplit(':').next().unwrap().to_owned();
+    let base = format!("http://orders.localhost:{port}");
+    let client = platform.host_client(&["orders.localhost"]);
+    let token = jwt(ISSUER_KEY, "key-1", json!({}));
+    let status = |request: reqwest::RequestBuilder| async move {
+        let answer = request.send().await.unwrap();
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    };
+
+    // fromHeaders: that header with its prefix, and not the default Authorization.
+    let header = format!("{base}/header");
+    assert_eq!(
+        status(
+            client
+                .get(&header)
+                .header("x-jwt-assertion", format!("Kyma {token}"))
+        )
+        .await,
+        (200, "done /header".to_owned())
+    );
+    assert_eq!(status(client.get(&header).bearer_auth(&token)).await.0, 403);
+    assert_eq!(
+        status(
+            client
+                .get(&header)
+                .header("x-jwt-assertion", token.as_str())
+        )
+        .await
+        .0,
+        403,
+        "without its prefix the header holds no token"
+    );
+    // fromParams: the query parameter, and not the header.
+    let param = format!("{base}/param");
+    assert_eq!(
+        status(client.get(format!("{param}?jwt={token}"))).await,
+        (200, "done /param".to_owned())
+    );
+    assert_eq!(status(client.get(&param).bearer_auth(&token)).await.0, 403);
+
+    // A rule's timeout: 504 at its one second, not before; a rule without one waits.
+    let started = std::time::Instant::now();
+    let (cut, _) = status(client.get(format!("{base}/slow?ms=4000"))).await;
+    let waited = started.elapsed();
+    assert_eq!(cut, 504);
+    assert!(
+        waited >= Duration::from_millis(950) && waited < Duration::from_millis(3000),
+        "cut after {waited:?}"
+    );
+    assert_eq!(
+        status(client.get(format!("{base}/patient?ms=1500"))).await,
+        (200, "done /patient".to_owned())
+    );
+
+    // CORS origins by prefix and by regex; another origin gets no CORS headers.
+    for (origin, allowed) in [
+        ("https://shop.example.com", true),
+        ("https://eu.example.org", true),
+        ("https://shop-evil.com", false),
+        ("https://eu.example.org.evil.com", false),
+    ] {
+        let answer = client
+            .request(reqwest::Method::OPTIONS, format!("{base}/patient"))
+            .header("origin", origin)
+            .header("access-control-request-method", "GET")
+            .send()
+            .await
+            .unwrap();
+        let echoed = answer
+            .headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(echoed, allowed.then(|| origin.to_owned()), "{origin}");
+    }
+}
