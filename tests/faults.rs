@@ -365,3 +365,145 @@ async fn no_acknowledged_event_is_lost_through_crashes() {
     );
     shutdown.cancel();
 }
+
+/// One sample of the event-bus's `eddy_bus_events_total` (0 when not there yet).
+async fn bus_events(http: &reqwest::Client, bus_url: &str, mode: &str, outcome: &str) -> f64 {
+    let metrics = http
+        .get(format!("{bus_url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("eddy_bus_events_total{"))
+        .filter(|line| {
+            line.contains(&format!("mode=\"{mode}\""))
+                && line.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Sends SIGSTOP or SIGCONT to a process: a hung server, then one going on.
+fn signal(pid: u32, which: &str) {
+    let status = std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {which} {pid}");
+}
+
+/// Each way the event-bus refuses to store an event is counted under its own outcome in
+/// `eddy_bus_events_total`, as docs/operations.md tells operators to watch: a full store
+/// (`stream_refused`), an ack that does not come from a hung NATS (`nats_unavailable`), a batch
+/// past `--request-timeout` (`timed_out`), and NATS gone (`nats_unavailable` again). Each
+/// refused publish is a 503, and each is counted exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refused_publish_is_counted_under_its_outcome() {
+    let mut nats = NatsServer::start().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut args = eddy_event_bus::Args::new(addr, nats.url());
+    args.stream.max_bytes = bytesize::ByteSize::kib(16);
+    args.publish_timeout = Duration::from_millis(1500);
+    args.request_timeout = Duration::from_millis(500);
+    let shutdown = CancellationToken::new();
+    let bus = eddy_event_bus::EventBus::new(args, shutdown.child_token())
+        .await
+        .unwrap();
+    tokio::spawn(bus.serve(listener));
+    let bus_url = format!("http://{addr}");
+    let http = reqwest::Client::new();
+    let ready = |expected: u16| {
+        let (http, url) = (http.clone(), format!("{bus_url}/readyz"));
+        async move { matches!(http.get(&url).send().await, Ok(r) if r.status() == expected) }
+    };
+    eventually("the event-bus ready", Duration::from_secs(20), || {
+        ready(200)
+    })
+    .await
+    .unwrap();
+    let publish = |id: String| {
+        http.post(format!("{bus_url}/publish"))
+            .header("ce-specversion", "1.0")
+            .header("ce-type", "order.created.v1")
+            .header("ce-source", "shop")
+            .header("ce-id", id)
+            .header("content-type", "application/json")
+            .body(format!("{{\"pad\": \"{}\"}}", "x".repeat(2048)))
+            .send()
+    };
+
+    // The store fills up: the first refusal is a 503 counted as stream_refused.
+    let mut stored = 0;
+    let refusal = loop {
+        let answer = publish(format!("fill-{stored}")).await.unwrap();
+        if answer.status() != 204 && answer.status() != 200 && answer.status() != 201 {
+            break answer;
+        }
+        stored += 1;
+        assert!(stored < 100, "a 16 KiB store took 100 events of 2 KiB");
+    };
+    assert_eq!(refusal.status(), 503);
+    assert!(refusal.text().await.unwrap().contains("refused"));
+    assert_eq!(
+        bus_events(&http, &bus_url, "binary", "stream_refused").await,
+        1.0
+    );
+    assert_eq!(
+        bus_events(&http, &bus_url, "binary", "stored").await,
+        f64::from(stored)
+    );
+
+    // NATS hangs: a single event's ack never comes (nats_unavailable), and a batch runs past
+    // the request deadline (timed_out).
+    let pid = nats.pid().unwrap();
+    signal(pid, "-STOP");
+    let hung = publish("hung".to_owned()).await.unwrap();
+    assert_eq!(hung.status(), 503);
+    assert!(hung.text().await.unwrap().contains("NATS is unavailable"));
+    let batch = http
+        .post(format!("{bus_url}/publish"))
+        .header("content-type", "application/cloudevents-batch+json")
+        .body(
+            json!([{"specversion": "1.0", "type": "order.created.v1", "source": "shop",
+                    "id": "batch-1", "data": {}}])
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(batch.status(), 503);
+    assert!(batch.text().await.unwrap().contains("not finished within"));
+    signal(pid, "-CONT");
+    assert_eq!(
+        bus_events(&http, &bus_url, "binary", "nats_unavailable").await,
+        1.0
+    );
+    assert_eq!(bus_events(&http, &bus_url, "batch", "timed_out").await, 1.0);
+
+    // NATS gone: refused at once, counted as nats_unavailable.
+    nats.kill();
+    eventually(
+        "the event-bus to see NATS gone",
+        Duration::from_secs(20),
+        || ready(503),
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let gone = publish("gone".to_owned()).await.unwrap();
+    assert_eq!(gone.status(), 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused at once"
+    );
+    assert_eq!(
+        bus_events(&http, &bus_url, "binary", "nats_unavailable").await,
+        2.0
+    );
+    shutdown.cancel();
+}

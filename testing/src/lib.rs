@@ -110,6 +110,11 @@ impl NatsServer {
         )
     }
 
+    /// Its process id while it runs (to stop and continue it, as a hung server).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILLs the server, as a crash would, and waits for it to be gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
