@@ -341,6 +341,67 @@ async fn idle_and_slow_clients_do_not_stop_a_listener() {
     up.stop().await;
 }
 
+/// `--max-connections` holds: with a cap of 4, four connections are served, the fifth is
+/// accepted by the kernel but not served (it waits, as documented), and it is served as soon as
+/// one of the four closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_makes_the_next_client_wait_for_a_freed_slot() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        data_dir.path(),
+        &[],
+        &[
+            ("EDDY_HEADER_READ_TIMEOUT", "60s"),
+            ("EDDY_MAX_CONNECTIONS", "4"),
+        ],
+    )
+    .await;
+    let address = up.bus.trim_start_matches("http://").to_owned();
+    const REQUEST: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+    // Reads one answer's status line and headers.
+    async fn answer(stream: &mut tokio::net::TcpStream) -> String {
+        let mut seen = Vec::new();
+        let mut byte = [0u8; 1];
+        while !seen.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap() == 0 {
+                break;
+            }
+            seen.push(byte[0]);
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    }
+    // Four connections, each served and kept open (keep-alive).
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        stream.write_all(REQUEST).await.unwrap();
+        let head = tokio::time::timeout(Duration::from_secs(10), answer(&mut stream))
+            .await
+            .expect("one of the first four is served");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        held.push(stream);
+    }
+    // The fifth is connected (the backlog) but not served while the four are open.
+    let mut fifth = tokio::net::TcpStream::connect(&address).await.unwrap();
+    fifth.write_all(REQUEST).await.unwrap();
+    let mut waiting = Box::pin(answer(&mut fifth));
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), waiting.as_mut())
+            .await
+            .is_err(),
+        "the fifth connection was served past a cap of four"
+    );
+    // A freed slot serves it.
+    drop(held.pop());
+    let freed = Instant::now();
+    let head = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the fifth is served once a slot is free");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    eprintln!("served {:?} after a slot was freed", freed.elapsed());
+    up.stop().await;
+}
+
 /// A function's own port answers only the gateway (a per-instance secret); the platform token
 /// the dispatcher delivers with never reaches function code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
