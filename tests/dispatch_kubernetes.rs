@@ -206,6 +206,9 @@ async fn kyma_subscriptions_are_delivered_beside_eddy_s() {
         .publish("shop", "order.paid.v1", "p-1", json!({}))
         .await;
     sink.wait_for(2).await;
+    // Settled first: a duplicate delivered late is seen.
+    platform.wait_settled("on-order").await;
+    platform.wait_settled("on-payment").await;
     let mut ids = sink.ids();
     ids.sort();
     assert_eq!(ids, vec!["c-1".to_owned(), "p-1".to_owned()]);

@@ -1590,6 +1590,9 @@ async fn the_dispatcher_delivers_for_subscriptions_of_both_groups_and_follows_th
     }
     native.wait_for(5).await;
     kyma.wait_for(5).await;
+    // Settled first: a duplicate delivered late is seen.
+    events.settled(&ns, "on-order").await;
+    events.settled(&ns, "kyma-on-order").await;
     let expected: Vec<String> = (0..5).map(|i| format!("c-{i}")).collect();
     for sink in [&native, &kyma] {
         let mut ids = sink.ids();
@@ -1627,6 +1630,7 @@ async fn the_dispatcher_delivers_for_subscriptions_of_both_groups_and_follows_th
     native.wait_for(6).await;
     kyma.wait_for(6).await;
     events.settled(&ns, "on-order").await;
+    events.settled(&ns, "kyma-on-order").await;
     assert_eq!(
         native.ids()[5..],
         ["p-1".to_owned()],
