@@ -39,7 +39,7 @@ impl Controller {
         let local = args.local.clone();
         let functions = &local.functions;
         let serve = args.serve.clone();
-        let drain_timeout = args.drain_timeout;
+        let drain_timeout = args.serve.drain_timeout;
         let dispatcher_token = args.api_auth.client_token()?;
         let controller =
             eddy_controller::Controller::new(args, gateway_url.clone(), shutdown.clone()).await?;

@@ -321,9 +321,6 @@ pub struct Args {
         value_parser = eddy_model::resources::parse_allowed_sink
     )]
     pub allowed_sinks: Vec<String>,
-    /// Longest wait for in-flight requests on shutdown.
-    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
     /// Connection limits of each listener (API, gateway).
     #[command(flatten)]
     pub serve: eddy_platform::net::ServeArgs,
@@ -539,8 +536,7 @@ impl Controller {
             api_addr: _,
             nats,
             allowed_sinks,
-            drain_timeout,
-            serve: _,
+            serve: eddy_platform::net::ServeArgs { drain_timeout, .. },
             api_auth,
             local:
                 LocalArgs {

@@ -143,9 +143,6 @@ pub struct Args {
         default_value = "1MiB"
     )]
     pub max_reply_size: bytesize::ByteSize,
-    /// Longest wait for in-flight deliveries on shutdown.
-    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
     /// Connection limits of the admin listener.
     #[command(flatten)]
     pub serve: eddy_platform::net::ServeArgs,
@@ -213,12 +210,12 @@ impl Dispatcher {
             sink_resolution,
             ack_wait,
             max_reply_size,
-            drain_timeout,
             serve,
             platform_token,
             api_auth,
             gateway,
         } = args;
+        let drain_timeout = serve.drain_timeout;
         let api_tokens = api_auth.load()?;
         let client = nats
             .connect(

@@ -79,9 +79,6 @@ pub struct Args {
     /// File with one accepted publisher token per line.
     #[arg(long = "token-file", env = "EDDY_BUS_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Longest wait for in-flight requests on shutdown.
-    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
     /// Longest a request may take, body included; past it the answer is 503 with `Retry-After`
     /// (a publish cut short may have been stored: retry with the same id, it is stored once).
     #[arg(long = "request-timeout", env = "EDDY_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -147,12 +144,12 @@ impl EventBus {
             publish_timeout,
             tokens,
             token_file,
-            drain_timeout,
             request_timeout,
             max_acks_in_flight,
             max_concurrent_batches,
             serve,
         } = args;
+        let drain_timeout = serve.drain_timeout;
         let tokens = eddy_platform::auth::Tokens::load(&tokens, token_file.as_deref())?;
         if tokens.is_none() {
             tracing::warn!(

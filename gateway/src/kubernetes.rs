@@ -82,9 +82,6 @@ pub struct GatewayArgs {
         default_value = "16MiB"
     )]
     pub max_request_size: bytesize::ByteSize,
-    /// Longest wait for in-flight requests on shutdown.
-    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
     /// Connection limits.
     #[command(flatten)]
     pub serve: eddy_platform::net::ServeArgs,
@@ -426,7 +423,7 @@ pub async fn serve_on(
             Arc::new(move |host: &str| exposures.names_host(host))
         }),
         shutdown.clone(),
-        args.drain_timeout,
+        args.serve.drain_timeout,
     );
     let apirules = async {
         if args.apirules {

@@ -96,6 +96,10 @@ pub struct ServeArgs {
         default_value_t = 4_096
     )]
     pub max_connections: usize,
+    /// Longest wait on shutdown for what is in flight: requests on a listener, deliveries in
+    /// the dispatcher.
+    #[arg(long = "drain-timeout", env = "EDDY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServeArgs {
@@ -842,6 +846,7 @@ mod tests {
             header_read_timeout,
             body_timeout: Duration::from_secs(30),
             max_connections: 16,
+            ..ServeArgs::default()
         };
         (addr, serve_in_background(listener, router, limits))
     }
@@ -875,6 +880,7 @@ mod tests {
             header_read_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_connections: 2,
+            ..ServeArgs::default()
         };
         let shutdown = serve_in_background(listener, router, limits);
 

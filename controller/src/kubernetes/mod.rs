@@ -1286,7 +1286,7 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
         &args.serve,
         eddy_platform::net::Browsers::SameOrigin,
         shutdown.clone(),
-        args.drain_timeout,
+        args.serve.drain_timeout,
     );
     eddy_platform::output::say(format!(
         "controller (kubernetes backend) ready on http://{}",
