@@ -1595,3 +1595,58 @@ process.exit(3);
         "{message}"
     );
 }
+
+/// A warm spare that dies before use is started again after a growing wait, 1 s after the
+/// first death and doubling (to at most 60 s), not in a tight loop: each spare is SIGKILLed as
+/// soon as it is ready, and the wait until the next one is measured. The watcher looks at its
+/// spares at least every second, so each wait is the backoff plus up to a second and the
+/// start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_spare_that_keeps_dying_is_started_again_after_a_growing_wait() {
+    use eddy_model::resources::Runtime;
+    let platform = Platform::start().await;
+    platform
+        .deploy(
+            "keeps-spares",
+            json!({"runtime": "nodejs24", "source": {"inline": {"source": "module.exports = { main: () => 'ok' };"}}}),
+        )
+        .await;
+    let spares = platform.backend.spares().expect("spares are on by default");
+    let runtime = Runtime::Nodejs24;
+    let ready_spare = |not: Option<u32>| async move {
+        let new_spare = || {
+            spares
+                .idle_pids(runtime)
+                .into_iter()
+                .find(|pid| Some(*pid) != not)
+        };
+        eventually(
+            "a new warm spare of nodejs24",
+            Duration::from_secs(30),
+            || async { new_spare().is_some() && spares.ready(runtime) == 1 },
+        )
+        .await
+        .unwrap();
+        new_spare().unwrap()
+    };
+    let mut pid = ready_spare(None).await;
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let killed = std::time::Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        pid = ready_spare(Some(pid)).await;
+        waits.push(killed.elapsed());
+    }
+    eprintln!("waits before each new spare: {waits:?}");
+    for (wait, backoff) in waits.iter().zip([1, 2, 4]) {
+        let backoff = Duration::from_secs(backoff);
+        assert!(
+            *wait >= backoff && *wait < backoff + Duration::from_millis(3500),
+            "{waits:?}: expected {backoff:?} plus at most a second and a start"
+        );
+    }
+}

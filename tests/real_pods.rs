@@ -1421,6 +1421,9 @@ async fn private_packages_install_in_real_pods_with_kyma_s_package_registry_secr
     let ip = plane.node_ip()?;
     let (registry, refused) = registry::serve(&ip, TOKEN).await;
     let host = registry.trim_start_matches("http://").to_owned();
+    // Another namespace, without a Secret of its own: there the cluster-wide one applies (a
+    // namespace's own Secret wins whole).
+    let analytics = namespace(plane, "analytics")?;
     let namespace = namespace(plane, "registry")?;
     let _cleanup = ClusterRegistrySecret(plane);
     run_with_input(
@@ -1469,13 +1472,19 @@ spec:
         const greeting = require("@eddy-private/greeting");
         module.exports = {{ main: (req, res) => res.send(greeting.hello("pods")) }};
       dependencies: '{{"dependencies": {{"@eddy-private/greeting": "1.0.0"}}}}'
----
+"#
+        ),
+    )?;
+    apply(
+        plane,
+        &analytics,
+        r#"
 apiVersion: serverless.kyma-project.io/v1alpha2
 kind: Function
-metadata: {{name: count}}
+metadata: {name: count}
 spec:
   runtime: python312
-  resourceConfiguration: {{function: {{profile: XS}}}}
+  resourceConfiguration: {function: {profile: XS}}
   source:
     inline:
       source: |
@@ -1484,15 +1493,14 @@ spec:
         def main(event, context):
             return eddy_private_greeting.hello("pods")
       dependencies: eddy-private-greeting==1.0.0
-"#
-        ),
+"#,
     )?;
     let kyma_functions = "functions.serverless.kyma-project.io";
-    for name in ["greet", "count"] {
+    for (namespace, name) in [(&namespace, "greet"), (&analytics, "count")] {
         running_as(
             plane,
             kyma_functions,
-            &namespace,
+            namespace,
             name,
             Duration::from_secs(180),
         )
@@ -1503,7 +1511,7 @@ spec:
         status == 200 && body == "hello pods, from the private registry",
         "greet answered {status}: {body}"
     );
-    let (status, body) = call(plane, &namespace, "count", "/", None)?;
+    let (status, body) = call(plane, &analytics, "count", "/", None)?;
     ensure!(
         status == 200 && body == "hello pods, from the private index",
         "count answered {status}: {body}"
@@ -1513,14 +1521,14 @@ spec:
         "the registry was asked without its token: {refused:?}"
     );
     // Neither the configuration nor its variables are in the function's container.
-    for name in ["greet", "count"] {
+    for (namespace, name) in [(&namespace, "greet"), (&analytics, "count")] {
         let pods = kubectl_json(
             plane,
             &[
                 "get",
                 "pods",
                 "-n",
-                &namespace,
+                namespace,
                 "-l",
                 &format!("eddy.dev/function={name}"),
             ],
@@ -1532,7 +1540,7 @@ spec:
         let seen = run(plane.kubectl()?.args([
             "exec",
             "-n",
-            &namespace,
+            namespace,
             &pod,
             "-c",
             "function",
@@ -1547,5 +1555,6 @@ spec:
         );
     }
     delete_namespace(plane, &namespace)?;
+    delete_namespace(plane, &analytics)?;
     Ok(())
 }
