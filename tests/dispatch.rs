@@ -1503,3 +1503,165 @@ async fn retried_statuses_wait_as_the_linear_and_constant_backoffs_say() {
         );
     }
 }
+
+/// When a consumer goes under a Subscription (deleted by hand, lost with its stream's leader),
+/// its message stream breaks: the break is counted in `eddy_dispatcher_stream_breaks_total`
+/// with its reason and the consumer is created again. One that breaks before its first event
+/// waits 200 ms, then 400 ms, 800 ms … (up to 5 s); one that had delivered is opened again at
+/// once; each wait is measured from the deletion to the consumer's return. A consumer created
+/// again goes on from its ack floor: events published before it went are not delivered again
+/// from the Subscription's start, and events published after all that still arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_consumer_is_created_again_with_backoff_before_events_and_at_once_after() {
+    let platform = Platform::start().await;
+    let sink = Sink::ok().await;
+    platform
+        .subscribe(
+            "watched",
+            json!({"sink": sink.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    let stream = platform
+        .js
+        .get_stream(eddy_platform::nats::EVENTS_STREAM)
+        .await
+        .unwrap();
+    let consumer = eddy_model::resources::consumer_name("default", "watched");
+    // Once the dispatcher is pulling from the consumer (a pull request waits on it), deletes
+    // the consumer and measures how long until it is back.
+    let delete_and_time = || async {
+        eventually(
+            "the dispatcher pulling",
+            Duration::from_secs(20),
+            || async {
+                platform
+                    .consumer_info("watched")
+                    .await
+                    .is_some_and(|info| info.num_waiting > 0)
+            },
+        )
+        .await
+        .unwrap();
+        stream.delete_consumer(&consumer).await.unwrap();
+        let deleted = std::time::Instant::now();
+        eventually("the consumer back", Duration::from_secs(20), || async {
+            platform.consumer_info("watched").await.is_some()
+        })
+        .await
+        .unwrap();
+        deleted.elapsed()
+    };
+    // Before any event: a growing wait.
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        waits.push(delete_and_time().await);
+    }
+    eprintln!("consumer back, before events, after: {waits:?}");
+    for (wait, backoff) in waits.iter().zip([200, 400, 800]) {
+        let backoff = Duration::from_millis(backoff);
+        assert!(
+            *wait >= backoff && *wait < backoff + Duration::from_millis(600),
+            "{waits:?}: expected {backoff:?}"
+        );
+    }
+    // After an event: at once.
+    platform
+        .publish("shop", "order.created.v1", "before", json!({}))
+        .await;
+    sink.wait_for(1).await;
+    platform.wait_settled("watched").await;
+    let again = delete_and_time().await;
+    assert!(
+        again < Duration::from_millis(190),
+        "after an event the consumer is back at once, not after a backoff: {again:?}"
+    );
+    let all = platform
+        .get_text(&format!("{}/metrics", platform.dispatcher))
+        .await;
+    let breaks: Vec<&str> = all
+        .lines()
+        .filter(|line| line.starts_with("eddy_dispatcher_stream_breaks_total{"))
+        .collect();
+    assert_eq!(
+        breaks,
+        [
+            "eddy_dispatcher_stream_breaks_total{subscription=\"default/watched\",reason=\"consumer_deleted\"} 4"
+        ]
+    );
+    // Events published after all that arrive; "before" was delivered once, or again only if
+    // its ack came after the consumer was last read (its ack floor is read every 2 s).
+    platform
+        .publish("shop", "order.created.v1", "after", json!({}))
+        .await;
+    eventually(
+        "the event published after",
+        Duration::from_secs(20),
+        || async { sink.ids().contains(&"after".to_owned()) },
+    )
+    .await
+    .unwrap();
+    platform.wait_settled("watched").await;
+    let ids = sink.ids();
+    assert!(
+        ids.iter().filter(|id| *id == "before").count() <= 2
+            && ids.ends_with(&["after".to_owned()]),
+        "{ids:?}"
+    );
+}
+
+/// A consumer created again after it was lost starts after the ack floor last read from it,
+/// not from the Subscription's start: with five events stored, one resumed after sequence 3
+/// delivers the fourth first, and one without a floor delivers from the start.
+#[tokio::test]
+async fn a_consumer_created_again_resumes_after_its_ack_floor() {
+    use futures::StreamExt as _;
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let started = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
+    for i in 1..=5 {
+        platform
+            .publish("shop", "order.created.v1", &format!("e-{i}"), json!({}))
+            .await;
+    }
+    let stream = platform
+        .js
+        .get_stream(eddy_platform::nats::EVENTS_STREAM)
+        .await
+        .unwrap();
+    let subscription: eddy_model::resources::Subscription = serde_json::from_value(json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"sink": "http://127.0.0.1:9/", "types": ["order.created.v1"]},
+    }))
+    .unwrap();
+    let first_sequence = |resume_after: Option<u64>, name: &'static str| {
+        let plan = eddy_dispatcher::consumer::ConsumerPlan {
+            name: name.to_owned(),
+            filter_subjects: vec!["eddy.events.shop.order.created.v1".to_owned()],
+            policy: subscription.spec.delivery_policy().unwrap(),
+            ack_wait: Duration::from_secs(30),
+            deliver_from: Some(started),
+        };
+        let stream = stream.clone();
+        async move {
+            let consumer = eddy_dispatcher::consumer::ensure(&stream, &plan, resume_after)
+                .await
+                .unwrap();
+            let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+            let message = batch.next().await.unwrap().unwrap();
+            message.info().unwrap().stream_sequence
+        }
+    };
+    let events_before = stream.clone().info().await.unwrap().state.first_sequence - 1;
+    assert_eq!(
+        first_sequence(Some(events_before + 3), "probe_resumed").await,
+        events_before + 4
+    );
+    assert_eq!(
+        first_sequence(None, "probe_from_start").await,
+        events_before + 1
+    );
+}

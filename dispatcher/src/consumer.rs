@@ -23,9 +23,10 @@ pub struct ConsumerPlan {
     /// How long a delivery may go without an ack or in-progress ack before JetStream hands the
     /// event to another dispatcher.
     pub ack_wait: Duration,
-    /// The Subscription's creation: a consumer created for it (first, or again after it was
-    /// lost) delivers every event stored since then, so none published after the Subscription
-    /// existed is skipped. `None` delivers only events stored after the consumer.
+    /// The Subscription's creation: its first consumer delivers every event stored since then,
+    /// so none published after the Subscription existed is skipped (one created again after it
+    /// was lost goes on after its last known ack floor instead, when there is one). `None`
+    /// delivers only events stored after the consumer.
     pub deliver_from: Option<time::OffsetDateTime>,
 }
 
@@ -80,6 +81,7 @@ pub fn needs_update(existing: &jetstream::consumer::Config, wanted: &pull::Confi
 pub async fn ensure(
     stream: &jetstream::stream::Stream,
     plan: &ConsumerPlan,
+    resume_after: Option<u64>,
 ) -> Result<PullConsumer> {
     match stream.consumer_info(&plan.name).await {
         Ok(info) => {
@@ -97,9 +99,18 @@ pub async fn ensure(
                 .map_err(|e| Error::consumer(&plan.name, "get", e))
         }
         Err(error) if error.kind() == ConsumerInfoErrorKind::NotFound => {
-            tracing::info!(consumer = %plan.name, deliver_from = ?plan.deliver_from, "creating consumer");
+            // A consumer that went (deleted, lost with its stream's leader) goes on from where
+            // it had acknowledged, not from the Subscription's start: at most the acks since the
+            // last look at it are delivered again, never the whole history.
+            let deliver_policy = match resume_after {
+                Some(acked) if acked > 0 => DeliverPolicy::ByStartSequence {
+                    start_sequence: acked + 1,
+                },
+                _ => plan.deliver_policy(),
+            };
+            tracing::info!(consumer = %plan.name, deliver_from = ?plan.deliver_from, ?resume_after, "creating consumer");
             stream
-                .create_consumer(consumer_config(plan, plan.deliver_policy()))
+                .create_consumer(consumer_config(plan, deliver_policy))
                 .await
                 .map_err(|e| Error::consumer(&plan.name, "create", e))
         }

@@ -578,7 +578,8 @@ impl Manager {
         tokio::spawn(
             async move {
                 tracing::info!(events, "replay started");
-                let outcome = worker::consume(&shared, &target, consumer, true, &cancel).await;
+                let outcome =
+                    worker::consume(&shared, &target, consumer, true, &mut None, &cancel).await;
                 tracing::info!(?outcome, "replay ended");
                 if let Ok(stream) = shared.js.get_stream(EVENTS_STREAM).await {
                     let _ = stream.delete_consumer(&replay_name).await;

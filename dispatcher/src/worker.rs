@@ -135,9 +135,15 @@ pub async fn run(
     plan: ConsumerPlan,
     cancel: CancellationToken,
 ) {
+    // Attempts in a row that delivered nothing: set-up failures and streams that broke before
+    // their first event. Reset only by a stream that delivered, so a consumer that is set up
+    // fine but whose stream keeps breaking at once backs off too.
     let mut failures: u32 = 0;
+    // The consumer's ack floor (stream sequence) as last read: where a consumer that went is
+    // created again from.
+    let mut acked: Option<u64> = None;
     loop {
-        let consumer = match ensure(&shared, &plan).await {
+        let consumer = match ensure(&shared, &plan, acked).await {
             Ok(consumer) => consumer,
             Err(error) => {
                 failures += 1;
@@ -148,14 +154,14 @@ pub async fn run(
                 continue;
             }
         };
-        failures = 0;
-        match consume(&shared, &target, consumer, false, &cancel).await {
+        match consume(&shared, &target, consumer, false, &mut acked, &cancel).await {
             Ended::Cancelled | Ended::CaughtUp => return,
             Ended::Broken { delivered } => {
                 // A stream that was delivering is opened again at once: waiting would only add
                 // latency to a Subscription that works. Only a stream that breaks before its
                 // first event (JetStream away, the consumer gone) backs off.
                 if delivered {
+                    failures = 0;
                     continue;
                 }
                 failures += 1;
@@ -167,13 +173,17 @@ pub async fn run(
     }
 }
 
-async fn ensure(shared: &Shared, plan: &ConsumerPlan) -> crate::Result<PullConsumer> {
+async fn ensure(
+    shared: &Shared,
+    plan: &ConsumerPlan,
+    resume_after: Option<u64>,
+) -> crate::Result<PullConsumer> {
     let stream = shared
         .js
         .get_stream(eddy_platform::nats::EVENTS_STREAM)
         .await
         .map_err(|e| crate::Error::consumer(&plan.name, "find stream", e))?;
-    consumer::ensure(&stream, plan).await
+    consumer::ensure(&stream, plan, resume_after).await
 }
 
 /// Delays between attempts to set up or re-read the consumer.
@@ -233,6 +243,7 @@ pub async fn consume(
     target: &Arc<Target>,
     consumer: PullConsumer,
     until_caught_up: bool,
+    acked: &mut Option<u64>,
     cancel: &CancellationToken,
 ) -> Ended {
     let max_in_flight = usize::try_from(target.policy.max_in_flight)
@@ -296,6 +307,7 @@ pub async fn consume(
             answer = async { match asking.as_mut() { Some(request) => request.await, None => std::future::pending().await } } => {
                 asking = None;
                 if let Ok(info) = answer {
+                    *acked = Some(info.ack_floor.stream_sequence);
                     let pending = i64::try_from(info.num_pending + info.num_ack_pending as u64).unwrap_or(i64::MAX);
                     series.set_pending(pending);
                     if until_caught_up && info.num_pending == 0 && info.num_ack_pending == 0 && running.is_empty() {
