@@ -437,34 +437,25 @@ async fn each_refused_publish_is_counted_under_its_outcome() {
             .send()
     };
 
-    // The store fills up: the first refusal is a 503 counted as stream_refused.
-    let mut stored = 0;
-    let refusal = loop {
-        let answer = publish(format!("fill-{stored}")).await.unwrap();
-        if answer.status() != 204 && answer.status() != 200 && answer.status() != 201 {
-            break answer;
-        }
-        stored += 1;
-        assert!(stored < 100, "a 16 KiB store took 100 events of 2 KiB");
-    };
-    assert_eq!(refusal.status(), 503);
-    assert!(refusal.text().await.unwrap().contains("refused"));
-    assert_eq!(
-        bus_events(&http, &bus_url, "binary", "stream_refused").await,
-        1.0
-    );
-    assert_eq!(
-        bus_events(&http, &bus_url, "binary", "stored").await,
-        f64::from(stored)
-    );
-
-    // NATS hangs: a single event's ack never comes (nats_unavailable), and a batch runs past
-    // the request deadline (timed_out).
+    // NATS hangs (first, while the store has room and nothing was refused): a single event's
+    // ack never comes (nats_unavailable), and a batch runs past the request deadline
+    // (timed_out).
     let pid = nats.pid().unwrap();
     signal(pid, "-STOP");
+    // Stopped before anything is sent to it (state `T` in /proc).
+    eventually("nats-server stopped", Duration::from_secs(5), || async {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('T'))
+        })
+    })
+    .await
+    .unwrap();
     let hung = publish("hung".to_owned()).await.unwrap();
     assert_eq!(hung.status(), 503);
-    assert!(hung.text().await.unwrap().contains("NATS is unavailable"));
+    let said = hung.text().await.unwrap();
+    assert!(said.contains("NATS is unavailable"), "{said}");
     let batch = http
         .post(format!("{bus_url}/publish"))
         .header("content-type", "application/cloudevents-batch+json")
@@ -477,13 +468,40 @@ async fn each_refused_publish_is_counted_under_its_outcome() {
         .await
         .unwrap();
     assert_eq!(batch.status(), 503);
-    assert!(batch.text().await.unwrap().contains("not finished within"));
+    let said = batch.text().await.unwrap();
+    assert!(said.contains("not finished within"), "{said}");
     signal(pid, "-CONT");
     assert_eq!(
         bus_events(&http, &bus_url, "binary", "nats_unavailable").await,
         1.0
     );
     assert_eq!(bus_events(&http, &bus_url, "batch", "timed_out").await, 1.0);
+    // NATS goes on: the next publish is stored.
+    let resumed = publish("resumed".to_owned()).await.unwrap();
+    assert_eq!(resumed.status(), 204);
+
+    // The store fills up: the first refusal is a 503 counted as stream_refused.
+    let mut stored = 0;
+    let refusal = loop {
+        let answer = publish(format!("fill-{stored}")).await.unwrap();
+        if answer.status() != 204 && answer.status() != 200 && answer.status() != 201 {
+            break answer;
+        }
+        stored += 1;
+        assert!(stored < 100, "a 16 KiB store took 100 events of 2 KiB");
+    };
+    assert_eq!(refusal.status(), 503);
+    let said = refusal.text().await.unwrap();
+    assert!(said.contains("refused"), "{said}");
+    assert_eq!(
+        bus_events(&http, &bus_url, "binary", "stream_refused").await,
+        1.0
+    );
+    assert_eq!(
+        bus_events(&http, &bus_url, "binary", "stored").await,
+        f64::from(stored) + 1.0,
+        "the fill and the one stored after NATS went on"
+    );
 
     // NATS gone: refused at once, counted as nats_unavailable.
     nats.kill();

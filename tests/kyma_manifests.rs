@@ -1438,3 +1438,76 @@ spec:
         assert_eq!(echoed, allowed.then(|| origin.to_owned()), "{origin}");
     }
 }
+
+/// APIRule statuses follow what they depend on, as it changes (no periodic look): an APIRule
+/// naming a Function that does not exist yet is `Warning` and turns `Ready` when the Function
+/// is applied; one refused a host an older APIRule holds is `Error` and turns `Ready` when
+/// that APIRule is deleted.
+#[tokio::test]
+async fn apirule_statuses_follow_their_functions_and_the_hosts_freed() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let rule = |name: &str, host: &str, service: &str| {
+        format!(
+            "apiVersion: gateway.kyma-project.io/v2\nkind: APIRule\nmetadata: {{name: {name}}}\nspec:\n  hosts: [{host}]\n  service: {{name: {service}, port: 80}}\n  rules:\n    - path: /*\n      methods: [GET]\n      noAuth: true\n"
+        )
+    };
+    let state = |name: &'static str| {
+        let platform = &platform;
+        async move { platform.apirule_state("default", name).await.0 }
+    };
+    let (ok, _, stderr) = platform
+        .apply_text(&rule("early", "early", "later-fn"))
+        .await;
+    assert!(ok, "{stderr}");
+    eventually("early: Warning", Duration::from_secs(20), || async {
+        state("early").await == "Warning"
+    })
+    .await
+    .unwrap();
+    platform
+        .deploy(
+            "later-fn",
+            json!({"runtime": "nodejs24", "source": {"inline": {"source": "module.exports = { main: () => 'here' };"}}}),
+        )
+        .await;
+    eventually(
+        "early: Ready once its Function exists",
+        Duration::from_secs(20),
+        || async { state("early").await == "Ready" },
+    )
+    .await
+    .unwrap();
+
+    let (ok, _, stderr) = platform
+        .apply_text(&rule("holder", "shared", "later-fn"))
+        .await;
+    assert!(ok, "{stderr}");
+    eventually("holder: Ready", Duration::from_secs(20), || async {
+        state("holder").await == "Ready"
+    })
+    .await
+    .unwrap();
+    let (_, _, _) = platform
+        .apply_text(&rule("second", "shared", "later-fn"))
+        .await;
+    eventually("second: Error", Duration::from_secs(20), || async {
+        state("second").await == "Error"
+    })
+    .await
+    .unwrap();
+    let (ok, _, stderr) = platform
+        .eddy(&["delete", "apirule", "holder", "-n", "default"])
+        .await;
+    assert!(ok, "{stderr}");
+    eventually(
+        "second: Ready once the host is free",
+        Duration::from_secs(20),
+        || async { state("second").await == "Ready" },
+    )
+    .await
+    .unwrap();
+}

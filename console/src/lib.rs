@@ -142,9 +142,8 @@ impl DashboardState {
             .get(format!("{url}/subscriptions"))
             .timeout(Duration::from_secs(2))
             .send()
-            .await
-            .ok()?;
-        let list: SubscriptionList = response.json().await.ok()?;
+            .await;
+        let list: SubscriptionList = answer(response).await?;
         Some(list.items)
     }
 
@@ -791,7 +790,8 @@ async fn redrive(
     .await
 }
 
-/// A successful answer of the dispatcher, read as `T`.
+/// A successful answer of the dispatcher, read as `T`: every typed answer the console reads
+/// goes through here (a failed or unreadable one is `None`).
 async fn answer<T: serde::de::DeserializeOwned>(
     response: Result<reqwest::Response, reqwest::Error>,
 ) -> Option<T> {

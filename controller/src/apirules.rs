@@ -6,7 +6,6 @@
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
-    time::Duration,
 };
 
 use eddy_model::apirule::{APIRule, HostClaim, RuleKey, award_hosts};
@@ -189,8 +188,9 @@ impl Follower {
 }
 
 /// Follows the APIRules of the local store and writes their status, until `shutdown`. A
-/// Service is a Function of that name; a missing one is looked for again every 2 s, as is a
-/// host held by another APIRule.
+/// Service is a Function of that name. Every APIRule is judged again when something it depends
+/// on changes: an APIRule applied or deleted (hosts are taken and freed), or a Function an
+/// APIRule names applied or deleted. Changes that come together are judged together.
 pub async fn follow_local(
     store: eddy_platform::store::Store,
     serving: ApiRuleArgs,
@@ -208,23 +208,24 @@ pub async fn follow_local(
         rules: known,
         honoured: parking_lot::Mutex::default(),
     });
-    let ticker = async {
-        let mut tick = tokio::time::interval(Duration::from_secs(2));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One permit at most: a burst of changes wakes the judge once.
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let judge = async {
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
+                () = changed.notified() => {}
                 () = shutdown.cancelled() => return,
             }
             follower.settle_all().await;
         }
     };
-    let follow = store.follow::<APIRule, _, _>(&shutdown, |change| {
-        let (store, follower) = (store.clone(), follower.clone());
+    let rules = store.follow::<APIRule, _, _>(&shutdown, |change| {
+        let (store, follower, changed) = (store.clone(), follower.clone(), changed.clone());
         async move {
             match change {
                 Change::Applied(rule) => {
                     follower.rules.lock().insert(rule.key(), rule.clone());
+                    // This one at once (`eddy apply` reads its status next); the others with it.
                     follower.settle(&rule).await;
                 }
                 Change::Deleted { namespace, name } => {
@@ -238,9 +239,25 @@ pub async fn follow_local(
                 }
                 Change::Synced => {}
             }
+            changed.notify_one();
         }
     });
-    tokio::join!(follow, ticker);
+    let functions = store.follow::<eddy_model::resources::Function, _, _>(&shutdown, |change| {
+        let (follower, changed) = (follower.clone(), changed.clone());
+        if let Some((namespace, name)) = change.key() {
+            let named = follower.rules.lock().iter().any(|((own, _), rule)| {
+                rule.spec
+                    .targets(own)
+                    .iter()
+                    .any(|(n, s)| *n == namespace && *s == name)
+            });
+            if named {
+                changed.notify_one();
+            }
+        }
+        std::future::ready(())
+    });
+    tokio::join!(rules, functions, judge);
 }
 
 #[cfg(test)]
