@@ -1557,10 +1557,12 @@ async fn a_deleted_consumer_is_created_again_with_backoff_before_events_and_at_o
         waits.push(delete_and_time().await);
     }
     eprintln!("consumer back, before events, after: {waits:?}");
+    // Measured from the deletion's answer, which can come after the dispatcher has already
+    // seen the break and started its wait: a quarter of slack below.
     for (wait, backoff) in waits.iter().zip([200, 400, 800]) {
         let backoff = Duration::from_millis(backoff);
         assert!(
-            *wait >= backoff && *wait < backoff + Duration::from_millis(600),
+            *wait >= backoff * 3 / 4 && *wait < backoff + Duration::from_millis(600),
             "{waits:?}: expected {backoff:?}"
         );
     }
