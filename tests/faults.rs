@@ -388,12 +388,12 @@ async fn bus_events(http: &reqwest::Client, bus_url: &str, mode: &str, outcome: 
 }
 
 /// Sends SIGSTOP or SIGCONT to a process: a hung server, then one going on.
-fn signal(pid: u32, which: &str) {
-    let status = std::process::Command::new("kill")
-        .args([which, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {which} {pid}");
+fn signal(pid: u32, which: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        which,
+    )
+    .unwrap_or_else(|error| panic!("{which} to {pid}: {error}"));
 }
 
 /// Each way the event-bus refuses to store an event is counted under its own outcome in
@@ -441,7 +441,7 @@ async fn each_refused_publish_is_counted_under_its_outcome() {
     // ack never comes (nats_unavailable), and a batch runs past the request deadline
     // (timed_out).
     let pid = nats.pid().unwrap();
-    signal(pid, "-STOP");
+    signal(pid, nix::sys::signal::Signal::SIGSTOP);
     // Stopped before anything is sent to it (state `T` in /proc).
     eventually("nats-server stopped", Duration::from_secs(5), || async {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -470,7 +470,7 @@ async fn each_refused_publish_is_counted_under_its_outcome() {
     assert_eq!(batch.status(), 503);
     let said = batch.text().await.unwrap();
     assert!(said.contains("not finished within"), "{said}");
-    signal(pid, "-CONT");
+    signal(pid, nix::sys::signal::Signal::SIGCONT);
     assert_eq!(
         bus_events(&http, &bus_url, "binary", "nats_unavailable").await,
         1.0
