@@ -46,14 +46,27 @@ pub struct Granted {
 #[derive(Debug)]
 pub struct Authorizer {
     spec: HttpAuthorizer,
+    /// `includeAdditionalHeadersInCheck`, parsed once (the provider's checks refused bad ones).
+    additional: Vec<(HeaderName, HeaderValue)>,
     client: PlainClient,
 }
 
 impl Authorizer {
     /// An authorizer as its provider describes it.
     pub fn new(spec: HttpAuthorizer) -> Self {
+        let additional = spec
+            .additional
+            .iter()
+            .filter_map(|(name, value)| {
+                Some((
+                    HeaderName::from_bytes(name.as_bytes()).ok()?,
+                    HeaderValue::from_str(value).ok()?,
+                ))
+            })
+            .collect();
         Self {
             spec,
+            additional,
             client: client(),
         }
     }
@@ -140,13 +153,8 @@ impl Authorizer {
                 sent.append(name.clone(), value.clone());
             }
         }
-        for (name, value) in &self.spec.additional {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
-                sent.insert(name, value);
-            }
+        for (name, value) in &self.additional {
+            sent.insert(name.clone(), value.clone());
         }
         sent.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         let call = async {
