@@ -1029,10 +1029,35 @@ fn registry_secrets(client: &Client) -> (Api<Secret>, watcher::Config) {
     )
 }
 
-/// Whether a change to the package registry Secret of namespace `changed` concerns a Function
-/// in `namespace`: its own namespace's, or the cluster-wide one. Pure.
-fn registry_change_reaches(changed: &str, namespace: Option<&str>) -> bool {
-    changed == crate::package_registry::CLUSTER_NAMESPACE || namespace == Some(changed)
+/// The Functions of `known` (eddy's or Kyma's) that a change to the package registry Secret
+/// `secret` concerns, among those `wanted` keeps: the ones of its namespace, or all for the
+/// cluster-wide one; as references for a controller's `watches`.
+fn reached_by_registry<K>(
+    known: &kube::runtime::reflector::Store<K>,
+    secret: &Secret,
+    wanted: impl Fn(&K) -> bool,
+    dynamic_type: &K::DynamicType,
+) -> Vec<kube::runtime::reflector::ObjectRef<K>>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    let changed = secret.namespace().unwrap_or_default();
+    let cluster_wide = changed == crate::package_registry::CLUSTER_NAMESPACE;
+    known
+        .state()
+        .into_iter()
+        .filter(|object| {
+            (cluster_wide || object.namespace().as_deref() == Some(changed.as_str()))
+                && wanted(object)
+        })
+        .map(|object| {
+            kube::runtime::reflector::ObjectRef::from_obj_with(
+                object.as_ref(),
+                dynamic_type.clone(),
+            )
+        })
+        .collect()
 }
 
 /// The name of the copy of the cluster-wide private package registry Secret in a Function's
@@ -1354,20 +1379,7 @@ async fn run_kyma(client: Client, context: Arc<Context>, shutdown: CancellationT
         .owns(Api::<Job>::all(client.clone()), owned.clone())
         .owns(Api::<Deployment>::all(client.clone()), owned)
         .watches(secrets, named, move |secret: Secret| {
-            let changed = secret.namespace().unwrap_or_default();
-            known
-                .state()
-                .into_iter()
-                .filter(|function| {
-                    registry_change_reaches(&changed, function.namespace().as_deref())
-                })
-                .map(|function| {
-                    kube::runtime::reflector::ObjectRef::from_obj_with(
-                        function.as_ref(),
-                        functions.clone(),
-                    )
-                })
-                .collect::<Vec<_>>()
+            reached_by_registry(&known, &secret, |_| true, &functions)
         })
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile_kyma_function, kyma_error_policy, context.clone())
@@ -1490,16 +1502,7 @@ async fn run_eddy(client: Client, context: Arc<Context>, shutdown: CancellationT
         .owns(Api::<Job>::all(client.clone()), owned.clone())
         .owns(Api::<Deployment>::all(client.clone()), owned)
         .watches(secrets, named, move |secret: Secret| {
-            let changed = secret.namespace().unwrap_or_default();
-            known
-                .state()
-                .into_iter()
-                .filter(|function| {
-                    render::may_install(function)
-                        && registry_change_reaches(&changed, function.namespace().as_deref())
-                })
-                .map(|function| kube::runtime::reflector::ObjectRef::from_obj(function.as_ref()))
-                .collect::<Vec<_>>()
+            reached_by_registry(&known, &secret, render::may_install, &())
         })
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile_function, error_policy, context.clone())
