@@ -891,9 +891,11 @@ async fn a_deleted_function_leaves_nothing_behind() {
 }
 
 /// `kubectl scale` sets the Function's replicas through the scale subresource; an HPA can
-/// target the Function.
+/// target the Function (the controller-manager reads its scale). kwok runs no container, so
+/// nothing scales on load here: `tests/real_pods.rs`,
+/// `an_autoscaled_function_scales_out_on_cpu_load_through_metrics_server`, does that.
 #[tokio::test]
-async fn kubectl_scale_and_an_hpa_work_on_a_function() {
+async fn kubectl_scale_sets_a_function_s_replicas_and_an_hpa_can_target_its_scale() {
     let _serial = serial().await;
     let cluster = Cluster::new("scale").await;
     let _controller = cluster.controller().await;

@@ -1558,3 +1558,188 @@ spec:
     delete_namespace(plane, &analytics)?;
     Ok(())
 }
+
+/// An autoscaled Function scales out on CPU load as in any cluster: metrics-server (behind the
+/// API server's aggregation layer) reads the pods' CPU from the kubelet, the controller-manager's
+/// HPA (the one eddy renders: 50 % of the CPU request) raises the Deployment's replicas, the
+/// controller leaves them to it, and the new pods answer calls.
+#[tokio::test]
+async fn an_autoscaled_function_scales_out_on_cpu_load_through_metrics_server() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "autoscale")?;
+    // Each call spins for a quarter of a second of wall time: under steady calls the pod runs
+    // at its XS limit (150m), three times its request (50m).
+    apply(
+        plane,
+        &namespace,
+        r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {name: spinner}
+spec:
+  runtime: python312
+  scaleConfig: {minReplicas: 1, maxReplicas: 3}
+  resourceConfiguration: {function: {profile: XS}}
+  source:
+    inline:
+      source: |
+        import socket, time
+        def main(event, context):
+            end = time.monotonic() + 0.25
+            while time.monotonic() < end:
+                pass
+            return socket.gethostname()
+"#,
+    )?;
+    running(plane, &namespace, "spinner", Duration::from_secs(150)).await?;
+    let service = kubectl_json(plane, &["get", "service", "spinner", "-n", &namespace])?;
+    let url = format!(
+        "http://{}:{}/",
+        service["spec"]["clusterIP"]
+            .as_str()
+            .context("the Service's ClusterIP")?,
+        service["spec"]["ports"][0]["port"]
+            .as_u64()
+            .context("the Service's port")?
+    );
+
+    // Two callers, each calling again as soon as it is answered; every answering pod is kept.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered_by = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::<
+        String,
+    >::new()));
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, answered_by, url) = (stop.clone(), answered_by.clone(), url.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok((200, pod)) = curl(&url, &[], None)
+                        && let Ok(mut pods) = answered_by.lock()
+                    {
+                        pods.insert(pod);
+                    }
+                }
+            })
+        })
+        .collect();
+    let outcome = async {
+        // The metrics pipeline: the pod's CPU, as metrics.k8s.io serves it.
+        let pod_metrics = format!("/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods");
+        let mut last = String::new();
+        eventually(
+            "metrics.k8s.io to report the Function's pod using CPU",
+            Duration::from_secs(90),
+            || {
+                last = plane
+                    .kubectl()
+                    .and_then(|mut kubectl| run(kubectl.args(["get", "--raw", &pod_metrics])))
+                    .unwrap_or_default();
+                let busy = serde_json::from_str::<Value>(&last).is_ok_and(|list| {
+                    list["items"].as_array().is_some_and(|pods| {
+                        pods.iter().any(|pod| {
+                            pod["containers"].as_array().is_some_and(|containers| {
+                                containers.iter().any(|container| {
+                                    container["name"] == "function"
+                                        && cpu_millis(&container["usage"]["cpu"]) >= 50.0
+                                })
+                            })
+                        })
+                    })
+                });
+                async move { busy }
+            },
+        )
+        .await
+        .with_context(|| format!("metrics.k8s.io answered: {last}"))?;
+
+        // The HPA sees the load and the Deployment grows to the Function's maximum.
+        let mut hpa = Value::Null;
+        let mut deployment = Value::Null;
+        eventually(
+            "the HPA to scale the Function's Deployment to 3 ready replicas",
+            Duration::from_secs(180),
+            || {
+                hpa = kubectl_json(plane, &["get", "hpa", "spinner", "-n", &namespace])
+                    .unwrap_or_default();
+                deployment =
+                    kubectl_json(plane, &["get", "deployment", "spinner", "-n", &namespace])
+                        .unwrap_or_default();
+                let scaled = deployment["status"]["readyReplicas"].as_u64() == Some(3);
+                async move { scaled }
+            },
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "the HPA's status: {}\nthe Deployment's status: {}",
+                hpa["status"], deployment["status"]
+            )
+        })?;
+        let utilization =
+            hpa["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"]
+                .as_u64()
+                .unwrap_or_default();
+        ensure!(
+            utilization > 50,
+            "the HPA scaled at {utilization} % of the CPU request, not above its 50 % target: {}",
+            hpa["status"]
+        );
+        // The new pods serve: calls are answered by more than one pod.
+        eventually(
+            "calls answered by at least two of the Function's pods",
+            Duration::from_secs(60),
+            || {
+                let pods = answered_by.lock().map(|pods| pods.len()).unwrap_or(0);
+                async move { pods >= 2 }
+            },
+        )
+        .await?;
+        // The Function reports the replicas the HPA chose (its scale subresource's status).
+        let mut function = Value::Null;
+        eventually(
+            "the Function's status to report 3 replicas",
+            Duration::from_secs(30),
+            || {
+                function = kubectl_json(plane, &["get", "function", "spinner", "-n", &namespace])
+                    .unwrap_or_default();
+                let reported = function["status"]["replicas"] == 3;
+                async move { reported }
+            },
+        )
+        .await
+        .with_context(|| format!("its status: {}", function["status"]))?;
+        ensure!(
+            deployment["spec"]["replicas"] == 3,
+            "the Deployment's replicas were set back: {}",
+            deployment["spec"]
+        );
+        eprintln!(
+            "scaled to 3 replicas at {utilization} % of the CPU request; answered by {:?}",
+            answered_by
+                .lock()
+                .map(|pods| pods.clone())
+                .unwrap_or_default(),
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for caller in callers {
+        let _ = caller.join();
+    }
+    outcome?;
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
+
+/// A CPU quantity (`"153457112n"`, `"150m"`, `"1"`) in millicores.
+fn cpu_millis(quantity: &Value) -> f64 {
+    let text = quantity.as_str().unwrap_or_default();
+    let (number, scale) = match text.char_indices().last() {
+        Some((at, 'n')) => (&text[..at], 1e-6),
+        Some((at, 'u')) => (&text[..at], 1e-3),
+        Some((at, 'm')) => (&text[..at], 1.0),
+        _ => (text, 1000.0),
+    };
+    number.parse::<f64>().map_or(0.0, |n| n * scale)
+}
