@@ -30,9 +30,10 @@ use crate::{Access, Destination, Found, FunctionKey, Upstreams, forward_headers}
 pub struct LocalPools {
     pools: Pools,
     client: Client<HttpConnector, Full<Bytes>>,
-    /// Each `spec.access` a pool holds, compiled once (keyed by its `Arc`'s address; the `Arc`
-    /// is kept, so the address is not reused while it is here).
-    access: RwLock<HashMap<usize, (Arc<AccessSpec>, Access)>>,
+    /// Each pool's `spec.access`, compiled once per version, keyed by the pool's address. An
+    /// entry keeps its pool (so the address is not reused while it is here) and goes when the
+    /// pool shuts down.
+    access: Arc<RwLock<HashMap<usize, CompiledAccess>>>,
     activation_timeout: Duration,
     request_timeout: Duration,
 }
@@ -47,33 +48,69 @@ impl LocalPools {
                 Duration::from_secs(30),
                 Some(Duration::from_secs(2)),
             ),
-            access: RwLock::default(),
+            access: Arc::default(),
             activation_timeout,
             request_timeout,
         }
     }
 
     /// Who may call a pool's function: its `spec.access`, compiled once per version.
-    fn access_of(&self, pool: &Pool) -> Access {
+    fn access_of(&self, pool: &Arc<Pool>) -> Access {
         let Some(spec) = pool.access() else {
             return Access::Public;
         };
-        let address = Arc::as_ptr(&spec) as usize;
-        if let Some((_, access)) = self.access.read().get(&address) {
-            return access.clone();
+        let address = Arc::as_ptr(pool) as usize;
+        if let Some(compiled) = self.access.read().get(&address)
+            && Arc::ptr_eq(&compiled.spec, &spec)
+        {
+            return compiled.access.clone();
         }
-        let mut compiled = self.access.write();
+        let mut cache = self.access.write();
         // A verifier for the same JWT settings keeps its keys.
-        let existing = compiled
+        let existing = cache
             .values()
-            .find(|(_, access)| matches!(access, Access::Jwt(verifier) if Some(verifier.spec()) == spec.jwt.as_ref()))
-            .map(|(_, access)| access.clone());
+            .find(|compiled| matches!(&compiled.access, Access::Jwt(verifier) if Some(verifier.spec()) == spec.jwt.as_ref()))
+            .map(|compiled| compiled.access.clone());
         let access = Access::of(Some(&spec), existing.as_ref());
-        // Versions no pool holds any more go.
-        compiled.retain(|_, (held, _)| Arc::strong_count(held) > 1);
-        compiled.insert(address, (spec, access.clone()));
+        let compiled = CompiledAccess {
+            _pool: pool.clone(),
+            spec,
+            access: access.clone(),
+        };
+        // A new version replaces the pool's old one; a pool's first gets its pruning.
+        if cache.insert(address, compiled).is_none() {
+            self.prune_when_closed(pool, address);
+        }
         access
     }
+
+    /// Drops the pool's compiled access once the pool shuts down.
+    fn prune_when_closed(&self, pool: &Pool, address: usize) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (closed, cache) = (pool.closed(), Arc::downgrade(&self.access));
+        runtime.spawn(async move {
+            closed.await;
+            if let Some(cache) = cache.upgrade() {
+                cache.write().remove(&address);
+            }
+        });
+    }
+
+    /// How many pools' access is compiled and kept.
+    #[cfg(test)]
+    fn compiled_access(&self) -> usize {
+        self.access.read().len()
+    }
+}
+
+/// A pool's `spec.access` as compiled, with the pool it belongs to.
+struct CompiledAccess {
+    /// Held so that no other pool takes its address while the entry is here.
+    _pool: Arc<Pool>,
+    spec: Arc<AccessSpec>,
+    access: Access,
 }
 
 impl Upstreams for LocalPools {
@@ -255,5 +292,83 @@ impl http_body::Body for LeasedBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use eddy_controller::local::pool::PoolConfig;
+    use eddy_platform::shutdown::CancellationToken;
+
+    use super::*;
+
+    fn token_access(digest: char) -> AccessSpec {
+        serde_json::from_value(serde_json::json!({
+            "mode": "token",
+            "tokenDigests": [format!("sha256:{}", digest.to_string().repeat(64))],
+        }))
+        .unwrap()
+    }
+
+    /// A pool's compiled access is kept while the pool lives, replaced by a new version, and
+    /// dropped when the pool shuts down, without waiting for another pool's call.
+    #[tokio::test]
+    async fn a_pool_s_compiled_access_goes_with_the_pool() {
+        let dir = std::env::temp_dir().join(format!("eddy-local-pools-{}", std::process::id()));
+        let config = Arc::new(PoolConfig {
+            logs_dir: dir.join("logs"),
+            publisher_url: "http://127.0.0.1:9/publish".into(),
+            publisher_token: None,
+            trace_collector: None,
+            metrics: Arc::new(eddy_platform::function_metrics::FunctionMetrics::new()),
+            target_concurrency: 1,
+            scale_to_zero_after: Duration::from_secs(60),
+            scale_down_window: Duration::from_secs(30),
+            startup_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(1),
+            spares: None,
+            cgroups: None,
+            max_function_tasks: 64,
+            confinement: Arc::new(eddy_platform::process::Confinement::new(&dir, false).unwrap()),
+        });
+        let pool = Pool::start("shop", "vault", config, CancellationToken::new());
+        pool.set_access(Some(&token_access('a')));
+        let pools = Pools::default();
+        let key = ("shop".to_owned(), "vault".to_owned());
+        pools.write().insert(key.clone(), pool.clone());
+        let upstreams = LocalPools::new(
+            pools.clone(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+
+        assert!(matches!(
+            upstreams.function(&key).unwrap().access,
+            Access::Tokens(_)
+        ));
+        upstreams.function(&key).unwrap();
+        assert_eq!(upstreams.compiled_access(), 1);
+        // A new version replaces the old one.
+        pool.set_access(Some(&token_access('b')));
+        upstreams.function(&key).unwrap();
+        assert_eq!(upstreams.compiled_access(), 1);
+
+        // The Function goes: its pool leaves the map and shuts down.
+        pools.write().remove(&key);
+        pool.shutdown();
+        drop(pool);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while upstreams.compiled_access() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the removed pool's access was still kept after 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

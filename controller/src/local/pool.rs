@@ -490,6 +490,12 @@ impl Pool {
         self.inner.lock().spare_interest = None;
     }
 
+    /// Completes once the pool is shut down (its Function removed, or eddy stopping): what
+    /// others keep for it can go then.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.shutdown.clone().cancelled_owned()
+    }
+
     /// Whether there is anything to run.
     pub fn has_revision(&self) -> bool {
         self.inner.lock().revision.is_some()
