@@ -1667,3 +1667,149 @@ async fn a_consumer_created_again_resumes_after_its_ack_floor() {
         events_before + 1
     );
 }
+
+/// An `https://` sink whose certificate the dispatcher does not trust (the test CA is not among
+/// its roots) is a transport failure: retried for the Subscription's attempts, counted under its
+/// reason, then dead-lettered; nothing reaches the sink. Each attempt's duration is observed in
+/// `eddy_dispatcher_delivery_duration_seconds`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_sink_with_an_untrusted_certificate_is_retried_then_dead_lettered() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let pki = eddy_testing::pki::Pki::new();
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let port = tls_sink(&pki, received.clone()).await;
+    let (status, body) = platform
+        .put_subscription(
+            "untrusted",
+            json!({"sink": format!("https://127.0.0.1:{port}/hooks"), "types": ["order.created.v1"],
+                   "delivery": {"maxAttempts": 3, "backoff": "constant", "initialDelay": "200ms"}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let dispatcher = platform.spawn_dispatcher("30s").await;
+    eventually(
+        "the consumer of untrusted",
+        Duration::from_secs(20),
+        || async { platform.consumer_info("untrusted").await.is_some() },
+    )
+    .await
+    .unwrap();
+    platform
+        .publish("shop", "order.created.v1", "not-trusted", json!({}))
+        .await;
+    platform.wait_settled("untrusted").await;
+    let letters = platform.dead_letters_at(&dispatcher.url, "untrusted").await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let reason = letters[0]["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        reason == "connect_error" || reason == "transport_error",
+        "a TLS failure is a transport failure, not {reason}: {letters:?}"
+    );
+    assert_eq!(letters[0]["attempts"], 3, "{letters:?}");
+    assert!(received.lock().unwrap().is_empty());
+    let metrics = platform
+        .get_text(&format!("{}/metrics", dispatcher.url))
+        .await;
+    let sample = |name: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    };
+    let subscription = "subscription=\"default/untrusted\"";
+    assert_eq!(
+        sample(&format!(
+            "eddy_dispatcher_failures_total{{{subscription},reason=\"{reason}\"}}"
+        )),
+        Some(3.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&format!("eddy_dispatcher_retried_total{{{subscription}}}")),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&format!(
+            "eddy_dispatcher_delivery_duration_seconds_count{{{subscription}}}"
+        )),
+        Some(3.0),
+        "{metrics}"
+    );
+}
+
+/// A dispatcher whose own `--allowed-sinks` refuses a Subscription's sink (stricter than the
+/// controller's) does not deliver for it and dead-letters nothing: the events wait in the
+/// stream, and a dispatcher that allows the sink delivers them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sink_the_dispatcher_refuses_keeps_its_events_until_it_is_allowed() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let sink = Sink::ok().await;
+    let (status, body) = platform
+        .put_subscription(
+            "stricter",
+            json!({"sink": sink.url, "types": ["order.created.v1"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    platform
+        .publish("shop", "order.created.v1", "waits", json!({}))
+        .await;
+    let strict = platform
+        .spawn_dispatcher_with_env(
+            "30s",
+            &[("EDDY_ALLOWED_SINKS", "https://sinks.example.com/")],
+        )
+        .await;
+    // Ready means every Subscription has been read and judged.
+    let http = reqwest::Client::new();
+    eventually(
+        "the strict dispatcher ready",
+        Duration::from_secs(20),
+        || async {
+            http.get(format!("{}/readyz", strict.url))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        },
+    )
+    .await
+    .unwrap();
+    let subscriptions = platform
+        .get_json(&format!("{}/subscriptions", strict.url))
+        .await;
+    assert!(
+        !subscriptions.to_string().contains("stricter"),
+        "the refused Subscription is not delivered for: {subscriptions}"
+    );
+    assert!(platform.consumer_info("stricter").await.is_none());
+    assert!(
+        platform
+            .dead_letters_at(&strict.url, "stricter")
+            .await
+            .is_empty()
+    );
+    drop(strict);
+    let allowing = platform.spawn_dispatcher("30s").await;
+    eventually(
+        "the waiting event delivered",
+        Duration::from_secs(20),
+        || async { sink.ids() == ["waits"] },
+    )
+    .await
+    .unwrap();
+    platform.wait_settled("stricter").await;
+    assert!(
+        platform
+            .dead_letters_at(&allowing.url, "stricter")
+            .await
+            .is_empty()
+    );
+}

@@ -993,6 +993,99 @@ async fn kubectl_scale_sets_a_function_s_replicas_and_an_hpa_can_target_its_scal
     )
     .await
     .unwrap();
+    // Scaled to zero: the Deployment follows and Running says so.
+    run(cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args([
+            "scale",
+            "functions.eddy.dev/scaled",
+            "--replicas",
+            "0",
+            "-n",
+        ])
+        .arg(&cluster.namespace))
+    .unwrap();
+    eventually(
+        "the Deployment at 0 replicas and Running ScaledToZero",
+        Duration::from_secs(30),
+        || async {
+            deployments
+                .get("scaled")
+                .await
+                .is_ok_and(|d| d.spec.replicas == Some(0))
+                && cluster
+                    .condition("eddy.dev/v1alpha1", "scaled", "Running")
+                    .await
+                    .is_some_and(|(_, reason, _)| reason == "ScaledToZero")
+        },
+    )
+    .await
+    .unwrap();
+    cluster.finish().await;
+}
+
+/// A Function whose security contexts ask for more than the operator's Pod Security level
+/// (`restricted` by default) is not deployed: ConfigurationReady names each field, and the
+/// version already running keeps running as it was.
+#[tokio::test]
+async fn a_function_asking_for_privileges_is_refused_and_its_running_version_kept() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("privileges").await;
+    let _controller = cluster.controller().await;
+    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
+    let apply = |spec: Value| {
+        let functions = functions.clone();
+        async move {
+            functions
+                .patch(
+                    "greedy",
+                    &PatchParams::apply("test"),
+                    &Patch::Apply(function("greedy", spec)),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    apply(inline("module.exports = {main: () => 'plain'}")).await;
+    cluster
+        .wait_running("eddy.dev/v1alpha1", "greedy", Duration::from_secs(60))
+        .await;
+    let deployments: Api<Deployment> = cluster.api();
+    let before = deployments.get("greedy").await.unwrap();
+    let mut spec = inline("module.exports = {main: () => 'root'}");
+    spec["containerSecurityContext"] = json!({"privileged": true,
+        "capabilities": {"add": ["SYS_ADMIN"]}});
+    spec["podSecurityContext"] = json!({"runAsUser": 0});
+    apply(spec).await;
+    let refused = eventually(
+        "ConfigurationReady False, SecurityContextRefused",
+        Duration::from_secs(30),
+        || async {
+            cluster
+                .condition("eddy.dev/v1alpha1", "greedy", "ConfigurationReady")
+                .await
+                .is_some_and(|(status, reason, _)| {
+                    status == "False" && reason == "SecurityContextRefused"
+                })
+        },
+    )
+    .await;
+    let condition = cluster
+        .condition("eddy.dev/v1alpha1", "greedy", "ConfigurationReady")
+        .await;
+    refused.unwrap_or_else(|error| panic!("{error}: {condition:?}"));
+    let (_, _, message) = condition.unwrap();
+    for field in ["privileged", "SYS_ADMIN", "runAsUser"] {
+        assert!(message.contains(field), "{field} not named: {message}");
+    }
+    let after = deployments.get("greedy").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&after.spec).unwrap(),
+        serde_json::to_value(&before.spec).unwrap(),
+        "the running version's Deployment was changed"
+    );
     cluster.finish().await;
 }
 

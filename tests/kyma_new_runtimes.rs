@@ -287,6 +287,68 @@ def main():
     );
 }
 
+/// `SERVER_INTERNAL_LOGGER` in a Function's env logs each request in Apache's combined format,
+/// on both of Kyma's current runtimes; without it no request line is logged.
+#[tokio::test]
+async fn server_internal_logger_logs_each_request_in_apache_s_combined_format() {
+    let platform = Platform::start().await;
+    let logger = json!([{"name": "SERVER_INTERNAL_LOGGER", "value": "true"}]);
+    deploy_on(
+        &platform,
+        "nodejs26",
+        "logged-node",
+        "module.exports = { main: (req, res) => res.send('node') };",
+        logger.clone(),
+    )
+    .await;
+    deploy_on(
+        &platform,
+        "python314",
+        "logged-python",
+        "def main():\n    return 'python'\n",
+        logger,
+    )
+    .await;
+    deploy_on(
+        &platform,
+        "python314",
+        "quiet-python",
+        "def main():\n    return 'quiet'\n",
+        json!([]),
+    )
+    .await;
+    for name in ["logged-node", "logged-python", "quiet-python"] {
+        let response = platform
+            .http
+            .get(format!("{}/default/{name}/logged?x=1", platform.gateway))
+            .header("user-agent", "eddy-log-probe/1.0")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{name}");
+    }
+    for name in ["logged-node", "logged-python"] {
+        let logged = eventually(
+            &format!("{name}'s request line"),
+            Duration::from_secs(20),
+            || async {
+                // morgan keeps the query string; wsgi-request-logger (Kyma's python314) does not.
+                platform.function_log(name).await.lines().any(|line| {
+                    line.starts_with("127.0.0.1 - ")
+                        && (line.contains("\"GET /logged?x=1 HTTP/1.1\" 200 ")
+                            || line.contains("\"GET /logged HTTP/1.1\" 200 "))
+                        && line.contains("\"eddy-log-probe/1.0\"")
+                })
+            },
+        )
+        .await;
+        let log = platform.function_log(name).await;
+        assert!(logged.is_ok(), "{name}'s log:\n{log}");
+    }
+    let quiet = platform.function_log("quiet-python").await;
+    assert!(!quiet.contains("eddy-log-probe"), "{quiet}");
+}
+
 /// An exception is Flask's 500 "Internal Server Error" (its text stays in the log), a call past
 /// FUNC_TIMEOUT is 408 with Kyma's words, and the instance keeps serving.
 #[tokio::test]

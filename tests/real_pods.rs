@@ -1743,3 +1743,52 @@ fn cpu_millis(quantity: &Value) -> f64 {
     };
     number.parse::<f64>().map_or(0.0, |n| n * scale)
 }
+
+/// A Function whose pod no node can take says why in its Running condition within seconds,
+/// with the scheduler's own reason, not after the Deployment's progress deadline.
+#[tokio::test]
+async fn a_function_no_node_can_take_says_the_scheduler_s_reason() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "unschedulable")?;
+    apply(
+        plane,
+        &namespace,
+        r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {name: greedy}
+spec:
+  runtime: python312
+  resourceConfiguration:
+    function:
+      resources:
+        requests: {cpu: "64", memory: 64Mi}
+        limits: {cpu: "64", memory: 128Mi}
+  source:
+    inline:
+      source: |
+        def main(event, context):
+            return "never runs"
+"#,
+    )?;
+    let mut last = Value::Null;
+    let pending = eventually(
+        "Running Unknown with the scheduler's reason",
+        Duration::from_secs(60),
+        || {
+            last = kubectl_json(plane, &["get", "function", "greedy", "-n", &namespace])
+                .unwrap_or_default();
+            let said = condition(&last, "Running").is_some_and(|(status, reason, message)| {
+                // Unknown: pending is not a failure, the pod may still be placed.
+                status == "Unknown"
+                    && reason == "DeploymentPending"
+                    && message.contains("Insufficient cpu")
+            });
+            async move { said }
+        },
+    )
+    .await;
+    pending.with_context(|| format!("its status: {}", last["status"]))?;
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}

@@ -37,6 +37,12 @@ impl SubscriptionMetrics {
         self.duration.observe(seconds);
     }
 
+    /// An attempt whose event goes to dead letters took `seconds` (retried attempts are
+    /// observed by [`Metrics::retried`]): the histogram holds every attempt.
+    pub fn failed_for_good(&self, seconds: f64) {
+        self.duration.observe(seconds);
+    }
+
     /// Changes the in-flight gauge by `delta`.
     pub fn add_in_flight(&self, delta: i64) {
         self.in_flight.inc_by(delta);

@@ -425,6 +425,10 @@ async fn handle(
             }
         }
         Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
+            // Past the last attempt (its dispatcher died during it) nothing was sent.
+            if attempt <= target.policy.max_attempts {
+                series.failed_for_good(seconds);
+            }
             record_outcome(
                 span.as_ref(),
                 recent,
