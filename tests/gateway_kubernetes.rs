@@ -251,6 +251,58 @@ async fn a_function_service_that_does_not_answer_gets_502() {
     shutdown.cancel();
 }
 
+/// A function Service that takes the call but never answers gets 504 from the gateway at the
+/// Function's `timeoutSeconds` plus 5 s, not sooner and not much later.
+#[tokio::test]
+async fn a_function_service_that_never_answers_gets_504_after_its_timeout_and_five_seconds() {
+    let mut stuck = function("stuck", json!({"mode": "public"}), "1");
+    stuck["spec"]["timeoutSeconds"] = json!(1);
+    let (client, _watch, _) = kube_mock::api_server(
+        "/apis/eddy.dev/v1alpha1/functions?",
+        "FunctionList",
+        vec![stuck],
+    );
+    // Accepts connections and reads the request, but never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let mut args: GatewayArgs = eddy_platform::flags::defaults();
+    args.function_url = format!("{silent_url}/{{function}}");
+    let shutdown = eddy_platform::shutdown::CancellationToken::new();
+    tokio::spawn(gateway::serve_on(listener, args, client, shutdown.clone()));
+    let http = reqwest::Client::new();
+    // Ready once the Functions are listed.
+    eventually("the gateway ready", Duration::from_secs(10), || async {
+        http.get(format!("{url}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let response = http
+        .get(format!("{url}/shop/stuck/"))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(response.status(), 504);
+    assert!(
+        waited >= Duration::from_millis(5_900) && waited < Duration::from_secs(8),
+        "answered after {waited:?}, not at the 1 s timeout plus 5 s"
+    );
+    shutdown.cancel();
+}
+
 #[test]
 fn upstream_uris_keep_the_path_and_query() {
     let uri = gateway::upstream_uri(
