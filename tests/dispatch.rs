@@ -1711,6 +1711,28 @@ async fn an_https_sink_with_an_untrusted_certificate_is_retried_then_dead_letter
     );
     assert_eq!(letters[0]["attempts"], 3, "{letters:?}");
     assert!(received.lock().unwrap().is_empty());
+    // Each retry and the dead letter are logged with the reason, the attempt and the event's
+    // stream sequence.
+    let sequence = letters[0]["streamSequence"].as_u64().unwrap();
+    let log = dispatcher.log();
+    for attempt in [1, 2] {
+        assert!(
+            log.lines()
+                .any(|line| line.contains("delivery failed; will retry")
+                    && line.contains(&format!("reason={reason}"))
+                    && line.contains(&format!("attempt={attempt} "))
+                    && line.contains(&format!("stream_sequence={sequence}"))),
+            "retry {attempt} not logged:\n{log}"
+        );
+    }
+    assert!(
+        log.lines()
+            .any(|line| line.contains("event sent to dead letters")
+                && line.contains(&format!("reason={reason}"))
+                && line.contains("attempt=3")
+                && line.contains(&format!("stream_sequence={sequence}"))),
+        "the dead letter not logged:\n{log}"
+    );
     let metrics = platform
         .get_text(&format!("{}/metrics", dispatcher.url))
         .await;

@@ -69,7 +69,9 @@ impl LogArgs {
             }
             None => fmt::writer::BoxMakeWriter::new(std::io::stderr),
         };
-        let ansi = file.is_none();
+        // Colour codes only for a person at a terminal: not in a file, a pipe, a CI log or a
+        // pod's log.
+        let ansi = file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
         let Some((tracer, guard)) = traces::start(traces, service)? else {
             // Without traces the filter stays global: spans and events it rejects cost nothing.
             let _ = tracing_subscriber::registry()

@@ -359,6 +359,15 @@ impl Drop for Platform {
 pub struct DispatcherProcess {
     pub child: tokio::process::Child,
     pub url: String,
+    /// What the process logged so far (also passed on to the test's stderr).
+    log: Arc<Mutex<String>>,
+}
+
+impl DispatcherProcess {
+    /// The process's log lines so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
 }
 
 impl Platform {
@@ -388,9 +397,21 @@ impl Platform {
             .env("EDDY_PLATFORM_TOKEN", &self.platform_token)
             .env("EDDY_LOG", "warn")
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut log_lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let kept = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = log_lines.next_line().await {
+                eprintln!("{line}");
+                let mut kept = kept.lock().unwrap();
+                kept.push_str(&line);
+                kept.push('\n');
+            }
+        });
         let stdout = child.stdout.take().unwrap();
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let url = tokio::time::timeout(Duration::from_secs(30), async {
@@ -405,7 +426,7 @@ impl Platform {
         .unwrap();
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         self.wait_ready(&format!("{url}/readyz")).await;
-        DispatcherProcess { child, url }
+        DispatcherProcess { child, url, log }
     }
 }
 
