@@ -1028,9 +1028,12 @@ async fn replying_sink(headers: &'static [(&'static str, &'static str)]) -> Sink
 
 /// The value of one sample in the dispatcher's `/metrics`, if it is there.
 async fn metric(platform: &Platform, sample: &str) -> Option<f64> {
-    let metrics = platform
-        .get_text(&format!("{}/metrics", platform.dispatcher))
-        .await;
+    metric_at(platform, &platform.dispatcher, sample).await
+}
+
+/// [`metric`] of the dispatcher whose admin API is at `dispatcher`.
+async fn metric_at(platform: &Platform, dispatcher: &str, sample: &str) -> Option<f64> {
+    let metrics = platform.get_text(&format!("{dispatcher}/metrics")).await;
     metrics.lines().find_map(|line| {
         let value = line.strip_prefix(sample)?.strip_prefix(' ')?;
         value.parse().ok()
@@ -1733,34 +1736,27 @@ async fn an_https_sink_with_an_untrusted_certificate_is_retried_then_dead_letter
                 && line.contains(&format!("stream_sequence={sequence}"))),
         "the dead letter not logged:\n{log}"
     );
-    let metrics = platform
-        .get_text(&format!("{}/metrics", dispatcher.url))
-        .await;
-    let sample = |name: &str| -> Option<f64> {
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-    };
     let subscription = "subscription=\"default/untrusted\"";
-    assert_eq!(
-        sample(&format!(
-            "eddy_dispatcher_failures_total{{{subscription},reason=\"{reason}\"}}"
-        )),
-        Some(3.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        sample(&format!("eddy_dispatcher_retried_total{{{subscription}}}")),
-        Some(2.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        sample(&format!(
-            "eddy_dispatcher_delivery_duration_seconds_count{{{subscription}}}"
-        )),
-        Some(3.0),
-        "{metrics}"
-    );
+    for (sample, expected) in [
+        (
+            format!("eddy_dispatcher_failures_total{{{subscription},reason=\"{reason}\"}}"),
+            3.0,
+        ),
+        (
+            format!("eddy_dispatcher_retried_total{{{subscription}}}"),
+            2.0,
+        ),
+        (
+            format!("eddy_dispatcher_delivery_duration_seconds_count{{{subscription}}}"),
+            3.0,
+        ),
+    ] {
+        assert_eq!(
+            metric_at(&platform, &dispatcher.url, &sample).await,
+            Some(expected),
+            "{sample}"
+        );
+    }
 }
 
 /// A dispatcher whose own `--allowed-sinks` refuses a Subscription's sink (stricter than the
@@ -1790,20 +1786,7 @@ async fn a_sink_the_dispatcher_refuses_keeps_its_events_until_it_is_allowed() {
             &[("EDDY_ALLOWED_SINKS", "https://sinks.example.com/")],
         )
         .await;
-    // Ready means every Subscription has been read and judged.
-    let http = reqwest::Client::new();
-    eventually(
-        "the strict dispatcher ready",
-        Duration::from_secs(20),
-        || async {
-            http.get(format!("{}/readyz", strict.url))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        },
-    )
-    .await
-    .unwrap();
+    // Spawned once ready: every Subscription has been read and judged.
     let subscriptions = platform
         .get_json(&format!("{}/subscriptions", strict.url))
         .await;

@@ -914,19 +914,22 @@ async fn kubectl_scale_sets_a_function_s_replicas_and_an_hpa_can_target_its_scal
     cluster
         .wait_running("eddy.dev/v1alpha1", "scaled", Duration::from_secs(60))
         .await;
-    run(cluster
-        .plane
-        .kubectl()
-        .unwrap()
-        .args([
-            "scale",
-            "functions.eddy.dev/scaled",
-            "--replicas",
-            "3",
-            "-n",
-        ])
-        .arg(&cluster.namespace))
-    .unwrap();
+    let kubectl_scale = |replicas: &str| {
+        run(cluster
+            .plane
+            .kubectl()
+            .unwrap()
+            .args([
+                "scale",
+                "functions.eddy.dev/scaled",
+                "--replicas",
+                replicas,
+                "-n",
+            ])
+            .arg(&cluster.namespace))
+        .unwrap();
+    };
+    kubectl_scale("3");
     let deployments: Api<Deployment> = cluster.api();
     eventually(
         "the Deployment at 3 replicas",
@@ -994,19 +997,7 @@ async fn kubectl_scale_sets_a_function_s_replicas_and_an_hpa_can_target_its_scal
     .await
     .unwrap();
     // Scaled to zero: the Deployment follows and Running says so.
-    run(cluster
-        .plane
-        .kubectl()
-        .unwrap()
-        .args([
-            "scale",
-            "functions.eddy.dev/scaled",
-            "--replicas",
-            "0",
-            "-n",
-        ])
-        .arg(&cluster.namespace))
-    .unwrap();
+    kubectl_scale("0");
     eventually(
         "the Deployment at 0 replicas and Running ScaledToZero",
         Duration::from_secs(30),

@@ -281,14 +281,8 @@ fn call(
     }
 }
 
-/// `curl` from the host to a Service's ClusterIP (kube-proxy serves it on the host too).
-fn call_once(
-    plane: &ControlPlane,
-    namespace: &str,
-    service: &str,
-    path: &str,
-    body: Option<&str>,
-) -> Result<(u16, String)> {
+/// `http://<ClusterIP>:<port>` of a Service (kube-proxy serves it on the host too).
+fn service_url(plane: &ControlPlane, namespace: &str, service: &str) -> Result<String> {
     let service = kubectl_json(plane, &["get", "service", service, "-n", namespace])?;
     let ip = service["spec"]["clusterIP"]
         .as_str()
@@ -296,11 +290,23 @@ fn call_once(
     let port = service["spec"]["ports"][0]["port"]
         .as_u64()
         .context("the Service's port")?;
+    Ok(format!("http://{ip}:{port}"))
+}
+
+/// `curl` from the host to a Service's ClusterIP.
+fn call_once(
+    plane: &ControlPlane,
+    namespace: &str,
+    service: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String)> {
+    let url = service_url(plane, namespace, service)?;
     let mut headers = Vec::new();
     if body.is_some() {
         headers.push("content-type: application/json".to_owned());
     }
-    curl(&format!("http://{ip}:{port}{path}"), &headers, body)
+    curl(&format!("{url}{path}"), &headers, body)
 }
 
 /// The chart's every Deployment Available and its NATS Ready, each container running without
@@ -1592,16 +1598,7 @@ spec:
 "#,
     )?;
     running(plane, &namespace, "spinner", Duration::from_secs(150)).await?;
-    let service = kubectl_json(plane, &["get", "service", "spinner", "-n", &namespace])?;
-    let url = format!(
-        "http://{}:{}/",
-        service["spec"]["clusterIP"]
-            .as_str()
-            .context("the Service's ClusterIP")?,
-        service["spec"]["ports"][0]["port"]
-            .as_u64()
-            .context("the Service's port")?
-    );
+    let url = format!("{}/", service_url(plane, &namespace, "spinner")?);
 
     // Two callers, each calling again as soon as it is answered; every answering pod is kept.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

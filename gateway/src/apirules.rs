@@ -489,16 +489,7 @@ pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String
             (None, None) => RuleAccess::NoAuth,
         };
         let request = each.request.clone().unwrap_or_default();
-        let headers = request
-            .headers
-            .iter()
-            .filter_map(|(name, value)| {
-                Some((
-                    HeaderName::from_bytes(name.as_bytes()).ok()?,
-                    HeaderValue::from_str(value).ok()?,
-                ))
-            })
-            .collect();
+        let headers = crate::header_pairs(&request.headers);
         let cookies = (!request.cookies.is_empty()).then(|| {
             request
                 .cookies

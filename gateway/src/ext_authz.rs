@@ -54,16 +54,8 @@ pub struct Authorizer {
 impl Authorizer {
     /// An authorizer as its provider describes it.
     pub fn new(spec: HttpAuthorizer) -> Self {
-        let additional = spec
-            .additional
-            .iter()
-            .filter_map(|(name, value)| {
-                Some((
-                    HeaderName::from_bytes(name.as_bytes()).ok()?,
-                    HeaderValue::from_str(value).ok()?,
-                ))
-            })
-            .collect();
+        let additional =
+            crate::header_pairs(spec.additional.iter().map(|(name, value)| (name, value)));
         Self {
             spec,
             additional,

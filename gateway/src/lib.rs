@@ -499,6 +499,23 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::UPGRADE,
 ];
 
+/// Configured header names and values (an APIRule's `request.headers`, an authorizer's fixed
+/// check headers) as HTTP headers, parsed once; a pair that is not a valid header is left out
+/// (validation refused those already).
+pub(crate) fn header_pairs<'a>(
+    pairs: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Vec<(HeaderName, HeaderValue)> {
+    pairs
+        .into_iter()
+        .filter_map(|(name, value)| {
+            Some((
+                HeaderName::from_bytes(name.as_bytes()).ok()?,
+                HeaderValue::from_str(value).ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// Drops the hop-by-hop headers (and those `Connection` names) of a request or an answer.
 pub fn forward_headers(headers: &mut HeaderMap) {
     if let Some(listed) = headers
