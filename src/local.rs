@@ -122,10 +122,15 @@ impl Controller {
             self.shutdown.clone(),
             self.drain_timeout,
         );
+        // The gateway tells Functions (and authorizers) who called: `X-Forwarded-For`.
+        let gateway_serve = eddy_platform::net::ServeArgs {
+            peer_addresses: true,
+            ..self.serve.clone()
+        };
         let gateway_server = serve(
             gateway,
             self.gateway,
-            &self.serve,
+            &gateway_serve,
             Browsers::HostOnlyAnd({
                 let exposures = self.exposures.clone();
                 Arc::new(move |host: &str| exposures.names_host(host))

@@ -67,6 +67,9 @@ impl Component {
             Self::EventBus => {
                 allowed.push(format!("{}.>", eddy_model::subject::EVENTS_SUBJECT_PREFIX));
                 allowed.extend(stream_api(&["INFO", "CREATE", "UPDATE"], EVENTS_STREAM));
+                // `GET /{application}/v1/events/subscribed` reads the Subscriptions' filters
+                // from the consumers' configs: listing them, never changing one.
+                allowed.push(format!("$JS.API.CONSUMER.LIST.{EVENTS_STREAM}"));
             }
             Self::Dispatcher => {
                 // Dead letters, and the reply events of functions.
@@ -272,11 +275,16 @@ mod tests {
             let subject = format!("$JS.API.STREAM.{operation}.{EVENTS_STREAM}");
             assert!(!dispatcher.contains(&subject), "{subject}");
         }
-        assert!(
-            !Component::EventBus
-                .publish_allowed()
-                .iter()
-                .any(|s| s.contains("KV_") || s.contains("CONSUMER")),
+        // The event-bus lists the consumers (the subscribed events), and changes none.
+        let event_bus = Component::EventBus.publish_allowed();
+        assert!(!event_bus.iter().any(|s| s.contains("KV_")));
+        let consumers: Vec<&String> = event_bus
+            .iter()
+            .filter(|s| s.contains("CONSUMER"))
+            .collect();
+        assert_eq!(
+            consumers,
+            [&format!("$JS.API.CONSUMER.LIST.{EVENTS_STREAM}")]
         );
     }
 }

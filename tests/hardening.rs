@@ -1198,3 +1198,242 @@ async fn isolation_that_cannot_be_had_refuses_to_start_as_root() {
     assert!(!output.status.success(), "{said}");
     assert!(said.contains("--isolation cgroup"), "{said}");
 }
+
+/// What the probe's victim and attacker Functions both are: a recorder of what reaches them
+/// (`GET` lists it).
+const RECORDER: &str = r#"
+const seen = [];
+module.exports = { main: (event) => {
+  const request = event.extensions.request;
+  if (request.method === "GET") return seen;
+  seen.push({ path: request.url, type: event["ce-type"] || null,
+              authorization: request.headers.authorization || null });
+  return "recorded";
+} };
+"#;
+
+/// The attack probe's high finding, replayed against a real `eddy up` (its NATS permissions, its
+/// dispatcher delivering in-process with the platform token): an APIRule in namespace
+/// `attacker` named the gateway's own address (`127.0.0.1`, or `*.0.0.1`), was Ready, and was
+/// then handed the callers' calls to `victim`'s token-protected Function with their tokens, and
+/// the dispatcher's deliveries with the platform token. Closed at every layer, each checked:
+/// - no APIRule host is an address, a wildcard that can match one, or a name the gateway
+///   answers to itself (`--gateway-hosts`, its domain) or a wildcard over one: refused at
+///   apply, naming the field;
+/// - a call carrying the platform token is routed by its path, never by the APIRule of its
+///   host, and the token never reaches a Function;
+/// - so a caller's token and a published event reach the victim, and the attacker's Function,
+///   live on its own host all along, records none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_apirule_takes_the_gateways_own_address_or_the_platforms_deliveries() {
+    const PLATFORM_TOKEN: &str = "probe-platform-token";
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        data_dir.path(),
+        &[
+            "--allowed-sinks",
+            "http://127.0.0.1:*",
+            "--platform-token",
+            PLATFORM_TOKEN,
+            "--gateway-hosts",
+            "localhost,eddy.localhost",
+        ],
+        &[],
+    )
+    .await;
+    let indented = RECORDER.replace('\n', "\n        ");
+    let digest = eddy_platform::auth::Tokens::digest_text("victim-token");
+    let (ok, stdout, stderr) = up
+        .apply_text(&format!(
+            r#"apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: vict, namespace: victim}}
+spec:
+  runtime: nodejs22
+  access: {{mode: token, tokenDigests: ["{digest}"]}}
+  source:
+    inline:
+      source: |
+        {indented}
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Subscription
+metadata: {{name: to-vict, namespace: victim}}
+spec: {{sink: "http://vict.victim.svc.cluster.local", types: [probe.v1]}}
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: spy, namespace: attacker}}
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: |
+        {indented}
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {{name: spy, namespace: attacker}}
+spec:
+  hosts: [spy]
+  service: {{name: spy, port: 80}}
+  rules: [{{path: /*, methods: [GET, POST], noAuth: true}}]
+"#
+        ))
+        .await;
+    assert!(ok, "{stdout}\n{stderr}");
+
+    // The gateway's own names are no APIRule's, whoever asks.
+    for (host, why) in [
+        ("127.0.0.1", "never an IP address"),
+        ("\"*.0.0.1\"", "never an IP address"),
+        ("\"*.1\"", "never an IP address"),
+        // The gateway's own name (`--gateway-hosts`), and a wildcard over it.
+        ("eddy", "a name the gateway itself answers to"),
+        ("eddy.localhost", "a name the gateway itself answers to"),
+        ("\"*\"", "a name the gateway itself answers to"),
+    ] {
+        let (ok, stdout, stderr) = up
+            .apply_text(&format!(
+                "apiVersion: gateway.kyma-project.io/v2\nkind: APIRule\nmetadata: {{name: capture, namespace: attacker}}\nspec:\n  hosts: [{host}]\n  service: {{name: spy, port: 80}}\n  rules: [{{path: /*, methods: [GET, POST], noAuth: true}}]\n"
+            ))
+            .await;
+        assert!(!ok, "{host}: {stdout}");
+        assert!(
+            stderr.contains("spec.hosts[0]") && stderr.contains(why),
+            "{host}: {stderr}"
+        );
+    }
+
+    let http = reqwest::Client::new();
+    let port = up.gateway.rsplit(':').next().unwrap().to_owned();
+    let spy_host = reqwest::Client::builder()
+        .resolve(
+            "spy.localhost",
+            format!("127.0.0.1:{port}").parse().unwrap(),
+        )
+        .build()
+        .unwrap();
+    let spy_url = format!("http://spy.localhost:{port}/");
+    let victim_url = format!("{}/victim/vict/", up.gateway);
+    let seen = |request: reqwest::RequestBuilder| async move {
+        let Ok(response) = request.send().await else {
+            return Value::Null;
+        };
+        response.json::<Value>().await.unwrap_or(Value::Null)
+    };
+    // Both Functions run, and the attacker's APIRule is live on its own host.
+    eventually(
+        "both Functions answer",
+        Duration::from_secs(120),
+        || async {
+            seen(spy_host.get(&spy_url)).await.is_array()
+                && seen(http.get(&victim_url).bearer_auth("victim-token"))
+                    .await
+                    .is_array()
+        },
+    )
+    .await
+    .unwrap();
+
+    // A caller's token on the gateway's own address reaches the victim.
+    let called = http
+        .post(&victim_url)
+        .bearer_auth("victim-token")
+        .body("{}")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(called.status(), 200);
+    // A call with the platform token on the attacker's host is routed by its path, and the
+    // token is taken off before the Function.
+    let platform_call = spy_host
+        .post(format!("http://spy.localhost:{port}/victim/vict"))
+        .bearer_auth(PLATFORM_TOKEN)
+        .body("{}")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(platform_call.status(), 200);
+    // The dispatcher's delivery reaches the victim.
+    up.publish("probe.v1", "probe-1", json!({"n": 1})).await;
+
+    eventually(
+        "the call, the platform call and the event at the victim",
+        Duration::from_secs(60),
+        || async {
+            seen(http.get(&victim_url).bearer_auth("victim-token"))
+                .await
+                .as_array()
+                .is_some_and(|all| all.len() >= 3)
+        },
+    )
+    .await
+    .unwrap();
+    let victim = seen(http.get(&victim_url).bearer_auth("victim-token")).await;
+    let victim = victim.as_array().unwrap();
+    assert_eq!(victim.len(), 3, "{victim:?}");
+    assert_eq!(
+        victim[0]["authorization"], "Bearer victim-token",
+        "{victim:?}"
+    );
+    for delivered in &victim[1..] {
+        assert_eq!(delivered["authorization"], Value::Null, "{victim:?}");
+    }
+    assert!(
+        victim.iter().any(|each| each["type"] == "probe.v1"),
+        "{victim:?}"
+    );
+    let spy = seen(spy_host.get(&spy_url)).await;
+    assert_eq!(spy, json!([]), "the attacker's Function got nothing");
+    up.stop().await;
+}
+
+/// `GET /{application}/v1/events/subscribed` under `eddy up`, with its NATS permissions: the
+/// event-bus's user may list the consumers (it answered 503 after 5 s, refused
+/// `$JS.API.CONSUMER.LIST.EDDY_EVENTS`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subscribed_events_answer_under_eddy_up() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        data_dir.path(),
+        &["--allowed-sinks", "http://127.0.0.1:*"],
+        &[],
+    )
+    .await;
+    up.apply(json!({
+        "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
+        "metadata": {"name": "orders", "namespace": "default"},
+        "spec": {"sink": "http://127.0.0.1:9/", "source": "shop", "types": ["order.created.v1"]},
+    }))
+    .await;
+    let url = format!("{}/shop/v1/events/subscribed", up.bus);
+    let answer = std::sync::Arc::new(std::sync::Mutex::new((0u16, String::new())));
+    let listed = eventually(
+        "the subscribed events listed",
+        Duration::from_secs(30),
+        || {
+            let (url, answer) = (url.clone(), answer.clone());
+            async move {
+                let Ok(response) = reqwest::get(url).await else {
+                    return false;
+                };
+                let status = response.status().as_u16();
+                let body = response.text().await.unwrap_or_default();
+                let done = status == 200 && body.contains("order.created");
+                *answer.lock().unwrap() = (status, body);
+                done
+            }
+        },
+    )
+    .await;
+    let (status, body) = answer.lock().unwrap().clone();
+    assert!(listed.is_ok(), "{status}: {body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"eventsInfo": [{"name": "order.created", "version": "v1"}]})
+    );
+    up.stop().await;
+}

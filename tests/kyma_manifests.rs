@@ -1076,6 +1076,9 @@ spec:
     allowOrigins:
       - exact: https://shop.example.com
     allowMethods: ["GET"]
+    allowHeaders: ["x-shop"]
+    exposeHeaders: ["x-order-id"]
+    allowCredentials: true
     maxAge: 600
   rules:
     - path: /orders/{{*}}
@@ -1135,10 +1138,12 @@ spec:
     );
     let posted = hosts.post(format!("{hello}/")).send().await.unwrap();
     assert_eq!(posted.status(), 200);
-    // A method no rule lists: Kyma's gateway's (Istio's) words.
+    // A method no rule lists has no route: 404, as Kyma's gateway (Envoy) answers a call no
+    // route matches. api-gateway's docs on rule order: "each request is evaluated against the
+    // list of paths from top to bottom in your APIRule, and the first matching rule is
+    // applied"; with none, there is no route.
     let deleted = hosts.delete(format!("{hello}/")).send().await.unwrap();
-    assert_eq!(deleted.status(), 403);
-    assert_eq!(deleted.text().await.unwrap(), "RBAC: access denied");
+    assert_eq!(deleted.status(), 404);
 
     // JWT, as Kyma's gateway answers: 403 `RBAC: access denied` without a token, 401 `Jwt
     // verification fails` with another issuer's key, 200 with a valid one.
@@ -1168,7 +1173,7 @@ spec:
         get(format!("{alpha}/orders/7"), None).await,
         (200, "Hello World! /orders/7".to_owned())
     );
-    assert_eq!(get(format!("{alpha}/orders/7/lines"), None).await.0, 403);
+    assert_eq!(get(format!("{alpha}/orders/7/lines"), None).await.0, 404);
     let preflight = hosts
         .request(reqwest::Method::OPTIONS, format!("{alpha}/orders/7"))
         .header("origin", "https://shop.example.com")
@@ -1176,12 +1181,44 @@ spec:
         .send()
         .await
         .unwrap();
+    // Envoy's CORS filter answers the preflight itself: 200, the origin, credentials, methods,
+    // headers, max-age, and (set on every answer to an allowed origin) the exposed headers.
     assert_eq!(preflight.status(), 200);
-    assert_eq!(
-        preflight.headers()["access-control-allow-origin"],
-        "https://shop.example.com"
-    );
-    assert_eq!(preflight.headers()["access-control-max-age"], "600");
+    let cors = |answer: &reqwest::Response, name: &str| {
+        answer
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    for (name, value) in [
+        ("access-control-allow-origin", "https://shop.example.com"),
+        ("access-control-allow-credentials", "true"),
+        ("access-control-allow-methods", "GET"),
+        ("access-control-allow-headers", "x-shop"),
+        ("access-control-max-age", "600"),
+        ("access-control-expose-headers", "x-order-id"),
+    ] {
+        assert_eq!(cors(&preflight, name).as_deref(), Some(value), "{name}");
+    }
+    // The actual answer: the origin, credentials and the exposed headers; the preflight's
+    // own headers are not repeated.
+    let actual = hosts
+        .get(format!("{alpha}/orders/7"))
+        .header("origin", "https://shop.example.com")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(actual.status(), 200);
+    for (name, value) in [
+        ("access-control-allow-origin", Some("https://shop.example.com")),
+        ("access-control-allow-credentials", Some("true")),
+        ("access-control-expose-headers", Some("x-order-id")),
+        ("access-control-allow-methods", None),
+        ("access-control-allow-headers", None),
+        ("access-control-max-age", None),
+    ] {
+        assert_eq!(cors(&actual, name).as_deref(), value, "{name}");
+    }
     let other_origin = hosts
         .get(format!("{alpha}/orders/7"))
         .header("origin", "https://evil.example.com")

@@ -113,7 +113,8 @@ module.exports = {
     let mut preflight = preflight;
     *preflight.method_mut() = reqwest::Method::OPTIONS;
     let answer = reqwest::Client::new().execute(preflight).await.unwrap();
-    assert!(answer.status().is_success(), "{}", answer.status());
+    // Kyma's runtime answers a preflight with `res.end()`: 200, an empty body.
+    assert_eq!(answer.status(), 200);
     assert_eq!(answer.headers()["access-control-allow-methods"], "PUT");
     assert_eq!(answer.headers()["access-control-allow-headers"], "x-shop");
     assert_eq!(answer.headers()["access-control-allow-origin"], "*");
@@ -526,31 +527,11 @@ async fn deprecated_runtimes_warn_at_apply_and_in_the_status_and_still_run() {
 
 // ---- manifests on standard input ---------------------------------------------------------------
 
-/// Runs the eddy CLI against `platform` with `input` on its standard input.
+/// Runs the eddy CLI against `platform` with `input` on its standard input; its stdout and
+/// stderr together.
 async fn eddy_with_input(platform: &Platform, args: &[&str], input: &str) -> (bool, String) {
-    use tokio::io::AsyncWriteExt as _;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-        .args(args)
-        .env("EDDY_SERVER", platform.api.as_str())
-        .env_remove("EDDY_NAMESPACE")
-        .env_remove("EDDY_TOKEN")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).await.unwrap();
-    drop(stdin);
-    let output = child.wait_with_output().await.unwrap();
-    (
-        output.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ),
-    )
+    let (ok, stdout, stderr) = platform.eddy_with_input(args, input).await;
+    (ok, format!("{stdout}{stderr}"))
 }
 
 /// `cat <<EOF | eddy apply -f -`, as Kyma's tutorials apply every manifest with kubectl: the
@@ -590,7 +571,7 @@ spec:
 }
 
 /// A Function's instances carry its labels and annotations as its pods would, the deprecated
-/// `template`'s too (Kyma users select pods by them).
+/// `template`'s too, and Kyma's four pod labels (Kyma users select pods by them).
 #[tokio::test]
 async fn local_instances_carry_the_functions_and_the_templates_labels() {
     let platform = Platform::start().await;
@@ -615,6 +596,23 @@ async fn local_instances_carry_the_functions_and_the_templates_labels() {
     assert_eq!(metadata["labels"]["eddy.dev/function"], "labelled");
     assert_eq!(metadata["annotations"]["example.com/owner"], "orders-team");
     assert_eq!(metadata["annotations"]["example.com/cost"], "low");
+    // Kyma's label contract, as its Function controller labels a Function's pods (and its
+    // Service selects them): function-name, managed-by, uuid (the Function's UID), resource.
+    let function = platform.function("labelled").await;
+    let uid = function["metadata"]["uid"].as_str().unwrap();
+    assert_eq!(
+        metadata["labels"]["serverless.kyma-project.io/function-name"],
+        "labelled"
+    );
+    assert_eq!(
+        metadata["labels"]["serverless.kyma-project.io/managed-by"],
+        "function-controller"
+    );
+    assert_eq!(metadata["labels"]["serverless.kyma-project.io/uuid"], uid);
+    assert_eq!(
+        metadata["labels"]["serverless.kyma-project.io/resource"],
+        "deployment"
+    );
 }
 
 // ---- APIRules ------------------------------------------------------------------------------------
@@ -1143,6 +1141,186 @@ spec:
             && stderr.contains("oauth2-proxy, gone, gone-open"),
         "{stderr}"
     );
+}
+
+/// An authorizer that keeps its callers waiting or denies with a large page: `/big/...` answers
+/// 401 with a 200 KB sign-in page, `/slow/...` answers 200 after 20 s. Every check's
+/// `X-Forwarded-For` is kept.
+async fn serve_awkward_authorizer() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::response::IntoResponse as _;
+    let forwarded: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let kept = forwarded.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let kept = kept.clone();
+        let forwarded_for = request
+            .headers()
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let slow = request.uri().path().starts_with("/slow");
+        async move {
+            kept.lock().unwrap().push(forwarded_for);
+            if slow {
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                return http::StatusCode::OK.into_response();
+            }
+            let page = format!("<html>sign in{}</html>", " ".repeat(200_000));
+            (
+                http::StatusCode::UNAUTHORIZED,
+                [
+                    ("www-authenticate", "Bearer realm=\"shop\""),
+                    ("content-type", "text/html"),
+                ],
+                page,
+            )
+                .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (port, forwarded)
+}
+
+/// The probe's authorizer findings:
+/// - A denial is the authorizer's answer, taken from its status and headers: a 401 with a 200 KB
+///   sign-in page reaches the caller as a 401 with the page cut at 64 KiB, with a fail-closed
+///   provider (it used to be its `statusOnError`, 403) and with `failOpen` (the call used to go
+///   through to the Function: `failOpen` is for an authorizer that cannot be asked, not one
+///   that says no).
+/// - The rule's `timeout` covers the whole call, the authorizer included: with `timeout: 3`
+///   and an authorizer that takes 20 s, the caller gets 504 after 3 s (it used to wait 20 s and
+///   get 200). A hundred such calls at once leave an unrelated Function answering at once.
+/// - `X-Forwarded-For` gets the caller's address appended, as Envoy at the edge does: the
+///   authorizer and the Function see what the caller wrote, then the peer the gateway saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorizers_answer_is_its_status_and_the_rules_timeout_bounds_it() {
+    let (port, forwarded) = serve_awkward_authorizer().await;
+    let providers = eddy_model::ext_authz::ExtensionProviders::parse(&format!(
+        r#"
+extensionProviders:
+  - name: big
+    envoyExtAuthzHttp: {{service: 127.0.0.1, port: {port}, pathPrefix: /big, includeRequestHeadersInCheck: [x-forwarded-for]}}
+  - name: big-open
+    envoyExtAuthzHttp: {{service: 127.0.0.1, port: {port}, pathPrefix: /big, failOpen: true}}
+  - name: slow
+    envoyExtAuthzHttp: {{service: 127.0.0.1, port: {port}, pathPrefix: /slow}}
+"#
+    ))
+    .unwrap();
+    let platform = Platform::start_with(Options {
+        extension_providers: Some(providers),
+        ..Options::default()
+    })
+    .await;
+    let echo = "module.exports = { main: (req, res) => res.json({ xff: req.get('x-forwarded-for') || null }) };";
+    deploy_on(&platform, "nodejs26", "authz", echo, json!([])).await;
+    deploy_on(&platform, "nodejs26", "bystander", echo, json!([])).await;
+    let (ok, _, stderr) = platform
+        .apply_text(
+            r#"apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata: {name: authz}
+spec:
+  hosts: [authz]
+  service: {name: authz, port: 80}
+  rules:
+    - path: /big
+      methods: [GET]
+      extAuth: {authorizers: [big]}
+    - path: /big-open
+      methods: [GET]
+      extAuth: {authorizers: [big-open]}
+    - path: /slow
+      methods: [GET]
+      timeout: 3
+      extAuth: {authorizers: [slow]}
+    - path: /open
+      methods: [GET]
+      noAuth: true
+"#,
+        )
+        .await;
+    assert!(ok, "{stderr}");
+    eventually("APIRule authz Ready", Duration::from_secs(20), || async {
+        platform.apirule_state("default", "authz").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+    let gateway_port = platform.gateway.rsplit(':').next().unwrap().to_owned();
+    let base = format!("http://authz.localhost:{gateway_port}");
+    let client = platform.host_client(&["authz.localhost"]);
+
+    // A large denial is the authorizer's answer, cut.
+    for path in ["/big", "/big-open"] {
+        let denied = client
+            .get(format!("{base}{path}"))
+            .header("x-forwarded-for", "203.0.113.9")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(denied.status().as_u16(), 401, "{path}");
+        assert_eq!(
+            denied.headers()["www-authenticate"],
+            "Bearer realm=\"shop\""
+        );
+        let page = denied.text().await.unwrap();
+        assert_eq!(page.len(), 64 * 1024, "{path}");
+        assert!(page.starts_with("<html>sign in"), "{path}");
+    }
+    // The authorizer saw the caller's X-Forwarded-For, then the gateway's peer; so does the
+    // Function.
+    assert_eq!(
+        forwarded.lock().unwrap().first().cloned().unwrap(),
+        "203.0.113.9, 127.0.0.1"
+    );
+    let open: Value = client
+        .get(format!("{base}/open"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(open["xff"], "203.0.113.9, 127.0.0.1");
+
+    // The rule's timeout covers the authorizer: 504 after 3 s, not 200 after 20 s.
+    let started = std::time::Instant::now();
+    let slow = client.get(format!("{base}/slow")).send().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(slow.status().as_u16(), 504, "{:?}", slow.text().await);
+    assert!(
+        took >= Duration::from_millis(2_900) && took < Duration::from_secs(8),
+        "answered after {took:?}"
+    );
+
+    // A hundred calls held by the slow authorizer: another Function still answers at once.
+    let held: Vec<_> = (0..100)
+        .map(|_| {
+            let request = client.get(format!("{base}/slow"));
+            tokio::spawn(async move { request.send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    eventually(
+        "the hundred slow checks in flight",
+        Duration::from_secs(10),
+        || async { forwarded.lock().unwrap().len() >= 103 },
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let bystander = platform.invoke("bystander", "/").send().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(bystander.status().as_u16(), 200);
+    assert!(
+        took < Duration::from_secs(1),
+        "the bystander answered after {took:?}"
+    );
+    for call in held {
+        assert_eq!(call.await.unwrap().unwrap(), 504);
+    }
 }
 
 /// Every file under `dir` that holds `needle`.

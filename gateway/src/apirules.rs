@@ -27,12 +27,15 @@ use kube::ResourceExt as _;
 use parking_lot::RwLock;
 use serde_json::Value;
 
-use crate::ext_authz::{Authorizer, Granted};
+use crate::ext_authz::{Authorizer, CheckSlots, Granted};
 use crate::jwt::{JwtVerifier, Refusal};
 
 /// What Kyma's gateway (Istio's RBAC filter) answers a call no rule allows, or one without the
 /// token or the claims a rule asks for: 403 with these words.
 pub const RBAC_DENIED: &str = "RBAC: access denied";
+/// What eddy's gateway answers a call on an APIRule's host that no rule has a route for (Kyma's
+/// gateway, Envoy, answers 404 with no body): 404 with these words.
+pub const NO_ROUTE: &str = "no rule of this host's APIRule lists this method and path";
 /// What Kyma's gateway (Envoy's JWT filter) answers a token that fails verification: 401.
 pub const JWT_VERIFICATION_FAILS: &str = "Jwt verification fails";
 
@@ -118,13 +121,15 @@ impl Chosen {
     /// Checks the caller against the rule: `noAuth` passes; a JWT rule needs a token from one
     /// of its issuers (401), meeting one of its authorizations (403); an `extAuth` rule asks
     /// each authorizer about the `method` call to `path_and_query` (the path the rule matched),
-    /// then checks its JWT restrictions. What the authorizers grant is returned.
+    /// then checks its JWT restrictions. What the authorizers grant is returned. The
+    /// authorizers answer by `deadline` (the end of the rule's timeout), or the call is over.
     pub async fn admit(
         &self,
         method: &Method,
         path_and_query: &str,
         headers: &HeaderMap,
         query: Option<&str>,
+        deadline: tokio::time::Instant,
     ) -> Result<Granted, Response> {
         let mut granted = Granted::default();
         match &self.rule().access {
@@ -136,7 +141,7 @@ impl Chosen {
             } => {
                 for authorizer in authorizers {
                     authorizer
-                        .check(method, path_and_query, headers, &mut granted)
+                        .check(method, path_and_query, headers, deadline, &mut granted)
                         .await?;
                 }
                 if let Some(check) = restrictions {
@@ -265,8 +270,9 @@ fn unverified_issuer(token: &str) -> Option<String> {
 }
 
 /// Whether `claims` meet `authorization`: every required scope (in `scp`, `scope` or
-/// `scopes`, a list or space-separated words) and one of the audiences (`aud`: one audience
-/// or a list of them, as RFC 7519 says; a string is never split). Pure.
+/// `scopes`, a list or space-separated words) and every listed audience (`aud`: one audience
+/// or a list of them, as RFC 7519 says; a string is never split). Kyma's api-gateway docs:
+/// "The token's aud claim must contain all listed audiences". Pure.
 pub fn authorized(claims: &Value, authorization: &JwtAuthorization) -> bool {
     let words = |value: &Value| -> Vec<String> {
         match value {
@@ -293,8 +299,7 @@ pub fn authorized(claims: &Value, authorization: &JwtAuthorization) -> bool {
         .required_scopes
         .iter()
         .all(|scope| scopes.contains(scope))
-        && (authorization.audiences.is_empty()
-            || authorization.audiences.iter().any(audience_named))
+        && authorization.audiences.iter().all(audience_named)
 }
 
 impl std::fmt::Debug for Exposure {
@@ -308,20 +313,29 @@ impl std::fmt::Debug for Exposure {
 }
 
 impl Exposure {
-    /// The rule a `method` call to `path` falls under; 404 naming the APIRule when none.
+    /// The rule a `method` call to `path` falls under. None is as Kyma's gateway answers it: a
+    /// call no rule lists the method and path of has no route (404); one that a rule lists but
+    /// an earlier rule takes the path from (Kyma's trap) is routed and not allowed (403 `RBAC:
+    /// access denied`).
     pub fn choose(self: &Arc<Self>, method: &Method, path: &str) -> Result<Chosen, ErrorResponse> {
-        select_rule(&self.templates, method.as_str(), path)
-            .map(|index| Chosen {
+        if let Some(index) = select_rule(&self.templates, method.as_str(), path) {
+            return Ok(Chosen {
                 exposure: self.clone(),
                 index,
-            })
-            .ok_or_else(|| {
-                tracing::debug!(
-                    apirule = %format_args!("{}/{}", self.namespace, self.name),
-                    %method, path, "no rule allows the call"
-                );
-                ErrorResponse::text(StatusCode::FORBIDDEN, RBAC_DENIED)
-            })
+            });
+        }
+        let routed = self.templates.iter().any(|(template, methods)| {
+            methods.iter().any(|m| m == method.as_str()) && template.matches(path)
+        });
+        tracing::debug!(
+            apirule = %format_args!("{}/{}", self.namespace, self.name),
+            %method, path, routed, "no rule allows the call"
+        );
+        Err(if routed {
+            ErrorResponse::text(StatusCode::FORBIDDEN, RBAC_DENIED)
+        } else {
+            ErrorResponse::text(StatusCode::NOT_FOUND, NO_ROUTE)
+        })
     }
 
     /// The answer to a CORS preflight (`OPTIONS` with `Origin` and
@@ -426,6 +440,9 @@ impl Cors {
         if let Some(value) =
             list(&policy.expose_headers).filter(|_| !policy.expose_headers.is_empty())
         {
+            // Envoy's CORS filter sets it on every answer to an allowed origin, its own answer
+            // to a preflight included.
+            preflight.push((header::ACCESS_CONTROL_EXPOSE_HEADERS, value.clone()));
             actual.push((header::ACCESS_CONTROL_EXPOSE_HEADERS, value));
         }
         Ok(Self {
@@ -448,8 +465,13 @@ impl Cors {
 }
 
 /// An APIRule compiled for the gateway, or why it cannot be (the status's description):
-/// invalid, or sending calls across the namespace boundary.
-pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String> {
+/// invalid, or sending calls across the namespace boundary. Its authorizers count their checks
+/// in flight in `slots`.
+pub fn compile(
+    rule: &APIRule,
+    serving: &ApiRuleArgs,
+    slots: &CheckSlots,
+) -> Result<Exposure, String> {
     let errors = serving.problems(rule);
     if !errors.is_empty() {
         return Err(describe_errors(&errors));
@@ -482,7 +504,10 @@ pub fn compile(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Exposure, String
                 authorizers: ext_auth
                     .authorizers
                     .iter()
-                    .map(|name| serving.providers().authorizer(name).map(Authorizer::new))
+                    .map(|name| {
+                        let spec = serving.providers().authorizer(name)?;
+                        Ok(Authorizer::new(spec, slots))
+                    })
                     .collect::<Result<_, String>>()?,
                 restrictions: ext_auth.restrictions.as_ref().map(jwt_check).transpose()?,
             },
@@ -644,6 +669,8 @@ impl Table {
 pub struct Exposures {
     serving: ApiRuleArgs,
     table: RwLock<Table>,
+    /// The external authorizers' checks in flight, by authorizer.
+    slots: CheckSlots,
 }
 
 fn key_of(rule: &APIRule) -> Key {
@@ -663,6 +690,7 @@ impl Exposures {
                 ..serving.clone()
             },
             table: RwLock::default(),
+            slots: CheckSlots::new(serving.max_authorizer_checks),
         }
     }
 
@@ -671,7 +699,7 @@ impl Exposures {
         // An unchanged APIRule is not compiled again: its JWT verifiers keep their keys.
         let compiled = match known.map(|entry| &entry.compiled) {
             Some(Ok(exposure)) if exposure.spec == rule.spec => Ok(exposure.clone()),
-            _ => compile(rule, &self.serving).map(Arc::new),
+            _ => compile(rule, &self.serving, &self.slots).map(Arc::new),
         };
         let (namespace, _) = key_of(rule);
         Entry {
@@ -731,7 +759,9 @@ impl Exposures {
         !none && table.find(&request_host(host)).is_some()
     }
 
-    /// The APIRule exposing the host a request names.
+    /// The APIRule exposing the host a request names (`Host`, or HTTP/2's `:authority`). An
+    /// address (`127.0.0.1:8080`, `[::1]`) is the gateway's own and never an APIRule's: such a
+    /// request is routed by its path, whatever the table holds.
     pub fn by_host(&self, headers: &HeaderMap, uri: &http::Uri) -> Option<Arc<Exposure>> {
         let table = self.table.read();
         if table.by_host.is_empty() && table.by_suffix.is_empty() {
@@ -741,7 +771,11 @@ impl Exposures {
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| uri.authority().map(http::uri::Authority::as_str))?;
-        table.find(&request_host(host)).cloned()
+        let host = request_host(host);
+        if host.parse::<std::net::IpAddr>().is_ok() {
+            return None;
+        }
+        table.find(&host).cloned()
     }
 
     /// The rule a call on the gateway's own path to `namespace/function` falls under, when
@@ -867,16 +901,25 @@ mod tests {
     }
 
     #[test]
-    fn authorizations_need_every_scope_and_one_audience() {
+    fn authorizations_need_every_scope_and_every_audience() {
         let wanted = JwtAuthorization {
             required_scopes: vec!["read".into(), "write".into()],
             audiences: vec!["app1".into(), "app2".into()],
         };
+        // "The token's aud claim must contain all listed audiences" (Kyma's api-gateway docs).
         assert!(authorized(
-            &json!({"scp": ["read", "write"], "aud": "app2"}),
+            &json!({"scp": ["read", "write"], "aud": ["app2", "app1"]}),
             &wanted
         ));
         assert!(authorized(
+            &json!({"scope": "write read other", "aud": ["x", "app1", "app2"]}),
+            &wanted
+        ));
+        assert!(!authorized(
+            &json!({"scp": ["read", "write"], "aud": "app2"}),
+            &wanted
+        ));
+        assert!(!authorized(
             &json!({"scope": "write read other", "aud": ["x", "app1"]}),
             &wanted
         ));

@@ -6,7 +6,7 @@
 //! that cannot be asked (down, too slow) answers `statusOnError` (403), or lets the call through
 //! when the provider says `failOpen`.
 
-use std::time::Duration;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
@@ -14,10 +14,12 @@ use eddy_model::ext_authz::{
     ALWAYS_SENT, HttpAuthorizer, any_matches, is_copyable, passes_on_deny,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
-use http_body_util::{BodyExt as _, Empty, Limited};
+use http_body_util::{BodyExt as _, Empty};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
 
-/// The most of a denying answer's body passed on to the caller.
+/// The most of a denying answer's body passed on to the caller (the rest is cut).
 const MAX_DENIAL_BODY: usize = 64 * 1024;
 
 type PlainClient = Client<HttpConnector, Empty<Bytes>>;
@@ -42,6 +44,33 @@ pub struct Granted {
     pub downstream: Vec<(HeaderName, HeaderValue)>,
 }
 
+/// The checks each authorizer may have in flight, shared by every rule that names it (as
+/// Envoy's circuit breaker is by every route to one cluster).
+#[derive(Debug)]
+pub struct CheckSlots {
+    limit: usize,
+    by_provider: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl CheckSlots {
+    /// `limit` checks in flight per authorizer.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit: limit.max(1),
+            by_provider: Mutex::default(),
+        }
+    }
+
+    /// The slots of the authorizer named `provider`.
+    fn of(&self, provider: &str) -> Arc<Semaphore> {
+        self.by_provider
+            .lock()
+            .entry(provider.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.limit)))
+            .clone()
+    }
+}
+
 /// One HTTP authorizer, ready to be called.
 #[derive(Debug)]
 pub struct Authorizer {
@@ -49,17 +78,27 @@ pub struct Authorizer {
     /// `includeAdditionalHeadersInCheck`, parsed once (the provider's checks refused bad ones).
     additional: Vec<(HeaderName, HeaderValue)>,
     client: PlainClient,
+    /// Its checks in flight, shared with every rule naming it.
+    slots: Arc<Semaphore>,
+}
+
+/// What a caller gets when the rule's timeout runs out before the call is answered (Envoy's
+/// words for a route timeout).
+pub fn timed_out() -> Response {
+    (StatusCode::GATEWAY_TIMEOUT, "upstream request timeout").into_response()
 }
 
 impl Authorizer {
-    /// An authorizer as its provider describes it.
-    pub fn new(spec: HttpAuthorizer) -> Self {
+    /// An authorizer as its provider describes it, its checks in flight counted in `slots`.
+    pub fn new(spec: HttpAuthorizer, slots: &CheckSlots) -> Self {
         let additional =
             crate::header_pairs(spec.additional.iter().map(|(name, value)| (name, value)));
+        let slots = slots.of(&spec.name);
         Self {
             spec,
             additional,
             client: client(),
+            slots,
         }
     }
 
@@ -69,17 +108,38 @@ impl Authorizer {
     }
 
     /// Asks it about a `method` call to `path_and_query` (the path the rule matched, with its
-    /// query) carrying `headers`; adds what an allowing answer grants to `granted`, or gives the
-    /// answer the caller gets.
+    /// query) carrying `headers`, answering by `deadline` at the latest (the rule's timeout);
+    /// adds what an allowing answer grants to `granted`, or gives the answer the caller gets.
+    /// The decision is taken from the answer's status and headers: a denial's body is passed
+    /// on cut at 64 KiB, however large or slow the rest of it.
     pub async fn check(
         &self,
         method: &Method,
         path_and_query: &str,
         headers: &HeaderMap,
+        deadline: tokio::time::Instant,
         granted: &mut Granted,
     ) -> Result<(), Response> {
-        let answer = match self.ask(method, path_and_query, headers).await {
+        let own_deadline = tokio::time::Instant::now() + self.spec.timeout;
+        let asked = match self.slots.try_acquire() {
+            Ok(_in_flight) => {
+                let deadline = deadline.min(own_deadline);
+                self.ask(method, path_and_query, headers, deadline).await
+            }
+            Err(_) => Err(
+                "as many checks as --max-authorizer-checks allows are in flight already".to_owned(),
+            ),
+        };
+        let answer = match asked {
             Ok(answer) => answer,
+            // The call's own time ran out (the rule's timeout), not the authorizer's.
+            Err(_) if deadline <= own_deadline && tokio::time::Instant::now() >= deadline => {
+                tracing::warn!(
+                    authorizer = %self.spec.name,
+                    "the rule's timeout ran out while the external authorizer was asked"
+                );
+                return Err(timed_out());
+            }
             Err(why) => {
                 tracing::warn!(
                     authorizer = %self.spec.name, %why,
@@ -94,7 +154,7 @@ impl Authorizer {
                 return Err(status.into_response());
             }
         };
-        let (parts, body) = answer;
+        let (parts, body) = answer.into_parts();
         if parts.status.is_success() {
             for (name, value) in &parts.headers {
                 let name_text = name.as_str();
@@ -114,6 +174,7 @@ impl Authorizer {
             authorizer = %self.spec.name, status = %parts.status,
             "the external authorizer denied a call"
         );
+        let body = read_prefix(body, MAX_DENIAL_BODY, deadline).await;
         let mut denial = Response::new(axum::body::Body::from(body));
         *denial.status_mut() = parts.status;
         for (name, value) in &parts.headers {
@@ -124,14 +185,15 @@ impl Authorizer {
         Err(denial)
     }
 
-    /// The check request and its answer (the body cut at [`MAX_DENIAL_BODY`]), or why there is
-    /// none.
+    /// The check request's answer, its status and headers read by `deadline`, or why there
+    /// is none.
     async fn ask(
         &self,
         method: &Method,
         path_and_query: &str,
         headers: &HeaderMap,
-    ) -> Result<(http::response::Parts, Bytes), String> {
+        deadline: tokio::time::Instant,
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
         let uri = format!("{}{path_and_query}", self.spec.base_url);
         let mut request = http::Request::new(Empty::<Bytes>::new());
         *request.method_mut() = method.clone();
@@ -149,24 +211,31 @@ impl Authorizer {
             sent.insert(name.clone(), value.clone());
         }
         sent.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
-        let call = async {
-            let answer = self
-                .client
-                .request(request)
-                .await
-                .map_err(|error| format!("{uri}: {}", with_causes(&error)))?;
-            let (parts, body) = answer.into_parts();
-            let body = Limited::new(body, MAX_DENIAL_BODY)
-                .collect()
-                .await
-                .map_err(|error| format!("{uri}: its answer's body: {error}"))?
-                .to_bytes();
-            Ok::<_, String>((parts, body))
-        };
-        tokio::time::timeout(self.spec.timeout, call)
-            .await
-            .map_err(|_| format!("{uri}: no answer within {:?}", self.spec.timeout))?
+        match tokio::time::timeout_at(deadline, self.client.request(request)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => Err(format!("{uri}: {}", with_causes(&error))),
+            Err(_) => Err(format!("{uri}: no answer in time")),
+        }
     }
+}
+
+/// The first `limit` bytes of `body`: what arrived of it by `deadline`, or before it broke
+/// off; the rest is not read.
+async fn read_prefix<B>(mut body: B, limit: usize, deadline: tokio::time::Instant) -> Bytes
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let mut collected = bytes::BytesMut::new();
+    while collected.len() < limit {
+        let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline, body.frame()).await else {
+            break;
+        };
+        if let Ok(data) = frame.into_data() {
+            let room = limit - collected.len();
+            collected.extend_from_slice(&data[..data.len().min(room)]);
+        }
+    }
+    collected.freeze()
 }
 
 /// An error with its causes, `: `-separated (hyper's own text says only "client error").

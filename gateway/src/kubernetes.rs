@@ -414,10 +414,15 @@ pub async fn serve_on(
     eddy_platform::output::say(format!(
         "gateway (kubernetes) ready on http://{addr}/<namespace>/<function>"
     ));
+    // The gateway tells Functions (and authorizers) who called: `X-Forwarded-For`.
+    let serve = eddy_platform::net::ServeArgs {
+        peer_addresses: true,
+        ..args.serve.clone()
+    };
     let server = eddy_platform::net::serve(
         listener,
         app,
-        &args.serve,
+        &serve,
         eddy_platform::net::Browsers::HostOnlyAnd({
             let exposures = exposures.clone();
             Arc::new(move |host: &str| exposures.names_host(host))

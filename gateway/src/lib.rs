@@ -13,6 +13,7 @@ pub mod kubernetes;
 pub mod local;
 
 use std::{
+    borrow::Cow,
     future::Future,
     sync::Arc,
     time::{Duration, Instant},
@@ -196,11 +197,22 @@ impl<U: Upstreams> Gateway<U> {
         with_call_traces(Router::new().fallback(proxy::<U>).with_state(self))
     }
 
+    /// Whether a request carries the platform's own token (the dispatcher's deliveries): such a
+    /// call is routed by its path alone, never by an APIRule's host, and the token is the
+    /// gateway's to check, never the Function's to see (it would open every token-protected
+    /// Function).
+    fn is_platform_call(&self, headers: &HeaderMap) -> bool {
+        self.bypass
+            .as_ref()
+            .is_some_and(|bypass| bypass.allows(headers))
+    }
+
     /// Routes a request (by the APIRule of its host, or by its path); the Function's access and
     /// the APIRule rule it falls under are checked once routed, and counted in its metrics.
     fn route(
         &self,
         exposure: Option<&Arc<Exposure>>,
+        platform_call: bool,
         request: &Request,
     ) -> Result<Call<U::Function>, ErrorResponse> {
         let path = request.uri().path();
@@ -245,13 +257,6 @@ impl<U: Upstreams> Gateway<U> {
                 }
             }
         }
-        // The platform's token is the gateway's to check, never the function's to see: it would
-        // open every token-protected function. It opens nothing on an APIRule's host.
-        let platform_call = by_host.is_none()
-            && self
-                .bypass
-                .as_ref()
-                .is_some_and(|bypass| bypass.allows(request.headers()));
         let routed_by_host = by_host.is_some();
         let rule = match by_host {
             Some(chosen) => Some(chosen),
@@ -281,6 +286,14 @@ impl<U: Upstreams> Gateway<U> {
     /// A routed call: the Function's access and its APIRule rule checked, its body read, then
     /// sent.
     async fn call(&self, call: &Call<U::Function>, request: Request) -> Response {
+        // The call's whole time, from here: the authorizers, then the Function's answer.
+        let mut timeout = call.found.as_ref().map_or(Duration::MAX, |f| f.timeout);
+        if let Some(chosen) = &call.rule {
+            timeout = timeout.min(chosen.rule().timeout);
+        }
+        let deadline = tokio::time::Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(far_future);
         let (namespace, function) = &call.key;
         let access = call.found.as_ref().map(|found| &found.access);
         match access.filter(|_| !call.platform_call) {
@@ -310,6 +323,7 @@ impl<U: Upstreams> Gateway<U> {
                         &call.path_and_query,
                         request.headers(),
                         request.uri().query(),
+                        deadline,
                     )
                     .await;
                 match admitted {
@@ -324,10 +338,12 @@ impl<U: Upstreams> Gateway<U> {
             Ok(read) => read,
             Err(refused) => return refused.into_response(),
         };
-        let mut timeout = call.found.as_ref().map_or(Duration::MAX, |f| f.timeout);
         if let Some(chosen) = &call.rule {
             chosen.decorate(&mut parts.headers);
-            timeout = timeout.min(chosen.rule().timeout);
+        }
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if timeout.is_zero() {
+            return ext_authz::timed_out();
         }
         for (name, value) in granted.upstream {
             parts.headers.insert(name, value);
@@ -355,6 +371,11 @@ impl<U: Upstreams> Gateway<U> {
     }
 }
 
+/// An instant no call reaches (a call without any timeout).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+}
+
 /// A routed call.
 struct Call<F> {
     key: FunctionKey,
@@ -369,17 +390,29 @@ struct Call<F> {
     by_host: bool,
 }
 
-async fn proxy<U: Upstreams>(State(gateway): State<Arc<Gateway<U>>>, request: Request) -> Response {
-    if has_dot_segment(request.uri().path()) {
-        // A rule is matched on the path as sent; `/public/../admin` would pass `/public`'s
-        // rule and reach `/admin` wherever the path is resolved later.
-        return ErrorResponse::message(
-            StatusCode::BAD_REQUEST,
-            "the path has a '.' or '..' segment; send it resolved",
-        )
-        .into_response();
+async fn proxy<U: Upstreams>(
+    State(gateway): State<Arc<Gateway<U>>>,
+    mut request: Request,
+) -> Response {
+    // Rules are matched, and Functions reached, on the path as Istio's gateway normalises it:
+    // `/%61dmin` is `/admin` to the rule and to the Function alike.
+    match normalize_path(request.uri().path()) {
+        Ok(Cow::Borrowed(_)) => {}
+        Ok(Cow::Owned(path)) => match with_path(request.uri(), &path) {
+            Some(uri) => *request.uri_mut() = uri,
+            None => return PathRefusal::Unusable.into_response(),
+        },
+        Err(refusal) => return refusal.into_response(),
     }
-    let exposure = gateway.exposures.by_host(request.headers(), request.uri());
+    append_forwarded_for(&mut request);
+    // The platform's own calls are never routed by host: an APIRule naming the address they
+    // are sent to would otherwise be handed them, and the token they carry.
+    let platform_call = gateway.is_platform_call(request.headers());
+    let exposure = if platform_call {
+        None
+    } else {
+        gateway.exposures.by_host(request.headers(), request.uri())
+    };
     if exposure.is_none() && request.uri().path() == "/metrics" {
         if request.method() != http::Method::GET {
             return StatusCode::METHOD_NOT_ALLOWED.into_response();
@@ -395,7 +428,7 @@ async fn proxy<U: Upstreams>(State(gateway): State<Arc<Gateway<U>>>, request: Re
     let origin = exposure
         .as_ref()
         .and_then(|_| request.headers().get(header::ORIGIN).cloned());
-    let mut response = match gateway.route(exposure.as_ref(), &request) {
+    let mut response = match gateway.route(exposure.as_ref(), platform_call, &request) {
         Err(refused) => refused.into_response(),
         Ok(call) => {
             // Every line logged while serving this call names the function once, here.
@@ -458,22 +491,115 @@ async fn trace_call(request: Request, next: axum::middleware::Next) -> Response 
     traces::serve_request(span, request, async |request| next.run(request).await).await
 }
 
-/// Whether a raw path has a `.` or `..` segment, percent-encoded or not. Pure.
-pub fn has_dot_segment(path: &str) -> bool {
-    fn dots(mut segment: &[u8]) -> bool {
-        let mut count = 0;
-        while !segment.is_empty() {
-            segment = match segment {
-                [b'.', rest @ ..] => rest,
-                [b'%', b'2', b'e' | b'E', rest @ ..] => rest,
-                _ => return false,
-            };
-            count += 1;
-        }
-        matches!(count, 1 | 2)
+/// Why a request path cannot be normalised: it is refused (400) before any rule or route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathRefusal {
+    /// `%2F` or `%5C`: a separator to some readers and text to others.
+    EncodedSeparator,
+    /// A `%` not followed by two hex digits, or an escape of a NUL or a control character.
+    BadEscape,
+    /// The normalised path does not make a request target.
+    Unusable,
+}
+
+impl IntoResponse for PathRefusal {
+    fn into_response(self) -> Response {
+        let message = match self {
+            Self::EncodedSeparator => {
+                "the path has an encoded '/' or '\\' (%2F, %5C); send the separator as it is, or \
+                 encode it in the query"
+            }
+            Self::BadEscape => {
+                "the path has a '%' that escapes no character, or escapes a control character"
+            }
+            Self::Unusable => "the path cannot be normalised into a request target",
+        };
+        ErrorResponse::message(StatusCode::BAD_REQUEST, message).into_response()
     }
-    (path.contains('.') || path.contains('%'))
-        && path.split('/').any(|segment| dots(segment.as_bytes()))
+}
+
+/// A request path as Istio's gateway normalises it before matching routes (RFC 3986 section
+/// 6): escapes of unreserved characters decoded (`%61` is `a`, `%2E` is `.`) and the others
+/// upper-cased, runs of `/` merged, and `.` and `..` segments resolved (never above the root).
+/// Borrowed when the path is normal already (the common case costs a scan). An encoded `/` or
+/// `\` and a broken or control-character escape are refused. Pure.
+pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathRefusal> {
+    let bytes = path.as_bytes();
+    let suspicious = path.contains('%')
+        || path.contains("//")
+        || path
+            .split('/')
+            .any(|segment| segment == "." || segment == "..");
+    if !suspicious {
+        return Ok(Cow::Borrowed(path));
+    }
+    let mut decoded: Vec<u8> = Vec::with_capacity(path.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let byte = bytes[index];
+        if byte != b'%' {
+            decoded.push(byte);
+            index += 1;
+            continue;
+        }
+        let hex = |at: usize| bytes.get(at).and_then(|b| char::from(*b).to_digit(16));
+        let (Some(high), Some(low)) = (hex(index + 1), hex(index + 2)) else {
+            return Err(PathRefusal::BadEscape);
+        };
+        let value = u8::try_from(high * 16 + low).map_err(|_| PathRefusal::BadEscape)?;
+        match value {
+            b'/' | b'\\' => return Err(PathRefusal::EncodedSeparator),
+            value if value.is_ascii_alphanumeric() || b"-._~".contains(&value) => {
+                decoded.push(value);
+            }
+            value if value.is_ascii_control() => return Err(PathRefusal::BadEscape),
+            _ => decoded.extend_from_slice(&[b'%', upper_hex(high), upper_hex(low)]),
+        }
+        index += 3;
+    }
+    // Only unreserved ASCII was decoded: the rest of `path` is copied as it was, whole.
+    let decoded = String::from_utf8(decoded).map_err(|_| PathRefusal::Unusable)?;
+    let last = decoded.rsplit('/').next().unwrap_or_default();
+    let trailing = matches!(last, "" | "." | "..");
+    let mut kept: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                kept.pop();
+            }
+            segment => kept.push(segment),
+        }
+    }
+    let mut normal = String::with_capacity(decoded.len());
+    for segment in &kept {
+        normal.push('/');
+        normal.push_str(segment);
+    }
+    if trailing || normal.is_empty() {
+        normal.push('/');
+    }
+    Ok(if normal == path {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(normal)
+    })
+}
+
+/// The upper-case hex digit of `digit` (0 to 15).
+fn upper_hex(digit: u32) -> u8 {
+    b"0123456789ABCDEF"[(digit & 15) as usize]
+}
+
+/// `uri` with its path replaced by `path` (its scheme, authority and query kept).
+fn with_path(uri: &http::Uri, path: &str) -> Option<http::Uri> {
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
 }
 
 /// Splits `/{namespace}/{function}/{rest}` (raw, still percent-encoded) into its parts.
@@ -487,6 +613,31 @@ pub fn route(path: &str) -> Option<(&str, &str, &str)> {
     (is_dns1123_label(namespace) && is_dns1035_label(function))
         .then_some((namespace, function, rest))
 }
+
+/// Appends the caller's address to `X-Forwarded-For`, as Envoy at the edge does
+/// (`use_remote_address`): what the caller wrote there stays, and the last entry is the one
+/// the gateway saw (the Function and the authorizers read it from the end).
+fn append_forwarded_for(request: &mut Request) {
+    let Some(eddy_platform::net::PeerAddr(peer)) = request.extensions().get().copied() else {
+        return;
+    };
+    let peer = peer.ip().to_canonical();
+    let mut value = String::new();
+    for written in request.headers().get_all(X_FORWARDED_FOR) {
+        if let Ok(text) = written.to_str()
+            && !text.trim().is_empty()
+        {
+            value.push_str(text.trim());
+            value.push_str(", ");
+        }
+    }
+    value.push_str(&peer.to_string());
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        request.headers_mut().insert(X_FORWARDED_FOR, value);
+    }
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Headers that belong to one connection and are not forwarded.
 const HOP_BY_HOP: [HeaderName; 7] = [
@@ -634,27 +785,49 @@ mod tests {
     }
 
     #[test]
-    fn dot_segments_are_found_however_they_are_written() {
-        for path in [
-            "/public/../admin",
-            "/public/./admin",
-            "/public/%2e%2e/admin",
-            "/public/%2E./admin",
-            "/public/.%2e",
-            "/..",
+    fn paths_are_normalised_as_istio_normalises_them() {
+        for (raw, normal) in [
+            ("/admin/users", "/admin/users"),
+            ("/%61dmin/users", "/admin/users"),
+            ("/public/../admin", "/admin"),
+            ("/public/%2e%2e/admin", "/admin"),
+            ("/public/%2E./admin", "/admin"),
+            ("/public/./admin", "/public/admin"),
+            ("/public/.%2e", "/"),
+            ("/..", "/"),
+            ("/../../etc", "/etc"),
+            ("//a///b/", "/a/b/"),
+            ("/a/b/.", "/a/b/"),
+            ("/a/%7e%2D%5F", "/a/~-_"),
+            ("/a/%c3%a9", "/a/%C3%A9"),
+            ("/a/%20b", "/a/%20b"),
+            ("/", "/"),
+            ("/public/file.txt", "/public/file.txt"),
+            ("/public/...", "/public/..."),
+            ("/public/.well-known/x", "/public/.well-known/x"),
+            ("/public/..x", "/public/..x"),
         ] {
-            assert!(has_dot_segment(path), "{path}");
+            assert_eq!(normalize_path(raw).as_deref(), Ok(normal), "{raw}");
         }
-        for path in [
-            "/public/file.txt",
-            "/public/...",
-            "/public/.well-known/x",
-            "/a%2Fb",
-            "/",
-            "/public/..x",
+        assert!(matches!(normalize_path("/a/b"), Ok(Cow::Borrowed(_))));
+        assert!(matches!(normalize_path("/a/%C3%A9"), Ok(Cow::Borrowed(_))));
+        for (raw, refusal) in [
+            ("/a%2Fb", PathRefusal::EncodedSeparator),
+            ("/a%2fb", PathRefusal::EncodedSeparator),
+            ("/a%5Cb", PathRefusal::EncodedSeparator),
+            ("/a%", PathRefusal::BadEscape),
+            ("/a%4", PathRefusal::BadEscape),
+            ("/a%zz", PathRefusal::BadEscape),
+            ("/a%00", PathRefusal::BadEscape),
+            ("/a%0A", PathRefusal::BadEscape),
         ] {
-            assert!(!has_dot_segment(path), "{path}");
+            assert_eq!(normalize_path(raw), Err(refusal), "{raw}");
         }
+        let uri: http::Uri = "http://127.0.0.1:8080/%61?x=%2F".parse().unwrap();
+        assert_eq!(
+            with_path(&uri, "/a").unwrap().to_string(),
+            "http://127.0.0.1:8080/a?x=%2F"
+        );
     }
 
     #[test]

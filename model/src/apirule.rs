@@ -458,7 +458,10 @@ pub fn award_hosts<'a>(mut claims: Vec<HostClaim<'a>>) -> Vec<(&'a RuleKey, Resu
     awarded
 }
 
-/// Whether `host` is a name Kyma takes: one lower-case DNS label, or at least two. Pure.
+/// Whether `host` is a name Kyma takes: one lower-case DNS label, or at least two. Never an
+/// address: a name of two labels or more, or a wildcard, may not end in an all-digit label
+/// (RFC 3696 section 2: no top-level domain is all-numeric), so neither an IPv4 literal
+/// (`127.0.0.1`) nor a wildcard that could match one (`*.0.0.1`, `*.1`) is a host. Pure.
 fn is_host(host: &str) -> bool {
     // A wildcard (`*.example.com`, or `*` under the gateway's domain) as Kyma takes it.
     let named = match host.strip_prefix('*') {
@@ -469,7 +472,55 @@ fn is_host(host: &str) -> bool {
         },
         None => host,
     };
-    host.len() <= 255 && named.split('.').all(is_dns1123_label)
+    // One label alone is prefixed to the gateway's domain; a wildcard's or a full name's last
+    // label is the name's end.
+    let ends_named = named.contains('.') || host.starts_with('*');
+    let numeric_top = ends_named
+        && named
+            .rsplit('.')
+            .next()
+            .is_some_and(|top| top.bytes().all(|b| b.is_ascii_digit()));
+    host.len() <= 255 && named.split('.').all(is_dns1123_label) && !numeric_top
+}
+
+/// Whether an APIRule's full host (see [`full_host`]) takes `reserved`: names it, or is a
+/// wildcard over it. Pure.
+fn takes(host: &str, reserved: &str) -> bool {
+    host == reserved || wildcard_suffix(host).is_some_and(|suffix| reserved.ends_with(suffix))
+}
+
+/// The hosts of an APIRule that the gateway answers to itself, each naming its field: its
+/// domain and `gateway_hosts` (the names its `/<namespace>/<function>` routes are reached by),
+/// or a wildcard over one of them. An APIRule holding one would be handed every call (and the
+/// tokens they carry) that was meant for the gateway's own routes. Wildcard entries of
+/// `gateway_hosts` reserve nothing (the chart's `expose.hosts: ["*"]` sends every name to the
+/// gateway; the APIRules then take theirs). Pure.
+pub fn check_gateway_hosts(
+    rule: &APIRule,
+    domain: &str,
+    gateway_hosts: &[String],
+) -> Vec<FieldError> {
+    let domain = domain.trim_matches('.').to_ascii_lowercase();
+    let reserved: Vec<String> = gateway_hosts
+        .iter()
+        .filter(|name| !name.contains('*'))
+        .map(|name| request_host(name))
+        .chain((!domain.is_empty()).then(|| domain.clone()))
+        .collect();
+    let mut errors = Vec::new();
+    for (index, host) in rule.spec.hosts.iter().enumerate() {
+        let full = full_host(host, &domain);
+        if let Some(taken) = reserved.iter().find(|reserved| takes(&full, reserved)) {
+            errors.push(FieldError {
+                field: format!("spec.hosts[{index}]"),
+                message: format!(
+                    "{host:?} would take {taken}, a name the gateway itself answers to (its \
+                     domain, or --gateway-hosts): name a host under {domain}"
+                ),
+            });
+        }
+    }
+    errors
 }
 
 /// What a wildcard host matches the end of (`*.example.com`: `.example.com`); `None` for a
@@ -594,7 +645,7 @@ pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {
                 format!(
                     "{host:?} is not a host: one lower-case DNS label (prefixed to the gateway's \
                      domain) or a fully qualified name such as shop.example.com, either may \
-                     start with a wildcard (*.example.com)"
+                     start with a wildcard (*.example.com); never an IP address"
                 ),
             );
         }
@@ -997,6 +1048,49 @@ mod tests {
     }
 
     #[test]
+    fn no_apirule_takes_a_name_the_gateway_answers_to() {
+        let rule = |hosts: &[&str]| -> APIRule {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "APIRule", "metadata": {"name": "r"},
+                "spec": {"hosts": hosts, "service": {"name": "s", "port": 80},
+                         "rules": [{"path": "/*", "methods": ["GET"], "noAuth": true}]},
+            }))
+            .unwrap()
+        };
+        let own = [
+            "localhost".to_owned(),
+            "eddy-gateway.eddy-system.svc.cluster.local".to_owned(),
+            "*".to_owned(),
+        ];
+        let taken = |hosts: &[&str]| -> Vec<String> {
+            check_gateway_hosts(&rule(hosts), "example.com", &own)
+                .into_iter()
+                .map(|e| e.field)
+                .collect()
+        };
+        assert!(taken(&["shop", "*", "a.example.com", "*.shop.example.com"]).is_empty());
+        assert_eq!(taken(&["example.com"]), ["spec.hosts[0]"]);
+        // One label is under the domain: `localhost` is `localhost.example.com`, no gateway name.
+        assert!(taken(&["localhost"]).is_empty());
+        assert_eq!(taken(&["*.svc.cluster.local"]), ["spec.hosts[0]"]);
+        assert_eq!(
+            taken(&["eddy-gateway.eddy-system.svc.cluster.local"]),
+            ["spec.hosts[0]"]
+        );
+        // `*` under `localhost` matches names under it, never `localhost` itself.
+        assert!(check_gateway_hosts(&rule(&["*"]), "localhost", &own).is_empty());
+        assert_eq!(
+            check_gateway_hosts(
+                &rule(&["localhost.localhost"]),
+                "localhost",
+                &["localhost.localhost:8080".to_owned()]
+            )
+            .len(),
+            1
+        );
+    }
+
+    #[test]
     fn kymas_trap_is_found() {
         let spec: ApiRuleSpec = serde_json::from_value(serde_json::json!({
             "hosts": ["h"], "service": {"name": "s", "port": 80},
@@ -1026,6 +1120,13 @@ mod tests {
             "shop.*.com",
             "*.",
             "**.example.com",
+            // Addresses, and wildcards that could match one, are no hosts.
+            "127.0.0.1",
+            "*.0.0.1",
+            "*.1",
+            "10.0.0.42",
+            "::1",
+            "[::1]",
         ] {
             assert!(!is_host(bad), "{bad}");
         }

@@ -14,6 +14,25 @@ use crate::resources::{
     KYMA_FUNCTION_API_VERSION, KYMA_SUBSCRIPTION_API_VERSION, Subscription,
 };
 
+/// The labels Kyma's Function controller puts on a Function's pods, and the ones its Service
+/// selects them by: users select Function pods by them (NetworkPolicies, AuthorizationPolicies,
+/// PodMonitors, scripts). `uid` is the Function's (the Kyma Function's, for one applied as
+/// Kyma's). Pure.
+pub fn pod_labels(name: &str, uid: &str) -> [(&'static str, String); 4] {
+    [
+        ("serverless.kyma-project.io/function-name", name.to_owned()),
+        (
+            "serverless.kyma-project.io/managed-by",
+            "function-controller".to_owned(),
+        ),
+        ("serverless.kyma-project.io/uuid", uid.to_owned()),
+        (
+            "serverless.kyma-project.io/resource",
+            "deployment".to_owned(),
+        ),
+    ]
+}
+
 /// The eddy-native form of one manifest. Manifests that are not Kyma's come back unchanged.
 /// A Kyma manifest that does not decode is refused with the field at fault.
 pub fn to_native(mut manifest: Value) -> Result<Value, Vec<FieldError>> {

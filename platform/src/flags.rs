@@ -3,7 +3,9 @@
 //! code that builds arguments by hand (`eddy up`, tests, benches) can never disagree.
 
 use clap::{Args, Command, FromArgMatches};
-use eddy_model::apirule::{APIRule, check_namespace_boundary, validate_api_rule};
+use eddy_model::apirule::{
+    APIRule, check_gateway_hosts, check_namespace_boundary, validate_api_rule,
+};
 use eddy_model::ext_authz::ExtensionProviders;
 use eddy_model::resources::FieldError;
 
@@ -15,6 +17,17 @@ pub struct ApiRuleArgs {
     /// `orders.<domain>` (`orders.localhost` resolves to this machine).
     #[arg(long = "domain", env = "EDDY_DOMAIN", default_value = "localhost")]
     pub domain: String,
+    /// The names the gateway's own `/<namespace>/<function>` routes are reached by (its
+    /// Service's DNS names, the hosts it is exposed on): no APIRule may take one, nor a
+    /// wildcard over one, nor the domain itself. Addresses (`127.0.0.1`) are never APIRule
+    /// hosts, whatever this says.
+    #[arg(
+        long = "gateway-hosts",
+        env = "EDDY_GATEWAY_HOSTS",
+        value_delimiter = ',',
+        default_value = "localhost"
+    )]
+    pub gateway_hosts: Vec<String>,
     /// Namespaces whose Services APIRules of other namespaces may send calls to (`*`: every
     /// namespace). By default an APIRule reaches only its own namespace.
     #[arg(
@@ -32,6 +45,15 @@ pub struct ApiRuleArgs {
         value_parser = read_extension_providers
     )]
     pub extension_providers: Option<ExtensionProviders>,
+    /// Checks one external authorizer may have in flight (Envoy's circuit breaker for it):
+    /// past it a call is answered as when the authorizer cannot be asked, at once, so a slow
+    /// authorizer holds no more of the gateway's connections than this.
+    #[arg(
+        long = "max-authorizer-checks",
+        env = "EDDY_MAX_AUTHORIZER_CHECKS",
+        default_value_t = 1024
+    )]
+    pub max_authorizer_checks: usize,
 }
 
 fn read_extension_providers(path: &str) -> Result<ExtensionProviders, String> {
@@ -51,6 +73,7 @@ impl ApiRuleArgs {
     /// own validity, the namespace boundary, and authorizers this gateway does not have. Pure.
     pub fn problems(&self, rule: &APIRule) -> Vec<FieldError> {
         let mut errors = validate_api_rule(rule);
+        errors.extend(check_gateway_hosts(rule, &self.domain, &self.gateway_hosts));
         errors.extend(check_namespace_boundary(rule, &self.open_namespaces));
         errors.extend(self.providers().check(rule));
         errors

@@ -81,6 +81,10 @@ pub fn no_delay(listener: TcpListener) -> impl Listener<Io = TcpStream, Addr = S
 /// Limits every listener of a process applies; flattened into each service's flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
+    /// Whether each request carries its peer's address ([`PeerAddr`] in its extensions): set
+    /// by a service that reports it onward (the gateway's `X-Forwarded-For`), not a flag.
+    #[arg(skip)]
+    pub peer_addresses: bool,
     /// Longest wait for a request's headers, and for the next request on an idle keep-alive
     /// connection: an HTTP/1.1 connection with no request under way for this long (checked four
     /// times per timeout, so at most a quarter more) is closed.
@@ -264,6 +268,7 @@ where
         browsers: local.ip().is_loopback().then_some(browsers),
         body_timeout: limits.body_timeout,
         activity: None,
+        peer: None,
     };
     // HTTP/1.1, and HTTP/2 over cleartext with prior knowledge: many requests in flight on one
     // connection share its reads and writes. Which one a connection speaks is read from its
@@ -304,7 +309,7 @@ where
                 }
             }
         };
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -323,6 +328,7 @@ where
             tracing::debug!(%error, "cannot set TCP_NODELAY on an accepted connection");
         }
         let mut guard = guard.clone();
+        guard.peer = limits.peer_addresses.then_some(peer);
         let (builders, watcher) = (builders.clone(), graceful.watcher());
         let stopping = shutdown.clone();
         tokio::spawn(async move {
@@ -381,7 +387,14 @@ struct Guard<S> {
     body_timeout: Duration,
     /// The connection's requests, for its idle watchdog (HTTP/1.1 only).
     activity: Option<Arc<Activity>>,
+    /// The connection's peer, put on each request when the service asked for it.
+    peer: Option<SocketAddr>,
 }
+
+/// The address of the client a request came from (directly: the TCP peer), in the request's
+/// extensions where the listener's [`ServeArgs::peer_addresses`] asks for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// What an HTTP/1.1 connection's watchdog sees of it: how many times a request began or
 /// finished, and how many are unfinished (their response not yet sent in full). A few atomic
@@ -531,7 +544,10 @@ where
 
     fn call(&mut self, request: http::Request<hyper::body::Incoming>) -> Self::Future {
         let unfinished = self.activity.as_ref().map(Unfinished::begin);
-        let request = request.map(|body| Body::new(StallTimeout::new(body, self.body_timeout)));
+        let mut request = request.map(|body| Body::new(StallTimeout::new(body, self.body_timeout)));
+        if let Some(peer) = self.peer {
+            request.extensions_mut().insert(PeerAddr(peer));
+        }
         let inner = match self
             .browsers
             .as_ref()

@@ -200,7 +200,7 @@ pub fn read_manifests(path: &Path) -> anyhow::Result<Vec<Value>> {
 
 /// The manifests of one YAML text (several documents allowed); `origin` names it in errors.
 fn parse_manifests(text: &str, origin: &str) -> anyhow::Result<Vec<Value>> {
-    check_nesting(text).with_context(|| format!("{origin} is not a manifest"))?;
+    check_structure(text, origin)?;
     let mut manifests = Vec::new();
     for document in serde_yaml_ng::Deserializer::from_str(text) {
         let value: Value = serde::Deserialize::deserialize(document)
@@ -214,39 +214,81 @@ fn parse_manifests(text: &str, origin: &str) -> anyhow::Result<Vec<Value>> {
 
 /// Largest manifest file read.
 const MAX_MANIFEST_BYTES: u64 = 8 * 1024 * 1024;
-/// Deepest nesting of flow collections (`[`, `{`) a manifest may have; real ones have under ten.
+/// Deepest nesting of collections (block or flow) a manifest may have; real ones have under
+/// twenty.
 const MAX_NESTING: usize = 64;
 
-/// Refuses deeply nested flow collections before the YAML parser sees them: it takes minutes
-/// to refuse 200,000 nested `[` (quadratic), this takes a moment. Quoted text and comments
-/// are skipped.
-fn check_nesting(text: &str) -> anyhow::Result<()> {
-    let mut depth = 0usize;
-    let mut quote: Option<char> = None;
-    let mut comment = false;
-    let mut previous = '\n';
-    for c in text.chars() {
-        if comment {
-            comment = c != '\n';
-        } else if let Some(open) = quote {
-            if c == open && previous != '\\' {
-                quote = None;
+/// What a YAML text must be before the YAML parser that reads it into values sees it:
+/// collections nested at most [`MAX_NESTING`] deep (that parser takes minutes over 200,000
+/// nested `[`: quadratic), and no key twice in one mapping (the parser would keep the last one
+/// without a word; kubectl refuses it). Read by a streaming parser that stops at the first
+/// problem, so a hostile text costs a moment: the parser itself decides what is quoted, a
+/// comment or a block scalar, where a scan of the text would have to guess.
+fn check_structure(text: &str, origin: &str) -> anyhow::Result<()> {
+    use saphyr_parser::{Event, Parser};
+    /// A collection being read: a sequence, or a mapping with the keys it has had and whether
+    /// its next node is a key.
+    enum Open {
+        Sequence,
+        Mapping {
+            keys: std::collections::HashSet<String>,
+            key_next: bool,
+        },
+    }
+    /// A node read into the innermost collection: a key of a mapping must be new (`key`: its
+    /// text, when it is a scalar).
+    fn node(open: &mut [Open], key: Option<&str>, line: usize) -> anyhow::Result<()> {
+        if let Some(Open::Mapping { keys, key_next }) = open.last_mut() {
+            if *key_next
+                && let Some(key) = key
+                && !keys.insert(key.to_owned())
+            {
+                anyhow::bail!("line {line}: the key {key:?} appears twice in one mapping");
             }
-        } else {
-            match c {
-                '"' | '\'' => quote = Some(c),
-                '#' if previous.is_whitespace() => comment = true,
-                '[' | '{' => {
-                    depth += 1;
-                    if depth > MAX_NESTING {
-                        anyhow::bail!("collections are nested deeper than {MAX_NESTING} levels");
-                    }
-                }
-                ']' | '}' => depth = depth.saturating_sub(1),
-                _ => {}
-            }
+            *key_next = !*key_next;
         }
-        previous = c;
+        Ok(())
+    }
+    let mut open: Vec<Open> = Vec::new();
+    for event in Parser::new_from_str(text) {
+        let (event, span) = event.map_err(|error| {
+            // The parser reads a little ahead, and its own depth limit may come first.
+            if error.info().contains("recursion limit") {
+                anyhow::anyhow!(
+                    "{origin} is not a manifest: collections are nested deeper than \
+                     {MAX_NESTING} levels"
+                )
+            } else {
+                anyhow::anyhow!("{origin} is not valid YAML: {error}")
+            }
+        })?;
+        let line = span.start.line();
+        match event {
+            Event::DocumentStart(_) => open.clear(),
+            Event::Scalar(value, ..) => node(&mut open, Some(value.as_ref()), line)
+                .with_context(|| format!("{origin} is not a manifest"))?,
+            Event::Alias(_) => node(&mut open, None, line)?,
+            Event::SequenceStart(..) | Event::MappingStart(..) => {
+                node(&mut open, None, line)?;
+                if open.len() == MAX_NESTING {
+                    anyhow::bail!(
+                        "{origin} is not a manifest: line {line}: collections are nested deeper \
+                         than {MAX_NESTING} levels"
+                    );
+                }
+                open.push(match event {
+                    Event::SequenceStart(..) => Open::Sequence,
+                    _ => Open::Mapping {
+                        keys: std::collections::HashSet::new(),
+                        key_next: true,
+                    },
+                });
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                open.pop();
+            }
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -840,4 +882,66 @@ pub fn convert(path: &Path) -> anyhow::Result<String> {
         out.push_str(&serde_yaml_ng::to_string(&converted)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_twice_in_one_mapping_is_refused_with_its_line() {
+        let twice = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\nmetadata:\n  name: b\n";
+        let error = format!("{:#}", check_structure(twice, "t").unwrap_err());
+        assert!(error.contains("line 4"), "{error}");
+        assert!(error.contains("\"metadata\" appears twice"), "{error}");
+        // Quoted or plain, the same key.
+        assert!(check_structure("a: 1\n'a': 2\n", "t").is_err());
+        assert!(check_structure("{x: 1, \"x\": 2}", "t").is_err());
+        // The same key in sibling mappings, a value equal to a key, several documents: fine.
+        for fine in [
+            "- a: 1\n- a: 2\n",
+            "a: a\nb: {a: b}\n",
+            "a: 1\n---\na: 2\n",
+            "data:\n  script: |\n    x = {a: 1, a: 2}\n",
+        ] {
+            check_structure(fine, "t").unwrap_or_else(|error| panic!("{fine:?}: {error}"));
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_however_it_hides() {
+        let deep = |prefix: &str| {
+            format!(
+                "{prefix}a: {}{}\n",
+                "[".repeat(100_000),
+                "]".repeat(100_000)
+            )
+        };
+        // Plain, and behind the scalars that made a scan of the text think the rest was quoted
+        // (`'\\'` is a whole single-quoted scalar; `don't` a plain one).
+        for prefix in ["", "x: '\\'\n", "y: don't\n", "z: \"\\\\\"\n"] {
+            let started = std::time::Instant::now();
+            let error = format!("{:#}", check_structure(&deep(prefix), "t").unwrap_err());
+            assert!(
+                error.contains("nested deeper than 64"),
+                "{prefix:?}: {error}"
+            );
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(2),
+                "{prefix:?}"
+            );
+        }
+        // Brackets inside quoted text, comments and block scalars are text.
+        let text = format!(
+            "a: '{0}'\nb: \"{0}\"\n# {0}\nc: |\n  {0}\n",
+            "[".repeat(500)
+        );
+        check_structure(&text, "t").unwrap();
+        // Block nesting counts too.
+        let mut block = String::new();
+        for depth in 0..70 {
+            block.push_str(&format!("{}k{depth}:\n", "  ".repeat(depth)));
+        }
+        assert!(check_structure(&block, "t").is_err());
+    }
 }

@@ -363,6 +363,57 @@ pub fn process_gone(pid: u32) -> bool {
     })
 }
 
+/// The addresses an eddy CLI is pointed at: the controller's API, the event-bus, the
+/// dispatcher's admin API.
+#[derive(Debug, Clone, Copy)]
+pub struct EddyUrls<'a> {
+    /// `EDDY_SERVER`.
+    pub api: &'a str,
+    /// `EDDY_BUS_URL`.
+    pub bus: &'a str,
+    /// `EDDY_DISPATCHER_URL`.
+    pub dispatcher: &'a str,
+}
+
+/// Runs the eddy CLI `binary` (a test's `CARGO_BIN_EXE_eddy`) against `urls` with `args`,
+/// `stdin` as its standard input; returns (success, stdout, stderr). A failure to start it
+/// panics: this is for tests.
+#[allow(clippy::expect_used)]
+pub async fn eddy_cli(
+    binary: &str,
+    urls: EddyUrls<'_>,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> (bool, String, String) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = tokio::process::Command::new(binary)
+        .args(args)
+        .env("EDDY_SERVER", urls.api)
+        .env("EDDY_BUS_URL", urls.bus)
+        .env("EDDY_DISPATCHER_URL", urls.dispatcher)
+        .env_remove("EDDY_NAMESPACE")
+        .env_remove("EDDY_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the eddy CLI starts");
+    let mut input = child.stdin.take().expect("a piped stdin");
+    if let Some(text) = stdin {
+        input
+            .write_all(text.as_bytes())
+            .await
+            .expect("the eddy CLI reads its input");
+    }
+    drop(input);
+    let output = child.wait_with_output().await.expect("the eddy CLI ends");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// Polls `condition` until it holds or `timeout` passes; the error names `what`.
 pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut condition: F) -> Result<()>
 where

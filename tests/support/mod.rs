@@ -639,30 +639,33 @@ impl Platform {
 
     /// Runs the eddy CLI against this platform; returns (success, stdout, stderr).
     pub async fn eddy(&self, args: &[&str]) -> (bool, String, String) {
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"))
-            .args(args)
-            .env("EDDY_SERVER", &self.api)
-            .env("EDDY_BUS_URL", &self.bus)
-            .env("EDDY_DISPATCHER_URL", &self.dispatcher)
-            .env_remove("EDDY_NAMESPACE")
-            .env_remove("EDDY_TOKEN")
-            .output()
-            .await
-            .unwrap();
-        (
-            output.status.success(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        eddy_testing::eddy_cli(env!("CARGO_BIN_EXE_eddy"), self.urls(), args, None).await
     }
 
-    /// `eddy apply -f` of a file holding `manifests` (YAML, several documents allowed); returns
-    /// (success, stdout, stderr).
+    /// Runs the eddy CLI against this platform with `input` on its standard input.
+    pub async fn eddy_with_input(&self, args: &[&str], input: &str) -> (bool, String, String) {
+        eddy_testing::eddy_cli(env!("CARGO_BIN_EXE_eddy"), self.urls(), args, Some(input)).await
+    }
+
+    /// `eddy apply -f -` of `manifests` (YAML, several documents allowed); returns (success,
+    /// stdout, stderr).
     pub async fn apply_text(&self, manifests: &str) -> (bool, String, String) {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("manifests.yaml");
-        std::fs::write(&file, manifests).unwrap();
-        self.eddy(&["apply", "-f", file.to_str().unwrap()]).await
+        let args = ["apply", "-f", "-"];
+        eddy_testing::eddy_cli(
+            env!("CARGO_BIN_EXE_eddy"),
+            self.urls(),
+            &args,
+            Some(manifests),
+        )
+        .await
+    }
+
+    fn urls(&self) -> eddy_testing::EddyUrls<'_> {
+        eddy_testing::EddyUrls {
+            api: &self.api,
+            bus: &self.bus,
+            dispatcher: &self.dispatcher,
+        }
     }
 
     /// PUTs `body` as JSON to the controller API's `path`; returns the status code and body.

@@ -185,6 +185,32 @@ impl Up {
         .unwrap();
     }
 
+    /// Runs the eddy CLI against this platform; returns (success, stdout, stderr).
+    pub async fn eddy(&self, args: &[&str]) -> (bool, String, String) {
+        eddy_testing::eddy_cli(env!("CARGO_BIN_EXE_eddy"), self.urls(), args, None).await
+    }
+
+    /// `eddy apply -f -` of `manifests` (YAML, several documents allowed); returns (success,
+    /// stdout, stderr).
+    pub async fn apply_text(&self, manifests: &str) -> (bool, String, String) {
+        let args = ["apply", "-f", "-"];
+        eddy_testing::eddy_cli(
+            env!("CARGO_BIN_EXE_eddy"),
+            self.urls(),
+            &args,
+            Some(manifests),
+        )
+        .await
+    }
+
+    fn urls(&self) -> eddy_testing::EddyUrls<'_> {
+        eddy_testing::EddyUrls {
+            api: &self.api,
+            bus: &self.bus,
+            dispatcher: &self.dispatcher,
+        }
+    }
+
     /// Sends `signal` (as `kill -<signal>`); returns whether eddy exited cleanly.
     pub async fn stop_with(mut self, signal: &str) -> bool {
         let pid = self.child.id().unwrap().to_string();

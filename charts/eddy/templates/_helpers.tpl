@@ -93,6 +93,18 @@ capabilities: {drop: [ALL]}
 {{- end -}}
 
 {{/* gateway.extensionProviders: Istio's extensionProviders, in a ConfigMap the gateway and the controller (APIRule status) read. */}}
+{{/*
+The names the gateway's own /<namespace>/<function> routes answer to (its Service's DNS names,
+the hosts it is exposed on, localhost): no APIRule may take one. Wildcards reserve nothing.
+*/}}
+{{- define "eddy.gatewayHostsEnv" -}}
+{{- $name := printf "%s-gateway" (include "eddy.fullname" .) -}}
+{{- $ns := .Release.Namespace -}}
+{{- $hosts := list "localhost" $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.cluster.local" $name $ns) -}}
+{{- range .Values.gateway.expose.hosts }}{{ if not (contains "*" .) }}{{ $hosts = append $hosts . }}{{ end }}{{ end -}}
+- {name: EDDY_GATEWAY_HOSTS, value: {{ join "," $hosts | quote }}}
+{{- end -}}
+
 {{- define "eddy.extensionProvidersEnv" -}}
 {{- if .Values.gateway.extensionProviders }}
 - {name: EDDY_EXTENSION_PROVIDERS, value: /etc/eddy/extension-providers/providers.yaml}

@@ -540,12 +540,13 @@ async function serve(req, res) {
   }
   res.set("Access-Control-Allow-Origin", "*");
   if (req.method === "OPTIONS") {
-    // A CORS preflight: allow what was asked for, without calling the function.
+    // A CORS preflight: allow what was asked for, without calling the function; 200 with an
+    // empty body, as Kyma's runtime answers it (`res.end()`).
     const method = req.headers["access-control-request-method"];
     const headers = req.headers["access-control-request-headers"];
     if (method) res.set("Access-Control-Allow-Methods", method);
     if (headers) res.set("Access-Control-Allow-Headers", headers);
-    res.status(204).end();
+    res.status(200).end();
     return;
   }
   req.params = { path: req.path.split("/").filter(Boolean) };

@@ -593,6 +593,14 @@ impl Owned<'_> {
         ])
     }
 
+    /// The labels Kyma gives a Function's pods, which its Service selects them by.
+    fn kyma_labels(&self) -> BTreeMap<String, String> {
+        eddy_model::kyma::pod_labels(self.name, &self.owner.uid)
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect()
+    }
+
     /// The labels of build objects (the ConfigMap, the Job and its pod).
     fn build_labels(&self) -> BTreeMap<String, String> {
         let mut labels = self.labels();
@@ -1279,6 +1287,7 @@ fn deployment(
     pod_labels.extend(owned.labels());
     pod_labels.insert(BUILD_HASH_LABEL.into(), owned.hash.clone());
     pod_labels.insert("sidecar.istio.io/inject".into(), "true".into());
+    pod_labels.extend(owned.kyma_labels());
     let resources = function.spec.function_resources();
     let health = |period: i32, failures: i32, timeout: Option<i32>| Probe {
         http_get: Some(HTTPGetAction {
@@ -1563,12 +1572,13 @@ fn buildless_pod(
     }
 }
 
-/// Port 80 of the function's pods, by name in the mesh.
+/// Port 80 of the function's pods, by name in the mesh; its pods selected by Kyma's four labels,
+/// as Kyma's Function Service selects them.
 fn service(owned: &Owned<'_>) -> Service {
     Service {
         metadata: owned.metadata(owned.name, owned.labels()),
         spec: Some(ServiceSpec {
-            selector: Some(labels([(FUNCTION_LABEL, owned.name)])),
+            selector: Some(owned.kyma_labels()),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
                 port: 80,

@@ -1220,6 +1220,31 @@ fn function_objects_are_labelled_for_the_mesh_and_for_cleanup() {
         1,
         "the selector survives rebuilds: {selector:?}"
     );
+    // Kyma's label contract: the pods carry its four labels, and the Service selects them by
+    // exactly those.
+    let uid = function(json!({})).metadata.uid.expect("a uid");
+    let kyma: std::collections::BTreeMap<String, String> = [
+        ("serverless.kyma-project.io/function-name", "reserve-stock"),
+        (
+            "serverless.kyma-project.io/managed-by",
+            "function-controller",
+        ),
+        ("serverless.kyma-project.io/uuid", uid.as_str()),
+        ("serverless.kyma-project.io/resource", "deployment"),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value.to_owned()))
+    .collect();
+    for (name, value) in &kyma {
+        assert_eq!(pod_labels.get(name), Some(value), "{name}");
+    }
+    let service_selector = rendered
+        .service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.selector.clone())
+        .unwrap_or_default();
+    assert_eq!(service_selector, kyma);
     let build_pod = rendered
         .job
         .spec

@@ -824,7 +824,7 @@ impl LocalController {
 
     /// A function's instances as a Kubernetes-style `PodList`: each carries the Function's
     /// `labels` and `annotations` (and the deprecated `template`'s) beside `eddy.dev/function`,
-    /// so `status.podSelector` selects them. `None` when the function is not known.
+    /// so `status.podSelector` selects them, and Kyma's four pod labels. `None` when the function is not known.
     pub fn instances(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
         let tracked = self
             .tracked
@@ -838,6 +838,14 @@ impl LocalController {
             .map(|f| f.spec.pod_labels())
             .unwrap_or_default();
         labels.insert("eddy.dev/function".to_owned(), name.to_owned());
+        // Kyma's labels, as its Function controller puts them on the pods.
+        let uid = function
+            .as_ref()
+            .and_then(|f| f.metadata.uid.clone())
+            .unwrap_or_default();
+        for (label, value) in eddy_model::kyma::pod_labels(name, &uid) {
+            labels.insert(label.to_owned(), value);
+        }
         let annotations = function
             .map(|f| f.spec.pod_annotations())
             .unwrap_or_default();
