@@ -1437,3 +1437,107 @@ async fn the_subscribed_events_answer_under_eddy_up() {
     );
     up.stop().await;
 }
+
+/// A binary of a checkout run from another directory finds the tools `scripts/setup` put in
+/// that checkout's `.tools` (Python 3.14 for python314, unpacked there): it used to look above
+/// its working directory only, and python314 Functions stopped at `BuildToolMissing`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eddy_run_from_elsewhere_finds_its_checkouts_tools() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let data_dir = tempfile::tempdir().unwrap();
+    let has_python314 = std::process::Command::new("python3.14")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    let unpacked = up::repo().join(".tools/python3.14/usr/bin/python3.14");
+    assert!(
+        has_python314 || unpacked.is_file(),
+        "no Python 3.14 here: run scripts/setup --python314"
+    );
+    let up = Up::start_in(elsewhere.path(), data_dir.path(), &[], &[]).await;
+    up.deploy(
+        "snake",
+        json!({"runtime": "python314",
+               "source": {"inline": {"source": "def main():\n    return 'from 3.14'\n"}}}),
+    )
+    .await;
+    let answer = reqwest::get(format!("{}/default/snake", up.gateway))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.unwrap(), "from 3.14");
+    up.stop().await;
+}
+
+/// Resource presets as Kyma's Serverless configuration sets them, per installation (`eddy up
+/// --function-presets`, in Kyma's shape): a Function naming no profile gets `defaultPreset`'s
+/// requests and limits (read here through `resourceFieldRef`, as its pod's would be), a named
+/// profile the configured values, and explicit requests under `minRequestCpu` are refused by
+/// field, as Kyma's validation refuses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_presets_are_the_installations() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let presets = data_dir.path().join("presets.yaml");
+    std::fs::write(
+        &presets,
+        "defaultPreset: S\nminRequestCpu: 30m\npresets:\n  S: {requestCpu: 70m, requestMemory: 100Mi, limitCpu: 140m, limitMemory: 200Mi}\n  XS: {requestCpu: 30m, requestMemory: 48Mi, limitCpu: 90m, limitMemory: 96Mi}\n",
+    )
+    .unwrap();
+    let up = Up::start(
+        data_dir.path(),
+        &["--function-presets", presets.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    let source = "module.exports = { main: () => ({ memory: process.env.MEMORY_LIMIT, cpu: process.env.CPU_REQUEST }) };";
+    let env = json!([
+        {"name": "MEMORY_LIMIT", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+        {"name": "CPU_REQUEST", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
+    ]);
+    up.deploy(
+        "defaulted",
+        json!({"runtime": "nodejs22", "source": {"inline": {"source": source}}, "env": env}),
+    )
+    .await;
+    up.deploy(
+        "tiny",
+        json!({"runtime": "nodejs22", "source": {"inline": {"source": source}}, "env": env,
+               "resourceConfiguration": {"function": {"profile": "XS"}}}),
+    )
+    .await;
+    for (name, memory, cpu, profile) in
+        [("defaulted", "200", "70", "S"), ("tiny", "96", "30", "XS")]
+    {
+        let answer: Value = reqwest::get(format!("{}/default/{name}", up.gateway))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer, json!({"memory": memory, "cpu": cpu}), "{name}");
+        let function = up.get(format!("{}/{name}", up.functions())).await;
+        assert_eq!(
+            function["status"]["functionResourceProfile"], profile,
+            "{function}"
+        );
+    }
+    let refused = reqwest::Client::new()
+        .put(format!("{}/small", up.functions()))
+        .json(&json!({
+            "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
+            "metadata": {"name": "small", "namespace": "default"},
+            "spec": {"runtime": "nodejs22", "source": {"inline": {"source": source}},
+                     "resourceConfiguration": {"function": {"resources": {"requests": {"cpu": "10m"}}}}},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 422);
+    let body = refused.text().await.unwrap();
+    assert!(
+        body.contains("spec.resourceConfiguration.function.resources.requests.cpu")
+            && body.contains("must be at least 30m"),
+        "{body}"
+    );
+    up.stop().await;
+}

@@ -2116,6 +2116,15 @@ spec:
 async fn buildless_functions_run_without_a_build_or_a_registry() {
     let _serial = serial().await;
     let cluster = Cluster::new("buildless").await;
+    // The cluster's presets, in Kyma's Serverless configuration's shape (the chart's
+    // `controller.functionPresets`): a Function naming no profile gets `defaultPreset`'s.
+    let presets_dir = tempfile::tempdir().unwrap();
+    let presets = presets_dir.path().join("presets.yaml");
+    std::fs::write(
+        &presets,
+        "resourcesConfiguration:\n  function:\n    resources:\n      defaultPreset: S\n      presets:\n        S: {requestCpu: 70m, requestMemory: 100Mi, limitCpu: 140m, limitMemory: 200Mi}\n",
+    )
+    .unwrap();
     let controller = cluster
         .component(
             "controller",
@@ -2126,6 +2135,7 @@ async fn buildless_functions_run_without_a_build_or_a_registry() {
                     "EDDY_RUNTIME_IMAGES",
                     "runtimes.test/eddy-runtime-{runtime}:{version}",
                 ),
+                ("EDDY_FUNCTION_PRESETS", presets.to_str().unwrap()),
             ],
         )
         .await;
@@ -2175,7 +2185,31 @@ spec:
         format!("runtimes.test/eddy-runtime-nodejs22:{version}")
     );
     let pod = deployment.spec.template.spec.unwrap();
-    let install = &pod.init_containers.unwrap()[0];
+    let resources = pod.containers[0].resources.clone().unwrap();
+    let quantities = |map: Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        map.unwrap_or_default()
+            .into_iter()
+            .map(|(name, quantity)| (name, quantity.0))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        quantities(resources.requests),
+        [
+            ("cpu".to_owned(), "70m".to_owned()),
+            ("memory".to_owned(), "100Mi".to_owned())
+        ],
+        "the configured defaultPreset S"
+    );
+    assert_eq!(
+        quantities(resources.limits),
+        [
+            ("cpu".to_owned(), "140m".to_owned()),
+            ("memory".to_owned(), "200Mi".to_owned())
+        ]
+    );
+    let install = &pod.init_containers.clone().unwrap()[0];
     assert_eq!(install.name, "install");
     let first_config_map = config_maps.list(&selector).await.unwrap().items;
     assert_eq!(first_config_map.len(), 1);

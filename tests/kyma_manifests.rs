@@ -1210,7 +1210,10 @@ spec:
         .unwrap();
     assert_eq!(actual.status(), 200);
     for (name, value) in [
-        ("access-control-allow-origin", Some("https://shop.example.com")),
+        (
+            "access-control-allow-origin",
+            Some("https://shop.example.com"),
+        ),
         ("access-control-allow-credentials", Some("true")),
         ("access-control-expose-headers", Some("x-order-id")),
         ("access-control-allow-methods", None),

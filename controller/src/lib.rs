@@ -55,6 +55,9 @@ pub enum Error {
     /// YAML could not be written.
     #[error("cannot write YAML: {0}")]
     Yaml(#[from] serde_yaml_ng::Error),
+    /// The Function resource presets differ from the ones this process already uses.
+    #[error("--function-presets: other presets are in force in this process")]
+    PresetsInForce,
 }
 
 /// Result with this crate's [`Error`].
@@ -468,6 +471,33 @@ pub struct FunctionArgs {
     /// How APIRules are served: their domain, and the namespaces open to other namespaces' APIRules.
     #[command(flatten)]
     pub exposure: eddy_platform::flags::ApiRuleArgs,
+    /// The Functions' resource presets, in Kyma's shape (a YAML file: `defaultPreset`,
+    /// `minRequestCpu`, `minRequestMemory`, `presets` XS to XL with `requestCpu`,
+    /// `requestMemory`, `limitCpu`, `limitMemory`; bare, or under Kyma's
+    /// `resourcesConfiguration.function.resources`). Kyma's values when not given. Both
+    /// backends.
+    #[arg(
+        long = "function-presets",
+        env = "EDDY_FUNCTION_PRESETS",
+        value_name = "FILE",
+        value_parser = read_function_presets
+    )]
+    pub function_presets: Option<eddy_model::resources::presets::FunctionPresets>,
+}
+
+fn read_function_presets(
+    path: &str,
+) -> std::result::Result<eddy_model::resources::presets::FunctionPresets, String> {
+    eddy_model::resources::presets::FunctionPresets::read(std::path::Path::new(path))
+}
+
+/// Makes `presets` this process's Function resource presets (Kyma's when `None`); an error when
+/// others are in force already.
+pub fn configure_presets(
+    presets: Option<&eddy_model::resources::presets::FunctionPresets>,
+) -> Result<()> {
+    eddy_model::resources::presets::configure(presets.cloned().unwrap_or_default())
+        .map_err(|_| Error::PresetsInForce)
 }
 
 impl Default for FunctionArgs {
@@ -515,14 +545,20 @@ pub struct Controller {
 }
 
 /// The nearest `.tools` above the working directory (a checkout's, filled by `scripts/setup`),
-/// else `<data_dir>/tools`.
+/// else the one above the running binary (`<checkout>/target/release/eddy` run from anywhere
+/// finds its checkout's), else `<data_dir>/tools`.
 pub fn default_tools_dir(data_dir: &std::path::Path) -> PathBuf {
+    let above = |dir: &std::path::Path| {
+        dir.ancestors()
+            .map(|dir| dir.join(".tools"))
+            .find(|tools| tools.is_dir())
+    };
     std::env::current_dir()
         .ok()
-        .and_then(|cwd| {
-            cwd.ancestors()
-                .map(|dir| dir.join(".tools"))
-                .find(|tools| tools.is_dir())
+        .and_then(|cwd| above(&cwd))
+        .or_else(|| {
+            let binary = std::env::current_exe().ok()?;
+            above(binary.parent()?)
         })
         .unwrap_or_else(|| data_dir.join("tools"))
 }
@@ -593,6 +629,7 @@ impl Controller {
             known_apirules.clone(),
             shutdown.child_token(),
         ));
+        configure_presets(functions.function_presets.as_ref())?;
         let backend = Arc::new(local::LocalController::new(
             store.clone(),
             pools.clone(),

@@ -31,6 +31,16 @@ pub fn repo() -> PathBuf {
 impl Up {
     /// `eddy up` on free ports with `extra` flags and `env`, once it says "ready".
     pub async fn start(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_in(&repo(), data_dir, extra, env).await
+    }
+
+    /// [`Up::start`] with `cwd` as its working directory.
+    pub async fn start_in(
+        cwd: &Path,
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_eddy"));
         command
             .arg("up")
@@ -47,7 +57,10 @@ impl Up {
             .env("EDDY_LOG", "warn")
             // The runtimes' libraries are installed once for the whole suite.
             .env("EDDY_RUNTIMES_DIR", repo().join("target/eddy-runtimes"))
-            .current_dir(repo())
+            .current_dir(cwd)
+            // The tools are found as a user's eddy finds them: above its working directory,
+            // else above its binary.
+            .env_remove("EDDY_TOOLS_DIR")
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         for (name, value) in env {

@@ -130,6 +130,12 @@ checksum/extension-providers: {{ toYaml .Values.gateway.extensionProviders | sha
 {{- end }}
 {{- end -}}
 
+{{- define "eddy.functionPresetsChecksum" -}}
+{{- if .Values.controller.functionPresets }}
+checksum/function-presets: {{ toYaml .Values.controller.functionPresets | sha256sum | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "eddy.extraEnv" -}}
 {{- range $name, $value := . }}
 - name: {{ $name }}

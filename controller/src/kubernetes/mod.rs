@@ -1283,6 +1283,7 @@ where
 /// The Kubernetes backend as a service: probes on the API address, the reconcilers against
 /// the cluster the controller runs in (or the current kubeconfig context).
 pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()> {
+    crate::configure_presets(args.local.functions.function_presets.as_ref())?;
     // Each replica names itself in its requests' user agent, so the API server's audit log
     // tells the leader's writes from a standby's.
     let mut config = kube::Config::infer()

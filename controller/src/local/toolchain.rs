@@ -246,10 +246,13 @@ tar -xzf "$file" -C nodejs_wheel --strip-components=1; rm -f "$file""#,
         Err(BuildFailure {
             reason: Reason::BuildToolMissing,
             message: format!(
-                "python3{minor} needs Python {wanted} ({seen}). Install Python {wanted} (your \
-                 system's package, python.org, `pyenv install {wanted}`, or for 3.14 \
-                 `scripts/setup --python314`) and put python{wanted} on PATH, or pass it with \
-                 --python"
+                "python3{minor} needs Python {wanted} ({seen}; looked in {tools} too). Install \
+                 Python {wanted} (your system's package, python.org, `pyenv install {wanted}`, \
+                 or for 3.14 a checkout's `scripts/setup --python314`, which unpacks it into \
+                 that checkout's .tools: pass `--tools-dir <checkout>/.tools` or \
+                 EDDY_TOOLS_DIR when eddy runs from elsewhere) and put python{wanted} on PATH, \
+                 or pass it with --python",
+                tools = self.tools_dir.display()
             ),
         })
     }

@@ -990,37 +990,47 @@ impl FunctionSpec {
         }
     }
 
-    /// The resource profile of one instance: the one named, [`DEFAULT_PROFILE`] when none is;
-    /// `None` when explicit resources are given instead.
+    /// The resource profile of one instance: the one named, the installation's default
+    /// (`defaultPreset`, Kyma's `L`) when none is; `None` when explicit resources are given
+    /// instead.
     pub fn resource_profile(&self) -> Option<&str> {
         let request = self
             .resource_configuration
             .as_ref()
             .and_then(|r| r.function.as_ref());
+        let default = super::presets::presets_in_force().default_preset.as_str();
         match request {
             Some(request) if request.resources.is_some() => None,
-            Some(request) => Some(request.profile.as_deref().unwrap_or(DEFAULT_PROFILE)),
-            None => Some(DEFAULT_PROFILE),
+            Some(request) => Some(request.profile.as_deref().unwrap_or(default)),
+            None => Some(default),
         }
     }
 
-    /// Requests and limits of one instance: the explicit ones, or the profile's
-    /// ([`DEFAULT_PROFILE`] when none is named).
+    /// Requests and limits of one instance: the explicit ones, or the profile's, as this
+    /// installation's presets set them (Kyma's by default).
     pub fn function_resources(&self) -> Resources {
         let explicit = self
             .resource_configuration
             .as_ref()
             .and_then(|r| r.function.as_ref())
             .and_then(|r| r.resources.clone());
-        match (explicit, self.resource_profile()) {
-            (Some(explicit), _) => explicit,
-            (None, profile) => preset_resources(
-                PROFILES
-                    .iter()
-                    .copied()
-                    .find(|preset| Some(preset.0) == profile)
-                    .unwrap_or(PROFILES[3]),
-            ),
+        if let Some(explicit) = explicit {
+            return explicit;
+        }
+        let presets = super::presets::presets_in_force();
+        let preset = self
+            .resource_profile()
+            .and_then(|name| presets.preset(name))
+            .or_else(|| presets.preset(&presets.default_preset));
+        match preset {
+            Some(preset) => preset_resources((
+                "",
+                &preset.request_cpu,
+                &preset.request_memory,
+                &preset.limit_cpu,
+                &preset.limit_memory,
+            )),
+            None => preset_resources(PROFILES[3]),
         }
     }
 
@@ -1243,6 +1253,32 @@ pub fn validate_function(function: &Function) -> Vec<FieldError> {
                     "spec.resourceConfiguration.function.profile",
                     "must be one of XS, S, M, L, XL",
                 ))
+            }
+            (None, Some(resources)) => {
+                // As Kyma's validation: explicit requests at least the configured minimums.
+                let presets = super::presets::presets_in_force();
+                for (name, minimum) in [
+                    ("cpu", &presets.min_request_cpu),
+                    ("memory", &presets.min_request_memory),
+                ] {
+                    let Some(asked) = resources.requests.get(name) else {
+                        continue;
+                    };
+                    let below = quantity_value(&asked.0)
+                        .zip(quantity_value(minimum))
+                        .is_some_and(|(asked, minimum)| asked < minimum);
+                    if below {
+                        errors.push(FieldError::new(
+                            format!(
+                                "spec.resourceConfiguration.function.resources.requests.{name}"
+                            ),
+                            format!(
+                                "must be at least {minimum} (this installation's minRequest{})",
+                                if name == "cpu" { "Cpu" } else { "Memory" }
+                            ),
+                        ));
+                    }
+                }
             }
             _ => {}
         }

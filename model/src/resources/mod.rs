@@ -21,6 +21,7 @@ use crate::{
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub mod function;
+pub mod presets;
 pub mod subscription;
 
 pub use function::*;
