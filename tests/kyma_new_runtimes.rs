@@ -1479,3 +1479,60 @@ async fn condition_of_at(
 ) -> (String, String, String) {
     support::condition_of(&platform.function_at(namespace, name).await, type_)
 }
+
+/// A Function's status describes its newest version, as Kyma's controller reports it: an update
+/// whose dependencies cannot be installed leaves the previous version serving, and Running is
+/// False with npm's own words (it used to stay True, "1/1 ready", for as long as it was
+/// watched), `status.observedGeneration` the update's; mended, Running is True again.
+#[tokio::test]
+async fn running_describes_the_newest_version_while_an_older_one_serves() {
+    let platform = Platform::start().await;
+    let source = |version: &str| {
+        format!("module.exports = {{ main: (req, res) => res.send('{version}') }};")
+    };
+    deploy_on(&platform, "nodejs26", "updated", &source("v1"), json!([])).await;
+    let (ok, _, stderr) = platform
+        .apply_text(&format!(
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata: {{name: updated}}\nspec:\n  runtime: nodejs26\n  source:\n    inline:\n      source: \"{}\"\n      dependencies: '{{\"dependencies\": {{\"eddy-no-such-package-7f3c\": \"1.0.0\"}}}}'\n",
+            source("v2")
+        ))
+        .await;
+    assert!(ok, "{stderr}");
+    let generation = platform.function("updated").await["metadata"]["generation"].clone();
+    let last = std::sync::Arc::new(std::sync::Mutex::new(Value::Null));
+    let failed = eventually(
+        "Running False for the update that cannot install",
+        Duration::from_secs(120),
+        || {
+            let (last, platform, generation) = (last.clone(), &platform, &generation);
+            async move {
+                let function = platform.function("updated").await;
+                let running = support::condition_of(&function, "Running");
+                *last.lock().unwrap() = function.clone();
+                running.0 == "False"
+                    && running.1 == "DependencyInstallFailed"
+                    && function["status"]["observedGeneration"] == *generation
+            }
+        },
+    )
+    .await;
+    let function = last.lock().unwrap().clone();
+    assert!(failed.is_ok(), "{function}");
+    let (_, _, message) = support::condition_of(&function, "Running");
+    assert!(
+        message.contains("previous version keeps serving") && message.contains("404"),
+        "{message}"
+    );
+    // The previous version serves meanwhile.
+    let (status, body) = text(platform.invoke("updated", "/").send().await.unwrap()).await;
+    assert_eq!((status, body.as_str()), (200, "v1"));
+    // Mended: the newest version runs, and Running says so.
+    deploy_on(&platform, "nodejs26", "updated", &source("v3"), json!([])).await;
+    eventually("v3 serves", Duration::from_secs(60), || async {
+        text(platform.invoke("updated", "/").send().await.unwrap()).await == (200, "v3".to_owned())
+    })
+    .await
+    .unwrap();
+    let function = platform.function("updated").await;
+    assert_eq!(support::condition_of(&function, "Running").0, "True", "{function}");
+}

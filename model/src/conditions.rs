@@ -73,8 +73,9 @@ pub enum Reason {
     InstanceFailing,
     /// The Deployment's pods are not available yet (Kubernetes).
     DeploymentPending,
-    /// A rollout is in progress (Kubernetes).
-    DeploymentUpdating,
+    /// A rollout has not finished: its new pods are not all available yet (Kubernetes; Kyma's
+    /// reason).
+    DeploymentWaiting,
     /// Every replica is available (Kubernetes).
     DeploymentReady,
     /// The rollout exceeded its progress deadline (Kubernetes).
@@ -115,7 +116,7 @@ impl Reason {
             Self::Running => "Running",
             Self::InstanceFailing => "InstanceFailing",
             Self::DeploymentPending => "DeploymentPending",
-            Self::DeploymentUpdating => "DeploymentUpdating",
+            Self::DeploymentWaiting => "DeploymentWaiting",
             Self::DeploymentReady => "DeploymentReady",
             Self::DeploymentFailed => "DeploymentFailed",
             Self::ApplyFailed => "ApplyFailed",

@@ -319,7 +319,15 @@ pub fn running_condition(
     let available_condition = conditions
         .iter()
         .any(|c| c.type_.as_deref() == Some("Available") && c.status.as_deref() == Some("True"));
-    if observed && available_condition && updated >= desired && available >= desired {
+    // As Kyma's controller: running only once the newest version is out (Progressing with
+    // NewReplicaSetAvailable). An update whose new pod never starts leaves the old pod
+    // Available and the counts whole (the new pod is counted as updated), so neither tells.
+    let newest_out = conditions.iter().any(|c| {
+        c.type_.as_deref() == Some("Progressing")
+            && c.status.as_deref() == Some("True")
+            && c.reason.as_deref() == Some("NewReplicaSetAvailable")
+    });
+    if observed && available_condition && newest_out && updated >= desired && available >= desired {
         return (
             Some(true),
             Reason::DeploymentReady,
@@ -330,8 +338,11 @@ pub fn running_condition(
     if available_condition {
         return (
             None,
-            Reason::DeploymentUpdating,
-            format!("rolling out: {updated} of {desired} replicas updated"),
+            Reason::DeploymentWaiting,
+            format!(
+                "rolling out the newest version: {updated} of {desired} replicas updated, \
+                 {available} available (the previous version serves meanwhile)"
+            ),
             available,
         );
     }
@@ -941,7 +952,14 @@ impl Target<'_> {
             );
             let pods = pods.list(&ListParams::default().labels(&selector)).await?;
             if let Some((pod, log)) = install_failure(&pods.items) {
-                let message = format!("installing the dependencies failed in pod {pod}:\n{log}");
+                // While an update fails, the previous version may still serve: say both.
+                let serving = if replicas > 0 {
+                    format!(" (the previous version keeps serving: {replicas} available)")
+                } else {
+                    String::new()
+                };
+                let message =
+                    format!("installing the dependencies failed in pod {pod}{serving}:\n{log}");
                 tracing::warn!(namespace = %self.namespace, function = %self.name, %message, "dependency install failed");
                 for kind in [ConditionType::BuildReady, ConditionType::Running] {
                     set_condition(

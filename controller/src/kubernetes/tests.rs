@@ -274,7 +274,10 @@ fn deployment_ready(generation: i64, replicas: i32) -> Value {
         "status": {
             "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
             "readyReplicas": replicas, "availableReplicas": replicas,
-            "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}],
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+            ],
         },
     })
 }
@@ -1680,8 +1683,16 @@ fn running_follows_the_deployment() {
     rolling["status"]["updatedReplicas"] = json!(1);
     assert_eq!(
         running_condition(&deployment(rolling), Scaling::Fixed(2)).1,
-        Reason::DeploymentUpdating
+        Reason::DeploymentWaiting
     );
+    // An update whose new pod exists but never starts: the old pod keeps the Deployment
+    // Available and the counts look whole, but the rollout has not finished (Progressing is
+    // not NewReplicaSetAvailable): Unknown, as Kyma's controller says, never Running True.
+    let mut updating = deployment_ready(4, 1);
+    updating["status"]["replicas"] = json!(2);
+    updating["status"]["conditions"][1]["reason"] = json!("ReplicaSetUpdated");
+    let (ok, reason, message, _) = running_condition(&deployment(updating), Scaling::Fixed(1));
+    assert_eq!((ok, reason), (None, Reason::DeploymentWaiting), "{message}");
     let mut unobserved = deployment_ready(3, 2);
     unobserved["status"]["observedGeneration"] = json!(2);
     assert_eq!(

@@ -80,6 +80,38 @@ pub struct Sources {
     pub mounts_dir: std::path::PathBuf,
 }
 
+/// The Running condition once the newest version's build is known: a build or dependency
+/// install of the newest generation that failed (`BuildReady` False) makes Running False with
+/// the build's reason and words, whatever an older version still serves (`ready` instances).
+/// Pure.
+pub fn with_newest_build(
+    running: (Option<bool>, Reason, String),
+    build: Option<&eddy_model::resources::Condition>,
+    ready: usize,
+) -> (Option<bool>, Reason, String) {
+    let Some(build) = build.filter(|build| build.status == "False") else {
+        return running;
+    };
+    let reason = if build.reason == Reason::DependencyInstallFailed.as_str() {
+        Reason::DependencyInstallFailed
+    } else {
+        Reason::BuildFailed
+    };
+    let serving = if ready > 0 {
+        format!(" (the previous version keeps serving with {ready} instance(s) ready)")
+    } else {
+        String::new()
+    };
+    (
+        Some(false),
+        reason,
+        format!(
+            "the newest version did not build{serving}: {}",
+            build.message
+        ),
+    )
+}
+
 /// The Running condition and replica count for what the pool reports. Pure.
 pub fn running_condition(pool: &PoolStatus, has_revision: bool) -> (Option<bool>, Reason, String) {
     let restarts = if pool.restarts > 0 {
@@ -95,16 +127,30 @@ pub fn running_condition(pool: &PoolStatus, has_revision: bool) -> (Option<bool>
         return (None, Reason::Building, "waiting for a build".to_owned());
     }
     if pool.ready > 0 && pool.rolling_out && pool.consecutive_failures > 0 {
-        // Still serving, from the previous version: say so, and why the new one is not.
+        // As Kyma's controller says of a rollout that fails: False, though the previous version
+        // keeps serving; the status describes the newest version.
         return (
-            Some(true),
-            Reason::InstanceFailing,
+            Some(false),
+            Reason::DeploymentFailed,
             format!(
-                "the previous version keeps serving with {} instance(s) ready; the new version \
-                 does not start ({} attempt(s)), last: {}",
-                pool.ready,
+                "the newest version does not start ({} attempt(s)), last: {}; the previous \
+                 version keeps serving with {} instance(s) ready",
                 pool.consecutive_failures,
                 pool.last_error.as_deref().unwrap_or("unknown"),
+                pool.ready,
+            ),
+        );
+    }
+    if pool.ready > 0 && pool.rolling_out {
+        // As Kyma's controller says of a rollout under way: Unknown until the newest version
+        // serves.
+        return (
+            None,
+            Reason::DeploymentWaiting,
+            format!(
+                "rolling out the newest version; the previous version keeps serving with {} \
+                 instance(s) ready",
+                pool.ready
             ),
         );
     }
@@ -755,7 +801,15 @@ impl LocalController {
         loop {
             let mut status = tracked.status.lock().clone();
             let snapshot = pool_status.borrow_and_update().clone();
-            let (ok, reason, message) = running_condition(&snapshot, tracked.pool.has_revision());
+            let build = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == ConditionType::BuildReady.as_str());
+            let (ok, reason, message) = with_newest_build(
+                running_condition(&snapshot, tracked.pool.has_revision()),
+                build,
+                snapshot.ready,
+            );
             let mut conditions = written
                 .as_ref()
                 .map(|w| w.conditions.clone())
@@ -940,19 +994,52 @@ mod tests {
             consecutive_failures: 2,
             min: 1,
         };
+        // Kyma's controller: a rollout that fails is False, one under way Unknown, though the
+        // previous version serves; Running describes the newest version.
         let (ok, reason, message) = running_condition(&update_failing, true);
-        assert_eq!((ok, reason), (Some(true), Reason::InstanceFailing));
+        assert_eq!((ok, reason), (Some(false), Reason::DeploymentFailed));
         assert!(
             message
-                == "the previous version keeps serving with 1 instance(s) ready; the new version \
-                    does not start (2 attempt(s)), last: instance exited during start-up",
+                == "the newest version does not start (2 attempt(s)), last: instance exited \
+                    during start-up; the previous version keeps serving with 1 instance(s) ready",
             "{message}"
         );
-        // Rolling out, nothing failed yet: plain Running.
         let rolling = PoolStatus {
             consecutive_failures: 0,
             ..update_failing
         };
-        assert_eq!(running_condition(&rolling, true).1, Reason::Running);
+        assert_eq!(
+            running_condition(&rolling, true).0,
+            None,
+            "a rollout under way"
+        );
+        assert_eq!(
+            running_condition(&rolling, true).1,
+            Reason::DeploymentWaiting
+        );
+        // The newest version's install failed before any rollout: False, with npm's words.
+        let failed_build = eddy_model::resources::Condition {
+            type_: "BuildReady".into(),
+            status: "False".into(),
+            reason: "DependencyInstallFailed".into(),
+            message: "npm error 404 Not Found - GET https://registry.npmjs.org/nope".into(),
+            last_transition_time: String::new(),
+        };
+        let (ok, reason, message) =
+            with_newest_build(running_condition(&ready, true), Some(&failed_build), 2);
+        assert_eq!((ok, reason), (Some(false), Reason::DependencyInstallFailed));
+        assert!(
+            message.contains("previous version keeps serving with 2"),
+            "{message}"
+        );
+        assert!(message.contains("npm error 404"), "{message}");
+        let built = eddy_model::resources::Condition {
+            status: "True".into(),
+            ..failed_build
+        };
+        assert_eq!(
+            with_newest_build(running_condition(&ready, true), Some(&built), 2).1,
+            Reason::Running
+        );
     }
 }

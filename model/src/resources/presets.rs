@@ -17,13 +17,31 @@ use super::{PROFILES, quantity_value};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Preset {
     /// CPU request (`50m`).
+    #[serde(deserialize_with = "quantity")]
     pub request_cpu: String,
     /// Memory request (`64Mi`).
+    #[serde(deserialize_with = "quantity")]
     pub request_memory: String,
     /// CPU limit.
+    #[serde(deserialize_with = "quantity")]
     pub limit_cpu: String,
     /// Memory limit.
+    #[serde(deserialize_with = "quantity")]
     pub limit_memory: String,
+}
+
+/// A quantity as YAML may write it: text (`100m`) or a bare number (`1`, `0.5`).
+fn quantity<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Text(String),
+        Number(serde_json::Number),
+    }
+    Ok(match Written::deserialize(deserializer)? {
+        Written::Text(text) => text,
+        Written::Number(number) => number.to_string(),
+    })
 }
 
 /// Every Function preset setting.
@@ -34,10 +52,14 @@ pub struct FunctionPresets {
     #[serde(default = "default_preset")]
     pub default_preset: String,
     /// The smallest CPU request explicit resources may ask for (`10m`).
-    #[serde(default = "min_request_cpu", alias = "minRequestCPU")]
+    #[serde(
+        default = "min_request_cpu",
+        alias = "minRequestCPU",
+        deserialize_with = "quantity"
+    )]
     pub min_request_cpu: String,
     /// The smallest memory request explicit resources may ask for (`16Mi`).
-    #[serde(default = "min_request_memory")]
+    #[serde(default = "min_request_memory", deserialize_with = "quantity")]
     pub min_request_memory: String,
     /// The presets by name; a name left out keeps Kyma's values.
     #[serde(default)]
@@ -228,6 +250,13 @@ mod tests {
             FunctionPresets::parse("{}").unwrap(),
             FunctionPresets::default()
         );
+        // Numbers are quantities too, as Kubernetes reads them.
+        let whole = FunctionPresets::parse(
+            "presets: {XL: {requestCpu: 1, requestMemory: 1Gi, limitCpu: 2.5, limitMemory: 2Gi}}",
+        )
+        .unwrap();
+        assert_eq!(whole.preset("XL").unwrap().request_cpu, "1");
+        assert_eq!(whole.preset("XL").unwrap().limit_cpu, "2.5");
     }
 
     #[test]
