@@ -1087,7 +1087,9 @@ async fn a_request_waits_at_most_the_activation_timeout() {
     .unwrap();
 }
 
-/// An update whose code does not start leaves the old instances serving, and the status says why.
+/// An update whose code does not start leaves the old instances serving, and the status says why:
+/// Running describes the newest version, False (`DeploymentFailed`, as Kyma's controller says
+/// of a rollout that fails), naming the previous version that keeps serving.
 #[tokio::test]
 async fn a_failed_update_keeps_the_old_instances_serving() {
     let platform = Platform::start().await;
@@ -1114,7 +1116,7 @@ async fn a_failed_update_keeps_the_old_instances_serving() {
         Duration::from_secs(120),
         || async {
             let (state, reason, _) = platform.condition("steady", "Running").await;
-            state == "True" && reason == "InstanceFailing"
+            state == "False" && reason == "DeploymentFailed"
         },
     )
     .await;
@@ -1123,12 +1125,11 @@ async fn a_failed_update_keeps_the_old_instances_serving() {
     }
     let (_, _, message) = platform.condition("steady", "Running").await;
     assert!(
-        message.starts_with(
-            "the previous version keeps serving with 1 instance(s) ready; the new version does \
-             not start ("
-        ) && message.ends_with(
-            "last: instance exited during start-up (exit status: 1); see `eddy logs steady`"
-        ),
+        message.starts_with("the newest version does not start (")
+            && message.ends_with(
+                "last: instance exited during start-up (exit status: 1); see `eddy logs \
+                 steady`; the previous version keeps serving with 1 instance(s) ready"
+            ),
         "{message}"
     );
     assert!(
