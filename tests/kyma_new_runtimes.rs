@@ -1534,5 +1534,9 @@ async fn running_describes_the_newest_version_while_an_older_one_serves() {
     .await
     .unwrap();
     let function = platform.function("updated").await;
-    assert_eq!(support::condition_of(&function, "Running").0, "True", "{function}");
+    assert_eq!(
+        support::condition_of(&function, "Running").0,
+        "True",
+        "{function}"
+    );
 }

@@ -853,7 +853,8 @@ spec:
 /// got it decoded). Istio's gateway normalises the path before it matches a route (RFC 3986:
 /// dot segments, merged slashes, escapes of unreserved characters decoded), and so does eddy's,
 /// on an APIRule's host and on the Function's own path alike; the Function then gets the path
-/// the rule was matched on. An encoded `/` is refused (400): it cannot be normalised.
+/// the rule was matched on. An encoded `/` is refused (400): it cannot be normalised. The JWT
+/// rule's `authorizations` ask for every audience they list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn percent_encoding_does_not_walk_around_a_jwt_rule() {
     let (jwks_uri, _) = serve_jwks().await;
@@ -886,6 +887,7 @@ spec:
       methods: [GET]
       jwt:
         authentications: [{{issuer: "{ISSUER}", jwksUri: "{jwks_uri}"}}]
+        authorizations: [{{audiences: [shop, admin]}}]
     - path: /{{**}}
       methods: [GET]
       noAuth: true
@@ -899,7 +901,7 @@ spec:
     })
     .await
     .unwrap();
-    let token = jwt(ISSUER_KEY, "key-1", json!({}));
+    let token = jwt(ISSUER_KEY, "key-1", json!({"aud": ["shop", "admin"]}));
     let ask = |host: &'static str, path: String, token: Option<&str>| {
         let gateway = platform.gateway.clone();
         let authorization =
@@ -934,6 +936,10 @@ spec:
                 "{host} {path}: {text}"
             );
         }
+        // Kyma's api-gateway docs: "The token's aud claim must contain all listed audiences".
+        let one_audience = jwt(ISSUER_KEY, "key-1", json!({"aud": "admin"}));
+        let (status, text) = ask(host, format!("{prefix}/admin/users"), Some(&one_audience)).await;
+        assert_eq!(status, 403, "{host}: one of two audiences: {text}");
         let (status, text) = ask(host, format!("{prefix}/%70ublic/x"), None).await;
         assert_eq!(status, 200, "{host}: {text}");
         assert!(text.contains(r#""path":"/public/x""#), "{host}: {text}");
