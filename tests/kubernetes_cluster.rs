@@ -2514,7 +2514,9 @@ spec:
                 .is_some_and(|spec| {
                     spec.type_.as_deref() != Some("ExternalName")
                         && spec.selector.is_some_and(|s| {
-                            s.get("eddy.dev/function").map(String::as_str)
+                            // Kyma's label contract: the Service selects by Kyma's labels.
+                            s.get("serverless.kyma-project.io/function-name")
+                                .map(String::as_str)
                                 == Some("eventing-publisher-proxy")
                         })
                 })
