@@ -121,11 +121,10 @@ impl Authorizer {
         granted: &mut Granted,
     ) -> Result<(), Response> {
         let own_deadline = tokio::time::Instant::now() + self.spec.timeout;
+        // The authorizer's answer, its denial's body included, comes within both times.
+        let answer_by = deadline.min(own_deadline);
         let asked = match self.slots.try_acquire() {
-            Ok(_in_flight) => {
-                let deadline = deadline.min(own_deadline);
-                self.ask(method, path_and_query, headers, deadline).await
-            }
+            Ok(_in_flight) => self.ask(method, path_and_query, headers, answer_by).await,
             Err(_) => Err(
                 "as many checks as --max-authorizer-checks allows are in flight already".to_owned(),
             ),
@@ -174,7 +173,7 @@ impl Authorizer {
             authorizer = %self.spec.name, status = %parts.status,
             "the external authorizer denied a call"
         );
-        let body = read_prefix(body, MAX_DENIAL_BODY, deadline).await;
+        let body = read_prefix(body, MAX_DENIAL_BODY, answer_by).await;
         let mut denial = Response::new(axum::body::Body::from(body));
         *denial.status_mut() = parts.status;
         for (name, value) in &parts.headers {
