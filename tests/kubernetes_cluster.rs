@@ -1902,6 +1902,8 @@ async fn apirules_are_reported_by_the_controller_and_honoured_by_the_gateway() {
     let cluster = Cluster::new("apirules").await;
     let ns = cluster.namespace.clone();
     let (jwks_uri, _) = serve_jwks().await;
+    // A Kyma cluster has Kyma's Istio CRD (the Istio module's); this one gets a stand-in.
+    install_kyma_istio_crd(&cluster);
     let controller = cluster.controller().await;
     let services = function_services().await;
     let service_url = format!("{services}/svc/{{namespace}}/{{service}}/{{port}}");
@@ -2101,10 +2103,156 @@ spec:
     let (status, body) = call(format!("http://crossing.localhost:{port}/apis"), None).await;
     assert_eq!(status, 404, "{body}");
     assert!(!body.contains("/svc/"), "{body}");
+
+    // Kyma's extAuth docs, "Minimal configuration": "To use the extAuth access strategy,
+    // you must first configure the authorizer in the Istio custom resource" (in kyma-system,
+    // `spec.config.authorizers`). The controller and the gateway read it: the APIRule naming
+    // it turns Ready, and calls are asked of it.
+    let authorizer = serve_cookie_authorizer().await;
+    let istio = format!(
+        r#"apiVersion: operator.kyma-project.io/v1alpha2
+kind: Istio
+metadata: {{name: default, namespace: kyma-system}}
+spec:
+  config:
+    authorizers:
+      - name: oauth2-proxy
+        service: 127.0.0.1
+        port: {authorizer}
+        headers:
+          inCheck: {{include: [cookie]}}
+          toUpstream: {{onAllow: [x-auth-request-user]}}
+"#
+    );
+    run_with_input(
+        cluster
+            .plane
+            .kubectl()
+            .unwrap()
+            .args(["apply", "--server-side", "-f", "-"]),
+        &istio,
+    )
+    .unwrap();
+    eventually(
+        "the APIRule naming the Istio resource's authorizer Ready",
+        Duration::from_secs(60),
+        || async { state_of("outsourced").await.is_some_and(|s| s.0 == "Ready") },
+    )
+    .await
+    .unwrap();
+    let outsourced = reqwest::Client::builder()
+        .resolve("outsourced.localhost", addr)
+        .build()
+        .unwrap();
+    let ask = |cookie: Option<&'static str>| {
+        let outsourced = outsourced.clone();
+        async move {
+            let mut request = outsourced.get(format!("http://outsourced.localhost:{port}/me"));
+            if let Some(cookie) = cookie {
+                request = request.header("cookie", cookie);
+            }
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    eventually(
+        "the gateway to ask the Istio resource's authorizer",
+        Duration::from_secs(30),
+        || async { ask(None).await == (401, "sign in".to_owned()) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ask(Some("session=ok")).await,
+        (200, format!("/svc/{ns}/other/80/me"))
+    );
+    // Deleted, the authorizer is gone: the APIRule is an Error again, and routes nothing.
+    run(cluster
+        .plane
+        .kubectl()
+        .unwrap()
+        .args(["delete", "istio", "default", "-n", "kyma-system"]))
+    .unwrap();
+    eventually(
+        "the APIRule an Error once the Istio resource is gone",
+        Duration::from_secs(60),
+        || async {
+            state_of("outsourced").await.is_some_and(|s| {
+                s.0 == "Error" && s.1.contains("no extension provider \"oauth2-proxy\"")
+            })
+        },
+    )
+    .await
+    .unwrap();
+    // Its host routes nothing then (on Kyma, no VirtualService: 404).
+    eventually(
+        "the gateway to close it",
+        Duration::from_secs(30),
+        || async {
+            let (status, body) = ask(Some("session=ok")).await;
+            status == 404 && !body.contains("/svc/")
+        },
+    )
+    .await
+    .unwrap();
     cluster.assert_no_rbac_refusal();
     drop(gateway);
     drop(controller);
     cluster.finish().await;
+}
+
+/// A stand-in for Kyma's Istio CRD (`istios.operator.kyma-project.io`, the Istio module's),
+/// and the `kyma-system` namespace the Istio resource lives in.
+fn install_kyma_istio_crd(cluster: &Cluster) {
+    let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: istios.operator.kyma-project.io}
+spec:
+  group: operator.kyma-project.io
+  scope: Namespaced
+  names: {kind: Istio, plural: istios, singular: istio, listKind: IstioList}
+  versions:
+    - name: v1alpha2
+      served: true
+      storage: true
+      subresources: {status: {}}
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: kyma-system}
+"#;
+    let kubectl = || cluster.plane.kubectl().unwrap();
+    run_with_input(kubectl().args(["apply", "--server-side", "-f", "-"]), crd).unwrap();
+    run(kubectl().args([
+        "wait",
+        "--for=condition=established",
+        "--timeout=30s",
+        "crd/istios.operator.kyma-project.io",
+    ]))
+    .unwrap();
+}
+
+/// An external authorizer that lets a call through when it carries `session=ok` (saying who
+/// with `x-auth-request-user`), and otherwise answers 401 `sign in`. Its port.
+async fn serve_cookie_authorizer() -> u16 {
+    use axum::response::IntoResponse as _;
+    let app = axum::Router::new().fallback(|headers: http::HeaderMap| async move {
+        let signed_in = headers
+            .get("cookie")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|cookie| cookie.contains("session=ok"));
+        if signed_in {
+            ([("x-auth-request-user", "ada")], "").into_response()
+        } else {
+            (http::StatusCode::UNAUTHORIZED, "sign in").into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
 }
 
 /// Buildless (`controller.build: buildless`, the default) on the real API server under the

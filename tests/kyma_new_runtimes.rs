@@ -941,8 +941,8 @@ async fn serve_authorizer() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Check>>
 /// through with the answer's listed headers; any other answer reaches the caller as the
 /// authorizer gave it, with only its listed headers. `restrictions` (a JWT) apply after it. An
 /// authorizer that cannot be asked answers `statusOnError`, or lets the call through with
-/// `failOpen`. The Function's own path obeys the rule too, and a rule naming an authorizer the
-/// gateway lacks is refused at apply.
+/// `failOpen`. The Function's own path obeys the rule too. A rule naming an authorizer the
+/// gateway lacks is taken but not honoured until Kyma's Istio resource declares it.
 #[tokio::test]
 async fn an_ext_auth_rule_asks_its_authorizer_then_checks_its_jwt_restrictions() {
     use support::jwt::{ISSUER, ISSUER_KEY, jwt, serve_jwks};
@@ -1128,19 +1128,130 @@ spec:
         .unwrap();
     assert_eq!(allowed.status().as_u16(), 200);
 
-    // An authorizer the gateway does not have is refused by name.
+    // An authorizer the gateway does not have yet: the APIRule is taken (an Istio resource
+    // may bring the authorizer, later or later in the same file) but not honoured, and both the
+    // apply and its status say why, by field.
     let (ok, _, stderr) = platform
         .apply_text(
             "apiVersion: gateway.kyma-project.io/v2\nkind: APIRule\nmetadata: {name: opa}\nspec:\n  hosts: [opa]\n  service: {name: orders, port: 80}\n  rules:\n    - path: /*\n      methods: [GET]\n      extAuth: {authorizers: [opa]}\n",
         )
         .await;
-    assert!(!ok);
+    assert!(ok, "{stderr}");
+    let lacking = |text: &str| {
+        text.contains("spec.rules[0].extAuth.authorizers[0]")
+            // (A Warning header carries ' for ".)
+            && (text.contains("no extension provider \"opa\"")
+                || text.contains("no extension provider 'opa'"))
+            && text.contains("oauth2-proxy, gone, gone-open")
+    };
     assert!(
-        stderr.contains("spec.rules[0].extAuth.authorizers[0]")
-            && stderr.contains("no extension provider \"opa\"")
-            && stderr.contains("oauth2-proxy, gone, gone-open"),
+        stderr.starts_with("Warning:") && lacking(&stderr),
         "{stderr}"
     );
+    let (state, description) = platform.apirule_state("default", "opa").await;
+    assert!(state == "Error" && lacking(&description), "{description}");
+
+    // Kyma's extAuth docs, "Minimal configuration": "To use the extAuth access strategy, you
+    // must first configure the authorizer in the Istio custom resource" (`spec.config.
+    // authorizers`), and Kyma's Istio resource docs: "You are only allowed to use one Istio
+    // CR, which you must create in the kyma-system namespace". A name the gateway's own
+    // providers hold, or another namespace, is refused by field.
+    let istio = |namespace: &str, name: &str| {
+        format!(
+            r#"apiVersion: operator.kyma-project.io/v1alpha2
+kind: Istio
+metadata: {{name: default, namespace: {namespace}}}
+spec:
+  config:
+    numTrustedProxies: 1
+    authorizers:
+      - name: {name}
+        service: 127.0.0.1
+        port: {port}
+        pathPrefix: /opa
+        timeout: 2s
+        headers:
+          inCheck: {{include: [cookie], add: {{x-checked-by: kyma-istio}}}}
+          toUpstream: {{onAllow: [x-auth-request-user]}}
+          toDownstream: {{onDeny: [set-cookie]}}
+"#
+        )
+    };
+    let (ok, _, stderr) = platform
+        .apply_text(&istio("kyma-system", "oauth2-proxy"))
+        .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("spec.config.authorizers[0].name")
+            && stderr.contains("--extension-providers"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = platform.apply_text(&istio("default", "opa")).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("metadata.namespace: Kyma reads an Istio resource in kyma-system only"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = platform.apply_text(&istio("kyma-system", "opa")).await;
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "istio.operator.kyma-project.io/default created"
+    );
+    let (ok, listed, _) = platform.eddy(&["get", "istios", "-n", "kyma-system"]).await;
+    assert!(
+        ok && listed.contains("Ready") && listed.contains("the gateway's authorizers include opa"),
+        "{listed}"
+    );
+    eventually("APIRule opa Ready", Duration::from_secs(20), || async {
+        platform.apirule_state("default", "opa").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+    let opa = platform.host_client(&["opa.localhost"]);
+    let opa_url = format!("http://opa.localhost:{gateway_port}/items?page=1");
+    let refused = opa.get(&opa_url).send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    assert!(refused.headers().get("content-type").is_none());
+    let check = checks.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(check.path_and_query, "/opa/items?page=1");
+    assert_eq!(check.headers["x-checked-by"], "kyma-istio");
+    let allowed = opa
+        .get(&opa_url)
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(allowed.status().as_u16(), 200);
+    let seen: Value = allowed.json().await.unwrap();
+    assert_eq!(seen["user"], "alice");
+
+    // Deleted, it takes its authorizers along: the APIRule is no longer honoured.
+    let (ok, _, stderr) = platform
+        .eddy(&["delete", "istio", "default", "-n", "kyma-system"])
+        .await;
+    assert!(ok, "{stderr}");
+    eventually(
+        "APIRule opa an Error again",
+        Duration::from_secs(20),
+        || async {
+            let (state, description) = platform.apirule_state("default", "opa").await;
+            state == "Error" && lacking(&description)
+        },
+    )
+    .await
+    .unwrap();
+    // Its host routes nothing (on Kyma, no VirtualService: 404).
+    eventually(
+        "opa.localhost to route nothing",
+        Duration::from_secs(10),
+        || async {
+            let gone = opa.get(&opa_url).header("cookie", session).send().await;
+            gone.is_ok_and(|gone| gone.status() == 404)
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// An authorizer that keeps its callers waiting or denies with a large page: `/big/...` answers

@@ -13,6 +13,7 @@ use axum::{
     routing::get,
 };
 use eddy_model::apirule::{self, APIRule};
+use eddy_model::istio::{self, Istio};
 use eddy_model::resources::{
     self, API_VERSION, APPLIED_AS_ANNOTATION, FieldError, Function, KYMA_FUNCTION_API_VERSION,
     KYMA_SUBSCRIPTION_API_VERSION, SinkPolicy, Subscription, describe_errors, is_config_key,
@@ -135,7 +136,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
                 .put(apply::<Subscription>)
                 .delete(remove::<Subscription>),
         );
-    apirule_routes(router).with_state(state)
+    istio_routes(apirule_routes(router)).with_state(state)
 }
 
 /// A Kubernetes `Status` failure.
@@ -179,6 +180,23 @@ fn invalid<R: ApiResource>(name: &str, errors: &[FieldError]) -> Response {
         ),
         Some(json!({"name": name, "group": R::GROUP, "kind": R::KIND, "causes": causes})),
     )
+}
+
+/// Kyma's Istio resource (its authorizers are the gateway's too).
+fn istio_routes(router: Router<Arc<ApiState>>) -> Router<Arc<ApiState>> {
+    let base = format!("/apis/{}", istio::API_VERSION);
+    router
+        .route(&format!("{base}/istios"), get(list_all::<Istio>))
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/istios"),
+            get(list::<Istio>),
+        )
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/istios/{{name}}"),
+            get(read::<Istio>)
+                .put(apply::<Istio>)
+                .delete(remove::<Istio>),
+        )
 }
 
 /// Kyma's APIRule, served at both its versions (`v2`, `v2alpha1`: the same objects).
@@ -448,7 +466,9 @@ impl ApiResource for APIRule {
     const GROUP: &'static str = apirule::GROUP;
 
     fn validate(&self, policy: &Policy) -> Vec<FieldError> {
-        policy.apirules.problems(self)
+        // An authorizer the gateway lacks does not refuse it: an Istio resource may bring it
+        // (applied later, or later in the same file); until then its status says so.
+        policy.apirules.refusals(self)
     }
 
     fn prepare(&mut self, _applied_as: &str) {}
@@ -562,6 +582,36 @@ impl ApiResource for ConfigMap {
     }
 
     fn prepare(&mut self, _applied_as: &str) {}
+}
+
+impl ApiResource for Istio {
+    const API_VERSION: &'static str = istio::API_VERSION;
+    const API_VERSIONS: &'static [&'static str] = &[istio::API_VERSION];
+    const GROUP: &'static str = istio::GROUP;
+
+    fn validate(&self, policy: &Policy) -> Vec<FieldError> {
+        Istio::validate(self, policy.apirules.own_providers())
+    }
+
+    fn prepare(&mut self, _applied_as: &str) {}
+
+    async fn standing(&self, state: &ApiState) -> Vec<String> {
+        // Its authorizers are in force before the answer: an APIRule applied next names them.
+        crate::istio::settle(&state.store, &state.policy.apirules).await;
+        match state
+            .store
+            .get_status::<Istio>(
+                self.metadata.namespace.as_deref().unwrap_or_default(),
+                self.metadata.name.as_deref().unwrap_or_default(),
+            )
+            .await
+        {
+            Ok(Some(status)) if status.state != "Ready" => {
+                vec![status.description.unwrap_or(status.state)]
+            }
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Query parameters of a write.

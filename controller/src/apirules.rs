@@ -242,6 +242,22 @@ pub async fn follow_local(
             changed.notify_one();
         }
     });
+    // Kyma's Istio resource brings authorizers: APIRules naming them are judged again.
+    let istios = store.follow::<eddy_model::istio::Istio, _, _>(&shutdown, |change| {
+        let (store, follower, changed) = (store.clone(), follower.clone(), changed.clone());
+        async move {
+            if let Change::Deleted { namespace, name } = &change
+                && let Err(error) = store
+                    .delete_status::<eddy_model::istio::Istio>(namespace, name)
+                    .await
+            {
+                tracing::warn!(%error, %namespace, %name, "cannot remove Istio status");
+            }
+            if crate::istio::settle(&store, &follower.serving).await {
+                changed.notify_one();
+            }
+        }
+    });
     let functions = store.follow::<eddy_model::resources::Function, _, _>(&shutdown, |change| {
         let (follower, changed) = (follower.clone(), changed.clone());
         if let Some((namespace, name)) = change.key() {
@@ -257,7 +273,7 @@ pub async fn follow_local(
         }
         std::future::ready(())
     });
-    tokio::join!(rules, functions, judge);
+    tokio::join!(rules, istios, functions, judge);
 }
 
 #[cfg(test)]

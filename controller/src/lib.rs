@@ -7,6 +7,7 @@
 pub mod api;
 pub mod apirules;
 pub mod git;
+pub mod istio;
 pub mod kubernetes;
 pub mod local;
 pub mod package_registry;

@@ -577,6 +577,8 @@ type Key = eddy_model::apirule::RuleKey;
 
 /// One APIRule as the gateway knows it: compiled, or why it cannot be.
 struct Entry {
+    /// The APIRule, compiled again when the authorizers change.
+    rule: APIRule,
     /// Who keeps a host both name: the one created first (in the same second, the one that
     /// held it, then by namespace and name).
     created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
@@ -703,6 +705,7 @@ impl Exposures {
         };
         let (namespace, _) = key_of(rule);
         Entry {
+            rule: rule.clone(),
             created,
             compiled,
             targets: rule.spec.targets(&namespace),
@@ -731,6 +734,43 @@ impl Exposures {
         }
         table.entries = entries;
         table.rebuild();
+    }
+
+    /// Compiles again every APIRule with an `extAuth` rule: the authorizers changed (Kyma's
+    /// `Istio` resource was applied or deleted), so one may be honoured now, or no longer.
+    pub fn refresh_authorizers(&self) {
+        let mut table = self.table.write();
+        let rules: Vec<APIRule> = table
+            .entries
+            .values()
+            .map(|entry| entry.rule.clone())
+            .collect();
+        let mut entries = HashMap::with_capacity(rules.len());
+        for rule in &rules {
+            let key = key_of(rule);
+            let names_authorizers = rule.spec.rules.iter().any(|each| each.ext_auth.is_some());
+            let known = table.entries.get(&key).filter(|_| !names_authorizers);
+            entries.insert(key, self.entry(rule, known));
+        }
+        table.entries = entries;
+        table.rebuild();
+    }
+
+    /// Compiles the APIRules again whenever the authorizers of Kyma's `Istio` resource
+    /// change, until `shutdown`.
+    pub async fn follow_authorizers(&self, shutdown: eddy_platform::shutdown::CancellationToken) {
+        let mut changes = self.serving.istio_authorizers.changes();
+        loop {
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.refresh_authorizers();
+                }
+                () = shutdown.cancelled() => return,
+            }
+        }
     }
 
     /// Whether an APIRule is honoured, or why not.
@@ -854,15 +894,17 @@ impl Exposures {
     }
 }
 
-/// Follows the APIRules of the local store into `exposures` until `shutdown` (the local
-/// gateway's; the controller reports their status by the same rules).
+/// Follows the APIRules of the local store, and the authorizers in force, into `exposures`
+/// until `shutdown` (the local gateway's; the controller reports their status by the same
+/// rules).
 pub async fn follow_store(
     store: eddy_platform::store::Store,
     exposures: Arc<Exposures>,
     shutdown: eddy_platform::shutdown::CancellationToken,
 ) {
     use eddy_platform::store::Change;
-    store
+    let authorizers = exposures.follow_authorizers(shutdown.clone());
+    let rules = store
         .follow::<APIRule, _, _>(&shutdown, |change| {
             let exposures = exposures.clone();
             async move {
@@ -876,8 +918,8 @@ pub async fn follow_store(
                     Change::Synced => {}
                 }
             }
-        })
-        .await;
+        });
+    tokio::join!(authorizers, rules);
 }
 
 #[cfg(test)]

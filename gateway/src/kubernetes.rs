@@ -432,7 +432,15 @@ pub async fn serve_on(
     );
     let apirules = async {
         if args.apirules {
-            follow_apirules(client.clone(), exposures, shutdown.clone()).await;
+            tokio::join!(
+                follow_apirules(client.clone(), exposures.clone(), shutdown.clone()),
+                eddy_controller::istio::follow_cluster(
+                    client.clone(),
+                    args.exposure.clone(),
+                    shutdown.clone()
+                ),
+                exposures.follow_authorizers(shutdown.clone()),
+            );
         }
     };
     let (served, (), ()) = tokio::join!(

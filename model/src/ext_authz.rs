@@ -233,6 +233,48 @@ impl ExtensionProviders {
         }
     }
 
+    /// These providers, in this order (their names are unique: see [`Self::parse`]).
+    pub fn from_providers(providers: Vec<ExtensionProvider>) -> Self {
+        Self { providers }
+    }
+
+    /// Their names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.providers.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    /// Whether one of them is named `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.providers.iter().any(|provider| provider.name == name)
+    }
+
+    /// These, then those of `more` whose names are not taken here. Pure.
+    #[must_use]
+    pub fn merged(&self, more: &Self) -> Self {
+        let mut providers = self.providers.clone();
+        providers.extend(
+            more.providers
+                .iter()
+                .filter(|provider| !self.contains(&provider.name))
+                .cloned(),
+        );
+        Self { providers }
+    }
+
+    /// Whether `provider` can be called, or its first problem, by its field in Istio's
+    /// `envoyExtAuthzHttp` (`timeout`, `includeRequestHeadersInCheck`). Pure.
+    pub fn checked(provider: &ExtensionProvider) -> Result<(), FieldError> {
+        let Some(spec) = &provider.envoy_ext_authz_http else {
+            return Ok(());
+        };
+        Self::compile(&provider.name, spec)
+            .map(drop)
+            .map_err(|problem| {
+                let (field, message) = problem.split_once(": ").unwrap_or(("", &problem));
+                FieldError::new(field, message)
+            })
+    }
+
     /// Reads the file at `path`.
     pub fn read(path: &std::path::Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path)

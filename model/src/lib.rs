@@ -12,6 +12,7 @@ pub mod conditions;
 pub mod event;
 pub mod ext_authz;
 pub mod headers;
+pub mod istio;
 pub mod kyma;
 pub mod legacy;
 pub mod resources;

@@ -2,6 +2,8 @@
 //! `Default` impls of the flag groups take them from there through [`defaults`], so clap and the
 //! code that builds arguments by hand (`eddy up`, tests, benches) can never disagree.
 
+use std::sync::Arc;
+
 use clap::{Args, Command, FromArgMatches};
 use eddy_model::apirule::{
     APIRule, check_gateway_hosts, check_namespace_boundary, validate_api_rule,
@@ -54,6 +56,46 @@ pub struct ApiRuleArgs {
         default_value_t = 1024
     )]
     pub max_authorizer_checks: usize,
+    /// The authorizers Kyma's `Istio` resource declares, beside the file's. Every copy of these
+    /// settings shares them, so whoever reads that resource (the local store's follower, the
+    /// cluster's) gives them to the API, the statuses and the gateway at once.
+    #[arg(skip)]
+    pub istio_authorizers: IstioAuthorizers,
+}
+
+/// The extension providers of Kyma's `Istio` resource, shared and watched: see
+/// [`ApiRuleArgs::istio_authorizers`].
+#[derive(Debug, Clone)]
+pub struct IstioAuthorizers(Arc<tokio::sync::watch::Sender<Arc<ExtensionProviders>>>);
+
+impl Default for IstioAuthorizers {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(Arc::default())))
+    }
+}
+
+impl IstioAuthorizers {
+    /// The ones in force.
+    pub fn current(&self) -> Arc<ExtensionProviders> {
+        self.0.borrow().clone()
+    }
+
+    /// Puts `providers` in force; `true` when they differ from the ones before (watchers of
+    /// [`Self::changes`] are woken then only).
+    pub fn set(&self, providers: ExtensionProviders) -> bool {
+        self.0.send_if_modified(|current| {
+            let changed = **current != providers;
+            if changed {
+                *current = Arc::new(providers);
+            }
+            changed
+        })
+    }
+
+    /// Wakes on every change from now on.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<Arc<ExtensionProviders>> {
+        self.0.subscribe()
+    }
 }
 
 fn read_extension_providers(path: &str) -> Result<ExtensionProviders, String> {
@@ -61,20 +103,35 @@ fn read_extension_providers(path: &str) -> Result<ExtensionProviders, String> {
 }
 
 impl ApiRuleArgs {
-    /// The external authorizers APIRules may name (none when no file was given).
-    pub fn providers(&self) -> &ExtensionProviders {
+    /// The extension providers of the file (none when no file was given).
+    pub fn own_providers(&self) -> &ExtensionProviders {
         static NONE: std::sync::OnceLock<ExtensionProviders> = std::sync::OnceLock::new();
         self.extension_providers
             .as_ref()
             .unwrap_or_else(|| NONE.get_or_init(ExtensionProviders::default))
     }
 
-    /// Everything that keeps an APIRule from being honoured here, each naming its field: its
-    /// own validity, the namespace boundary, and authorizers this gateway does not have. Pure.
-    pub fn problems(&self, rule: &APIRule) -> Vec<FieldError> {
+    /// The external authorizers APIRules may name: the file's, then those of Kyma's `Istio`
+    /// resource (a name in both is the file's).
+    pub fn providers(&self) -> ExtensionProviders {
+        self.own_providers()
+            .merged(&self.istio_authorizers.current())
+    }
+
+    /// What refuses an APIRule outright, each naming its field: its own validity, the hosts
+    /// that are the gateway's, and the namespace boundary. Pure.
+    pub fn refusals(&self, rule: &APIRule) -> Vec<FieldError> {
         let mut errors = validate_api_rule(rule);
         errors.extend(check_gateway_hosts(rule, &self.domain, &self.gateway_hosts));
         errors.extend(check_namespace_boundary(rule, &self.open_namespaces));
+        errors
+    }
+
+    /// Everything that keeps an APIRule from being honoured now, each naming its field: the
+    /// [`Self::refusals`], and authorizers the gateway does not have (yet: an `Istio` resource
+    /// may bring them).
+    pub fn problems(&self, rule: &APIRule) -> Vec<FieldError> {
+        let mut errors = self.refusals(rule);
         errors.extend(self.providers().check(rule));
         errors
     }

@@ -129,6 +129,13 @@ with_spec_and_status!(
     "APIRule"
 );
 
+with_spec_and_status!(
+    eddy_model::istio::Istio,
+    eddy_model::istio::IstioStatus,
+    "istios",
+    "Istio"
+);
+
 impl StoredResource for Secret {
     type Status = NoStatus;
     const PLURAL: &'static str = "secrets";

@@ -76,6 +76,9 @@ pub enum Kind {
     /// Kyma's APIRules: the hosts that expose functions, and who may call them.
     #[value(alias = "apirule")]
     Apirules,
+    /// Kyma's Istio resource: the external authorizers APIRules may name.
+    #[value(alias = "istio")]
+    Istios,
     /// The running instances of one function (name the function).
     #[value(alias = "instance", alias = "pods")]
     Instances,
@@ -89,6 +92,7 @@ impl Kind {
             Self::Secrets => "secrets",
             Self::Configmaps => "configmaps",
             Self::Apirules => "apirules",
+            Self::Istios => "istios",
             Self::Instances => "instances",
         }
     }
@@ -101,6 +105,7 @@ impl Kind {
             Self::Secrets => format!("secret/{name}"),
             Self::Configmaps => format!("configmap/{name}"),
             Self::Apirules => format!("apirule.gateway.kyma-project.io/{name}"),
+            Self::Istios => format!("istio.operator.kyma-project.io/{name}"),
             Self::Instances => format!("instances of {name}"),
         }
     }
@@ -111,6 +116,7 @@ impl Kind {
             Self::Functions | Self::Subscriptions | Self::Instances => "apis/eddy.dev/v1alpha1",
             Self::Secrets | Self::Configmaps => "api/v1",
             Self::Apirules => "apis/gateway.kyma-project.io/v2",
+            Self::Istios => "apis/operator.kyma-project.io/v1alpha2",
         }
     }
 
@@ -121,6 +127,7 @@ impl Kind {
             "Secret" => Some(Self::Secrets),
             "ConfigMap" => Some(Self::Configmaps),
             "APIRule" => Some(Self::Apirules),
+            "Istio" => Some(Self::Istios),
             _ => None,
         }
     }
@@ -297,8 +304,8 @@ fn identify(manifest: &Value, default_namespace: &str) -> anyhow::Result<(Kind, 
     let kind_text = manifest["kind"].as_str().unwrap_or_default();
     let kind = Kind::from_manifest(kind_text).with_context(|| {
         format!(
-            "unknown kind {kind_text:?}: eddy knows Function, Subscription, APIRule, Secret and \
-             ConfigMap"
+            "unknown kind {kind_text:?}: eddy knows Function, Subscription, APIRule, Istio, \
+             Secret and ConfigMap"
         )
     })?;
     let name = manifest["metadata"]["name"]
@@ -715,6 +722,32 @@ fn table_rows(kind: Kind, body: Value) -> anyhow::Result<Vec<Vec<String>>> {
                     text(&rule.metadata.name),
                     status.state,
                     rule.spec.hosts.join(","),
+                    status.description.unwrap_or_default(),
+                ]);
+            }
+        }
+        Kind::Istios => {
+            rows.push(
+                ["NAMESPACE", "NAME", "STATUS", "AUTHORIZERS", "DESCRIPTION"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            let istios: OneOrList<eddy_model::istio::Istio> = serde_json::from_value(body)
+                .context("the API answered something else than Istio resources")?;
+            for istio in istios.into_items() {
+                let status = istio.status.unwrap_or_default();
+                let names: Vec<&str> = istio
+                    .spec
+                    .config
+                    .authorizers
+                    .iter()
+                    .map(|a| a.name.as_str())
+                    .collect();
+                rows.push(vec![
+                    text(&istio.metadata.namespace),
+                    text(&istio.metadata.name),
+                    status.state,
+                    names.join(","),
                     status.description.unwrap_or_default(),
                 ]);
             }

@@ -1443,7 +1443,19 @@ async fn run_apirules(client: Client, context: Arc<Context>, shutdown: Cancellat
         watcher::Config::default(),
     );
     let store = controller.store();
-    controller
+    // Kyma's Istio resource brings authorizers: every APIRule is judged again when they change.
+    let serving = context.apirules.clone();
+    let authorizers =
+        crate::istio::follow_cluster(client.clone(), serving.clone(), shutdown.clone());
+    let changes = futures::stream::unfold(
+        serving.istio_authorizers.changes(),
+        |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some(((), changes))
+        },
+    );
+    let rules = controller
+        .reconcile_all_on(changes)
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(
             move |rule: Arc<APIRule>, context: Arc<Context>| {
@@ -1466,8 +1478,8 @@ async fn run_apirules(client: Client, context: Arc<Context>, shutdown: Cancellat
             if let Err(error) = result {
                 tracing::debug!(%error, "APIRule reconcile");
             }
-        })
-        .await;
+        });
+    tokio::join!(authorizers, rules);
 }
 
 /// Judges one APIRule among `all` and writes its status when it changed.
