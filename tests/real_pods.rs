@@ -435,55 +435,138 @@ spec:
 }
 
 /// A dependency that does not exist: the Function's status carries npm's own error within two
-/// minutes (the install container's termination message), not a progress deadline later.
+/// minutes (the install container's termination message), not a progress deadline later. And,
+/// as Kyma's buildless controller reports it, the status describes the newest version: a
+/// running Function updated with such a dependency is no longer Running True while its old pod
+/// keeps serving the old code; its status says both, for the generation it observed.
 #[tokio::test]
 async fn a_failed_dependency_install_shows_its_own_error_in_the_status() -> Result<()> {
     let plane = installed()?;
     let namespace = namespace(plane, "badinstall")?;
+    let bad_dependencies = r#"'{"dependencies": {"eddy-no-such-package-8f3a1c": "1.0.0"}}'"#;
     apply(
         plane,
         &namespace,
-        r#"
+        &format!(
+            r#"
 apiVersion: eddy.dev/v1alpha1
 kind: Function
-metadata: {name: broken}
+metadata: {{name: broken}}
 spec:
   runtime: nodejs22
-  resourceConfiguration: {function: {profile: XS}}
+  resourceConfiguration: {{function: {{profile: XS}}}}
   source:
     inline:
-      source: "module.exports = { main: () => 'never' };"
-      dependencies: '{"dependencies": {"eddy-no-such-package-8f3a1c": "1.0.0"}}'
-"#,
+      source: "module.exports = {{ main: () => 'never' }};"
+      dependencies: {bad_dependencies}
+---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: updated}}
+spec:
+  runtime: nodejs22
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: "module.exports = {{ main: () => 'version one' }};"
+"#
+        ),
     )?;
-    let mut seen = Value::Null;
-    let failed = eventually(
-        "the Function's status to say the install failed",
+    // npm's own words, and whether an older version still serves.
+    let install_failed = |serving: bool| {
+        move |function: &Value| {
+            let running = condition(function, "Running");
+            running.is_some_and(|(status, reason, message)| {
+                status == "False"
+                    && reason == "DependencyInstallFailed"
+                    && message.contains("eddy-no-such-package-8f3a1c")
+                    && message.contains("the previous version keeps serving") == serving
+            }) && function["status"]["observedGeneration"] == function["metadata"]["generation"]
+        }
+    };
+    let kyma_functions = "functions.serverless.kyma-project.io";
+    wait_for_function(
+        plane,
+        "functions.eddy.dev",
+        &namespace,
+        "broken",
         Duration::from_secs(120),
-        || {
-            let function = kubectl_json(
-                plane,
-                &["get", "functions.eddy.dev", "broken", "-n", &namespace],
-            );
-            if let Ok(function) = &function {
-                seen = function["status"].clone();
-            }
-            let failed = function.is_ok_and(|function| {
-                ["BuildReady", "Running"].iter().any(|kind| {
-                    condition(&function, kind).is_some_and(|(status, reason, message)| {
-                        status == "False"
-                            && reason == "DependencyInstallFailed"
-                            && message.contains("eddy-no-such-package-8f3a1c")
-                    })
-                })
-            });
-            async move { failed }
-        },
+        install_failed(false),
     )
-    .await;
-    failed.with_context(|| format!("the status: {seen}"))?;
+    .await?;
+    running_as(
+        plane,
+        kyma_functions,
+        &namespace,
+        "updated",
+        Duration::from_secs(180),
+    )
+    .await?;
+    let (status, body) = call(plane, &namespace, "updated", "/", None)?;
+    ensure!(
+        status == 200 && body == "version one",
+        "updated answered {status}: {body}"
+    );
+
+    // Kyma's buildless controller: Running is True only once the Deployment is Available and
+    // Progressing with NewReplicaSetAvailable; a failed rollout is False with why.
+    apply(
+        plane,
+        &namespace,
+        &format!(
+            r#"
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata: {{name: updated}}
+spec:
+  runtime: nodejs22
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: "module.exports = {{ main: () => 'version two' }};"
+      dependencies: {bad_dependencies}
+"#
+        ),
+    )?;
+    wait_for_function(
+        plane,
+        kyma_functions,
+        &namespace,
+        "updated",
+        Duration::from_secs(120),
+        install_failed(true),
+    )
+    .await?;
+    let (status, body) = call(plane, &namespace, "updated", "/", None)?;
+    ensure!(
+        status == 200 && body == "version one",
+        "the old pod should still serve the old code; updated answered {status}: {body}"
+    );
     delete_namespace(plane, &namespace)?;
     Ok(())
+}
+
+/// Waits until the Function `name` of `resource` (eddy's, or Kyma's
+/// `functions.serverless.kyma-project.io`) satisfies `done`.
+async fn wait_for_function(
+    plane: &ControlPlane,
+    resource: &str,
+    namespace: &str,
+    name: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Result<()> {
+    let mut seen = Value::Null;
+    let reached = eventually(&format!("Function {name}'s status"), within, || {
+        let function = kubectl_json(plane, &["get", resource, name, "-n", namespace]);
+        let reached = function.as_ref().is_ok_and(&done);
+        if let Ok(function) = function {
+            seen = function["status"].clone();
+        }
+        async move { reached }
+    })
+    .await;
+    reached.with_context(|| format!("the status: {seen}"))
 }
 
 /// Function pods run as they are rendered: non-root, and their root filesystem read-only
