@@ -1891,6 +1891,9 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         "eventing.kyma-project.io/subscriptions:watch",
         "gateway.kyma-project.io/apirules:list",
         "gateway.kyma-project.io/apirules:watch",
+        // Kyma's Istio resource, watched for its authorizers (tests/kubernetes_cluster.rs).
+        "operator.kyma-project.io/istios:list",
+        "operator.kyma-project.io/istios:watch",
         // Kyma's package registry Secrets, by name (resourceNames).
         "/secrets:list",
         "/secrets:watch",
