@@ -2,7 +2,7 @@
 //! same objects with the same words: the rules are evaluated here with kube's client-side CEL
 //! engine (schema defaults applied first, as the API server does) and compared with
 //! `validate_function` and `validate_subscription` case by case, messages included. (The same
-//! table runs against a real API server in `tests/kubernetes_cluster.rs`.)
+//! table runs against a real API server in `tests/kubernetes_cluster/`.)
 //!
 //! Not compared: the sink's namespace (CEL on a CRD cannot read `metadata.namespace`, so the
 //! controller checks it and reports it in the Subscription's status) and the schema's own

@@ -1,6 +1,6 @@
 //! Valid and invalid Functions and Subscriptions, each a merge patch on a valid base object:
 //! the table both the client-side CEL test (`model/tests/crd_rules.rs`) and the real API server
-//! test (`tests/kubernetes_cluster.rs`) check the CRDs' rules and the local validation against.
+//! test (`tests/kubernetes_cluster/`) check the CRDs' rules and the local validation against.
 #![allow(dead_code)]
 
 use serde_json::{Value, json};

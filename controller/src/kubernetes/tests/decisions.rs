@@ -152,7 +152,7 @@ fn the_crds_print_as_yaml_with_their_rules() {
 
 /// The CRD declares the scale subresource on the fields the controller reads and writes.
 /// (`kubectl scale` and an HPA using it are shown against a real API server:
-/// `tests/kubernetes_cluster.rs`, `kubectl_scale_sets_a_function_s_replicas_and_an_hpa_can_target_its_scale`.)
+/// `tests/kubernetes_cluster/`, `kubectl_scale_sets_a_function_s_replicas_and_an_hpa_can_target_its_scale`.)
 #[test]
 fn the_function_crd_declares_the_scale_subresource_on_the_controllers_fields() {
     let crd = serde_json::to_value(<Function as kube::CustomResourceExt>::crd()).expect("JSON");

@@ -467,14 +467,14 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         "eventing.kyma-project.io/subscriptions:watch",
         "gateway.kyma-project.io/apirules:list",
         "gateway.kyma-project.io/apirules:watch",
-        // Kyma's Istio resource, watched for its authorizers (tests/kubernetes_cluster.rs).
+        // Kyma's Istio resource, watched for its authorizers (tests/kubernetes_cluster/).
         "operator.kyma-project.io/istios:list",
         "operator.kyma-project.io/istios:watch",
         // Kyma's package registry Secrets, by name (resourceNames).
         "/secrets:list",
         "/secrets:watch",
         // Kyma's publisher alias replaced by a Function of its name (resourceNames), proven
-        // against the real API server (tests/kubernetes_cluster.rs).
+        // against the real API server (tests/kubernetes_cluster/).
         "/services:delete",
     ]
     .into_iter()
