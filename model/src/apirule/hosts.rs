@@ -1,0 +1,153 @@
+//! APIRule hosts: what a short name means, which APIRule keeps a host several name, and the
+//! names no APIRule may take (addresses, the gateway's own).
+
+use super::*;
+
+/// The host a request names (`Host` or `:authority`) as an APIRule host is compared with: lower
+/// case, without its port. Pure.
+pub fn request_host(host: &str) -> String {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or(v6, |(address, _)| address),
+        None => host
+            .rsplit_once(':')
+            .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+            .map_or(host, |(name, _)| name),
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The full host a spec host means: a single label is prefixed to `domain`. Pure.
+pub fn full_host(host: &str, domain: &str) -> String {
+    if host.contains('.') || domain.is_empty() {
+        host.to_ascii_lowercase()
+    } else {
+        format!("{}.{}", host.to_ascii_lowercase(), domain.trim_matches('.'))
+    }
+}
+
+/// Namespace and name of an APIRule.
+pub type RuleKey = (String, String);
+
+/// One APIRule's claim on its hosts, for [`award_hosts`].
+#[derive(Debug, Clone)]
+pub struct HostClaim<'a> {
+    /// Its namespace and name.
+    pub key: &'a RuleKey,
+    /// When it was created (one-second precision).
+    pub created: Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Whether it held its hosts before this decision.
+    pub held: bool,
+    /// Its full host names, or why it cannot be honoured (it claims nothing then).
+    pub hosts: Result<&'a [String], &'a str>,
+}
+
+/// Who holds each host: the oldest APIRule naming it; in the same second the one that held it,
+/// then by namespace and name. Every claim gets `Ok` (it holds all its hosts) or why not, in
+/// the order they were decided. The gateways route by it and the controllers report it, so
+/// both say the same. Pure.
+pub fn award_hosts<'a>(mut claims: Vec<HostClaim<'a>>) -> Vec<(&'a RuleKey, Result<(), String>)> {
+    claims.sort_by(|a, b| (a.created, !a.held, a.key).cmp(&(b.created, !b.held, b.key)));
+    let mut holders: BTreeMap<&'a str, &'a RuleKey> = BTreeMap::new();
+    let mut awarded = Vec::with_capacity(claims.len());
+    for claim in claims {
+        let hosts = match claim.hosts {
+            Ok(hosts) => hosts,
+            Err(problem) => {
+                awarded.push((claim.key, Err(problem.to_owned())));
+                continue;
+            }
+        };
+        if let Some((host, (namespace, name))) = hosts
+            .iter()
+            .find_map(|host| Some((host, *holders.get(host.as_str())?)))
+        {
+            let problem = format!("host {host} is already exposed by APIRule {namespace}/{name}");
+            awarded.push((claim.key, Err(problem)));
+            continue;
+        }
+        for host in hosts {
+            holders.insert(host, claim.key);
+        }
+        awarded.push((claim.key, Ok(())));
+    }
+    awarded
+}
+
+/// Whether `host` is a name Kyma takes: one lower-case DNS label, or at least two. Never an
+/// address: a name of two labels or more, or a wildcard, may not end in an all-digit label
+/// (RFC 3696 section 2: no top-level domain is all-numeric), so neither an IPv4 literal
+/// (`127.0.0.1`) nor a wildcard that could match one (`*.0.0.1`, `*.1`) is a host. Pure.
+pub(super) fn is_host(host: &str) -> bool {
+    // A wildcard (`*.example.com`, or `*` under the gateway's domain) as Kyma takes it.
+    let named = match host.strip_prefix('*') {
+        Some("") => return true,
+        Some(rest) => match rest.strip_prefix('.') {
+            Some(rest) => rest,
+            None => return false,
+        },
+        None => host,
+    };
+    // One label alone is prefixed to the gateway's domain; a wildcard's or a full name's last
+    // label is the name's end.
+    let ends_named = named.contains('.') || host.starts_with('*');
+    let numeric_top = ends_named
+        && named
+            .rsplit('.')
+            .next()
+            .is_some_and(|top| top.bytes().all(|b| b.is_ascii_digit()));
+    host.len() <= 255 && named.split('.').all(is_dns1123_label) && !numeric_top
+}
+
+/// Whether an APIRule's full host (see [`full_host`]) takes `reserved`: names it, or is a
+/// wildcard over it. Pure.
+pub(super) fn takes(host: &str, reserved: &str) -> bool {
+    host == reserved || wildcard_suffix(host).is_some_and(|suffix| reserved.ends_with(suffix))
+}
+
+/// The hosts of an APIRule that the gateway answers to itself, each naming its field: its
+/// domain and `gateway_hosts` (the names its `/<namespace>/<function>` routes are reached by),
+/// or a wildcard over one of them. An APIRule holding one would be handed every call (and the
+/// tokens they carry) that was meant for the gateway's own routes. Wildcard entries of
+/// `gateway_hosts` reserve nothing (the chart's `expose.hosts: ["*"]` sends every name to the
+/// gateway; the APIRules then take theirs). Pure.
+pub fn check_gateway_hosts(
+    rule: &APIRule,
+    domain: &str,
+    gateway_hosts: &[String],
+) -> Vec<FieldError> {
+    let domain = domain.trim_matches('.').to_ascii_lowercase();
+    let reserved: Vec<String> = gateway_hosts
+        .iter()
+        .filter(|name| !name.contains('*'))
+        .map(|name| request_host(name))
+        .chain((!domain.is_empty()).then(|| domain.clone()))
+        .collect();
+    let mut errors = Vec::new();
+    for (index, host) in rule.spec.hosts.iter().enumerate() {
+        let full = full_host(host, &domain);
+        if let Some(taken) = reserved.iter().find(|reserved| takes(&full, reserved)) {
+            errors.push(FieldError {
+                field: format!("spec.hosts[{index}]"),
+                message: format!(
+                    "{host:?} would take {taken}, a name the gateway itself answers to (its \
+                     domain, or --gateway-hosts): name a host under {domain}"
+                ),
+            });
+        }
+    }
+    errors
+}
+
+/// What a wildcard host matches the end of (`*.example.com`: `.example.com`); `None` for a
+/// host without a wildcard. Pure.
+pub fn wildcard_suffix(host: &str) -> Option<&str> {
+    host.strip_prefix('*')
+        .filter(|suffix| suffix.starts_with('.'))
+}
+
+/// The wildcard suffixes a request's `host` falls under, the most specific first
+/// (`a.b.example.com`: `.b.example.com`, `.example.com`, `.com`), as an Istio Gateway's suffix
+/// wildcards match: slices of `host`, nothing allocated. Pure.
+pub fn host_suffixes(host: &str) -> impl Iterator<Item = &str> {
+    host.match_indices('.').map(move |(dot, _)| &host[dot..])
+}
