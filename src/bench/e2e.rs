@@ -10,6 +10,8 @@
 //! cores are shared between publishing and draining, not a rate the path keeps up with, and it
 //! moved 4.7k–9.9k run to run while the path fell behind at ¾ of it.
 
+use super::*;
+
 use std::{
     path::Path,
     sync::{
@@ -426,6 +428,59 @@ pub async fn run(
         probes,
         latencies: results,
     })
+}
+
+pub(super) async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
+    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
+    let args = bench_platform_args(data_dir.path(), flags.nats_server.clone());
+    let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
+    let result = e2e::run(
+        &platform,
+        data_dir.path(),
+        flags.duration,
+        flags.connections,
+    )
+    .await;
+    platform.stop(false).await;
+    let measured = result?;
+    println!(
+        "e2e: publish -> nodejs20 no-op function ({} connections for the closed loop, {:?} per rate)",
+        flags.connections, flags.duration
+    );
+    println!(
+        "closed loop (where the search starts): {:.0} events/s",
+        measured.closed_loop_rate
+    );
+    for probe in &measured.probes {
+        println!(
+            "  offered {:>6}/s for {:?}: {:>6} left behind, {}",
+            probe.rate,
+            flags.duration,
+            probe.backlog,
+            if probe.sustained {
+                "sustained"
+            } else {
+                "falling behind"
+            }
+        );
+    }
+    println!("maximum sustained rate: {:.0} events/s", measured.max_rate);
+    println!(
+        "{:>10} {:>8} {:>10} {:>10} {:>10}",
+        "rate/s", "count", "p50 ms", "p99 ms", "p999 ms"
+    );
+    for latency in &measured.latencies {
+        println!(
+            "{:>10} {:>8} {:>10.2} {:>10.2} {:>10.2}",
+            latency.rate, latency.count, latency.p50_ms, latency.p99_ms, latency.p999_ms
+        );
+    }
+    write_json(
+        flags.out.as_ref(),
+        &json!({"scenario": "e2e", "maxRate": measured.max_rate,
+            "closedLoopRate": measured.closed_loop_rate, "probes": measured.probes,
+            "latencies": measured.latencies}),
+    )
 }
 
 #[cfg(test)]

@@ -19,8 +19,11 @@ use crate::up::{self, Platform};
 use eddy_platform::shutdown::CancellationToken;
 
 mod buildless;
+mod coldstart;
+mod dispatch;
 mod e2e;
 mod forwarder;
+mod ingest;
 mod load;
 mod real_node;
 mod scale;
@@ -235,7 +238,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             out,
             nats_server,
             warm_spares,
-        } => coldstart(runs, &runtimes, out, nats_server, warm_spares).await,
+        } => coldstart::coldstart(runs, &runtimes, out, nats_server, warm_spares).await,
         Scenario::Buildless {
             runs,
             dependencies,
@@ -259,13 +262,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             })
             .await
         }
-        Scenario::Ingest(flags) => ingest(&flags, 1).await,
-        Scenario::IngestBatch(flags) => ingest(&flags, 100).await,
+        Scenario::Ingest(flags) => ingest::ingest(&flags, 1).await,
+        Scenario::IngestBatch(flags) => ingest::ingest(&flags, 100).await,
         Scenario::Dispatch {
             flags,
             events,
             in_flight,
-        } => dispatch(&flags, events, in_flight).await,
+        } => dispatch::dispatch(&flags, events, in_flight).await,
         Scenario::ScaleOut {
             processes,
             connections,
@@ -285,9 +288,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 size,
                 nats_server,
             };
-            scale_out(&args, out.as_ref()).await
+            scale::scale_out(&args, out.as_ref()).await
         }
-        Scenario::E2e(flags) => end_to_end(&flags).await,
+        Scenario::E2e(flags) => e2e::end_to_end(&flags).await,
         Scenario::Forwarder { addr, nats_url } => forwarder::run(addr, &nats_url).await,
         Scenario::OtlpSink { addr } => otlp_sink(addr).await,
         Scenario::Soak {
@@ -296,80 +299,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             connections,
             out,
             nats_server,
-        } => soak_test(duration, rate, connections, out, nats_server).await,
+        } => soak::soak_test(duration, rate, connections, out, nats_server).await,
     }
-}
-
-async fn soak_test(
-    duration: Duration,
-    rate: Option<u64>,
-    connections: usize,
-    out: Option<PathBuf>,
-    nats_server: Option<PathBuf>,
-) -> anyhow::Result<()> {
-    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
-    let platform = Platform::start(
-        &bench_platform_args(data_dir.path(), nats_server),
-        false,
-        &CancellationToken::new(),
-    )
-    .await?;
-    let result = soak::run(&platform, data_dir.path(), duration, rate, connections).await;
-    platform.stop(false).await;
-    let soak = result?;
-    let minute = 6.min(soak.windows.len());
-    let p99 = |windows: &[soak::Window]| {
-        windows
-            .iter()
-            .map(|window| window.p99_ms)
-            .fold(0.0_f64, f64::max)
-    };
-    let first_minute = p99(soak.windows.get(..minute).unwrap_or_default());
-    let last_minute = p99(soak
-        .windows
-        .get(soak.windows.len().saturating_sub(minute)..)
-        .unwrap_or_default());
-    let total = |window: Option<&soak::Window>| {
-        window.map_or(0.0, |w| w.rss_mib.iter().map(|(_, mib)| mib).sum::<f64>())
-    };
-    let warmed = total(soak.windows.get(minute.saturating_sub(1)));
-    let last = total(soak.windows.last());
-    println!(
-        "published {} (errors {}), delivered to the second function {} (duplicates {}, strays {}), dead letters {}",
-        soak.published,
-        soak.publish_errors,
-        soak.delivered,
-        soak.duplicates,
-        soak.strays,
-        soak.dead_letters
-    );
-    let accounted = soak.publish_errors == 0
-        && soak.delivered == soak.published
-        && soak.duplicates == 0
-        && soak.strays == 0
-        && soak.dead_letters == 0;
-    println!(
-        "every event accounted for: {}",
-        if accounted { "yes" } else { "NO" }
-    );
-    println!(
-        "worst window p99: first minute {first_minute:.2} ms, last minute {last_minute:.2} ms ({:.2}×)",
-        last_minute / first_minute.max(1e-9)
-    );
-    println!(
-        "resident memory, all processes: {warmed:.0} MiB after the first minute, {last:.0} MiB at the end ({:+.0} MiB)",
-        last - warmed
-    );
-    write_json(
-        out.as_ref(),
-        &json!({"scenario": "soak", "soak": soak,
-        "p99FirstMinuteMs": first_minute, "p99LastMinuteMs": last_minute,
-        "rssAfterFirstMinuteMiB": warmed, "rssAtEndMiB": last, "accounted": accounted}),
-    )?;
-    if !accounted {
-        anyhow::bail!("events were lost, duplicated or dead-lettered");
-    }
-    Ok(())
 }
 
 /// `eddy up`'s settings for a benchmark: every listener on a free loopback port, functions
@@ -388,59 +319,6 @@ fn bench_platform_args(data_dir: &std::path::Path, nats_server: Option<PathBuf>)
         },
         ..eddy_platform::flags::defaults()
     }
-}
-
-async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
-    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
-    let args = bench_platform_args(data_dir.path(), flags.nats_server.clone());
-    let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
-    let result = e2e::run(
-        &platform,
-        data_dir.path(),
-        flags.duration,
-        flags.connections,
-    )
-    .await;
-    platform.stop(false).await;
-    let measured = result?;
-    println!(
-        "e2e: publish -> nodejs20 no-op function ({} connections for the closed loop, {:?} per rate)",
-        flags.connections, flags.duration
-    );
-    println!(
-        "closed loop (where the search starts): {:.0} events/s",
-        measured.closed_loop_rate
-    );
-    for probe in &measured.probes {
-        println!(
-            "  offered {:>6}/s for {:?}: {:>6} left behind, {}",
-            probe.rate,
-            flags.duration,
-            probe.backlog,
-            if probe.sustained {
-                "sustained"
-            } else {
-                "falling behind"
-            }
-        );
-    }
-    println!("maximum sustained rate: {:.0} events/s", measured.max_rate);
-    println!(
-        "{:>10} {:>8} {:>10} {:>10} {:>10}",
-        "rate/s", "count", "p50 ms", "p99 ms", "p999 ms"
-    );
-    for latency in &measured.latencies {
-        println!(
-            "{:>10} {:>8} {:>10.2} {:>10.2} {:>10.2}",
-            latency.rate, latency.count, latency.p50_ms, latency.p99_ms, latency.p999_ms
-        );
-    }
-    write_json(
-        flags.out.as_ref(),
-        &json!({"scenario": "e2e", "maxRate": measured.max_rate,
-            "closedLoopRate": measured.closed_loop_rate, "probes": measured.probes,
-            "latencies": measured.latencies}),
-    )
 }
 
 fn print_rates(title: &str, rates: &[&load::Rate]) {
@@ -475,70 +353,6 @@ fn write_json(out: Option<&PathBuf>, value: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ingest(flags: &LoadFlags, batch: usize) -> anyhow::Result<()> {
-    let (rounds, rss) = load::ingest(&flags.load_args(), batch).await?;
-    let batched = if batch > 1 {
-        format!(", batches of {batch} (latency per batch)")
-    } else {
-        String::new()
-    };
-    let protocol = if flags.http2 { "HTTP/2" } else { "HTTP/1.1" };
-    println!(
-        "ingest: {} B events, {} {}, {:?} each, {} rounds{batched}",
-        flags.size,
-        flags.connections,
-        if flags.http2 {
-            "streams on one HTTP/2 connection"
-        } else {
-            "connections"
-        },
-        flags.duration,
-        rounds.len()
-    );
-    let mut to_forwarder = Vec::new();
-    let mut to_raw = Vec::new();
-    let mut cpu_to_forwarder = Vec::new();
-    for (index, round) in rounds.iter().enumerate() {
-        let mut rates = vec![&round.event_bus];
-        rates.extend(round.forwarder.as_ref());
-        rates.push(&round.raw);
-        print_rates(&format!("round {}", index + 1), &rates);
-        let bus = round.event_bus.per_second;
-        if let Some(forwarder) = &round.forwarder {
-            to_forwarder.push(bus / forwarder.per_second.max(1e-9));
-        }
-        print!("CPU per event: event-bus {:.1} µs", round.event_bus_cpu_us);
-        if let Some(forwarder_cpu) = round.forwarder_cpu_us {
-            print!(", forwarder {forwarder_cpu:.1} µs");
-            cpu_to_forwarder.push(round.event_bus_cpu_us / forwarder_cpu.max(1e-9));
-        }
-        println!();
-        to_raw.push(bus / round.raw.per_second.max(1e-9));
-    }
-    let to_forwarder = (!to_forwarder.is_empty()).then(|| spread(&to_forwarder));
-    let cpu_to_forwarder = (!cpu_to_forwarder.is_empty()).then(|| spread(&cpu_to_forwarder));
-    let to_raw = spread(&to_raw);
-    if let Some(ratio) = &to_forwarder {
-        println!("event-bus / forwarder ({protocol}): {}", show_spread(ratio));
-    }
-    if let Some(ratio) = &cpu_to_forwarder {
-        println!(
-            "event-bus CPU per event / forwarder's: {}",
-            show_spread(ratio)
-        );
-    }
-    println!("event-bus / raw: {}", show_spread(&to_raw));
-    println!("event-bus peak RSS: {rss:.1} MiB");
-    write_json(
-        flags.out.as_ref(),
-        &json!({"scenario": if batch > 1 { "ingest-batch" } else { "ingest" }, "size": flags.size,
-            "connections": flags.connections, "http2": flags.http2, "batch": batch,
-            "rounds": rounds, "eventBusToForwarder": to_forwarder, "eventBusToRaw": to_raw,
-            "eventBusCpuToForwarder": cpu_to_forwarder,
-            "eventBusPeakRssMiB": rss}),
-    )
-}
-
 /// The median, least and greatest of per-round ratios, with the rounds themselves. Pure.
 fn spread(ratios: &[f64]) -> Value {
     let mut sorted = ratios.to_vec();
@@ -558,107 +372,6 @@ fn spread(ratios: &[f64]) -> Value {
         "max": sorted.last().copied().unwrap_or(0.0),
         "rounds": ratios,
     })
-}
-
-async fn dispatch(flags: &LoadFlags, events: u64, in_flight: usize) -> anyhow::Result<()> {
-    let (rounds, rss) = load::dispatch(&flags.load_args(), events, in_flight).await?;
-    println!(
-        "dispatch: {events} stored events of {} B, maxInFlightMessages {in_flight}, {} rounds",
-        flags.size,
-        rounds.len()
-    );
-    let mut to_min = Vec::new();
-    let mut to_both = Vec::new();
-    let mut to_cpu = Vec::new();
-    for (index, round) in rounds.iter().enumerate() {
-        print_rates(
-            &format!("round {}", index + 1),
-            &[&round.dispatcher, &round.ack_only, &round.http_only],
-        );
-        let limit = round.ack_only.per_second.min(round.http_only.per_second);
-        let both = round.both_in_series();
-        println!("both raw halves in series: {both:.0} events/s");
-        for (phase, cpu) in ["dispatcher", "ack only", "HTTP only"]
-            .iter()
-            .zip(round.machine_cpu)
-        {
-            println!(
-                "machine CPU per event, {phase}: {:.1} µs ({:.2} cores busy), of it dispatcher \
-                 {:.1}, nats-server {:.1}, bench and sink {:.1}",
-                cpu.us_per_op, cpu.cores_busy, cpu.eddy_us, cpu.nats_us, cpu.bench_us
-            );
-        }
-        let cpu_to_halves = round.cpu_to_halves();
-        println!("dispatcher / the two halves added: {cpu_to_halves:.2}");
-        to_min.push(round.dispatcher.per_second / limit.max(1e-9));
-        to_both.push(round.dispatcher.per_second / both.max(1e-9));
-        to_cpu.push(cpu_to_halves);
-    }
-    let (to_min, to_both, to_cpu) = (spread(&to_min), spread(&to_both), spread(&to_cpu));
-    println!("dispatcher / lower raw half: {}", show_spread(&to_min));
-    println!(
-        "dispatcher / both raw halves in series: {}",
-        show_spread(&to_both)
-    );
-    println!(
-        "machine CPU per event, dispatcher / the two halves added: {}",
-        show_spread(&to_cpu)
-    );
-    println!("dispatcher peak RSS: {rss:.1} MiB");
-    write_json(
-        flags.out.as_ref(),
-        &json!({"scenario": "dispatch", "events": events, "inFlight": in_flight, "rounds": rounds,
-            "dispatcherToLowerHalf": to_min, "dispatcherToBothInSeries": to_both,
-            "machineCpuDispatcherToHalves": to_cpu,
-            "dispatcherPeakRssMiB": rss}),
-    )
-}
-
-async fn scale_out(args: &scale::ScaleArgs, out: Option<&PathBuf>) -> anyhow::Result<()> {
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
-    println!(
-        "scale-out: {} B events, {} connections, maxInFlightMessages {} shared, {cores} cores",
-        args.size, args.connections, args.in_flight
-    );
-    let points = scale::run(args).await?;
-    println!(
-        "{:<26} {:>9} {:>10} {:>7} {:>13} {:>11} {:>15} {:>11}",
-        "",
-        "processes",
-        "events/s",
-        "cores",
-        "per core",
-        "NATS cores",
-        "per NATS core",
-        "bench cores"
-    );
-    for point in &points {
-        // NATS alone has no eddy process: a dash rather than zero cores.
-        let (cores, per_core) = if point.cores > 0.0 {
-            (
-                format!("{:.2}", point.cores),
-                format!("{:.0}", point.per_core),
-            )
-        } else {
-            ("-".to_owned(), "-".to_owned())
-        };
-        println!(
-            "{:<26} {:>9} {:>10.0} {:>7} {:>13} {:>11.2} {:>15.0} {:>11.2}",
-            point.role,
-            point.processes,
-            point.per_second,
-            cores,
-            per_core,
-            point.nats_cores,
-            point.per_nats_core,
-            point.bench_cores
-        );
-    }
-    write_json(
-        out,
-        &json!({"scenario": "scale-out", "size": args.size, "connections": args.connections,
-            "inFlight": args.in_flight, "cores": cores, "points": points}),
-    )
 }
 
 async fn otlp_sink(addr: std::net::SocketAddr) -> anyhow::Result<()> {
@@ -761,306 +474,6 @@ pub fn summarize(samples: &[Duration]) -> Summary {
         min_ms: ms.first().copied().unwrap_or(0.0),
         max_ms: ms.last().copied().unwrap_or(0.0),
     }
-}
-
-fn handler(runtime: &str, run: usize) -> anyhow::Result<String> {
-    // A comment with the run number makes every deploy a fresh build.
-    Ok(match runtime {
-        "nodejs20" | "nodejs22" | "nodejs24" => {
-            format!("// run {run}\nmodule.exports = {{ main: async () => 'ok' }};\n")
-        }
-        "python311" | "python312" => {
-            format!("# run {run}\ndef main(event, context):\n    return 'ok'\n")
-        }
-        other => bail!("unknown runtime {other:?}"),
-    })
-}
-
-async fn function(http: &reqwest::Client, api: &str, name: &str) -> anyhow::Result<Function> {
-    Ok(http
-        .get(format!(
-            "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/functions/{name}"
-        ))
-        .send()
-        .await?
-        .json()
-        .await?)
-}
-
-/// The Function's `Running` condition, when it has one.
-fn running(function: &Function) -> Option<&Condition> {
-    function
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == ConditionType::Running.as_str())
-}
-
-async fn wait_for(
-    http: &reqwest::Client,
-    api: &str,
-    name: &str,
-    what: &str,
-    done: impl Fn(&Function) -> bool,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let current = function(http, api, name).await?;
-        if done(&current) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{name} did not become {what} within 120s: {:?}",
-                current.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-async fn coldstart(
-    runs: usize,
-    runtimes: &[String],
-    out: Option<PathBuf>,
-    nats_server: Option<PathBuf>,
-    warm_spares: usize,
-) -> anyhow::Result<()> {
-    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
-    let args = up::Args {
-        data_dir: data_dir.path().to_path_buf(),
-        nats_server,
-        bus_addr: local(0),
-        gateway_addr: local(0),
-        api_addr: local(0),
-        dispatcher_addr: local(0),
-        functions: eddy_controller::FunctionArgs {
-            scale_to_zero_after: Duration::from_millis(300),
-            warm_spares,
-            ..Default::default()
-        },
-        ..eddy_platform::flags::defaults()
-    };
-    let platform = Platform::start(&args, false, &CancellationToken::new()).await?;
-    let result = measure_coldstart(&platform, data_dir.path(), runs, runtimes).await;
-    platform.stop(false).await;
-    let figures = result?;
-    println!(
-        "cold start ({runs} runs each; {} cores; warm spares per runtime: {warm_spares})",
-        std::thread::available_parallelism().map_or(0, usize::from)
-    );
-    // Each cell formatted first, so the columns line up whatever the figures' widths.
-    let cell = |s: &Summary| format!("{:.0} ms ({:.0}–{:.0})", s.p50_ms, s.min_ms, s.max_ms);
-    println!(
-        "{:<10} {:>26} {:>26} {:>26} {:>6}",
-        "runtime",
-        "deploy→ready p50 (min–max)",
-        "from zero p50 (min–max)",
-        "bare runtime p50 (min–max)",
-        "ratio"
-    );
-    for figure in &figures {
-        let (deploy, zero, floor) = (&figure.deploy, &figure.from_zero, &figure.floor);
-        println!(
-            "{:<10} {:>26} {:>26} {:>26} {:>5.1}×",
-            figure.runtime,
-            cell(deploy),
-            cell(zero),
-            cell(floor),
-            zero.p50_ms / floor.p50_ms.max(f64::MIN_POSITIVE)
-        );
-    }
-    if let Some(out) = out {
-        let json: Vec<Value> = figures
-            .iter()
-            .map(|f| json!({"runtime": f.runtime, "deployToReady": f.deploy, "firstResponseFromZero": f.from_zero, "bareRuntime": f.floor}))
-            .collect();
-        std::fs::write(
-            &out,
-            serde_json::to_string_pretty(
-                &json!({"scenario": "coldstart", "runs": runs, "warmSpares": warm_spares, "results": json}),
-            )?,
-        )
-        .with_context(|| format!("cannot write {}", out.display()))?;
-        println!("wrote {}", out.display());
-    }
-    Ok(())
-}
-
-/// One runtime's cold start figures.
-struct Coldstart {
-    runtime: String,
-    deploy: Summary,
-    from_zero: Summary,
-    /// The same interpreter with a minimal HTTP server: spawn → first response.
-    floor: Summary,
-}
-
-async fn measure_coldstart(
-    platform: &Platform,
-    data_dir: &std::path::Path,
-    runs: usize,
-    runtimes: &[String],
-) -> anyhow::Result<Vec<Coldstart>> {
-    let toolchain = eddy_controller::local::toolchain::Toolchain::new(
-        "node".into(),
-        "npm".into(),
-        "python3".into(),
-        eddy_controller::default_tools_dir(data_dir),
-        data_dir.join("runtimes"),
-        Duration::from_secs(300),
-    );
-    let http = reqwest::Client::new();
-    let api = platform.api_url.as_str();
-    let mut figures = Vec::new();
-    for runtime in runtimes {
-        let parsed: Runtime = serde_json::from_value(json!(runtime))
-            .with_context(|| format!("unknown runtime {runtime:?}"))?;
-        // Found (or installed) before the clock runs, as they are on any machine after its
-        // first build: the interpreter and the runtime's libraries.
-        let program = toolchain
-            .prepare(parsed)
-            .await
-            .map_err(|failure| anyhow::anyhow!("{failure}"))?
-            .program;
-        let mut deploys = Vec::with_capacity(runs);
-        let mut from_zero = Vec::with_capacity(runs);
-        for run in 0..runs {
-            let name = format!(
-                "cold-{}-{run}",
-                runtime.replace(|c: char| !c.is_ascii_alphanumeric(), "")
-            );
-            let manifest = json!({
-                "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
-                "metadata": {"name": name, "namespace": "bench"},
-                "spec": {"runtime": runtime, "source": {"inline": {"source": handler(runtime, run)?}},
-                    "scaleConfig": {"minReplicas": 0, "maxReplicas": 1}},
-            });
-            let started = Instant::now();
-            let response = http
-                .put(format!(
-                    "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/functions/{name}"
-                ))
-                .json(&manifest)
-                .send()
-                .await?;
-            if !response.status().is_success() {
-                bail!(
-                    "deploy refused: {}",
-                    response.text().await.unwrap_or_default()
-                );
-            }
-            // Ready: serving, or already idle again (a function that may scale to zero can be
-            // back at zero before the next poll).
-            wait_for(&http, api, &name, "ready", |f| {
-                running(f).is_some_and(|c| c.status == "True")
-            })
-            .await?;
-            deploys.push(started.elapsed());
-
-            wait_for(&http, api, &name, "scaled to zero", |f| {
-                running(f).is_some_and(|c| c.reason == Reason::ScaledToZero.as_str())
-            })
-            .await?;
-            // As after any real idle period (scale-to-zero takes a minute by default, not the
-            // 300 ms set here): the spare that replaced the deploy's has loaded.
-            wait_for_spare(platform, parsed).await?;
-            let started = Instant::now();
-            let response = http
-                .get(format!("{}/bench/{name}/", platform.gateway_url))
-                .send()
-                .await?;
-            let status = response.status();
-            let _ = response.bytes().await?;
-            if !status.is_success() {
-                bail!("{name} answered {status} from zero");
-            }
-            from_zero.push(started.elapsed());
-            http.delete(format!(
-                "{api}/apis/eddy.dev/v1alpha1/namespaces/bench/functions/{name}"
-            ))
-            .send()
-            .await?;
-        }
-        let mut floor = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            floor.push(bare_runtime(&http, &program, parsed).await?);
-        }
-        figures.push(Coldstart {
-            runtime: runtime.clone(),
-            deploy: summarize(&deploys),
-            from_zero: summarize(&from_zero),
-            floor: summarize(&floor),
-        });
-    }
-    Ok(figures)
-}
-
-/// Waits until a warm spare of `runtime` has loaded, when the platform keeps them.
-async fn wait_for_spare(platform: &Platform, runtime: Runtime) -> anyhow::Result<()> {
-    let Some(spares) = platform
-        .local_controller
-        .as_ref()
-        .and_then(|controller| controller.spares())
-    else {
-        return Ok(());
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while spares.ready(runtime) == 0 {
-        if Instant::now() > deadline {
-            bail!("no warm spare of {} loaded within 60 s", runtime.as_str());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
-}
-
-/// Spawn → first response of `program` running a minimal HTTP server: what no platform can beat.
-async fn bare_runtime(
-    http: &reqwest::Client,
-    program: &std::path::Path,
-    runtime: Runtime,
-) -> anyhow::Result<Duration> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let mut command = tokio::process::Command::new(program);
-    if runtime.node_major().is_some() {
-        command.arg("-e").arg(format!(
-            "require('http').createServer((q, s) => s.end('ok')).listen({port}, '127.0.0.1')"
-        ));
-    } else {
-        command.arg("-c").arg(format!(
-            "import http.server as h\n\
-             class H(h.BaseHTTPRequestHandler):\n    \
-             def do_GET(self):\n        \
-             self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n\
-             h.HTTPServer(('127.0.0.1', {port}), H).serve_forever()"
-        ));
-    }
-    command
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let started = Instant::now();
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("cannot run {}", program.display()))?;
-    let url = format!("http://127.0.0.1:{port}/");
-    let answered = loop {
-        if let Ok(response) = http.get(&url).send().await
-            && response.status().is_success()
-        {
-            break started.elapsed();
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!("{} did not answer within 30 s", program.display());
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    };
-    let _ = child.kill().await;
-    Ok(answered)
 }
 
 #[cfg(test)]

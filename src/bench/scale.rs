@@ -4,12 +4,14 @@
 //! per busy core; and NATS alone (one stream, R1 and a three-server R3 cluster) for where the
 //! stream becomes the limit.
 
+use super::*;
+
 use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use async_nats::jetstream::{self, consumer::pull};
 use futures::StreamExt as _;
 use serde::Serialize;
@@ -397,4 +399,54 @@ impl Cluster {
             eddy_platform::process::terminate(server, Duration::from_secs(10)).await;
         }
     }
+}
+
+pub(super) async fn scale_out(
+    args: &scale::ScaleArgs,
+    out: Option<&PathBuf>,
+) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    println!(
+        "scale-out: {} B events, {} connections, maxInFlightMessages {} shared, {cores} cores",
+        args.size, args.connections, args.in_flight
+    );
+    let points = scale::run(args).await?;
+    println!(
+        "{:<26} {:>9} {:>10} {:>7} {:>13} {:>11} {:>15} {:>11}",
+        "",
+        "processes",
+        "events/s",
+        "cores",
+        "per core",
+        "NATS cores",
+        "per NATS core",
+        "bench cores"
+    );
+    for point in &points {
+        // NATS alone has no eddy process: a dash rather than zero cores.
+        let (cores, per_core) = if point.cores > 0.0 {
+            (
+                format!("{:.2}", point.cores),
+                format!("{:.0}", point.per_core),
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
+        println!(
+            "{:<26} {:>9} {:>10.0} {:>7} {:>13} {:>11.2} {:>15.0} {:>11.2}",
+            point.role,
+            point.processes,
+            point.per_second,
+            cores,
+            per_core,
+            point.nats_cores,
+            point.per_nats_core,
+            point.bench_cores
+        );
+    }
+    write_json(
+        out,
+        &json!({"scenario": "scale-out", "size": args.size, "connections": args.connections,
+            "inFlight": args.in_flight, "cores": cores, "points": points}),
+    )
 }

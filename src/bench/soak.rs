@@ -5,6 +5,8 @@
 //! nats-server and of each function instance; at the end it checks that every published event
 //! reached `second` exactly once and none was dead-lettered.
 
+use super::*;
+
 use std::{
     path::Path,
     sync::{
@@ -330,4 +332,76 @@ pub async fn run(
         strays,
         dead_letters,
     })
+}
+
+pub(super) async fn soak_test(
+    duration: Duration,
+    rate: Option<u64>,
+    connections: usize,
+    out: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let data_dir = tempfile::tempdir().context("cannot create a temporary data dir")?;
+    let platform = Platform::start(
+        &bench_platform_args(data_dir.path(), nats_server),
+        false,
+        &CancellationToken::new(),
+    )
+    .await?;
+    let result = soak::run(&platform, data_dir.path(), duration, rate, connections).await;
+    platform.stop(false).await;
+    let soak = result?;
+    let minute = 6.min(soak.windows.len());
+    let p99 = |windows: &[soak::Window]| {
+        windows
+            .iter()
+            .map(|window| window.p99_ms)
+            .fold(0.0_f64, f64::max)
+    };
+    let first_minute = p99(soak.windows.get(..minute).unwrap_or_default());
+    let last_minute = p99(soak
+        .windows
+        .get(soak.windows.len().saturating_sub(minute)..)
+        .unwrap_or_default());
+    let total = |window: Option<&soak::Window>| {
+        window.map_or(0.0, |w| w.rss_mib.iter().map(|(_, mib)| mib).sum::<f64>())
+    };
+    let warmed = total(soak.windows.get(minute.saturating_sub(1)));
+    let last = total(soak.windows.last());
+    println!(
+        "published {} (errors {}), delivered to the second function {} (duplicates {}, strays {}), dead letters {}",
+        soak.published,
+        soak.publish_errors,
+        soak.delivered,
+        soak.duplicates,
+        soak.strays,
+        soak.dead_letters
+    );
+    let accounted = soak.publish_errors == 0
+        && soak.delivered == soak.published
+        && soak.duplicates == 0
+        && soak.strays == 0
+        && soak.dead_letters == 0;
+    println!(
+        "every event accounted for: {}",
+        if accounted { "yes" } else { "NO" }
+    );
+    println!(
+        "worst window p99: first minute {first_minute:.2} ms, last minute {last_minute:.2} ms ({:.2}×)",
+        last_minute / first_minute.max(1e-9)
+    );
+    println!(
+        "resident memory, all processes: {warmed:.0} MiB after the first minute, {last:.0} MiB at the end ({:+.0} MiB)",
+        last - warmed
+    );
+    write_json(
+        out.as_ref(),
+        &json!({"scenario": "soak", "soak": soak,
+        "p99FirstMinuteMs": first_minute, "p99LastMinuteMs": last_minute,
+        "rssAfterFirstMinuteMiB": warmed, "rssAtEndMiB": last, "accounted": accounted}),
+    )?;
+    if !accounted {
+        anyhow::bail!("events were lost, duplicated or dead-lettered");
+    }
+    Ok(())
 }
