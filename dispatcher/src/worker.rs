@@ -13,12 +13,12 @@ use std::{
 };
 
 use async_nats::{
-    HeaderMap as NatsHeaders, HeaderName, HeaderValue,
+    HeaderMap as NatsHeaders,
     jetstream::{self, AckKind, consumer::PullConsumer},
 };
 use bytes::Bytes;
 use eddy_model::event::{self, Limits};
-use eddy_model::{backoff::Backoff, headers as names, resources::DeliveryPolicy, subject};
+use eddy_model::{backoff::Backoff, headers as names, resources::DeliveryPolicy};
 use eddy_platform::{
     publisher::{PublishFailure, Publisher},
     shutdown::CancellationToken,
@@ -435,7 +435,7 @@ async fn handle(
                 tried(status),
                 Outcome::DeadLetter(reason),
             );
-            dead_letter(
+            crate::deadletter::write(
                 shared,
                 target,
                 &message,
@@ -715,99 +715,10 @@ async fn publish_reply(
     }
 }
 
-/// Stores the event in `EDDY_DEAD_LETTERS` with why, then acks it. When dead letters cannot be
-/// written the event is nak'ed, so it stays in `EDDY_EVENTS` and comes back.
-async fn dead_letter(
-    shared: &Shared,
-    target: &Target,
-    message: &jetstream::Message,
-    reason: Failure,
-    status: Option<u16>,
-    attempt: u32,
-    stream_sequence: u64,
-) {
-    let headers = dead_letter_headers(
-        message.headers.as_ref(),
-        target,
-        reason,
-        status,
-        attempt,
-        stream_sequence,
-    );
-    let subject = subject::dead_letter_subject(&target.namespace, &target.name);
-    let stored = match shared
-        .js
-        .publish_with_headers(subject, headers, message.payload.clone())
-        .await
-    {
-        Ok(ack) => ack.await.map(drop).map_err(|e| e.to_string()),
-        Err(error) => Err(error.to_string()),
-    };
-    match stored {
-        Ok(()) => {
-            shared.metrics.dead_lettered(&target.label, reason);
-            tracing::warn!(
-                %reason, status, attempt, stream_sequence,
-                "event sent to dead letters"
-            );
-            if let Err(error) = message.ack().await {
-                tracing::warn!(%error, "ack after dead-lettering failed");
-            }
-        }
-        Err(error) => {
-            shared
-                .metrics
-                .failure(&target.label, Failure::DeadLetterUnavailable);
-            tracing::error!(%error, %reason, "cannot store the dead letter; the event stays and comes back");
-            let _ = message
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-        }
-    }
-}
-
-/// The original headers (without its message id) plus why it is here.
-pub fn dead_letter_headers(
-    original: Option<&NatsHeaders>,
-    target: &Target,
-    reason: Failure,
-    status: Option<u16>,
-    attempt: u32,
-    stream_sequence: u64,
-) -> NatsHeaders {
-    let mut headers = NatsHeaders::new();
-    if let Some(original) = original {
-        for (name, values) in original.iter() {
-            if AsRef::<str>::as_ref(name).eq_ignore_ascii_case("nats-msg-id") {
-                continue;
-            }
-            for value in values {
-                headers.append(name.clone(), value.clone());
-            }
-        }
-    }
-    let mut set = |name: &'static str, value: String| {
-        if let Ok(value) = value.parse::<HeaderValue>() {
-            headers.insert(HeaderName::from_static(name), value);
-        }
-    };
-    set(names::DLQ_REASON, reason.label().to_owned());
-    if let Some(status) = status {
-        set(names::DLQ_STATUS, status.to_string());
-    }
-    set(names::DLQ_ATTEMPTS, attempt.to_string());
-    set(names::DLQ_SUBSCRIPTION, target.label.clone());
-    set(names::DLQ_STREAM_SEQ, stream_sequence.to_string());
-    headers
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_model::{
-        backoff::{Backoff, BackoffShape},
-        resources::SinkPolicy,
-    };
+    use eddy_model::resources::SinkPolicy;
 
     #[test]
     fn the_sink_cache_follows_function_url_changes() {
@@ -847,40 +758,5 @@ mod tests {
                 status: None
             })
         );
-    }
-
-    #[test]
-    fn dead_letters_keep_the_event_and_say_why() {
-        let mut original = NatsHeaders::new();
-        original.insert("ce-id", "1");
-        original.insert("Nats-Msg-Id", "abc");
-        let target = Target {
-            namespace: "default".into(),
-            name: "s".into(),
-            label: "default/s".into(),
-            sink: "http://f.default.svc.cluster.local".into(),
-            policy: DeliveryPolicy {
-                max_in_flight: 1,
-                max_attempts: 3,
-                backoff: Backoff {
-                    shape: BackoffShape::Constant,
-                    initial: Duration::from_secs(1),
-                    max: Duration::from_secs(1),
-                },
-                timeout: Duration::from_secs(1),
-            },
-        };
-        let headers =
-            dead_letter_headers(Some(&original), &target, Failure::Http5xx, Some(500), 3, 42);
-        assert_eq!(headers.get("ce-id").unwrap().as_str(), "1");
-        assert!(headers.get("Nats-Msg-Id").is_none());
-        assert_eq!(headers.get(names::DLQ_REASON).unwrap().as_str(), "http_5xx");
-        assert_eq!(headers.get(names::DLQ_STATUS).unwrap().as_str(), "500");
-        assert_eq!(headers.get(names::DLQ_ATTEMPTS).unwrap().as_str(), "3");
-        assert_eq!(
-            headers.get(names::DLQ_SUBSCRIPTION).unwrap().as_str(),
-            "default/s"
-        );
-        assert_eq!(headers.get(names::DLQ_STREAM_SEQ).unwrap().as_str(), "42");
     }
 }
