@@ -67,16 +67,18 @@ impl Controller {
         );
 
         let console = Arc::new(eddy_console::DashboardState::new(
-            controller.store.clone(),
-            controller.js.clone(),
-            local.dispatcher_url.clone(),
-            // The dispatcher of `eddy up` takes the same API tokens as the controller.
-            dispatcher_token.as_deref(),
-            // The console calls functions through the gateway of this process.
-            gateway_url,
-            local.bus_url.clone(),
-            local.function_publisher_token.clone(),
-            controller.function_metrics.clone(),
+            eddy_console::DashboardParts {
+                store: controller.store.clone(),
+                js: controller.js.clone(),
+                dispatcher_url: local.dispatcher_url.clone(),
+                // The dispatcher of `eddy up` takes the same API tokens as the controller.
+                dispatcher_token: dispatcher_token.clone(),
+                // The console calls functions through the gateway of this process.
+                gateway_url,
+                bus_url: local.bus_url.clone(),
+                bus_token: local.function_publisher_token.clone(),
+                function_metrics: controller.function_metrics.clone(),
+            },
         ));
         tokio::spawn(eddy_console::sample(
             console.clone(),

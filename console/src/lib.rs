@@ -13,6 +13,7 @@
 //! function, publishing and the dispatcher's admin API are reached through the endpoints here.
 
 mod history;
+mod pages;
 
 use std::{
     convert::Infallible,
@@ -48,6 +49,8 @@ use serde_json::{Value, json};
 use eddy_platform::function_metrics::FunctionMetrics;
 pub use history::Charts;
 use history::{DeliveryTotals, History, Sample};
+pub use pages::invoke::invoke_url;
+use pages::{dead_letters::*, events::*, invoke::*, overview::*, publish::*};
 
 const PAGE: &str = include_str!("page.html");
 
@@ -62,6 +65,26 @@ const SAMPLES_KEPT: usize = 151;
 
 /// The most of a function's answer or an event's data the page is sent.
 const SHOWN_BYTES: usize = 1024 * 1024;
+
+/// What the dashboard is built from.
+pub struct DashboardParts {
+    /// The resource store (Functions, Subscriptions, their status).
+    pub store: Store,
+    /// JetStream, for the live tail and the events' detail.
+    pub js: jetstream::Context,
+    /// The dispatcher's admin API (its delivery counts, dead letters), when there is one.
+    pub dispatcher_url: Option<String>,
+    /// The token the dispatcher's admin API takes.
+    pub dispatcher_token: Option<String>,
+    /// Where Functions are called (the gateway).
+    pub gateway_url: String,
+    /// Where test events are published (the event-bus).
+    pub bus_url: String,
+    /// The token the event-bus takes from publishers.
+    pub bus_token: Option<String>,
+    /// The Functions' call counts, for the charts.
+    pub function_metrics: Arc<FunctionMetrics>,
+}
 
 /// What the dashboard reads and where it sends what the user does.
 pub struct DashboardState {
@@ -104,22 +127,22 @@ fn dispatcher_client(token: Option<&str>) -> reqwest::Client {
 
 impl DashboardState {
     /// The state for these parts, with an empty history.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: Store,
-        js: jetstream::Context,
-        dispatcher_url: Option<String>,
-        dispatcher_token: Option<&str>,
-        gateway_url: String,
-        bus_url: String,
-        bus_token: Option<String>,
-        function_metrics: Arc<FunctionMetrics>,
-    ) -> Self {
+    pub fn new(parts: DashboardParts) -> Self {
+        let DashboardParts {
+            store,
+            js,
+            dispatcher_url,
+            dispatcher_token,
+            gateway_url,
+            bus_url,
+            bus_token,
+            function_metrics,
+        } = parts;
         Self {
             store,
             js,
             dispatcher_url: dispatcher_url.map(|url| url.trim_end_matches('/').to_owned()),
-            http: dispatcher_client(dispatcher_token),
+            http: dispatcher_client(dispatcher_token.as_deref()),
             gateway_url: gateway_url.trim_end_matches('/').to_owned(),
             bus_url: bus_url.trim_end_matches('/').to_owned(),
             bus_token,
@@ -266,530 +289,6 @@ pub fn router(state: Arc<DashboardState>) -> Router {
         .with_state(state)
 }
 
-async fn snapshot(
-    State(state): State<Arc<DashboardState>>,
-    request_headers: HeaderMap,
-) -> Response {
-    let functions = state.store.list::<Function>(None).await.unwrap_or_default();
-    let subscriptions = state
-        .store
-        .list::<Subscription>(None)
-        .await
-        .unwrap_or_default();
-    // As sampled for the charts (every 2 s, as often as the page polls).
-    let counts = state
-        .dispatcher_items
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    let item_of = |namespace: &str, name: &str| {
-        counts
-            .iter()
-            .flatten()
-            .find(|item| item.namespace == namespace && item.name == name)
-    };
-    let subscriptions: Vec<Value> = subscriptions
-        .iter()
-        .map(|sub| {
-            let namespace = sub.metadata.namespace.as_deref().unwrap_or("default");
-            let name = sub.metadata.name.as_deref().unwrap_or("");
-            let item = item_of(namespace, name);
-            let function = resources::parse_function_sink(&sub.spec.sink)
-                .map(|sink| format!("{}/{}", sink.namespace, sink.function));
-            json!({
-                "resource": sub,
-                "counts": item.map(|item| item.counts),
-                "replyTypes": item.map(|item| item.reply_types.as_slice()).unwrap_or_default(),
-                "function": function,
-            })
-        })
-        .collect();
-    // What the tables show, not the functions' source and env (secrets may be in env).
-    let functions: Vec<Value> = functions
-        .iter()
-        .map(|function| {
-            json!({
-                "metadata": {"namespace": function.metadata.namespace, "name": function.metadata.name},
-                "spec": {"runtime": function.spec.runtime},
-                "status": function.status,
-            })
-        })
-        .collect();
-    let body = json!({
-        "functions": functions,
-        "subscriptions": subscriptions,
-        "dispatcher": counts.is_some(),
-        "charts": state.charts(),
-    })
-    .to_string();
-    // The page polls every 2 s: an unchanged state is answered 304 with no body (the browser
-    // revalidates by itself thanks to `no-cache`).
-    let tag = {
-        use sha2::{Digest as _, Sha256};
-        format!("\"{:x}\"", Sha256::digest(body.as_bytes()))
-    };
-    let matches = request_headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|given| given.split(',').any(|one| one.trim() == tag));
-    let mut response = if matches {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            body,
-        )
-            .into_response()
-    };
-    if let Ok(tag) = HeaderValue::from_str(&tag) {
-        response.headers_mut().insert(header::ETAG, tag);
-    }
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
-}
-
-/// The text of `bytes` for the page: UTF-8 (lossy) up to [`SHOWN_BYTES`], and whether it
-/// was cut.
-fn shown(bytes: &[u8]) -> (String, bool) {
-    let cut = bytes.len() > SHOWN_BYTES;
-    let kept = &bytes[..bytes.len().min(SHOWN_BYTES)];
-    (String::from_utf8_lossy(kept).into_owned(), cut)
-}
-
-/// One stored event: its attributes, data, the attempts the dispatcher recorded, its dead
-/// letters and its trace.
-async fn event_detail(
-    State(state): State<Arc<DashboardState>>,
-    Path(sequence): Path<u64>,
-) -> Result<Response, ErrorResponse> {
-    let stream = match state.js.get_stream(EVENTS_STREAM).await {
-        Ok(stream) => stream,
-        Err(error) => {
-            tracing::warn!(%error, "dashboard: no event stream");
-            return Err(ErrorResponse::message(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "event stream unavailable",
-            ));
-        }
-    };
-    let message = match stream.get_raw_message(sequence).await {
-        Ok(message) => message,
-        Err(error) => {
-            use async_nats::jetstream::stream::RawMessageErrorKind as Kind;
-            return if matches!(error.kind(), Kind::NoMessageFound) {
-                Err(ErrorResponse::message(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "no event at sequence {sequence} (never stored, or removed by the stream's limits)"
-                    ),
-                ))
-            } else {
-                tracing::warn!(%error, sequence, "dashboard: cannot read an event");
-                Err(ErrorResponse::message(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "cannot read the event from NATS",
-                ))
-            };
-        }
-    };
-    let mut attributes = serde_json::Map::new();
-    let mut traceparent = None;
-    for (name, values) in message.headers.iter() {
-        let name: &str = name.as_ref();
-        let Some(value) = values.first().map(|v| v.as_str().to_owned()) else {
-            continue;
-        };
-        if let Some(attribute) = name.strip_prefix("ce-") {
-            attributes.insert(attribute.to_owned(), Value::String(value));
-        } else if name.eq_ignore_ascii_case("content-type") {
-            attributes.insert("datacontenttype".to_owned(), Value::String(value));
-        } else if name.eq_ignore_ascii_case(eddy_model::headers::TRACEPARENT) {
-            traceparent = Some(value);
-        }
-    }
-    let (data, truncated) = shown(&message.payload);
-    let trace_id = traceparent
-        .as_deref()
-        .and_then(traces::trace_id_of)
-        .map(str::to_owned);
-    let trace_url = trace_id.as_deref().and_then(traces::ui_link);
-    let (deliveries, dead_letters) = match &state.dispatcher_url {
-        Some(url) => {
-            // Two independent reads of the dispatcher: asked at once, not one after the other.
-            let (deliveries, letters) = futures::join!(
-                state
-                    .http
-                    .get(format!("{url}/deliveries?sequence={sequence}"))
-                    .timeout(Duration::from_secs(2))
-                    .send(),
-                state
-                    .http
-                    .get(format!("{url}/dead-letters"))
-                    .timeout(Duration::from_secs(5))
-                    .send(),
-            );
-            let deliveries = answer::<EventDeliveries>(deliveries)
-                .await
-                .map(|deliveries| deliveries.items);
-            let letters = answer::<DeadLetterList>(letters).await.map(|letters| {
-                letters
-                    .items
-                    .into_iter()
-                    .filter(|letter| letter.stream_sequence == sequence)
-                    .collect::<Vec<_>>()
-            });
-            (deliveries, letters)
-        }
-        None => (None, None),
-    };
-    Ok(Json(json!({
-        "sequence": sequence,
-        "subject": message.subject.as_str(),
-        "stored": eddy_platform::nats::stored_time(message.time.unix_timestamp(), message.time.nanosecond()),
-        "attributes": attributes,
-        "data": data,
-        "truncated": truncated,
-        "deliveriesKnown": deliveries.is_some(),
-        "deliveries": deliveries.unwrap_or_default(),
-        "deadLetters": dead_letters.unwrap_or_default(),
-        "traceId": trace_id,
-        "traceUrl": trace_url,
-    }))
-    .into_response())
-}
-
-/// A test event from the page's form.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PublishForm {
-    #[serde(rename = "type")]
-    ty: String,
-    source: String,
-    /// A new UUID when missing or empty.
-    id: Option<String>,
-    /// Sent as `application/json`.
-    data: Value,
-}
-
-/// Publishes a test event through the event-bus (binary mode), so it is checked and stored
-/// exactly as any publisher's; answers the event-bus's status and message, and the id.
-async fn publish(
-    State(state): State<Arc<DashboardState>>,
-    Json(form): Json<PublishForm>,
-) -> Result<Response, ErrorResponse> {
-    let id = form
-        .id
-        .filter(|id| !id.trim().is_empty())
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    for (field, value) in [("type", &form.ty), ("source", &form.source), ("id", &id)] {
-        if value.trim().is_empty() {
-            return Err(ErrorResponse::message(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("{field}: must not be empty"),
-            ));
-        }
-        // Sent as a `ce-` header: a line break or another control character cannot be.
-        if header::HeaderValue::from_str(value).is_err() {
-            return Err(ErrorResponse::message(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("{field}: must hold no line breaks or other control characters"),
-            ));
-        }
-    }
-    let mut request = state
-        .callers
-        .post(format!("{}/publish", state.bus_url))
-        .header("ce-specversion", "1.0")
-        .header("ce-id", &id)
-        .header("ce-source", &form.source)
-        .header("ce-type", &form.ty)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(form.data.to_string())
-        .timeout(Duration::from_secs(10));
-    if let Some(token) = &state.bus_token {
-        request = request.bearer_auth(token);
-    }
-    match request.send().await {
-        Ok(response) if response.status().is_success() => {
-            Ok(Json(json!({"id": id, "source": form.source, "type": form.ty})).into_response())
-        }
-        Ok(response) => {
-            let status = response.status();
-            let body = response.bytes().await.unwrap_or_default();
-            let message = serde_json::from_slice::<Value>(&body)
-                .ok()
-                .and_then(|body| {
-                    body["error"]
-                        .as_str()
-                        .or_else(|| body["message"].as_str())
-                        .map(str::to_owned)
-                })
-                .unwrap_or_else(|| shown(&body).0);
-            Err(ErrorResponse::message(
-                status,
-                format!("the event-bus refused it: {message}"),
-            ))
-        }
-        Err(error) => {
-            tracing::warn!(%error, "dashboard: cannot reach the event-bus");
-            Err(ErrorResponse::message(
-                StatusCode::BAD_GATEWAY,
-                "the event-bus is not reachable",
-            ))
-        }
-    }
-}
-
-/// A call from the page's form.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InvokeForm {
-    namespace: String,
-    name: String,
-    method: String,
-    /// Path and query after the function's address, from `/`.
-    path: String,
-    #[serde(default)]
-    headers: Vec<(String, String)>,
-    #[serde(default)]
-    body: String,
-}
-
-/// Headers the page may not set on a call: the connection's own.
-const HOP_BY_HOP: [&str; 8] = [
-    "host",
-    "connection",
-    "keep-alive",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-length",
-];
-
-/// The gateway URL of a dashboard call of `namespace/name` at `path`, or `None` when the call
-/// would leave the function's own address. `path` must be visible ASCII (no spaces, tabs or
-/// other controls, which URL parsers drop, and no backslash, which they read as `/`), without a
-/// fragment or a `.`/`..` segment (plain or percent-encoded); and the URL as parsed must still
-/// be under `/<namespace>/<name>`. Pure.
-pub fn invoke_url(gateway: &str, namespace: &str, name: &str, path: &str) -> Option<String> {
-    let path_only = path.split('?').next().unwrap_or_default();
-    let climbs = path_only.split('/').any(|segment| {
-        let segment = segment.to_ascii_lowercase().replace("%2e", ".");
-        segment == ".." || segment == "."
-    });
-    let visible = path
-        .bytes()
-        .all(|b| b.is_ascii_graphic() && b != b'\\' && b != b'#');
-    if !path.starts_with('/') || !visible || climbs {
-        return None;
-    }
-    let url = format!(
-        "{gateway}/{namespace}/{name}{}",
-        if path == "/" { "" } else { path }
-    );
-    let parsed = url::Url::parse(&url).ok()?;
-    let base = format!("/{namespace}/{name}");
-    let inside = parsed.path() == base || parsed.path().starts_with(&format!("{base}/"));
-    inside.then_some(url)
-}
-
-/// Calls a function through the gateway, as any caller would (its access rules apply), and
-/// answers the status, headers, body and time taken.
-async fn invoke(
-    State(state): State<Arc<DashboardState>>,
-    Json(form): Json<InvokeForm>,
-) -> Result<Response, ErrorResponse> {
-    if !resources::is_dns1123_label(&form.namespace) {
-        return Err(ErrorResponse::message(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "namespace: not a namespace name",
-        ));
-    }
-    if !resources::is_dns1035_label(&form.name) {
-        return Err(ErrorResponse::message(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "name: not a function name",
-        ));
-    }
-    let Ok(method) = reqwest::Method::from_bytes(form.method.as_bytes()) else {
-        return Err(ErrorResponse::message(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "method: not an HTTP method",
-        ));
-    };
-    let Some(url) = invoke_url(&state.gateway_url, &form.namespace, &form.name, &form.path) else {
-        return Err(ErrorResponse::message(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "path: must start with / and hold only visible ASCII, no backslash, fragment or . and .. segments",
-        ));
-    };
-    let mut headers = reqwest::header::HeaderMap::new();
-    for (name, value) in &form.headers {
-        let (Ok(header_name), Ok(header_value)) = (
-            reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()),
-            reqwest::header::HeaderValue::from_str(value.trim()),
-        ) else {
-            return Err(ErrorResponse::message(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("headers: {name:?} is not a valid header"),
-            ));
-        };
-        if HOP_BY_HOP.contains(&header_name.as_str()) {
-            continue;
-        }
-        headers.append(header_name, header_value);
-    }
-    let started = Instant::now();
-    let sent = state
-        .callers
-        .request(method, url)
-        .headers(headers)
-        .body(form.body)
-        .timeout(Duration::from_secs(300))
-        .send()
-        .await;
-    let response = match sent {
-        Ok(response) => response,
-        Err(error) => {
-            tracing::debug!(%error, "dashboard: the call failed");
-            return Err(ErrorResponse::message(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "the call failed: {}",
-                    if error.is_timeout() {
-                        "no answer within 5 minutes"
-                    } else {
-                        "the gateway is not reachable"
-                    }
-                ),
-            ));
-        }
-    };
-    let status = response.status().as_u16();
-    let answer_headers: Vec<(String, String)> = response
-        .headers()
-        .iter()
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
-    let mut body = Vec::new();
-    let mut truncated = false;
-    let mut response = response;
-    loop {
-        match response.chunk().await {
-            Ok(None) => break,
-            Ok(Some(chunk)) => {
-                let room = SHOWN_BYTES.saturating_sub(body.len());
-                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                if chunk.len() > room {
-                    truncated = true;
-                    break;
-                }
-            }
-            Err(error) => {
-                tracing::debug!(%error, "dashboard: the answer broke off");
-                truncated = true;
-                break;
-            }
-        }
-    }
-    Ok(Json(json!({
-        "status": status,
-        "headers": answer_headers,
-        "body": String::from_utf8_lossy(&body),
-        "truncated": truncated,
-        "millis": started.elapsed().as_secs_f64() * 1000.0,
-    }))
-    .into_response())
-}
-
-/// Sends a request to the dispatcher's admin API and answers what it answered.
-async fn to_dispatcher(
-    state: &DashboardState,
-    request: impl FnOnce(&reqwest::Client, &str) -> reqwest::RequestBuilder,
-) -> Result<Response, ErrorResponse> {
-    let Some(url) = &state.dispatcher_url else {
-        return Err(ErrorResponse::message(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no dispatcher is configured (--dispatcher-url)",
-        ));
-    };
-    match request(&state.http, url)
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await
-    {
-        Ok(response) => {
-            let status =
-                StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-            let body = response.bytes().await.unwrap_or_default();
-            Ok((
-                status,
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                )],
-                body,
-            )
-                .into_response())
-        }
-        Err(error) => {
-            tracing::warn!(%error, "dashboard: cannot reach the dispatcher");
-            Err(ErrorResponse::message(
-                StatusCode::BAD_GATEWAY,
-                "the dispatcher is not reachable",
-            ))
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct DeadLetterQuery {
-    subscription: Option<String>,
-}
-
-async fn dead_letters(
-    State(state): State<Arc<DashboardState>>,
-    Query(query): Query<DeadLetterQuery>,
-) -> Result<Response, ErrorResponse> {
-    to_dispatcher(&state, |http, url| match &query.subscription {
-        Some(subscription) => http.get(format!(
-            "{url}/dead-letters?{}",
-            url::form_urlencoded::Serializer::new(String::new())
-                .append_pair("subscription", subscription)
-                .finish()
-        )),
-        None => http.get(format!("{url}/dead-letters")),
-    })
-    .await
-}
-
-async fn redrive(
-    State(state): State<Arc<DashboardState>>,
-    Path((namespace, name)): Path<(String, String)>,
-) -> Result<Response, ErrorResponse> {
-    if !resources::is_dns1123_label(&namespace) || !resources::is_dns1123_subdomain(&name) {
-        return Err(ErrorResponse::message(
-            StatusCode::NOT_FOUND,
-            "no such subscription",
-        ));
-    }
-    to_dispatcher(&state, |http, url| {
-        http.post(format!("{url}/subscriptions/{namespace}/{name}/redrive"))
-    })
-    .await
-}
-
 /// A successful answer of the dispatcher, read as `T`: every typed answer the console reads
 /// goes through here (a failed or unreadable one is `None`).
 async fn answer<T: serde::de::DeserializeOwned>(
@@ -799,91 +298,6 @@ async fn answer<T: serde::de::DeserializeOwned>(
         Ok(response) if response.status().is_success() => response.json().await.ok(),
         _ => None,
     }
-}
-
-fn summary(message: &jetstream::Message) -> Value {
-    let header = |name: &str| {
-        message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_default()
-    };
-    let info = message.info().ok();
-    let sequence = info.as_ref().map_or(0, |info| info.stream_sequence);
-    let mut time = header("ce-time");
-    if time.is_empty() {
-        // No `time` attribute: show when JetStream stored it.
-        if let Some(published) = info.map(|info| info.published) {
-            time = eddy_platform::nats::stored_time(
-                published.unix_timestamp(),
-                published.nanosecond(),
-            );
-        }
-    }
-    json!({
-        "sequence": sequence,
-        "type": header("ce-type"),
-        "source": header("ce-source"),
-        "id": header("ce-id"),
-        "time": time,
-        "bytes": message.payload.len(),
-    })
-}
-
-async fn tail(State(state): State<Arc<DashboardState>>) -> Response {
-    let unavailable =
-        || (StatusCode::SERVICE_UNAVAILABLE, "event stream unavailable").into_response();
-    let mut stream = match state.js.get_stream(EVENTS_STREAM).await {
-        Ok(stream) => stream,
-        Err(error) => {
-            tracing::warn!(%error, "dashboard tail: no stream");
-            return unavailable();
-        }
-    };
-    // The last TAIL_HISTORY events first, then what comes.
-    let start = match stream.info().await {
-        Ok(info) => info
-            .state
-            .last_sequence
-            .saturating_sub(TAIL_HISTORY - 1)
-            .max(1),
-        Err(_) => 1,
-    };
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: start,
-            },
-            ..Default::default()
-        })
-        .await;
-    let messages = match consumer {
-        Ok(consumer) => consumer.messages().await,
-        Err(error) => {
-            tracing::warn!(%error, "dashboard tail: cannot create consumer");
-            return unavailable();
-        }
-    };
-    let messages = match messages {
-        Ok(messages) => messages,
-        Err(error) => {
-            tracing::warn!(%error, "dashboard tail: cannot read the consumer");
-            return unavailable();
-        }
-    };
-    let events = messages.filter_map(|message| async move {
-        let message = message.ok()?;
-        Some(Ok::<_, Infallible>(
-            Event::default()
-                .event("cloudevent")
-                .data(summary(&message).to_string()),
-        ))
-    });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
 }
 
 #[cfg(test)]
