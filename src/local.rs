@@ -63,7 +63,7 @@ impl Controller {
                 exposures.clone(),
                 max_body,
             )
-            .with_bypass_token(local.platform_token.as_deref()),
+            .with_bypass_token(local.platform.platform_token.as_deref()),
         );
 
         let console = Arc::new(eddy_console::DashboardState::new(

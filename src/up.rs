@@ -109,23 +109,12 @@ pub struct Args {
     /// started separately (to scale delivery, or restart it alone).
     #[arg(long = "no-dispatcher", env = "EDDY_NO_DISPATCHER")]
     pub no_dispatcher: bool,
-    /// The token the gateway accepts for every function and the dispatcher sends (new for each
-    /// run when not given); give separately started dispatchers the same.
-    #[arg(
-        long = "platform-token",
-        env = "EDDY_PLATFORM_TOKEN",
-        hide_env_values = true
-    )]
-    pub platform_token: Option<String>,
-    /// Sink URLs Subscriptions may use besides functions (comma-separated), compared as URLs:
-    /// `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
-    #[arg(
-        long = "allowed-sinks",
-        env = "EDDY_ALLOWED_SINKS",
-        value_delimiter = ',',
-        value_parser = eddy_model::resources::parse_allowed_sink
-    )]
-    pub allowed_sinks: Vec<String>,
+    /// The token the gateway accepts for every function and the dispatcher sends.
+    #[command(flatten)]
+    pub platform: eddy_platform::flags::PlatformTokenArgs,
+    /// Where Subscriptions may deliver besides functions.
+    #[command(flatten)]
+    pub sinks: eddy_platform::flags::SinkArgs,
     /// Bearer tokens for the controller API, the dashboard and the dispatcher's admin API.
     #[command(flatten)]
     pub api_auth: eddy_platform::auth::ApiTokenArgs,
@@ -317,7 +306,7 @@ impl Platform {
         controller_args.nats = self.nats_args(args, User::Controller);
         controller_args.local.data_dir = args.data_dir.clone();
         controller_args.local.functions = args.functions.clone();
-        controller_args.allowed_sinks = args.allowed_sinks.clone();
+        controller_args.sinks = args.sinks.clone();
         controller_args.local.bus_url = self.bus_url.clone();
         controller_args.local.dispatcher_url = dispatcher
             .as_ref()
@@ -328,10 +317,11 @@ impl Platform {
         // The dispatcher reaches functions with `access.mode: token` with a token of its own,
         // new for each run unless one is given.
         let platform_token = args
+            .platform
             .platform_token
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        controller_args.local.platform_token = Some(platform_token.clone());
+        controller_args.local.platform.platform_token = Some(platform_token.clone());
         let controller = crate::local::Controller::new(
             controller_args,
             format!("http://{gateway_local}"),
@@ -360,10 +350,10 @@ impl Platform {
         let mut dispatcher_args = eddy_dispatcher::Args::new(dispatcher_local, nats_url);
         dispatcher_args.ack_wait = args.ack_wait;
         dispatcher_args.nats = self.nats_args(args, User::Dispatcher);
-        dispatcher_args.allowed_sinks = args.allowed_sinks.clone();
+        dispatcher_args.sinks = args.sinks.clone();
         dispatcher_args.api_auth = args.api_auth.clone();
         dispatcher_args.serve = args.serve.clone();
-        dispatcher_args.platform_token = Some(platform_token);
+        dispatcher_args.platform.platform_token = Some(platform_token);
         dispatcher_args.gateway = self.gateway_in_process.clone();
         let dispatcher =
             eddy_dispatcher::Dispatcher::new(dispatcher_args, self.token.child_token()).await?;

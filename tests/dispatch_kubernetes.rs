@@ -41,7 +41,7 @@ async fn start_dispatcher(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut args = eddy_dispatcher::Args::new(addr, platform.nats.url());
-    args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
+    args.sinks.allowed_sinks = vec!["http://127.0.0.1:".parse().unwrap()];
     args.subscriptions_from = eddy_dispatcher::SubscriptionsFrom::Kubernetes;
     args.kyma_compatibility = kyma;
     let shutdown = eddy_platform::shutdown::CancellationToken::new();

@@ -19,7 +19,6 @@ pub mod subscriptions;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use axum::Router;
-use eddy_model::resources::SinkPolicy;
 use eddy_platform::{
     nats::NatsArgs,
     shutdown::CancellationToken,
@@ -315,16 +314,9 @@ pub struct Args {
     /// NATS connection.
     #[command(flatten)]
     pub nats: NatsArgs,
-    /// Sink URLs Subscriptions may use besides function Services (comma-separated), compared as
-    /// URLs: `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
-    /// Everything else is refused, so Subscriptions cannot be used to reach arbitrary hosts.
-    #[arg(
-        long = "allowed-sinks",
-        env = "EDDY_ALLOWED_SINKS",
-        value_delimiter = ',',
-        value_parser = eddy_model::resources::parse_allowed_sink
-    )]
-    pub allowed_sinks: Vec<String>,
+    /// Where Subscriptions may deliver besides function Services.
+    #[command(flatten)]
+    pub sinks: eddy_platform::flags::SinkArgs,
     /// Connection limits of each listener (API, gateway).
     #[command(flatten)]
     pub serve: eddy_platform::net::ServeArgs,
@@ -369,14 +361,9 @@ pub struct LocalArgs {
     /// Directory for builds and logs.
     #[arg(long = "data-dir", env = "EDDY_DATA_DIR", default_value = ".eddy")]
     pub data_dir: PathBuf,
-    /// A token the gateway accepts for every function, whatever its `access`: the dispatcher
-    /// sends it with deliveries (give both the same).
-    #[arg(
-        long = "platform-token",
-        env = "EDDY_PLATFORM_TOKEN",
-        hide_env_values = true
-    )]
-    pub platform_token: Option<String>,
+    /// The token the gateway accepts for every function.
+    #[command(flatten)]
+    pub platform: eddy_platform::flags::PlatformTokenArgs,
     /// A publish-only token given to function instances (`EDDY_PUBLISHER_TOKEN`), which their
     /// `emitCloudEvent` sends, for an event-bus that requires tokens.
     #[arg(
@@ -572,7 +559,7 @@ impl Controller {
             backend: _,
             api_addr: _,
             nats,
-            allowed_sinks,
+            sinks,
             serve: eddy_platform::net::ServeArgs { drain_timeout, .. },
             api_auth,
             local:
@@ -583,7 +570,7 @@ impl Controller {
                     dispatcher_url: _,
                     functions,
                     data_dir,
-                    platform_token: _,
+                    platform: _,
                     function_publisher_token,
                 },
             kubernetes: _,
@@ -598,9 +585,7 @@ impl Controller {
             .await?;
         let js = async_nats::jetstream::new(client);
         let store = open_store(&js, &shutdown).await?;
-        let sinks = SinkPolicy {
-            allowed: allowed_sinks,
-        };
+        let sinks = sinks.policy();
         tokio::spawn(subscriptions::run(
             store.clone(),
             js.clone(),

@@ -186,9 +186,7 @@ mod tests {
 
     fn index() -> SubscriptionIndex {
         SubscriptionIndex::new(
-            SinkPolicy {
-                allowed: vec!["http://127.0.0.1:*".to_owned()],
-            },
+            SinkPolicy::parse(&["http://127.0.0.1:*"]).unwrap(),
             ACK_WAIT,
         )
     }

@@ -18,7 +18,7 @@ pub mod worker;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use eddy_model::{event::Limits, resources::SinkPolicy};
+use eddy_model::event::Limits;
 use eddy_platform::{
     nats::{NatsArgs, StreamArgs, dead_letter_stream_config, ensure_stream},
     publisher::{AckLimits, Publisher},
@@ -102,15 +102,9 @@ pub struct Args {
     /// Settings of the streams (the dead-letter stream takes the same limits as the events).
     #[command(flatten)]
     pub stream: StreamArgs,
-    /// Sink URLs allowed besides function Services (comma-separated), compared as URLs:
-    /// `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
-    #[arg(
-        long = "allowed-sinks",
-        env = "EDDY_ALLOWED_SINKS",
-        value_delimiter = ',',
-        value_parser = eddy_model::resources::parse_allowed_sink
-    )]
-    pub allowed_sinks: Vec<String>,
+    /// Where Subscriptions may deliver besides function Services.
+    #[command(flatten)]
+    pub sinks: eddy_platform::flags::SinkArgs,
     /// Where Subscriptions are read from.
     #[arg(
         long = "subscriptions-from",
@@ -146,14 +140,10 @@ pub struct Args {
     /// Connection limits of the admin listener.
     #[command(flatten)]
     pub serve: eddy_platform::net::ServeArgs,
-    /// The token the local gateway accepts for every function (`eddy controller
-    /// --platform-token`), sent with deliveries to function sinks it resolves.
-    #[arg(
-        long = "platform-token",
-        env = "EDDY_PLATFORM_TOKEN",
-        hide_env_values = true
-    )]
-    pub platform_token: Option<String>,
+    /// The token the local gateway accepts for every function, sent with deliveries to the
+    /// function sinks it resolves.
+    #[command(flatten)]
+    pub platform: eddy_platform::flags::PlatformTokenArgs,
     /// Bearer tokens for the admin API (dead letters, replay, metrics).
     #[command(flatten)]
     pub api_auth: eddy_platform::auth::ApiTokenArgs,
@@ -204,14 +194,14 @@ impl Dispatcher {
             addr: _,
             nats,
             stream,
-            allowed_sinks,
+            sinks,
             subscriptions_from: _,
             kyma_compatibility,
             sink_resolution,
             ack_wait,
             max_reply_size,
             serve,
-            platform_token,
+            platform: eddy_platform::flags::PlatformTokenArgs { platform_token },
             api_auth,
             gateway,
         } = args;
@@ -224,9 +214,7 @@ impl Dispatcher {
             )
             .await?;
         let js = async_nats::jetstream::new(client.clone());
-        let policy = SinkPolicy {
-            allowed: allowed_sinks,
-        };
+        let policy = sinks.policy();
         let (source, sinks) = match kube {
             Some(kube) => {
                 ensure_with_retry(&js, &stream, &shutdown).await?;

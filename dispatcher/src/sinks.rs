@@ -183,9 +183,7 @@ mod tests {
 
     #[test]
     fn the_platform_token_goes_only_to_functions_behind_the_gateway() {
-        let policy = SinkPolicy {
-            allowed: vec!["http://127.0.0.1:9000/".into()],
-        };
+        let policy = SinkPolicy::parse(&["http://127.0.0.1:9000/"]).unwrap();
         let sinks = Sinks::new(Resolution::Local, policy).with_platform_token(Some("t0k"));
         sinks.set_function_url(
             "shop",
@@ -240,9 +238,7 @@ mod tests {
     fn other_sinks_need_an_allowed_prefix() {
         let sinks = Sinks::new(
             Resolution::Direct,
-            SinkPolicy {
-                allowed: vec!["http://127.0.0.1:".into()],
-            },
+            SinkPolicy::parse(&["http://127.0.0.1:"]).unwrap(),
         );
         assert_eq!(
             sinks.url_of("http://127.0.0.1:9000/x").unwrap(),
@@ -252,12 +248,7 @@ mod tests {
             sinks.url_of("http://10.0.0.1/x"),
             Err(never(Failure::SinkNotAllowed))
         );
-        let anything = Sinks::new(
-            Resolution::Direct,
-            SinkPolicy {
-                allowed: vec!["*".to_owned()],
-            },
-        );
+        let anything = Sinks::new(Resolution::Direct, SinkPolicy::parse(&["*"]).unwrap());
         assert_eq!(
             anything.url_of("https://example.com/x"),
             Ok("https://example.com/x".to_owned()),

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ext_authz::{ExtensionProvider, ExtensionProviders, HttpAuthorizerSpec};
-use crate::resources::FieldError;
+use crate::resources::{FieldError, parse_go_duration};
 
 /// The API group of Kyma's Istio resource.
 pub const GROUP: &str = "operator.kyma-project.io";
@@ -146,38 +146,6 @@ pub fn honoured<'a>(all: impl IntoIterator<Item = &'a Istio>) -> Option<&'a Isti
                 .cmp(&created(b))
                 .then_with(|| a.metadata.name.cmp(&b.metadata.name))
         })
-}
-
-/// A Kubernetes (Go) duration: a sequence of numbers with units `h`, `m`, `s`, `ms`, `us`
-/// (`µs`) and `ns`, such as `1m30s` or `1.5s`. Pure.
-pub fn parse_go_duration(text: &str) -> Option<std::time::Duration> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut seconds = 0.0_f64;
-    while !rest.is_empty() {
-        let number_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..number_end].parse().ok()?;
-        rest = &rest[number_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        rest = &rest[unit_end..];
-        seconds += number * scale;
-    }
-    (seconds.is_finite() && seconds > 0.0).then(|| std::time::Duration::from_secs_f64(seconds))
 }
 
 /// Kyma's name of a field of Istio's `envoyExtAuthzHttp`, for messages.
@@ -420,15 +388,5 @@ spec:
             Some("default")
         );
         assert!(honoured(&all[1..2]).is_none());
-    }
-
-    #[test]
-    fn kubernetes_durations_read() {
-        assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
-        assert_eq!(parse_go_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_go_duration("1.5h"), Some(Duration::from_secs(5400)));
-        for bad in ["", "5", "s", "1x", "-1s", "0s"] {
-            assert_eq!(parse_go_duration(bad), None, "{bad}");
-        }
     }
 }

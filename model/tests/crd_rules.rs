@@ -88,9 +88,7 @@ fn subscription_rules_match_local_validation() {
     let schema = schema_of(&Subscription::crd());
     // On Kubernetes any http(s) sink passes the schema; where it may point is the controller's
     // policy, so the local side is given an open policy here.
-    let open = SinkPolicy {
-        allowed: vec!["http://".into(), "https://".into()],
-    };
+    let open = SinkPolicy::parse(&["http://", "https://"]).expect("entries");
     for (case, patch, valid) in subscription_cases() {
         let object = defaulted(&schema, &merged(&base_subscription(), &patch));
         let cel = cel_accepts(&schema, &object);

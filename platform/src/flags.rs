@@ -11,6 +11,46 @@ use eddy_model::apirule::{
 use eddy_model::ext_authz::ExtensionProviders;
 use eddy_model::resources::FieldError;
 
+/// Where Subscriptions may deliver besides Function Services: one flag for every component
+/// that checks sinks (the controller, the dispatcher, `eddy up`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SinkArgs {
+    /// Sink URLs Subscriptions may use besides function Services (comma-separated), compared as
+    /// URLs: `http://host:port/path`, `http://host:*` (any port), `https://` (any host), `*`.
+    /// Everything else is refused, so Subscriptions cannot be used to reach arbitrary hosts.
+    #[arg(
+        long = "allowed-sinks",
+        env = "EDDY_ALLOWED_SINKS",
+        value_delimiter = ',',
+        value_parser = eddy_model::resources::parse_allowed_sink
+    )]
+    pub allowed_sinks: Vec<eddy_model::resources::AllowedSink>,
+}
+
+impl SinkArgs {
+    /// The sink policy these entries make.
+    pub fn policy(&self) -> eddy_model::resources::SinkPolicy {
+        eddy_model::resources::SinkPolicy {
+            allowed: self.allowed_sinks.clone(),
+        }
+    }
+}
+
+/// The token the gateway accepts for every Function, which the dispatcher sends: one flag for
+/// the controller's gateway, the dispatcher and `eddy up`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PlatformTokenArgs {
+    /// A token the gateway accepts for every function, whatever its `access`, and the
+    /// dispatcher sends with deliveries to the functions it resolves: give both the same
+    /// (`eddy up` makes a new one for each run when none is given).
+    #[arg(
+        long = "platform-token",
+        env = "EDDY_PLATFORM_TOKEN",
+        hide_env_values = true
+    )]
+    pub platform_token: Option<String>,
+}
+
 /// How Kyma's APIRules are served, for the controller (their status says whether they are
 /// honoured, and the URL) and the gateways (they route by them) alike.
 #[derive(Debug, Clone, clap::Args)]

@@ -146,10 +146,12 @@ impl Platform {
             gateway_addr: local,
             api_addr: local,
             dispatcher_addr: local,
-            allowed_sinks: vec![
-                "http://127.0.0.1:".to_owned(),
-                "https://127.0.0.1:".to_owned(),
-            ],
+            sinks: eddy_platform::flags::SinkArgs {
+                allowed_sinks: vec![
+                    "http://127.0.0.1:".parse().unwrap(),
+                    "https://127.0.0.1:".parse().unwrap(),
+                ],
+            },
             no_dispatcher: true,
             bus_tokens: options.bus_tokens.clone(),
             ..eddy_platform::flags::defaults()
@@ -186,9 +188,9 @@ impl Platform {
     pub async fn start_dispatcher(&self, ack_wait: Duration) -> String {
         let (listener, addr) = listener().await;
         let mut args = eddy_dispatcher::Args::new(addr, self.nats.url());
-        args.allowed_sinks = vec!["http://127.0.0.1:".to_owned()];
+        args.sinks.allowed_sinks = vec!["http://127.0.0.1:".parse().unwrap()];
         args.ack_wait = ack_wait;
-        args.platform_token = Some(self.platform_token.clone());
+        args.platform.platform_token = Some(self.platform_token.clone());
         // As `eddy up` starts it: deliveries to functions call the gateway in this process.
         args.gateway = self._up.gateway_in_process.clone();
         let token = self.shutdown.child_token();

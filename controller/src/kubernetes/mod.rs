@@ -179,9 +179,7 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
         config.headers.push((http::header::USER_AGENT, agent));
     }
     let client = Client::try_from(config)?;
-    let sinks = SinkPolicy {
-        allowed: args.allowed_sinks.clone(),
-    };
+    let sinks = args.sinks.policy();
     let mut context = Context::new(client.clone(), args.kubernetes.render_config(), sinks);
     context.git_poll_interval = args.local.functions.git_poll_interval;
     context.kyma_compatibility = args.kubernetes.kyma_compatibility;

@@ -274,12 +274,21 @@ impl DeliveryPolicy {
 /// Where a sink may point.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SinkPolicy {
-    /// Sink URLs allowed besides function Services, each compared as a URL (see
+    /// Sink URLs allowed besides function Services, parsed where the flag is read (see
     /// [`AllowedSink`]): `http://127.0.0.1:9000/hooks`, `http://127.0.0.1:*`, `https://`, `*`.
-    pub allowed: Vec<String>,
+    pub allowed: Vec<AllowedSink>,
 }
 
 impl SinkPolicy {
+    /// The policy of these `--allowed-sinks` entries, or why one is not an entry.
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, InvalidAllowedSink> {
+        let allowed = entries
+            .iter()
+            .map(|entry| entry.as_ref().parse())
+            .collect::<Result<_, _>>()?;
+        Ok(Self { allowed })
+    }
+
     /// The sink as a normalized URL (dot segments resolved) when an allowed entry covers it.
     /// Userinfo is never allowed: `http://127.0.0.1:9@10.0.0.1/` names host 10.0.0.1.
     pub fn allowed_url(&self, sink: &str) -> Option<url::Url> {
@@ -289,10 +298,19 @@ impl SinkPolicy {
         }
         self.allowed
             .iter()
-            .filter_map(|entry| entry.parse::<AllowedSink>().ok())
             .any(|allowed| allowed.covers(&url))
             .then_some(url)
     }
+}
+
+/// An `--allowed-sinks` entry that is not one: the entry, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("allowed sink `{entry}`: {problem}")]
+pub struct InvalidAllowedSink {
+    /// The entry as given.
+    pub entry: String,
+    /// What is wrong with it.
+    pub problem: String,
 }
 
 /// One entry of the sink policy. Scheme, host and port are compared as parsed from a URL, and
@@ -316,28 +334,30 @@ pub enum AllowedSink {
 }
 
 impl std::str::FromStr for AllowedSink {
-    type Err = String;
+    type Err = InvalidAllowedSink;
 
     fn from_str(entry: &str) -> Result<Self, Self::Err> {
         let entry = entry.trim();
         if entry == "*" {
             return Ok(Self::Any);
         }
-        let (scheme, rest) = entry.split_once("://").ok_or_else(|| {
-            format!("allowed sink `{entry}`: expected scheme://host[:port][/path] or *")
-        })?;
+        let invalid = |problem: &str| InvalidAllowedSink {
+            entry: entry.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let (scheme, rest) = entry
+            .split_once("://")
+            .ok_or_else(|| invalid("expected scheme://host[:port][/path] or *"))?;
         let scheme = scheme.to_ascii_lowercase();
         if scheme != "http" && scheme != "https" {
-            return Err(format!(
-                "allowed sink `{entry}`: the scheme must be http or https"
-            ));
+            return Err(invalid("the scheme must be http or https"));
         }
         let (authority, path) = match rest.find('/') {
             Some(slash) => (&rest[..slash], &rest[slash..]),
             None => (rest, "/"),
         };
         if authority.contains('@') {
-            return Err(format!("allowed sink `{entry}`: userinfo is not allowed"));
+            return Err(invalid("userinfo is not allowed"));
         }
         if authority.is_empty() {
             return Ok(Self::Url {
@@ -355,10 +375,10 @@ impl std::str::FromStr for AllowedSink {
             None => (authority, false),
         };
         let parsed = url::Url::parse(&format!("{scheme}://{authority}{path}"))
-            .map_err(|error| format!("allowed sink `{entry}`: {error}"))?;
+            .map_err(|error| invalid(&error.to_string()))?;
         let host = parsed
             .host_str()
-            .ok_or_else(|| format!("allowed sink `{entry}`: no host"))?
+            .ok_or_else(|| invalid("no host"))?
             .to_owned();
         Ok(Self::Url {
             scheme,
@@ -405,9 +425,9 @@ impl AllowedSink {
     }
 }
 
-/// Checks one `--allowed-sinks` entry (a clap value parser).
-pub fn parse_allowed_sink(entry: &str) -> Result<String, String> {
-    entry.parse::<AllowedSink>().map(|_| entry.to_owned())
+/// One `--allowed-sinks` entry (a clap value parser).
+pub fn parse_allowed_sink(entry: &str) -> Result<AllowedSink, InvalidAllowedSink> {
+    entry.parse()
 }
 
 /// A sink that names a Function's Service.
