@@ -18,6 +18,9 @@ pub const NODEJS_SDK: &str = include_str!("../runtimes/nodejs/sdk.js");
 pub const PYTHON_SERVER: &str = include_str!("../runtimes/python/server.py");
 /// The Python runtimes' own libraries, pinned with hashes.
 pub const PYTHON_REQUIREMENTS: &str = include_str!("../runtimes/python/requirements.txt");
+/// The platform's part of every Python runtime (a spare becoming an instance, secrets on stdin),
+/// a module shipped beside each Python server.
+pub const PYTHON_PLATFORM: &str = include_str!("../runtimes/python/eddy_platform.py");
 /// The python314 runtime's server: Kyma's new runtime API (Flask on gevent).
 pub const PYTHON314_SERVER: &str = include_str!("../runtimes/python314/server.py");
 /// The python314 runtime's own libraries, pinned with hashes as Kyma pins them.
@@ -35,6 +38,8 @@ pub struct RuntimeFiles {
     pub server_file: &'static str,
     /// The server's code.
     pub server: &'static str,
+    /// Modules the server imports, written beside it (name, contents).
+    pub modules: &'static [(&'static str, &'static str)],
     /// Where the user's code goes.
     pub handler_file: &'static str,
     /// Where the user's dependencies go.
@@ -57,6 +62,7 @@ pub fn files(runtime: Runtime) -> RuntimeFiles {
             RuntimeFiles {
                 server_file: "server.mjs",
                 server: NODEJS_SERVER,
+                modules: &[],
                 handler_file: "handler.js",
                 dependencies_file: "package.json",
                 dockerfile: NODEJS_DOCKERFILE,
@@ -71,6 +77,7 @@ pub fn files(runtime: Runtime) -> RuntimeFiles {
         Runtime::Python311 | Runtime::Python312 => RuntimeFiles {
             server_file: "server.py",
             server: PYTHON_SERVER,
+            modules: &[("eddy_platform.py", PYTHON_PLATFORM)],
             handler_file: "handler.py",
             dependencies_file: "requirements.txt",
             dockerfile: PYTHON_DOCKERFILE,
@@ -80,6 +87,7 @@ pub fn files(runtime: Runtime) -> RuntimeFiles {
         Runtime::Python314 => RuntimeFiles {
             server_file: "server.py",
             server: PYTHON314_SERVER,
+            modules: &[("eddy_platform.py", PYTHON_PLATFORM)],
             handler_file: "handler.py",
             dependencies_file: "requirements.txt",
             dockerfile: PYTHON_DOCKERFILE,

@@ -17,6 +17,7 @@ import uuid
 from urllib.parse import unquote
 
 import bottle
+import eddy_platform
 from cheroot import wsgi
 
 # Only bottle and cheroot load before the first request is answered. The CloudEvents SDK loads
@@ -24,49 +25,10 @@ from cheroot import wsgi
 # TRACE_COLLECTOR_ENDPOINT is set), prometheus_client once the first call is answered: each
 # costs tens of milliseconds of a cold start that a first request need not pay.
 
-
-
-def become_instance():
-    """Locally eddy keeps a warm spare of each runtime in use: this server started ahead of need,
-    bottle and cheroot loaded, waiting for the one instance it becomes. Its first line on stdin
-    names that instance's environment and directory; everything below reads them."""
-    import json
-
-    # Loaded ahead here, where it costs nothing: a spare's first call is often a CloudEvent.
-    import cloudevents.http  # noqa: F401
-
-    sys.stdout.write("eddy-spare-ready\n")
-    sys.stdout.flush()
-    line = sys.stdin.readline()
-    if not line:
-        sys.exit(0)  # stdin closed before a line came: no instance is wanted
-    spec = json.loads(line)
-    os.environ.clear()
-    os.environ.update(spec["env"])
-    os.chdir(spec["dir"])
-    sys.path[0] = spec["dir"]  # as if the server had started there
-    if hasattr(time, "tzset"):
-        time.tzset()
-
-
 if os.environ.get("EDDY_SPARE"):
-    become_instance()
-
-
-def read_secrets():
-    """A cold-started instance gets its secrets (below) as one JSON line on stdin, not in its
-    environment, which every process of the same user can read in /proc/<pid>/environ."""
-    import json
-
-    line = sys.stdin.readline()
-    if not line.endswith("\n"):
-        # Without its secret an instance would take calls from anyone on the machine.
-        sys.exit("eddy: the instance's secrets did not arrive on stdin")
-    os.environ.update(json.loads(line))
-
-
-if os.environ.pop("EDDY_SECRETS_ON_STDIN", None):
-    read_secrets()
+    # Loaded ahead, where it costs nothing: a spare's first call is often a CloudEvent.
+    import cloudevents.http  # noqa: F401
+eddy_platform.start()
 
 env = os.environ
 function_name = env.get("FUNC_NAME", "")
@@ -85,12 +47,9 @@ if env.get("FUNC_BODY_MB_LIMIT"):
 else:
     bottle.BaseRequest.MEMFILE_MAX = int(env.get("FUNC_MEMFILE_MAX", str(100 * 1024 * 1024)))
 
-# Locally the gateway sends this secret with every request, so an instance's loopback port cannot
-# be called around the gateway's access checks. Kept out of the function's sight, as is the
-# publish-only token emitCloudEvent sends.
-instance_secret = env.pop("EDDY_INSTANCE_SECRET", "").encode()
-publisher_token = env.pop("EDDY_PUBLISHER_TOKEN", "")
-SECRET_ENVIRON_KEY = "HTTP_X_EDDY_INSTANCE_SECRET"
+# The gateway's secret and the publish-only token emitCloudEvent sends, out of the function's sight.
+instance_secret, publisher_token = eddy_platform.take_secrets()
+SECRET_ENVIRON_KEY = eddy_platform.SECRET_ENVIRON_KEY
 
 
 def log(*parts):

@@ -3,7 +3,7 @@ which reads the request from Flask's `flask.request` and answers as a Flask view
 WSGI server serves it with SERVER_NUMTHREADS greenlets, and the `sdk` module gives the CloudEvent,
 event publishing, the tracer and the function's settings (docs/functions.md). The platform's
 parts (a warm spare becoming an instance, secrets on stdin, the gateway's instance secret, Secret
-mounts read locally) are those of eddy's other Python runtimes.
+mounts read locally) are those of eddy's other Python runtimes (eddy_platform.py).
 """
 
 import hmac
@@ -11,54 +11,17 @@ import importlib
 import os
 import signal
 import sys
-import time
 import traceback
 import types
 import uuid
 
+# A spare loads its libraries before it waits to become an instance.
+import eddy_platform
+import flask
+import gevent
+from gevent import pywsgi
 
-def become_instance():
-    """Locally eddy keeps a warm spare of each runtime in use: this server started ahead of need,
-    Flask and gevent loaded, waiting for the one instance it becomes. Its first line on stdin
-    names that instance's environment and directory; everything below reads them."""
-    import json
-
-    sys.stdout.write("eddy-spare-ready\n")
-    sys.stdout.flush()
-    line = sys.stdin.readline()
-    if not line:
-        sys.exit(0)  # stdin closed before a line came: no instance is wanted
-    spec = json.loads(line)
-    os.environ.clear()
-    os.environ.update(spec["env"])
-    os.chdir(spec["dir"])
-    sys.path[0] = spec["dir"]  # as if the server had started there
-    if hasattr(time, "tzset"):
-        time.tzset()
-
-
-import flask  # noqa: E402 - a spare loads its libraries before it waits
-import gevent  # noqa: E402
-from gevent import pywsgi  # noqa: E402
-
-if os.environ.get("EDDY_SPARE"):
-    become_instance()
-
-
-def read_secrets():
-    """A cold-started instance gets its secrets (below) as one JSON line on stdin, not in its
-    environment, which every process of the same user can read in /proc/<pid>/environ."""
-    import json
-
-    line = sys.stdin.readline()
-    if not line.endswith("\n"):
-        # Without its secret an instance would take calls from anyone on the machine.
-        sys.exit("eddy: the instance's secrets did not arrive on stdin")
-    os.environ.update(json.loads(line))
-
-
-if os.environ.pop("EDDY_SECRETS_ON_STDIN", None):
-    read_secrets()
+eddy_platform.start()
 
 env = os.environ
 function_name = env.get("FUNC_NAME", "")
@@ -78,12 +41,10 @@ module_name = env.get("HANDLER_MOD_NAME") or env.get("MOD_NAME") or "handler"
 handler_name = env.get("HANDLER_FUNC_NAME") or env.get("FUNC_HANDLER") or "main"
 publisher_address = env.get("PUBLISHER_PROXY_ADDRESS", "")
 
-# Locally the gateway sends this secret with every request, so an instance's loopback port cannot
-# be called around the gateway's access checks. Kept out of the function's sight, as is the
-# publish-only token emit_cloud_event sends.
-instance_secret = env.pop("EDDY_INSTANCE_SECRET", "").encode()
-publisher_token = env.pop("EDDY_PUBLISHER_TOKEN", "")
-SECRET_ENVIRON_KEY = "HTTP_X_EDDY_INSTANCE_SECRET"
+# The gateway's secret and the publish-only token emit_cloud_event sends, out of the function's
+# sight.
+instance_secret, publisher_token = eddy_platform.take_secrets()
+SECRET_ENVIRON_KEY = eddy_platform.SECRET_ENVIRON_KEY
 
 
 def log(*parts):

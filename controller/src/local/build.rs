@@ -176,6 +176,9 @@ async fn build_reported(
         None => files.server.to_owned(),
     };
     write(dir.join(files.server_file), server).await?;
+    for (name, contents) in files.modules {
+        write(dir.join(name), (*contents).to_owned()).await?;
+    }
     if runtime.node_major().is_some() {
         // Ends Node.js's search for the nearest package.json here, so nothing above the build
         // decides whether handler.js is CommonJS or an ES module.

@@ -331,20 +331,28 @@ impl Spares {
             return Ok((server, dir));
         }
         let dir = self.dir.join(key.runtime.as_str());
-        let server = dir.join(files.server_file);
-        if tokio::fs::read_to_string(&server).await.ok().as_deref() != Some(files.server) {
+        // The modules first: a server is never there without what it imports.
+        for (name, contents) in files
+            .modules
+            .iter()
+            .chain(std::iter::once(&(files.server_file, files.server)))
+        {
+            let path = dir.join(name);
+            if tokio::fs::read_to_string(&path).await.ok().as_deref() == Some(*contents) {
+                continue;
+            }
             tokio::fs::create_dir_all(&dir)
                 .await
                 .map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
-            let partial = dir.join(format!(".{}.partial", files.server_file));
-            tokio::fs::write(&partial, files.server)
+            let partial = dir.join(format!(".{name}.partial"));
+            tokio::fs::write(&partial, contents)
                 .await
                 .map_err(|error| format!("cannot write {}: {error}", partial.display()))?;
-            tokio::fs::rename(&partial, &server)
+            tokio::fs::rename(&partial, &path)
                 .await
-                .map_err(|error| format!("cannot write {}: {error}", server.display()))?;
+                .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
         }
-        Ok((server, dir))
+        Ok((dir.join(files.server_file), dir))
     }
 }
 

@@ -18,6 +18,9 @@ pub(super) fn build_context(
     for (name, contents) in files.libraries {
         data.insert(format!("runtime-{name}"), (*contents).to_owned());
     }
+    for (name, contents) in files.modules {
+        data.insert((*name).to_owned(), (*contents).to_owned());
+    }
     if let Source::Inline(inline) = source {
         data.insert(files.handler_file.to_owned(), inline.source.clone());
         if !inline.dependencies.trim().is_empty() {
