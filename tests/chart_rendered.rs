@@ -12,12 +12,8 @@ use std::{
     process::Command,
 };
 
-use eddy_testing::control_plane;
+use eddy_testing::control_plane::{self, repo};
 use serde_yaml_ng::Value;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn tool(relative: &str) -> PathBuf {
     control_plane::tool(relative).unwrap()

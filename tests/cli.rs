@@ -3,28 +3,14 @@
 
 mod support;
 
-use std::{sync::Arc, time::Duration};
-
-use axum::{http::StatusCode, response::IntoResponse};
+use axum::http::StatusCode;
 use serde_json::Value;
 use support::{Platform, Sink};
 
 #[tokio::test]
 async fn apply_get_publish_dlq_redrive_replay_delete() {
     let platform = Platform::start().await;
-    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let switch = healthy.clone();
-    let sink = Sink::start(
-        Duration::ZERO,
-        Arc::new(move |_, _| {
-            if switch.load(std::sync::atomic::Ordering::SeqCst) {
-                StatusCode::OK.into_response()
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE.into_response()
-            }
-        }),
-    )
-    .await;
+    let (sink, healthy) = Sink::switchable(StatusCode::SERVICE_UNAVAILABLE).await;
     let dir = tempfile::tempdir().unwrap();
     let manifest = dir.path().join("sub.yaml");
     std::fs::write(

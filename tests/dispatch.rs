@@ -715,19 +715,7 @@ async fn invalid_subscriptions_are_refused_naming_the_field() {
 #[tokio::test]
 async fn dead_letters_can_be_redriven_and_events_replayed() {
     let platform = Platform::start().await;
-    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let switch = healthy.clone();
-    let sink = Sink::start(
-        Duration::ZERO,
-        Arc::new(move |_, _| {
-            if switch.load(std::sync::atomic::Ordering::SeqCst) {
-                StatusCode::OK.into_response()
-            } else {
-                StatusCode::INTERNAL_SERVER_ERROR.into_response()
-            }
-        }),
-    )
-    .await;
+    let (sink, healthy) = Sink::switchable(StatusCode::INTERNAL_SERVER_ERROR).await;
     let bystander = Sink::ok().await;
     platform
         .subscribe(
@@ -1292,56 +1280,22 @@ async fn tls_sink(
     pki: &eddy_testing::pki::Pki,
     received: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 ) -> u16 {
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.path("server.pem"))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, received) = (acceptor.clone(), received.clone());
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let service = hyper::service::service_fn(
-                    move |request: http::Request<hyper::body::Incoming>| {
-                        let id = request
-                            .headers()
-                            .get("ce-id")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or_default()
-                            .to_owned();
-                        received
-                            .lock()
-                            .unwrap()
-                            .push((id, request.uri().path().to_owned()));
-                        async {
-                            Ok::<_, std::convert::Infallible>(http::Response::new(
-                                http_body_util::Full::new(bytes::Bytes::new()),
-                            ))
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                    .await;
-            });
-        }
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let id = request
+            .headers()
+            .get("ce-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        received
+            .lock()
+            .unwrap()
+            .push((id, request.uri().path().to_owned()));
+        async {}
     });
-    port
+    eddy_testing::pki::serve_tls(pki, "127.0.0.1", app)
+        .await
+        .port()
 }
 
 /// An `https://` sink (allowed by the sink policy) gets its events over TLS, its certificate

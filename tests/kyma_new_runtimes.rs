@@ -13,28 +13,12 @@ use std::time::Duration;
 
 use eddy_testing::eventually;
 use serde_json::{Value, json};
+use support::kyma::{json_answer, text};
 use support::{Options, Platform, Sink};
 
+/// Deploys `source` on `runtime` as `name` with `env`.
 async fn deploy_on(platform: &Platform, runtime: &str, name: &str, source: &str, env: Value) {
-    platform
-        .deploy(
-            name,
-            json!({"runtime": runtime, "source": {"inline": {"source": source}}, "env": env}),
-        )
-        .await;
-}
-
-async fn text(response: reqwest::Response) -> (u16, String) {
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap())
-}
-
-async fn json_answer(request: reqwest::RequestBuilder) -> Value {
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    let body = response.text().await.unwrap();
-    assert!(status.is_success(), "{status}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"))
+    support::kyma::deploy_on(platform, runtime, name, source, json!({"env": env})).await;
 }
 
 fn binary_event(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {

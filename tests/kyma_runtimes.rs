@@ -14,30 +14,11 @@ use axum::{Router, body::Bytes, extract::State, routing::post};
 use eddy_testing::eventually;
 use serde_json::{Value, json};
 use support::Platform;
+use support::kyma::{deploy_on, json_answer, text};
 
 /// Deploys `source` as a nodejs20 function named `name`, with `extra` merged into the spec.
 async fn deploy(platform: &Platform, name: &str, source: &str, extra: Value) {
     deploy_on(platform, "nodejs20", name, source, extra).await;
-}
-
-/// Deploys `source` on `runtime` as `name`, with `extra` merged into the spec.
-async fn deploy_on(platform: &Platform, runtime: &str, name: &str, source: &str, extra: Value) {
-    let mut spec = json!({"runtime": runtime, "source": {"inline": {"source": source}}});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-        for (key, value) in extra {
-            if key == "dependencies" {
-                spec["source"]["inline"]["dependencies"] = value.clone();
-            } else {
-                spec.insert(key.clone(), value.clone());
-            }
-        }
-    }
-    platform.deploy(name, spec).await;
-}
-
-async fn text(response: reqwest::Response) -> (u16, String) {
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap())
 }
 
 /// The value of an unlabelled sample in Prometheus text.
@@ -54,11 +35,6 @@ async fn function_metrics(platform: &Platform, name: &str) -> String {
     platform
         .get_text(&format!("{}/default/{name}/metrics", platform.gateway))
         .await
-}
-
-/// The JSON a request's answer carries.
-async fn json_answer(request: reqwest::RequestBuilder) -> Value {
-    request.send().await.unwrap().json().await.unwrap()
 }
 
 /// Sends function `name` a binary-mode CloudEvent (its subject percent-encoded); its answer.

@@ -120,3 +120,50 @@ fn make(dir: &std::path::Path, ip: &str) {
         ]);
     }
 }
+
+/// Serves `app` over HTTPS (HTTP/1.1) on a free port of `ip`, with `pki`'s server certificate
+/// (made for that address), until the test ends. Its address.
+pub async fn serve_tls(pki: &Pki, ip: &str, app: axum::Router) -> std::net::SocketAddr {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    #[allow(clippy::expect_used)] // A harness that cannot serve fails the test it serves.
+    let (listener, acceptor) = {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_file_iter(pki.path("server.pem"))
+                .expect("the server certificate")
+                .collect::<Result<_, _>>()
+                .expect("the server certificate");
+        let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).expect("the server key");
+        let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("the server certificate and key");
+        let listener = tokio::net::TcpListener::bind((ip, 0))
+            .await
+            .expect("a free port");
+        (
+            listener,
+            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)),
+        )
+    };
+    #[allow(clippy::expect_used)]
+    let addr = listener.local_addr().expect("the bound address");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use eddy_model::resources::{Function, validate_function, validate_subscription};
 use eddy_testing::{
-    control_plane::{ControlPlane, chart_copy, run, run_with_input},
+    control_plane::{ControlPlane, chart_copy, repo, run, run_with_input},
     eventually,
 };
 use k8s_openapi::api::{
@@ -57,10 +57,6 @@ const BASE_VALUES: &[&str] = &[
     "gateway.expose.mode=none",
     "eventBus.stream.replicas=1",
 ];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// One test at a time in this process (`cargo test`); nextest runs this binary's tests one
 /// at a time through its test group.

@@ -92,37 +92,7 @@ pub async fn serve_jwks() -> (String, Fetches) {
 /// Serves the issuer's JWKS over HTTPS on `ip` with `pki`'s server certificate (made for that
 /// address) and counts its fetches.
 pub async fn serve_jwks_tls(pki: &eddy_testing::pki::Pki, ip: &str) -> (String, Fetches) {
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
     let (app, fetches) = jwks_app();
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.path("server.pem"))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
-    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
-    let url = format!("https://{}/jwks", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, app) = (acceptor.clone(), app.clone());
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let service = hyper_util::service::TowerToHyperService::new(app);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                    .await;
-            });
-        }
-    });
-    (url, fetches)
+    let addr = eddy_testing::pki::serve_tls(pki, ip, app).await;
+    (format!("https://{addr}/jwks"), fetches)
 }

@@ -4,6 +4,7 @@
 
 pub mod jwt;
 pub mod kube_mock;
+pub mod kyma;
 pub mod registry;
 
 use std::{
@@ -481,6 +482,24 @@ impl Sink {
     /// Answers `status` to everything, at once.
     pub async fn answering(status: StatusCode) -> Self {
         Self::start(Duration::ZERO, Arc::new(move |_, _| status.into_response())).await
+    }
+
+    /// Answers `failing` until the switch it returns is turned on, then 200.
+    pub async fn switchable(failing: StatusCode) -> (Self, Arc<std::sync::atomic::AtomicBool>) {
+        let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let switch = healthy.clone();
+        let sink = Self::start(
+            Duration::ZERO,
+            Arc::new(move |_, _| {
+                if switch.load(std::sync::atomic::Ordering::SeqCst) {
+                    StatusCode::OK.into_response()
+                } else {
+                    failing.into_response()
+                }
+            }),
+        )
+        .await;
+        (sink, healthy)
     }
 
     /// `behaviour(request, attempt_of_this_event)` decides the answer; `delay` before answering.

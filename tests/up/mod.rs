@@ -2,11 +2,7 @@
 //! read from what it prints, stopped with a signal.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
-    time::Duration,
-};
+use std::{path::Path, process::Stdio, time::Duration};
 
 use eddy_testing::eventually;
 use serde_json::{Value, json};
@@ -24,9 +20,7 @@ pub struct Up {
     pub output: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+pub use eddy_testing::control_plane::repo;
 
 impl Up {
     /// `eddy up` on free ports with `extra` flags and `env`, once it says "ready".
