@@ -9,6 +9,7 @@
 
 mod apirule;
 mod apply;
+pub mod args;
 mod function;
 mod kyma;
 pub mod leader;
