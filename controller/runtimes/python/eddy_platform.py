@@ -1,6 +1,7 @@
 """The platform's part of eddy's Python runtimes, shipped beside each of their servers (python311
 and python312's, python314's): a warm spare becoming the instance it is handed, an instance's
-secrets arriving on stdin, and the secrets an instance keeps out of its function's sight.
+secrets arriving on stdin, the secrets an instance keeps out of its function's sight, and
+Secret mounts read locally.
 """
 
 import json
@@ -57,3 +58,45 @@ def take_secrets():
         os.environ.pop("EDDY_INSTANCE_SECRET", "").encode(),
         os.environ.pop("EDDY_PUBLISHER_TOKEN", ""),
     )
+
+
+def install_secret_mounts(text):
+    """Locally a Secret cannot be mounted at the path the manifest names (it may be /etc/secrets,
+    and there is no container): its files are in a private directory (`text` maps each mount
+    path to it, as JSON), and the handler's reads of the mount path are sent there (os's
+    functions, and so pathlib's, and open). On Kubernetes the Secret is a volume and this is
+    unused."""
+    import builtins
+    import io
+
+    mounts = [(os.path.abspath(path).rstrip("/"), directory) for path, directory in json.loads(text).items()]
+    # The deepest mount first: `/s/inner` inside `/s` shows its own Secret, as on Kubernetes.
+    mounts.sort(key=lambda mount: len(mount[0]), reverse=True)
+
+    def remap(target):
+        try:
+            path = os.fspath(target)
+        except TypeError:
+            return target
+        if not isinstance(path, str):
+            return target
+        absolute = os.path.abspath(path)
+        for mount_path, directory in mounts:
+            if absolute == mount_path or absolute.startswith(mount_path + "/"):
+                return directory + absolute[len(mount_path) :]
+        return target
+
+    def wrap(module, name):
+        original = getattr(module, name)
+
+        def remapped(*args, **kwargs):
+            if args:
+                args = (remap(args[0]), *args[1:])
+            return original(*args, **kwargs)
+
+        setattr(module, name, remapped)
+
+    for name in ("open", "stat", "lstat", "listdir", "scandir", "access"):
+        wrap(os, name)
+    wrap(builtins, "open")
+    io.open = builtins.open

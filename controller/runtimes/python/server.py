@@ -151,51 +151,8 @@ metrics_recorder = Metrics()
 
 # ---- secret mounts ------------------------------------------------------------------------------
 
-# Locally a Secret cannot be mounted at the path the manifest names (it may be /etc/secrets, and
-# there is no container): the files are in a private directory, and the handler's reads of the
-# mount path are sent there. On Kubernetes the Secret is a volume and this is unused.
-
-
-def install_secret_mounts(text):
-    import builtins
-    import io
-    import json
-
-    mounts = [(os.path.abspath(path).rstrip("/"), directory) for path, directory in json.loads(text).items()]
-    # The deepest mount first: `/s/inner` inside `/s` shows its own Secret, as on Kubernetes.
-    mounts.sort(key=lambda mount: len(mount[0]), reverse=True)
-
-    def remap(target):
-        try:
-            path = os.fspath(target)
-        except TypeError:
-            return target
-        if not isinstance(path, str):
-            return target
-        absolute = os.path.abspath(path)
-        for mount_path, directory in mounts:
-            if absolute == mount_path or absolute.startswith(mount_path + "/"):
-                return directory + absolute[len(mount_path) :]
-        return target
-
-    def wrap(module, name):
-        original = getattr(module, name)
-
-        def remapped(*args, **kwargs):
-            if args:
-                args = (remap(args[0]), *args[1:])
-            return original(*args, **kwargs)
-
-        setattr(module, name, remapped)
-
-    for name in ("open", "stat", "lstat", "listdir", "scandir", "access"):
-        wrap(os, name)
-    wrap(builtins, "open")
-    io.open = builtins.open
-
-
 if env.get("EDDY_SECRET_MOUNTS"):
-    install_secret_mounts(env.pop("EDDY_SECRET_MOUNTS"))
+    eddy_platform.install_secret_mounts(env.pop("EDDY_SECRET_MOUNTS"))
 
 # ---- the function -------------------------------------------------------------------------------
 
