@@ -85,81 +85,65 @@ pub(super) async fn job_success_applies_the_deployment_service_and_autoscaler_an
         "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
         rendered.hash
     );
-    let deployment = to_json(&rendered.deployment);
     let (result, bodies) = run_function(
         function.clone(),
-        vec![
-            expect(
-                Method::GET,
-                format!("{}/{job_name}", base("jobs")),
-                move |_| (200, job),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/reserve-stock{APPLY}", base("deployments")),
-                applied(
-                    deployment.clone(),
-                    merged(
-                        deployment_ready(1, 1),
-                        json!({"metadata": deployment["metadata"].clone()}),
+        [
+            built_then_workload_applied(&rendered, &job_name, job, 1),
+            vec![
+                expect(
+                    Method::PATCH,
+                    format!("{}/reserve-stock{APPLY}", base("hpas")),
+                    applied(
+                        to_json(&rendered.autoscaler.clone().expect("autoscaled")),
+                        json!({}),
                     ),
                 ),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/reserve-stock{APPLY}", base("services")),
-                applied(to_json(&rendered.service), json!({})),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/reserve-stock{APPLY}", base("hpas")),
-                applied(
-                    to_json(&rendered.autoscaler.clone().expect("autoscaled")),
-                    json!({}),
+                expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
+                    (
+                        200,
+                        metadata_list("Job", &["reserve-stock-build-0123456789abcdef0123"]),
+                    )
+                }),
+                expect(
+                    Method::DELETE,
+                    format!("{}/reserve-stock-build-0123456789abcdef0123?", base("jobs")),
+                    |body| {
+                        assert_eq!(
+                            body["propagationPolicy"], "Background",
+                            "the build pod goes with its Job"
+                        );
+                        (
+                            200,
+                            json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                        )
+                    },
                 ),
-            ),
-            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
-                (
-                    200,
-                    metadata_list("Job", &["reserve-stock-build-0123456789abcdef0123"]),
-                )
-            }),
-            expect(
-                Method::DELETE,
-                format!("{}/reserve-stock-build-0123456789abcdef0123?", base("jobs")),
-                |body| {
-                    assert_eq!(
-                        body["propagationPolicy"], "Background",
-                        "the build pod goes with its Job"
-                    );
-                    (
-                        200,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                    )
-                },
-            ),
-            expect(
-                Method::GET,
-                format!("{}{superseded}", base("configmaps")),
-                |_| {
-                    (
-                        200,
-                        metadata_list("ConfigMap", &["reserve-stock-0123456789abcdef0123"]),
-                    )
-                },
-            ),
-            expect(
-                Method::DELETE,
-                format!("{}/reserve-stock-0123456789abcdef0123?", base("configmaps")),
-                |_| {
-                    (
-                        200,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                    )
-                },
-            ),
-            function_status_write(&function),
-        ],
+                expect(
+                    Method::GET,
+                    format!("{}{superseded}", base("configmaps")),
+                    |_| {
+                        (
+                            200,
+                            metadata_list("ConfigMap", &["reserve-stock-0123456789abcdef0123"]),
+                        )
+                    },
+                ),
+                expect(
+                    Method::DELETE,
+                    format!("{}/reserve-stock-0123456789abcdef0123?", base("configmaps")),
+                    |_| {
+                        (
+                            200,
+                            json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                        )
+                    },
+                ),
+                function_status_write(&function),
+            ],
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
     )
     .await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
@@ -481,46 +465,30 @@ pub(super) async fn a_scale_change_builds_nothing_and_drops_the_autoscaler() {
         "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
         rendered.hash
     );
-    let deployment = to_json(&rendered.deployment);
     let (result, bodies) = run_function(
         function.clone(),
-        vec![
-            expect(
-                Method::GET,
-                format!("{}/{job_name}", base("jobs")),
-                move |_| (200, job),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/reserve-stock{APPLY}", base("deployments")),
-                applied(
-                    deployment.clone(),
-                    merged(
-                        deployment_ready(2, 2),
-                        json!({"metadata": deployment["metadata"].clone()}),
-                    ),
+        [
+            built_then_workload_applied(&rendered, &job_name, job, 2),
+            vec![
+                expect(
+                    Method::DELETE,
+                    format!("{}/reserve-stock?", base("hpas")),
+                    not_found,
                 ),
-            ),
-            expect(
-                Method::PATCH,
-                format!("{}/reserve-stock{APPLY}", base("services")),
-                applied(to_json(&rendered.service), json!({})),
-            ),
-            expect(
-                Method::DELETE,
-                format!("{}/reserve-stock?", base("hpas")),
-                not_found,
-            ),
-            expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
-                (200, metadata_list("Job", &[]))
-            }),
-            expect(
-                Method::GET,
-                format!("{}{superseded}", base("configmaps")),
-                |_| (200, metadata_list("ConfigMap", &[])),
-            ),
-            function_status_write(&function),
-        ],
+                expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
+                    (200, metadata_list("Job", &[]))
+                }),
+                expect(
+                    Method::GET,
+                    format!("{}{superseded}", base("configmaps")),
+                    |_| (200, metadata_list("ConfigMap", &[])),
+                ),
+                function_status_write(&function),
+            ],
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
     )
     .await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
@@ -653,4 +621,38 @@ fn every_rendered_object_is_owned_by_its_function_without_finalizers() {
         assert!(meta.finalizers.is_none());
         assert_eq!(meta.namespace.as_deref(), Some("shop"));
     }
+}
+
+/// The reconcile of a Function whose build Job (`job`) is done: the Job read, then its
+/// Deployment (answered ready with `replicas`) and Service applied.
+fn built_then_workload_applied(
+    rendered: &Rendered,
+    job_name: &str,
+    job: Value,
+    replicas: i32,
+) -> Vec<Exchange> {
+    let deployment = to_json(&rendered.deployment);
+    vec![
+        expect(
+            Method::GET,
+            format!("{}/{job_name}", base("jobs")),
+            move |_| (200, job),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("deployments")),
+            applied(
+                deployment.clone(),
+                merged(
+                    deployment_ready(i64::from(replicas), replicas),
+                    json!({"metadata": deployment["metadata"].clone()}),
+                ),
+            ),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("services")),
+            applied(to_json(&rendered.service), json!({})),
+        ),
+    ]
 }
