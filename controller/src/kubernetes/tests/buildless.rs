@@ -67,7 +67,7 @@ async fn a_buildless_function_is_deployed_without_a_build() {
     let deployment = to_json(&rendered.deployment);
     let rolling = json!({"metadata": {"generation": 2},
         "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1}});
-    let exchanges = vec![
+    let exchanges: Vec<Exchange> = vec![
         expect(
             Method::PATCH,
             format!(
@@ -77,27 +77,13 @@ async fn a_buildless_function_is_deployed_without_a_build() {
             ),
             applied(to_json(&rendered.config_map), json!({})),
         ),
-        expect(
-            Method::PATCH,
-            format!("{}/reserve-stock{APPLY}", base("deployments")),
-            applied(
-                deployment.clone(),
-                merged(rolling, json!({"metadata": deployment["metadata"].clone()})),
-            ),
-        ),
-        expect(
-            Method::PATCH,
-            format!("{}/reserve-stock{APPLY}", base("services")),
-            applied(to_json(&rendered.service), json!({})),
-        ),
-        expect(
-            Method::PATCH,
-            format!("{}/reserve-stock{APPLY}", base("hpas")),
-            applied(
-                to_json(&rendered.autoscaler.clone().expect("autoscaled")),
-                json!({}),
-            ),
-        ),
+    ]
+    .into_iter()
+    .chain(workload_applied(
+        &rendered,
+        merged(rolling, json!({"metadata": deployment["metadata"].clone()})),
+    ))
+    .chain([
         // Not available yet: the pods of this build are read, and one no node takes is said.
         expect(
             Method::GET,
@@ -119,7 +105,8 @@ async fn a_buildless_function_is_deployed_without_a_build() {
             },
         ),
         function_status_write(&function),
-    ];
+    ])
+    .collect();
     let (client, server) = api_server(exchanges);
     let mut context = Context::new(client, buildless_config(), SinkPolicy::default());
     context.clock = test_now;
@@ -206,7 +193,7 @@ pub(super) async fn a_cluster_wide_package_registry_secret_is_copied_and_mounted
                 "eddy.dev/copy-of": "kyma-system.serverless-package-registry-config"}},
         "type": "Opaque", "data": {".npmrc": encoded},
     });
-    let exchanges = vec![
+    let exchanges: Vec<Exchange> = vec![
         expect(
             Method::GET,
             "/api/v1/namespaces/shop/secrets/serverless-package-registry-config",
@@ -231,24 +218,10 @@ pub(super) async fn a_cluster_wide_package_registry_secret_is_copied_and_mounted
             ),
             applied(to_json(&rendered.config_map), json!({})),
         ),
-        expect(
-            Method::PATCH,
-            format!("{}/reserve-stock{APPLY}", base("deployments")),
-            applied(deployment.clone(), json!({})),
-        ),
-        expect(
-            Method::PATCH,
-            format!("{}/reserve-stock{APPLY}", base("services")),
-            applied(to_json(&rendered.service), json!({})),
-        ),
-        expect(
-            Method::PATCH,
-            format!("{}/reserve-stock{APPLY}", base("hpas")),
-            applied(
-                to_json(&rendered.autoscaler.clone().expect("autoscaled")),
-                json!({}),
-            ),
-        ),
+    ]
+    .into_iter()
+    .chain(workload_applied(&rendered, json!({})))
+    .chain([
         expect(
             Method::GET,
             format!(
@@ -264,7 +237,8 @@ pub(super) async fn a_cluster_wide_package_registry_secret_is_copied_and_mounted
             },
         ),
         function_status_write(&function),
-    ];
+    ])
+    .collect();
     let (client, server) = api_server(exchanges);
     let mut context = Context::new(client, buildless_config(), SinkPolicy::default());
     context.clock = test_now;

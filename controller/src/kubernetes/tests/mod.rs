@@ -486,3 +486,28 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         "the chart grants more than the reconcilers use (recorded: {used:?})"
     );
 }
+
+/// A Function's Deployment (answered with `deployment_answer` merged over what was applied),
+/// Service and HPA applied, in that order.
+fn workload_applied(rendered: &Rendered, deployment_answer: Value) -> Vec<Exchange> {
+    vec![
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("deployments")),
+            applied(to_json(&rendered.deployment), deployment_answer),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("services")),
+            applied(to_json(&rendered.service), json!({})),
+        ),
+        expect(
+            Method::PATCH,
+            format!("{}/reserve-stock{APPLY}", base("hpas")),
+            applied(
+                to_json(&rendered.autoscaler.clone().expect("autoscaled")),
+                json!({}),
+            ),
+        ),
+    ]
+}
