@@ -11,6 +11,7 @@ pub mod installer;
 pub mod pool;
 pub mod progress;
 pub mod spares;
+pub mod start;
 pub mod toolchain;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};

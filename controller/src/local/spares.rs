@@ -30,6 +30,7 @@ use tokio::{
     sync::{Notify, oneshot},
 };
 
+use crate::local::start::StartError;
 use crate::runtimes;
 
 /// The line a spare prints once its libraries are loaded.
@@ -258,14 +259,14 @@ impl Spares {
                         slot.idle.push_back(spare);
                     }
                 }
-                Err(message) => {
+                Err(error) => {
                     let mut slots = self.slots.lock();
                     if let Some(slot) = slots.get_mut(&key) {
                         slot.failures += 1;
                         let delay = RESPAWN.delay(slot.failures);
                         slot.refill_after = Some(Instant::now() + delay);
                         wake = wake.min(delay);
-                        tracing::warn!(runtime = key.runtime.as_str(), %message, retry_in = ?delay, "cannot start a warm spare");
+                        tracing::warn!(runtime = key.runtime.as_str(), %error, retry_in = ?delay, "cannot start a warm spare");
                     }
                 }
             }
@@ -273,13 +274,16 @@ impl Spares {
         wake
     }
 
-    async fn spawn(&self, key: &SpareKey) -> Result<Spare, String> {
+    async fn spawn(&self, key: &SpareKey) -> Result<Spare, StartError> {
         let (server, dir) = self.server_of(key).await?;
-        let (reader, writer) =
-            std::io::pipe().map_err(|error| format!("cannot create a pipe: {error}"))?;
-        let writer_too = writer
-            .try_clone()
-            .map_err(|error| format!("cannot duplicate a pipe: {error}"))?;
+        let (reader, writer) = std::io::pipe().map_err(|source| StartError::Pipe {
+            what: "cannot create a pipe",
+            source,
+        })?;
+        let writer_too = writer.try_clone().map_err(|source| StartError::Pipe {
+            what: "cannot duplicate a pipe",
+            source,
+        })?;
         let mut command = tokio::process::Command::new(&key.program);
         command
             .arg(&server)
@@ -296,14 +300,18 @@ impl Spares {
         // The command holds the pipe's writing end; it must close here, so the reader sees the
         // end when the spare exits.
         drop(command);
-        let mut child =
-            spawned.map_err(|error| format!("cannot run {}: {error}", key.program.display()))?;
-        let stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| "the spare has no stdin".to_owned())?;
-        let output = tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into())
-            .map_err(|error| format!("cannot read the spare's output: {error}"))?;
+        let mut child = spawned.map_err(|source| StartError::Run {
+            program: key.program.clone(),
+            source,
+        })?;
+        let stdin = child.stdin.take().ok_or(StartError::NoStdin)?;
+        let output =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()).map_err(|source| {
+                StartError::Pipe {
+                    what: "cannot read the spare's output",
+                    source,
+                }
+            })?;
         let loaded = Arc::new(AtomicBool::new(false));
         let (log, log_file) = oneshot::channel();
         tokio::spawn(forward_output(
@@ -323,7 +331,7 @@ impl Spares {
 
     /// The server file a spare of `key` runs, and the directory it starts in: the same file a
     /// build of that runtime copies.
-    async fn server_of(&self, key: &SpareKey) -> Result<(PathBuf, PathBuf), String> {
+    async fn server_of(&self, key: &SpareKey) -> Result<(PathBuf, PathBuf), StartError> {
         let files = runtimes::files(key.runtime);
         if let Some(bundle) = files.bundled_server {
             let server = key.libraries.join(bundle);
@@ -341,16 +349,24 @@ impl Spares {
             if tokio::fs::read_to_string(&path).await.ok().as_deref() == Some(*contents) {
                 continue;
             }
+            let io = |action, path: &Path| {
+                let path = path.to_path_buf();
+                move |source| StartError::Io {
+                    action,
+                    path,
+                    source,
+                }
+            };
             tokio::fs::create_dir_all(&dir)
                 .await
-                .map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
+                .map_err(io("create", &dir))?;
             let partial = dir.join(format!(".{name}.partial"));
             tokio::fs::write(&partial, contents)
                 .await
-                .map_err(|error| format!("cannot write {}: {error}", partial.display()))?;
+                .map_err(io("write", &partial))?;
             tokio::fs::rename(&partial, &path)
                 .await
-                .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+                .map_err(io("write", &path))?;
         }
         Ok((dir.join(files.server_file), dir))
     }
@@ -369,21 +385,21 @@ impl Spare {
         env: &[(OsString, OsString)],
         dir: &Path,
         log: std::fs::File,
-    ) -> Result<tokio::process::Child, String> {
+    ) -> Result<tokio::process::Child, StartError> {
         let vars = env_object(env)?;
         let dir_text = dir
             .to_str()
-            .ok_or_else(|| format!("{} is not UTF-8", dir.display()))?;
-        let mut line = serde_json::to_vec(&serde_json::json!({"env": vars, "dir": dir_text}))
-            .map_err(|error| error.to_string())?;
+            .ok_or_else(|| StartError::NotUtf8(dir.display().to_string()))?;
+        let mut line = serde_json::to_vec(&serde_json::json!({"env": vars, "dir": dir_text}))?;
         line.push(b'\n');
-        self.log
-            .send(log)
-            .map_err(|_| "the spare's output has closed".to_owned())?;
+        self.log.send(log).map_err(|_| StartError::SpareGone)?;
         self.stdin
             .write_all(&line)
             .await
-            .map_err(|error| format!("cannot hand the spare its instance: {error}"))?;
+            .map_err(|source| StartError::Pipe {
+                what: "cannot hand the spare its instance",
+                source,
+            })?;
         // Closed: an instance reads nothing on stdin.
         drop(self.stdin);
         Ok(self.child)
@@ -394,14 +410,14 @@ impl Spare {
 /// hand-over, a cold start's secrets). Only UTF-8 names and values can be sent.
 pub fn env_object(
     env: &[(OsString, OsString)],
-) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+) -> Result<serde_json::Map<String, serde_json::Value>, StartError> {
     let mut vars = serde_json::Map::new();
     for (name, value) in env {
         let (Some(name), Some(value)) = (name.to_str(), value.to_str()) else {
-            return Err(format!(
-                "the environment variable {} is not UTF-8",
+            return Err(StartError::NotUtf8(format!(
+                "the environment variable {}",
                 name.to_string_lossy()
-            ));
+            )));
         };
         vars.insert(name.to_owned(), value.into());
     }

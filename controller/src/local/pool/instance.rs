@@ -2,6 +2,7 @@
 //! stdin, its cgroup and its environment), its health check, and its exit and restart.
 
 use super::*;
+use crate::local::start::StartError;
 
 /// An instance's cgroup, if any; dropped (everything left in it killed, then removed) on a
 /// blocking thread, since that waits for the processes to go.
@@ -197,18 +198,19 @@ impl Pool {
                             }
                         }
                     }
-                    Err(message) => {
+                    Err(StartError::Stopped) => process::kill(&mut child).await,
+                    Err(error) => {
                         process::kill(&mut child).await;
                         if !instance.stop.is_cancelled() {
-                            tracing::warn!(instance = %label, %message, "instance failed to start");
-                            self.record_failure(message);
+                            tracing::warn!(instance = %label, %error, "instance failed to start");
+                            self.record_failure(error.to_string());
                         }
                     }
                 }
             }
-            Err(message) => {
-                tracing::warn!(instance = %label, %message, "cannot start instance");
-                self.record_failure(message);
+            Err(error) => {
+                tracing::warn!(instance = %label, %error, "cannot start instance");
+                self.record_failure(error.to_string());
             }
         }
         instance.state.store(InstanceState::Gone);
@@ -270,31 +272,34 @@ impl Pool {
         &self,
         instance: &Instance,
         revision: &Revision,
-    ) -> Result<(tokio::process::Child, bool, Option<Cgroup>), String> {
+    ) -> Result<(tokio::process::Child, bool, Option<Cgroup>), StartError> {
         let cgroup = match &self.config.cgroups {
             None => None,
-            Some(cgroups) => Some(
-                cgroups
-                    .create(
-                        &format!("{}_{}_{}", self.namespace, self.name, instance.id),
-                        eddy_platform::cgroup::Limits {
-                            memory_bytes: revision.memory_limit,
-                            max_tasks: Some(self.config.max_function_tasks),
-                        },
-                    )
-                    .map_err(|error| error.to_string())?,
-            ),
+            Some(cgroups) => Some(cgroups.create(
+                &format!("{}_{}_{}", self.namespace, self.name, instance.id),
+                eddy_platform::cgroup::Limits {
+                    memory_bytes: revision.memory_limit,
+                    max_tasks: Some(self.config.max_function_tasks),
+                },
+            )?),
         };
         let log_dir = self.config.logs_dir.join(&self.namespace);
-        std::fs::create_dir_all(&log_dir)
-            .map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
+        std::fs::create_dir_all(&log_dir).map_err(|source| StartError::Io {
+            action: "create",
+            path: log_dir.clone(),
+            source,
+        })?;
         let log_path = log_dir.join(format!("{}.log", self.name));
         let open = || {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&log_path)
-                .map_err(|e| format!("cannot open {}: {e}", log_path.display()))
+                .map_err(|source| StartError::Io {
+                    action: "open",
+                    path: log_path.clone(),
+                    source,
+                })
         };
         let env = self.instance_env(instance, revision);
         let spare = self
@@ -306,13 +311,13 @@ impl Pool {
         if let Some(spare) = spare {
             // Into the instance's cgroup before it loads the function's code.
             if let (Some(cgroup), Some(pid)) = (&cgroup, spare.id()) {
-                cgroup.add(pid).map_err(|error| error.to_string())?;
+                cgroup.add(pid)?;
             }
             match spare.become_instance(&env, &revision.dir, open()?).await {
                 Ok(child) => return Ok((child, true, cgroup)),
                 // The spare is gone (killed on drop); a new process does the same job.
-                Err(message) => {
-                    tracing::warn!(function = %self.name, %message, "cannot use a warm spare")
+                Err(error) => {
+                    tracing::warn!(function = %self.name, %error, "cannot use a warm spare")
                 }
             }
         }
@@ -335,22 +340,21 @@ impl Pool {
             .stderr(open()?);
         process::supervise(&mut command);
         if let Some(cgroup) = &cgroup {
-            cgroup
-                .join_on_spawn(command.as_std_mut())
-                .map_err(|error| error.to_string())?;
+            cgroup.join_on_spawn(command.as_std_mut())?;
         }
         self.config.confinement.apply(command.as_std_mut());
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+        let mut child = command.spawn().map_err(|source| StartError::Run {
+            program: program.clone(),
+            source,
+        })?;
         let line = secrets_line(&secrets)?;
-        let mut stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| "the instance has no stdin".to_owned())?;
+        let mut stdin = child.stdin.take().ok_or(StartError::NoStdin)?;
         tokio::io::AsyncWriteExt::write_all(&mut stdin, &line)
             .await
-            .map_err(|e| format!("cannot hand the instance its secrets: {e}"))?;
+            .map_err(|source| StartError::Pipe {
+                what: "cannot hand the instance its secrets",
+                source,
+            })?;
         // Closed: an instance reads nothing more on stdin.
         drop(stdin);
         Ok((child, false, cgroup))
@@ -428,28 +432,25 @@ impl Pool {
         &self,
         instance: &Instance,
         child: &mut tokio::process::Child,
-    ) -> Result<(), String> {
+    ) -> Result<(), StartError> {
         let started = Instant::now();
         let deadline = started + self.config.startup_timeout;
         let address = format!("127.0.0.1:{}", instance.port);
         loop {
             if instance.stop.is_cancelled() {
-                return Err("stopped while starting".to_owned());
+                return Err(StartError::Stopped);
             }
             if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "instance exited during start-up ({status}); see `eddy logs {}`",
-                    self.name
-                ));
+                return Err(StartError::Exited {
+                    status,
+                    function: self.name.clone(),
+                });
             }
             if probe(&address, &instance.secret).await {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "instance did not answer /healthz within {:?}",
-                    self.config.startup_timeout
-                ));
+                return Err(StartError::Unhealthy(self.config.startup_timeout));
             }
             // Often at first: a spare answers within milliseconds of being handed its instance.
             let pause = if started.elapsed() < Duration::from_secs(1) {
@@ -467,9 +468,9 @@ pub(super) const SECRET_ENV: [&str; 2] = ["EDDY_INSTANCE_SECRET", "EDDY_PUBLISHE
 
 /// The JSON line of `secrets` a cold-started runtime server reads from stdin
 /// (`EDDY_SECRETS_ON_STDIN`) before it serves. Pure.
-pub(super) fn secrets_line(secrets: &[(OsString, OsString)]) -> Result<Vec<u8>, String> {
+pub(super) fn secrets_line(secrets: &[(OsString, OsString)]) -> Result<Vec<u8>, StartError> {
     let vars = spares::env_object(secrets)?;
-    let mut line = serde_json::to_vec(&vars).map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&vars)?;
     line.push(b'\n');
     Ok(line)
 }
