@@ -253,9 +253,10 @@ pub async fn follow_local(
             {
                 tracing::warn!(%error, %namespace, %name, "cannot remove Istio status");
             }
-            if crate::istio::settle(&store, &follower.serving).await {
-                changed.notify_one();
-            }
+            // Judged again even when the authorizers in force did not change here: the API
+            // may have put them in force already, answering the apply.
+            crate::istio::settle(&store, &follower.serving).await;
+            changed.notify_one();
         }
     });
     let functions = store.follow::<eddy_model::resources::Function, _, _>(&shutdown, |change| {

@@ -505,7 +505,10 @@ pub fn compile(
                     .authorizers
                     .iter()
                     .map(|name| {
-                        let spec = serving.providers().authorizer(name)?;
+                        let spec = serving
+                            .providers()
+                            .authorizer(name)
+                            .map_err(|unusable| unusable.to_string())?;
                         Ok(Authorizer::new(spec, slots))
                     })
                     .collect::<Result<_, String>>()?,

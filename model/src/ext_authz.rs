@@ -17,6 +17,68 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 /// `statusOnError`).
 pub const DEFAULT_STATUS_ON_ERROR: u16 = 403;
 
+/// Why a file of extension providers cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvidersError {
+    /// The file cannot be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is not YAML or JSON.
+    #[error("not YAML or JSON: {0}")]
+    Syntax(String),
+    /// It holds something else than the list.
+    #[error("not a list of Istio extensionProviders (or a mapping holding one)")]
+    NotAList,
+    /// Providers are invalid, each problem by its field.
+    #[error("{}", crate::resources::describe_errors(.0))]
+    Invalid(Vec<FieldError>),
+    /// A problem in the file at `path`.
+    #[error("{}: {source}", path.display())]
+    In {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The problem.
+        #[source]
+        source: Box<ProvidersError>,
+    },
+}
+
+/// Why an `extAuth` rule cannot use the authorizer it names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnusableAuthorizer {
+    /// No provider has the name; the HTTP authorizers there are.
+    #[error("no extension provider {name:?}: {}", if known.is_empty() {
+        "the gateway has no external authorizers (--extension-providers)".to_owned()
+    } else {
+        format!("the gateway's authorizers are {}", known.join(", "))
+    })]
+    Missing {
+        /// The name.
+        name: String,
+        /// The HTTP authorizers the gateway has.
+        known: Vec<String>,
+    },
+    /// The provider is of another kind (a tracer, a gRPC authorizer).
+    #[error(
+        "extension provider {0:?} is not an HTTP authorizer (envoyExtAuthzHttp): the only kind eddy calls"
+    )]
+    NotHttp(String),
+    /// The provider is invalid.
+    #[error("extension provider {name:?}: {}: {}", problem.field, problem.message)]
+    Invalid {
+        /// The name.
+        name: String,
+        /// Its problem, by field.
+        problem: FieldError,
+    },
+}
+
 /// The extension providers the gateway knows, by name. Only the HTTP authorizers among them
 /// can be named by `extAuth`; others (tracing, gRPC authorizers) are kept so a rule naming one
 /// is told why it cannot use it.
@@ -190,46 +252,51 @@ fn parse_duration(text: &str) -> Option<Duration> {
 impl ExtensionProviders {
     /// Reads the file's text (YAML or JSON): Istio's `extensionProviders` list, or a mapping
     /// holding it. Every problem is named by its provider and field.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let file: serde_yaml_ng::Value =
-            serde_yaml_ng::from_str(text).map_err(|error| format!("not YAML or JSON: {error}"))?;
+    pub fn parse(text: &str) -> Result<Self, ProvidersError> {
+        let file: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)
+            .map_err(|error| ProvidersError::Syntax(error.to_string()))?;
         // The list, or a mapping holding it (a mesh config's section).
         let list = match file {
             serde_yaml_ng::Value::Sequence(_) => file,
             serde_yaml_ng::Value::Mapping(mut mapping) => mapping
                 .remove("extensionProviders")
                 .unwrap_or(serde_yaml_ng::Value::Sequence(Vec::new())),
-            _ => {
-                return Err(
-                    "not a list of Istio extensionProviders (or a mapping holding one)".to_owned(),
-                );
-            }
+            _ => return Err(ProvidersError::NotAList),
         };
         let providers: Vec<ExtensionProvider> =
             serde_path_to_error::deserialize(list).map_err(|error| {
                 let path = error.path().to_string();
                 let path = if path == "." { String::new() } else { path };
-                format!("extensionProviders{path}: {}", error.inner())
+                ProvidersError::Invalid(vec![FieldError::new(
+                    format!("extensionProviders{path}"),
+                    error.inner().to_string(),
+                )])
             })?;
         let mut problems = Vec::new();
         for (index, provider) in providers.iter().enumerate() {
             let at = format!("extensionProviders[{index}]");
             if provider.name.is_empty() {
-                problems.push(format!("{at}.name: is required"));
+                problems.push(FieldError::new(format!("{at}.name"), "is required"));
             }
             if providers[..index].iter().any(|p| p.name == provider.name) {
-                problems.push(format!("{at}.name: {:?} is named twice", provider.name));
+                problems.push(FieldError::new(
+                    format!("{at}.name"),
+                    format!("{:?} is named twice", provider.name),
+                ));
             }
             if let Some(http) = &provider.envoy_ext_authz_http
                 && let Err(problem) = Self::compile(&provider.name, http)
             {
-                problems.push(format!("{at}.envoyExtAuthzHttp.{problem}"));
+                problems.push(FieldError::new(
+                    format!("{at}.envoyExtAuthzHttp.{}", problem.field),
+                    problem.message,
+                ));
             }
         }
         if problems.is_empty() {
             Ok(Self { providers })
         } else {
-            Err(problems.join("; "))
+            Err(ProvidersError::Invalid(problems))
         }
     }
 
@@ -267,30 +334,33 @@ impl ExtensionProviders {
         let Some(spec) = &provider.envoy_ext_authz_http else {
             return Ok(());
         };
-        Self::compile(&provider.name, spec)
-            .map(drop)
-            .map_err(|problem| {
-                let (field, message) = problem.split_once(": ").unwrap_or(("", &problem));
-                FieldError::new(field, message)
-            })
+        Self::compile(&provider.name, spec).map(drop)
     }
 
     /// Reads the file at `path`.
-    pub fn read(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| format!("{}: {error}", path.display()))?;
-        Self::parse(&text).map_err(|problem| format!("{}: {problem}", path.display()))
+    pub fn read(path: &std::path::Path) -> Result<Self, ProvidersError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProvidersError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|problem| ProvidersError::In {
+            path: path.to_path_buf(),
+            source: Box::new(problem),
+        })
     }
 
-    fn compile(name: &str, spec: &HttpAuthorizerSpec) -> Result<HttpAuthorizer, String> {
+    fn compile(name: &str, spec: &HttpAuthorizerSpec) -> Result<HttpAuthorizer, FieldError> {
         if spec.service.is_empty() {
-            return Err("service: is required".to_owned());
+            return Err(FieldError::new("service", "is required"));
         }
         if spec.port == 0 {
-            return Err("port: must be 1 to 65535".to_owned());
+            return Err(FieldError::new("port", "must be 1 to 65535"));
         }
         if spec.include_request_body_in_check.is_some() {
-            return Err("includeRequestBodyInCheck: eddy sends checks without the body".to_owned());
+            return Err(FieldError::new(
+                "includeRequestBodyInCheck",
+                "eddy sends checks without the body",
+            ));
         }
         // Istio also takes `namespace/host`.
         let host = spec
@@ -299,7 +369,7 @@ impl ExtensionProviders {
             .map_or(spec.service.as_str(), |(_, host)| host);
         let prefix = spec.path_prefix.as_deref().unwrap_or_default();
         if !prefix.is_empty() && !prefix.starts_with('/') {
-            return Err("pathPrefix: must start with /".to_owned());
+            return Err(FieldError::new("pathPrefix", "must start with /"));
         }
         let base_url = format!(
             "http://{host}:{}{}",
@@ -307,12 +377,18 @@ impl ExtensionProviders {
             prefix.trim_end_matches('/')
         );
         if base_url.parse::<http::Uri>().is_err() {
-            return Err(format!("service: {host:?} is not a host"));
+            return Err(FieldError::new(
+                "service",
+                format!("{host:?} is not a host"),
+            ));
         }
         let timeout = match spec.timeout.as_deref() {
             None => DEFAULT_TIMEOUT,
             Some(text) => parse_duration(text).ok_or_else(|| {
-                format!("timeout: {text:?} is not a duration such as 2s or 500ms")
+                FieldError::new(
+                    "timeout",
+                    format!("{text:?} is not a duration such as 2s or 500ms"),
+                )
             })?,
         };
         let status_on_error = match spec.status_on_error.as_deref() {
@@ -321,15 +397,18 @@ impl ExtensionProviders {
                 .parse::<u16>()
                 .ok()
                 .filter(|code| (200..600).contains(code))
-                .ok_or_else(|| format!("statusOnError: {text:?} is not an HTTP status"))?,
+                .ok_or_else(|| {
+                    FieldError::new("statusOnError", format!("{text:?} is not an HTTP status"))
+                })?,
         };
-        let patterns = |list: &[String], field: &str| -> Result<Vec<HeaderPattern>, String> {
+        let patterns = |list: &[String], field: &str| -> Result<Vec<HeaderPattern>, FieldError> {
             list.iter()
                 .map(|pattern| {
                     let bare = pattern.trim_matches('*');
                     if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
-                        Err(format!(
-                            "{field}: {pattern:?} is not a header name or pattern"
+                        Err(FieldError::new(
+                            field,
+                            format!("{pattern:?} is not a header name or pattern"),
                         ))
                     } else {
                         Ok(HeaderPattern::parse(pattern))
@@ -350,8 +429,9 @@ impl ExtensionProviders {
             if http::HeaderName::from_bytes(header.as_bytes()).is_err()
                 || http::HeaderValue::from_str(value).is_err()
             {
-                return Err(format!(
-                    "includeAdditionalHeadersInCheck[{header}]: is not a valid header"
+                return Err(FieldError::new(
+                    format!("includeAdditionalHeadersInCheck[{header}]"),
+                    "is not a valid header",
                 ));
             }
             additional.push((header.to_ascii_lowercase(), value.clone()));
@@ -380,33 +460,25 @@ impl ExtensionProviders {
     }
 
     /// The HTTP authorizer named `name`, or why a rule cannot use it.
-    pub fn authorizer(&self, name: &str) -> Result<HttpAuthorizer, String> {
+    pub fn authorizer(&self, name: &str) -> Result<HttpAuthorizer, UnusableAuthorizer> {
         let Some(provider) = self.providers.iter().find(|p| p.name == name) else {
-            let known: Vec<&str> = self
-                .providers
-                .iter()
-                .filter(|p| p.envoy_ext_authz_http.is_some())
-                .map(|p| p.name.as_str())
-                .collect();
-            return Err(if known.is_empty() {
-                format!(
-                    "no extension provider {name:?}: the gateway has no external authorizers \
-                     (--extension-providers)"
-                )
-            } else {
-                format!(
-                    "no extension provider {name:?}: the gateway's authorizers are {}",
-                    known.join(", ")
-                )
+            return Err(UnusableAuthorizer::Missing {
+                name: name.to_owned(),
+                known: self
+                    .providers
+                    .iter()
+                    .filter(|p| p.envoy_ext_authz_http.is_some())
+                    .map(|p| p.name.clone())
+                    .collect(),
             });
         };
         let Some(spec) = &provider.envoy_ext_authz_http else {
-            return Err(format!(
-                "extension provider {name:?} is not an HTTP authorizer (envoyExtAuthzHttp): \
-                 the only kind eddy calls"
-            ));
+            return Err(UnusableAuthorizer::NotHttp(name.to_owned()));
         };
-        Self::compile(name, spec)
+        Self::compile(name, spec).map_err(|problem| UnusableAuthorizer::Invalid {
+            name: name.to_owned(),
+            problem,
+        })
     }
 
     /// Every `extAuth` authorizer of `rule` that is not an HTTP authorizer here, each an error
@@ -418,10 +490,10 @@ impl ExtensionProviders {
                 continue;
             };
             for (a, name) in ext_auth.authorizers.iter().enumerate() {
-                if let Err(message) = self.authorizer(name) {
+                if let Err(unusable) = self.authorizer(name) {
                     errors.push(FieldError {
                         field: format!("spec.rules[{index}].extAuth.authorizers[{a}]"),
-                        message,
+                        message: unusable.to_string(),
                     });
                 }
             }
@@ -469,9 +541,9 @@ extensionProviders:
         assert!(passes_on_deny(&proxy, "location"));
         assert!(!passes_on_deny(&proxy, "x-debug"));
         assert!(!passes_on_deny(&proxy, "content-length"));
-        let zipkin = providers.authorizer("zipkin").unwrap_err();
+        let zipkin = providers.authorizer("zipkin").unwrap_err().to_string();
         assert!(zipkin.contains("not an HTTP authorizer"), "{zipkin}");
-        let missing = providers.authorizer("opa").unwrap_err();
+        let missing = providers.authorizer("opa").unwrap_err().to_string();
         assert!(missing.contains("oauth2-proxy"), "{missing}");
     }
 
@@ -504,7 +576,8 @@ extensionProviders:
   envoyExtAuthzHttp: {service: x, port: 1, pathPrefx: /typo}
 "#,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             problem.starts_with("extensionProviders[3].envoyExtAuthzHttp.pathPrefx: unknown field"),
             "{problem}"
@@ -519,7 +592,8 @@ extensionProviders:
   envoyExtAuthzHttp: {service: x, port: 1, includeRequestBodyInCheck: {maxRequestBytes: 10}}
 "#,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         for expected in [
             "extensionProviders[0].envoyExtAuthzHttp.timeout",
             "extensionProviders[1].name: \"a\" is named twice",

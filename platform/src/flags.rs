@@ -138,7 +138,9 @@ impl IstioAuthorizers {
     }
 }
 
-fn read_extension_providers(path: &str) -> Result<ExtensionProviders, String> {
+fn read_extension_providers(
+    path: &str,
+) -> Result<ExtensionProviders, eddy_model::ext_authz::ProvidersError> {
     ExtensionProviders::read(std::path::Path::new(path))
 }
 
