@@ -340,7 +340,10 @@ pub struct FunctionArgs {
 
 fn read_function_presets(
     path: &str,
-) -> std::result::Result<eddy_model::resources::presets::FunctionPresets, String> {
+) -> std::result::Result<
+    eddy_model::resources::presets::FunctionPresets,
+    eddy_model::resources::presets::PresetsError,
+> {
     eddy_model::resources::presets::FunctionPresets::read(std::path::Path::new(path))
 }
 

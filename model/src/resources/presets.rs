@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, sync::OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use super::{PROFILES, quantity_value};
+use super::{FieldError, PROFILES, quantity_value};
 
 /// One preset's requests and limits (Kubernetes quantities).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,61 +131,102 @@ struct ResourcesSection {
     resources: FunctionPresets,
 }
 
+/// Why a presets file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PresetsError {
+    /// The file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is not YAML (or JSON).
+    #[error("not YAML: {0}")]
+    Syntax(String),
+    /// A field does not fit.
+    #[error("{0}")]
+    Shape(String),
+    /// A field is wrong, named.
+    #[error("{}: {}", .0.field, .0.message)]
+    Invalid(FieldError),
+    /// A problem in the file at `path`.
+    #[error("{}: {source}", path.display())]
+    In {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The problem.
+        #[source]
+        source: Box<PresetsError>,
+    },
+}
+
 impl FunctionPresets {
     /// The presets a YAML (or JSON) text sets, over Kyma's, or what is wrong with it (naming
     /// the field). Pure.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let value: serde_json::Value =
-            serde_yaml_ng::from_str(text).map_err(|error| format!("not YAML: {error}"))?;
+    pub fn parse(text: &str) -> Result<Self, PresetsError> {
+        let value: serde_json::Value = serde_yaml_ng::from_str(text)
+            .map_err(|error| PresetsError::Syntax(error.to_string()))?;
         let wrapped = value
             .get("resourcesConfiguration")
             .or_else(|| value.get("function"))
             .is_some();
         let mut presets: Self = if wrapped {
-            let wrapped: Wrapped =
-                serde_json::from_value(value).map_err(|error| error.to_string())?;
+            let wrapped: Wrapped = serde_json::from_value(value)
+                .map_err(|error| PresetsError::Shape(error.to_string()))?;
             match (wrapped.resources_configuration, wrapped.function) {
                 (Some(section), _) => section.function.resources,
                 (None, Some(section)) => section.resources,
                 (None, None) => Self::default(),
             }
         } else {
-            serde_json::from_value(value).map_err(|error| error.to_string())?
+            serde_json::from_value(value).map_err(|error| PresetsError::Shape(error.to_string()))?
         };
         for (name, preset) in kyma_presets() {
             presets.presets.entry(name).or_insert(preset);
         }
-        presets.check()?;
+        presets.check().map_err(PresetsError::Invalid)?;
         Ok(presets)
     }
 
     /// [`FunctionPresets::parse`] of a file.
-    pub fn read(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-        Self::parse(&text).map_err(|problem| format!("{}: {problem}", path.display()))
+    pub fn read(path: &std::path::Path) -> Result<Self, PresetsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PresetsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|problem| PresetsError::In {
+            path: path.to_path_buf(),
+            source: Box::new(problem),
+        })
     }
 
     /// Whether every name is one of Kyma's five, every quantity one, and the default a preset.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), FieldError> {
         for name in self.presets.keys() {
             if !PROFILES.iter().any(|profile| profile.0 == name) {
-                return Err(format!(
-                    "presets.{name}: the presets are XS, S, M, L and XL (Functions name them in \
-                     resourceConfiguration.function.profile)"
+                return Err(FieldError::new(
+                    format!("presets.{name}"),
+                    "the presets are XS, S, M, L and XL (Functions name them in \
+                     resourceConfiguration.function.profile)",
                 ));
             }
         }
         if !self.presets.contains_key(&self.default_preset) {
-            return Err(format!(
-                "defaultPreset: {:?} is none of XS, S, M, L, XL",
-                self.default_preset
+            return Err(FieldError::new(
+                "defaultPreset",
+                format!("{:?} is none of XS, S, M, L, XL", self.default_preset),
             ));
         }
         let quantity = |field: String, text: &str| {
-            quantity_value(text)
-                .map(drop)
-                .ok_or_else(|| format!("{field}: {text:?} is not a quantity such as 100m or 128Mi"))
+            quantity_value(text).map(drop).ok_or_else(|| {
+                FieldError::new(
+                    field,
+                    format!("{text:?} is not a quantity such as 100m or 128Mi"),
+                )
+            })
         };
         quantity("minRequestCpu".to_owned(), &self.min_request_cpu)?;
         quantity("minRequestMemory".to_owned(), &self.min_request_memory)?;
@@ -274,7 +315,7 @@ mod tests {
             ("minRequestMemory: much\n", "minRequestMemory"),
             ("surprise: 1\n", "surprise"),
         ] {
-            let problem = FunctionPresets::parse(text).unwrap_err();
+            let problem = FunctionPresets::parse(text).unwrap_err().to_string();
             assert!(problem.contains(field), "{text}: {problem}");
         }
     }
