@@ -38,10 +38,10 @@ pub struct Args {
     pub token: Option<String>,
 }
 
-fn parse_extension(text: &str) -> Result<(String, String), String> {
+fn parse_extension(text: &str) -> anyhow::Result<(String, String)> {
     let (name, value) = text
         .split_once('=')
-        .ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
+        .ok_or_else(|| anyhow::anyhow!("`{text}` is not NAME=VALUE"))?;
     Ok((name.to_owned(), value.to_owned()))
 }
 

@@ -44,10 +44,21 @@ pub struct LeaderArgs {
     pub identity: Option<String>,
 }
 
-fn parse_lease_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text).map_err(|error| error.to_string())?;
+/// Why a `--lease-duration` is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseDurationError {
+    /// Not a duration.
+    #[error(transparent)]
+    Unreadable(#[from] humantime::DurationError),
+    /// Shorter than a renewal round trip can be trusted to take.
+    #[error("must be at least 3s")]
+    TooShort,
+}
+
+fn parse_lease_duration(text: &str) -> Result<Duration, LeaseDurationError> {
+    let duration = humantime::parse_duration(text)?;
     if duration < Duration::from_secs(3) {
-        return Err("must be at least 3s".to_owned());
+        return Err(LeaseDurationError::TooShort);
     }
     Ok(duration)
 }

@@ -1,5 +1,29 @@
 //! Kyma's path templates (`/*`, `{*}`, `{**}`) and which rule a request falls under.
 
+/// Why a rule's path is not a path template.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// It does not start with `/`.
+    #[error("must start with /")]
+    Relative,
+    /// A segment holds `*`, `{` or `}` outside the operators.
+    #[error(
+        "segment {0:?}: '*', '{{' and '}}' only in the operators {{*}} and {{**}}, or as a last /*"
+    )]
+    Operator(String),
+    /// A segment holds a character paths do not.
+    #[error("segment {segment:?}: {character:?} is not allowed in a path")]
+    Character {
+        /// The segment.
+        segment: String,
+        /// The character.
+        character: char,
+    },
+    /// `{**}` (or `/*`) is followed by another operator.
+    #[error("{{**}} (or /*) must be the last operator")]
+    AnyNotLast,
+}
+
 /// One piece of a path template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Segment {
@@ -19,14 +43,14 @@ pub struct PathTemplate {
 
 impl PathTemplate {
     /// Reads `path`, or says what is wrong with it. `v2alpha1`'s `/.*` means every path.
-    pub fn parse(path: &str) -> Result<Self, String> {
+    pub fn parse(path: &str) -> Result<Self, PathError> {
         if path == "/*" || path == "/.*" {
             return Ok(Self {
                 segments: vec![Segment::Any],
             });
         }
         let Some(rest) = path.strip_prefix('/') else {
-            return Err("must start with /".to_owned());
+            return Err(PathError::Relative);
         };
         let parts: Vec<&str> = rest.split('/').collect();
         let mut segments = Vec::with_capacity(parts.len());
@@ -38,15 +62,13 @@ impl PathTemplate {
                 "*" if last => Segment::Any,
                 text => {
                     if text.contains(['*', '{', '}']) {
-                        return Err(format!(
-                            "segment {text:?}: '*', '{{' and '}}' only in the operators {{*}} \
-                             and {{**}}, or as a last /*"
-                        ));
+                        return Err(PathError::Operator(text.to_owned()));
                     }
                     if let Some(bad) = text.chars().find(|c| !is_path_char(*c)) {
-                        return Err(format!(
-                            "segment {text:?}: {bad:?} is not allowed in a path"
-                        ));
+                        return Err(PathError::Character {
+                            segment: text.to_owned(),
+                            character: bad,
+                        });
                     }
                     Segment::Literal(text.to_owned())
                 }
@@ -60,7 +82,7 @@ impl PathTemplate {
             .skip(1)
             .any(|s| !matches!(s, Segment::Literal(_)))
         {
-            return Err("{**} (or /*) must be the last operator".to_owned());
+            return Err(PathError::AnyNotLast);
         }
         Ok(Self { segments })
     }

@@ -63,7 +63,7 @@ pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {
     for (index, rule) in spec.rules.iter().enumerate() {
         let at = format!("spec.rules[{index}]");
         if let Err(problem) = PathTemplate::parse(&rule.path) {
-            error(format!("{at}.path"), problem);
+            error(format!("{at}.path"), problem.to_string());
         }
         if rule.methods.is_empty() {
             error(
