@@ -9,7 +9,7 @@ use std::{
 };
 
 use eddy_model::resources::{
-    SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription,
+    FieldError, SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription,
 };
 use eddy_platform::store::StoredResource as _;
 
@@ -80,9 +80,12 @@ impl SubscriptionIndex {
         let key = subscription.key();
         self.known.insert(key.clone());
         match plan_for(subscription, &self.sinks, self.ack_wait) {
-            Err(problems) => {
+            Err(errors) => {
                 self.delivering.remove(&key);
-                vec![Action::Stop { key, problems }]
+                vec![Action::Stop {
+                    key,
+                    problems: describe_errors(&errors),
+                }]
             }
             Ok((target, plan)) => {
                 let unchanged = self
@@ -138,19 +141,14 @@ pub fn plan_for(
     subscription: &Subscription,
     sinks: &SinkPolicy,
     ack_wait: Duration,
-) -> Result<(Target, ConsumerPlan), String> {
+) -> Result<(Target, ConsumerPlan), Vec<FieldError>> {
     let errors = validate_subscription(subscription, sinks);
     if !errors.is_empty() {
-        return Err(describe_errors(&errors));
+        return Err(errors);
     }
     let (namespace, name) = subscription.key();
-    let policy = subscription
-        .spec
-        .delivery_policy()
-        .map_err(|_| "invalid delivery settings".to_owned())?;
-    let types = subscription
-        .type_subjects()
-        .map_err(|_| "invalid types".to_owned())?;
+    let policy = subscription.spec.delivery_policy()?;
+    let types = subscription.type_subjects()?;
     let plan = ConsumerPlan {
         name: consumer_name(&namespace, &name),
         filter_subjects: types.into_iter().map(|t| t.subject).collect(),

@@ -119,19 +119,26 @@ impl Publisher {
     }
 
     /// The filter subjects of every consumer on the events stream: what the Subscriptions in
-    /// force listen to (one durable consumer each). Errors as text, for an answer that says so.
-    pub async fn consumer_filter_subjects(&self) -> Result<Vec<String>, String> {
+    /// force listen to (one durable consumer each).
+    pub async fn consumer_filter_subjects(&self) -> Result<Vec<String>, crate::Error> {
         use futures::StreamExt as _;
+        let failed = |operation: &'static str| {
+            move |error: &dyn std::fmt::Display| crate::Error::JetStream {
+                operation,
+                stream: layout::EVENTS_STREAM.to_owned(),
+                message: error.to_string(),
+            }
+        };
         let stream = self
             .inner
             .jetstream
             .get_stream_no_info(layout::EVENTS_STREAM)
             .await
-            .map_err(|error| format!("the events stream: {error}"))?;
+            .map_err(|error| failed("get")(&error))?;
         let mut consumers = stream.consumers();
         let mut subjects = Vec::new();
         while let Some(info) = consumers.next().await {
-            let info = info.map_err(|error| format!("listing the consumers: {error}"))?;
+            let info = info.map_err(|error| failed("consumer list")(&error))?;
             let config = info.config;
             subjects.extend(config.filter_subjects);
             if !config.filter_subject.is_empty() {
