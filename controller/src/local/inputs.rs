@@ -47,12 +47,39 @@ impl std::fmt::Debug for Inputs {
     }
 }
 
+/// A Secret or ConfigMap a Function reads that is not there, or lacks the key it reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MissingReference {
+    /// The object is not there.
+    #[error("{field}: {kind} {name} not found")]
+    Object {
+        /// The Function's field that names it.
+        field: String,
+        /// `Secret` or `ConfigMap`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+    },
+    /// The object has no such key.
+    #[error("{field}: {kind} {name} has no key {key}")]
+    Key {
+        /// The Function's field that names it.
+        field: String,
+        /// `Secret` or `ConfigMap`.
+        kind: &'static str,
+        /// Its name.
+        name: String,
+        /// The key.
+        key: String,
+    },
+}
+
 /// Resolves the spec's references with `lookup` (the object's data, or `None` when there is no
 /// such object). The error names the field and what is missing. Pure.
 pub fn resolve_with(
     fields: &LocalFields<'_>,
     lookup: impl Fn(KeySource, &str) -> Option<Data>,
-) -> Result<Inputs, String> {
+) -> Result<Inputs, MissingReference> {
     let spec = fields.spec;
     let describe = |kind: KeySource| match kind {
         KeySource::Secret => "Secret",
@@ -73,23 +100,21 @@ pub fn resolve_with(
         let value = match lookup(kind, &selector.name) {
             None if optional => continue,
             None => {
-                return Err(format!(
-                    "spec.env[{index}] ({}): {} {} not found",
-                    var.name,
-                    describe(kind),
-                    selector.name
-                ));
+                return Err(MissingReference::Object {
+                    field: format!("spec.env[{index}] ({})", var.name),
+                    kind: describe(kind),
+                    name: selector.name.clone(),
+                });
             }
             Some(data) => match data.get(&selector.key) {
                 None if optional => continue,
                 None => {
-                    return Err(format!(
-                        "spec.env[{index}] ({}): {} {} has no key {}",
-                        var.name,
-                        describe(kind),
-                        selector.name,
-                        selector.key
-                    ));
+                    return Err(MissingReference::Key {
+                        field: format!("spec.env[{index}] ({})", var.name),
+                        kind: describe(kind),
+                        name: selector.name.clone(),
+                        key: selector.key.clone(),
+                    });
                 }
                 Some(bytes) => String::from_utf8_lossy(bytes).into_owned(),
             },
@@ -98,10 +123,11 @@ pub fn resolve_with(
     }
     for (index, mount) in spec.secret_mounts.iter().enumerate() {
         let data = lookup(KeySource::Secret, &mount.secret_name).ok_or_else(|| {
-            format!(
-                "spec.secretMounts[{index}]: Secret {} not found",
-                mount.secret_name
-            )
+            MissingReference::Object {
+                field: format!("spec.secretMounts[{index}]"),
+                kind: "Secret",
+                name: mount.secret_name.clone(),
+            }
         })?;
         inputs.mounts.push((mount.mount_path.clone(), data));
     }
@@ -109,16 +135,19 @@ pub fn resolve_with(
         && let Some(auth) = &git.auth
     {
         let data = lookup(KeySource::Secret, &auth.secret_name).ok_or_else(|| {
-            format!(
-                "spec.source.gitRepository.auth: Secret {} not found",
-                auth.secret_name
-            )
+            MissingReference::Object {
+                field: "spec.source.gitRepository.auth".to_owned(),
+                kind: "Secret",
+                name: auth.secret_name.clone(),
+            }
         })?;
         let credentials = GitCredentials::from_secret(auth.type_, &data).map_err(|key| {
-            format!(
-                "spec.source.gitRepository.auth: Secret {} has no key {key}",
-                auth.secret_name
-            )
+            MissingReference::Key {
+                field: "spec.source.gitRepository.auth".to_owned(),
+                kind: "Secret",
+                name: auth.secret_name.clone(),
+                key: key.to_string(),
+            }
         })?;
         inputs.git_credentials = Some(credentials);
     }
@@ -141,7 +170,7 @@ pub async fn resolve(
     namespace: &str,
     name: &str,
     spec: &FunctionSpec,
-) -> Result<Result<Inputs, String>, StoreError> {
+) -> Result<Result<Inputs, MissingReference>, StoreError> {
     let mut found: Vec<((KeySource, String), Option<Data>)> = Vec::new();
     for (kind, name) in spec.referenced_objects() {
         let data = match kind {
@@ -332,7 +361,9 @@ mod tests {
             "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db", "key": "user"}}}],
         }));
         assert_eq!(
-            resolve_with(&fields(&missing_key), lookup).unwrap_err(),
+            resolve_with(&fields(&missing_key), lookup)
+                .unwrap_err()
+                .to_string(),
             "spec.env[0] (P): Secret db has no key user"
         );
         let missing_mount = spec(json!({
@@ -340,7 +371,9 @@ mod tests {
             "secretMounts": [{"secretName": "nope", "mountPath": "/etc/x"}],
         }));
         assert_eq!(
-            resolve_with(&fields(&missing_mount), lookup).unwrap_err(),
+            resolve_with(&fields(&missing_mount), lookup)
+                .unwrap_err()
+                .to_string(),
             "spec.secretMounts[0]: Secret nope not found"
         );
         let git = spec(json!({
@@ -349,7 +382,7 @@ mod tests {
                                           "auth": {"type": "key", "secretName": "git"}}},
         }));
         assert_eq!(
-            resolve_with(&fields(&git), lookup).unwrap_err(),
+            resolve_with(&fields(&git), lookup).unwrap_err().to_string(),
             "spec.source.gitRepository.auth: Secret git has no key key"
         );
     }

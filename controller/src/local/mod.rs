@@ -464,7 +464,12 @@ impl LocalController {
         let inputs = match inputs::resolve(&self.store, &namespace, &name, &function.spec).await {
             Ok(Ok(inputs)) => inputs,
             Ok(Err(missing)) => {
-                Self::held_back(&tracked, Reason::ReferenceNotFound, missing, generation);
+                Self::held_back(
+                    &tracked,
+                    Reason::ReferenceNotFound,
+                    missing.to_string(),
+                    generation,
+                );
                 return;
             }
             Err(error) => {
