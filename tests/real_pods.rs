@@ -176,23 +176,10 @@ async fn running_as(
     name: &str,
     within: Duration,
 ) -> Result<()> {
-    let mut last = Value::Null;
-    let ready = eventually(
-        &format!("Function {namespace}/{name} Running"),
-        within,
-        || {
-            let result = kubectl_json(plane, &["get", resource, name, "-n", namespace]);
-            if let Ok(function) = &result {
-                last = function.clone();
-            }
-            let ok = result.is_ok_and(|function| {
-                condition(&function, "Running").is_some_and(|(status, _, _)| status == "True")
-            });
-            async move { ok }
-        },
-    )
-    .await;
-    ready.with_context(|| format!("its status: {}", last["status"]))
+    wait_for_function(plane, resource, namespace, name, within, |function| {
+        condition(function, "Running").is_some_and(|(status, _, _)| status == "True")
+    })
+    .await
 }
 
 /// `curl` of `url` with `headers` (and `body`, POSTed): the status code and the body.
