@@ -8,23 +8,14 @@ use std::{
     sync::Arc,
 };
 
-use eddy_model::apirule::{APIRule, HostClaim, RuleKey, award_hosts};
-use eddy_model::resources::describe_errors;
+use eddy_model::apirule::{APIRule, HostClaim, NotHonoured, RuleKey, award_hosts};
 use eddy_platform::flags::ApiRuleArgs;
 use kube::ResourceExt as _;
 
 /// An APIRule's hosts (short ones with the domain), or why it is not honoured: invalid,
 /// sending calls across the namespace boundary, or naming an authorizer the gateway lacks.
-fn hosts_of(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Vec<String>, String> {
-    let errors = serving.problems(rule);
-    if !errors.is_empty() {
-        return Err(describe_errors(&errors));
-    }
-    // As on Kyma: a rule an earlier one hides puts the APIRule in Error.
-    let hidden = rule.spec.hidden_rules();
-    if !hidden.is_empty() {
-        return Err(hidden.join("; "));
-    }
+fn hosts_of(rule: &APIRule, serving: &ApiRuleArgs) -> Result<Vec<String>, NotHonoured> {
+    serving.honourable(rule)?;
     Ok(rule.spec.full_hosts(&serving.domain))
 }
 
@@ -36,7 +27,7 @@ pub fn judge(
     all: &[&APIRule],
     serving: &ApiRuleArgs,
     held: impl Fn(&RuleKey) -> bool,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, NotHonoured> {
     let key_of = |rule: &APIRule| -> RuleKey {
         (
             rule.namespace().unwrap_or_else(|| "default".to_owned()),
@@ -44,38 +35,42 @@ pub fn judge(
         )
     };
     let own = key_of(rule);
-    let others = all.iter().copied().filter(|other| key_of(other) != own);
-    let judged: Vec<_> = std::iter::once(rule)
-        .chain(others)
-        .map(|each| (key_of(each), each, hosts_of(each, serving)))
-        .collect();
-    let claims = judged
+    let own_hosts = hosts_of(rule, serving)?;
+    // Those that cannot be honoured claim no host.
+    let others: Vec<_> = all
         .iter()
+        .copied()
+        .filter(|other| key_of(other) != own)
+        .filter_map(|other| Some((key_of(other), other, hosts_of(other, serving).ok()?)))
+        .collect();
+    let claims = std::iter::once((&own, rule, &own_hosts))
+        .chain(others.iter().map(|(key, other, hosts)| (key, *other, hosts)))
         .map(|(key, each, hosts)| HostClaim {
             key,
             created: each.metadata.creation_timestamp.as_ref(),
             held: held(key),
-            hosts: hosts.as_deref().map_err(String::as_str),
+            hosts,
         })
         .collect();
-    let verdict = award_hosts(claims)
-        .into_iter()
-        .find(|(key, _)| **key == own)
-        .map_or_else(|| Err("not known".to_owned()), |(_, verdict)| verdict);
-    verdict.and_then(|()| judged[0].2.clone())
+    for (key, awarded) in award_hosts(claims) {
+        if *key == own {
+            awarded?;
+        }
+    }
+    Ok(own_hosts)
 }
 
 /// The state and description an APIRule's status shows: `Error` when it is not honoured,
 /// `Warning` when a Service it names is missing or a field is not read, else `Ready`
 /// with where it is exposed. Pure.
 pub fn state_of(
-    judged: &Result<Vec<String>, String>,
+    judged: &Result<Vec<String>, NotHonoured>,
     missing: &[String],
     warnings: &[String],
     scheme_and_port: (&str, Option<u16>),
 ) -> (&'static str, String) {
     match judged {
-        Err(problem) => ("Error", problem.clone()),
+        Err(problem) => ("Error", problem.to_string()),
         Ok(_) if !missing.is_empty() || !warnings.is_empty() => {
             let mut notes: Vec<String> = missing
                 .iter()
@@ -339,7 +334,7 @@ mod tests {
         let held = |key: &RuleKey| key.1 == "hello";
         assert!(judge(&holder, &all, &serving("localhost"), held).is_ok());
         assert_eq!(
-            judge(&copycat, &all, &serving("localhost"), held),
+            judge(&copycat, &all, &serving("localhost"), held).map_err(|e| e.to_string()),
             Err("host hello.localhost is already exposed by APIRule default/hello".to_owned())
         );
         // Nobody held it: the name decides.

@@ -16,10 +16,11 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use axum::response::{IntoResponse as _, Response};
 use eddy_model::apirule::{
     APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, HostClaim, JwtAuthorization,
-    JwtConfig, JwtHeader, PathTemplate, award_hosts, host_suffixes, request_host, select_rule,
-    wildcard_suffix,
+    JwtConfig, JwtHeader, NotHonoured, PathTemplate, award_hosts, host_suffixes, request_host,
+    select_rule, wildcard_suffix,
 };
-use eddy_model::resources::{JwtAccess, describe_errors};
+use eddy_model::ext_authz::UnusableAuthorizer;
+use eddy_model::resources::JwtAccess;
 use eddy_platform::errors::ErrorResponse;
 use eddy_platform::flags::ApiRuleArgs;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
@@ -38,6 +39,38 @@ pub const RBAC_DENIED: &str = "RBAC: access denied";
 pub const NO_ROUTE: &str = "no rule of this host's APIRule lists this method and path";
 /// What Kyma's gateway (Envoy's JWT filter) answers a token that fails verification: 401.
 pub const JWT_VERIFICATION_FAILS: &str = "Jwt verification fails";
+
+/// Why the gateway does not serve an APIRule: not honoured (the controller's status says the
+/// same), or what it names cannot be built here.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NotServed {
+    /// Invalid, hiding rules, or naming a host an older APIRule holds.
+    #[error(transparent)]
+    NotHonoured(#[from] NotHonoured),
+    /// A rule with no Service, its own or the spec's.
+    #[error("spec.rules[{index}]: no service")]
+    NoService {
+        /// The rule's index.
+        index: usize,
+    },
+    /// An `extAuth` authorizer the gateway cannot use.
+    #[error(transparent)]
+    Authorizer(#[from] UnusableAuthorizer),
+    /// A `corsPolicy.allowOrigins` regex that does not compile.
+    #[error("allowOrigins regex {pattern:?}: {source}")]
+    OriginPattern {
+        /// The pattern as written.
+        pattern: String,
+        /// Why it does not compile.
+        source: regex::Error,
+    },
+    /// The HTTP client fetching an issuer's keys could not be built (no TLS roots).
+    #[error("no TLS for the JWKS client: {0}")]
+    JwksClient(Arc<std::io::Error>),
+    /// No APIRule of that name is known.
+    #[error("not known")]
+    NotKnown,
+}
 
 /// Where a rule sends its calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -402,7 +435,7 @@ enum OriginMatch {
 }
 
 impl Cors {
-    fn new(policy: &CorsPolicy) -> Result<Self, String> {
+    fn new(policy: &CorsPolicy) -> Result<Self, NotServed> {
         let mut origins = Vec::new();
         for origin in &policy.allow_origins {
             for (kind, value) in origin {
@@ -411,7 +444,10 @@ impl Cors {
                     "prefix" => OriginMatch::Prefix(value.clone()),
                     _ => OriginMatch::Regex(
                         regex::Regex::new(&format!("^(?:{value})$"))
-                            .map_err(|error| format!("allowOrigins regex {value:?}: {error}"))?,
+                            .map_err(|source| NotServed::OriginPattern {
+                                pattern: value.clone(),
+                                source,
+                            })?,
                     ),
                 });
             }
@@ -471,22 +507,15 @@ pub fn compile(
     rule: &APIRule,
     serving: &ApiRuleArgs,
     slots: &CheckSlots,
-) -> Result<Exposure, String> {
-    let errors = serving.problems(rule);
-    if !errors.is_empty() {
-        return Err(describe_errors(&errors));
-    }
-    let hidden = rule.spec.hidden_rules();
-    if !hidden.is_empty() {
-        return Err(hidden.join("; "));
-    }
+) -> Result<Exposure, NotServed> {
+    serving.honourable(rule)?;
     let namespace = rule.namespace().unwrap_or_else(|| "default".to_owned());
     let spec = &rule.spec;
     let mut rules = Vec::with_capacity(spec.rules.len());
     for (index, each) in spec.rules.iter().enumerate() {
         let service = spec
             .service_of(each)
-            .ok_or_else(|| format!("spec.rules[{index}]: no service"))?;
+            .ok_or(NotServed::NoService { index })?;
         let target = Target {
             namespace: service
                 .namespace
@@ -505,13 +534,10 @@ pub fn compile(
                     .authorizers
                     .iter()
                     .map(|name| {
-                        let spec = serving
-                            .providers()
-                            .authorizer(name)
-                            .map_err(|unusable| unusable.to_string())?;
+                        let spec = serving.providers().authorizer(name)?;
                         Ok(Authorizer::new(spec, slots))
                     })
-                    .collect::<Result<_, String>>()?,
+                    .collect::<Result<_, NotServed>>()?,
                 restrictions: ext_auth.restrictions.as_ref().map(jwt_check).transpose()?,
             },
             (None, None) => RuleAccess::NoAuth,
@@ -551,7 +577,7 @@ pub fn compile(
 }
 
 /// A rule's (or `extAuth` restrictions') JWT configuration, ready to check tokens.
-fn jwt_check(jwt: &JwtConfig) -> Result<JwtCheck, String> {
+fn jwt_check(jwt: &JwtConfig) -> Result<JwtCheck, NotServed> {
     let issuers = jwt
         .authentications
         .iter()
@@ -562,14 +588,14 @@ fn jwt_check(jwt: &JwtConfig) -> Result<JwtCheck, String> {
                 audiences: Vec::new(),
                 required_claims: Default::default(),
             })
-            .map_err(|error| format!("no TLS for the JWKS client: {error}"))?;
+            .map_err(|error| NotServed::JwksClient(Arc::new(error)))?;
             Ok(Issuer {
                 verifier,
                 from_headers: authentication.from_headers.clone(),
                 from_params: authentication.from_params.clone(),
             })
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, NotServed>>()?;
     Ok(JwtCheck {
         issuers,
         authorizations: jwt.authorizations.clone(),
@@ -585,7 +611,7 @@ struct Entry {
     /// Who keeps a host both name: the one created first (in the same second, the one that
     /// held it, then by namespace and name).
     created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
-    compiled: Result<Arc<Exposure>, String>,
+    compiled: Result<Arc<Exposure>, NotServed>,
     /// The Services its rules name, honoured or not (a Function an APIRule of its namespace
     /// names is closed on its own path while none of them is honoured).
     targets: Vec<(String, String)>,
@@ -600,7 +626,7 @@ struct Table {
     /// What is honoured under wildcard hosts, by the suffix they match (`.example.com`).
     by_suffix: HashMap<String, Arc<Exposure>>,
     /// Why an APIRule is not honoured: invalid, or a host an older one holds.
-    refused: HashMap<Key, String>,
+    refused: HashMap<Key, NotServed>,
 }
 
 impl Table {
@@ -622,19 +648,20 @@ impl Table {
         self.by_host.clear();
         self.by_suffix.clear();
         self.refused.clear();
-        let claims = self
-            .entries
-            .iter()
-            .map(|(key, entry)| HostClaim {
-                key,
-                created: entry.created.as_ref(),
-                held: held.contains(key),
-                hosts: match &entry.compiled {
-                    Ok(exposure) => Ok(exposure.hosts.as_slice()),
-                    Err(problem) => Err(problem.as_str()),
-                },
-            })
-            .collect();
+        let mut claims = Vec::with_capacity(self.entries.len());
+        for (key, entry) in &self.entries {
+            match &entry.compiled {
+                Ok(exposure) => claims.push(HostClaim {
+                    key,
+                    created: entry.created.as_ref(),
+                    held: held.contains(key),
+                    hosts: exposure.hosts.as_slice(),
+                }),
+                Err(problem) => {
+                    self.refused.insert(key.clone(), problem.clone());
+                }
+            }
+        }
         for (key, awarded) in award_hosts(claims) {
             match (awarded, &self.entries[key].compiled) {
                 (Ok(()), Ok(exposure)) => {
@@ -648,24 +675,20 @@ impl Table {
                     }
                     self.live.insert(key.clone(), exposure.clone());
                 }
-                (Err(problem), _) => {
+                (Err(taken), _) => {
+                    let problem = NotServed::NotHonoured(NotHonoured::HostTaken(taken));
                     self.refused.insert(key.clone(), problem);
                 }
-                (Ok(()), Err(problem)) => {
-                    self.refused.insert(key.clone(), problem.clone());
-                }
+                // Only what compiled claims hosts.
+                (Ok(()), Err(_)) => {}
             }
         }
     }
 
-    fn state(&self, key: &Key) -> Result<Arc<Exposure>, String> {
+    fn state(&self, key: &Key) -> Result<Arc<Exposure>, NotServed> {
         match self.live.get(key) {
             Some(exposure) => Ok(exposure.clone()),
-            None => Err(self
-                .refused
-                .get(key)
-                .cloned()
-                .unwrap_or_else(|| "not known".to_owned())),
+            None => Err(self.refused.get(key).cloned().unwrap_or(NotServed::NotKnown)),
         }
     }
 }
@@ -717,7 +740,7 @@ impl Exposures {
 
     /// Takes an APIRule (replacing its earlier version). `Err` says why it is not honoured:
     /// invalid, or naming a host an older APIRule holds.
-    pub fn apply(&self, rule: &APIRule) -> Result<Arc<Exposure>, String> {
+    pub fn apply(&self, rule: &APIRule) -> Result<Arc<Exposure>, NotServed> {
         let key = key_of(rule);
         let mut table = self.table.write();
         let entry = self.entry(rule, table.entries.get(&key));
@@ -777,7 +800,7 @@ impl Exposures {
     }
 
     /// Whether an APIRule is honoured, or why not.
-    pub fn state(&self, namespace: &str, name: &str) -> Result<Arc<Exposure>, String> {
+    pub fn state(&self, namespace: &str, name: &str) -> Result<Arc<Exposure>, NotServed> {
         self.table
             .read()
             .state(&(namespace.to_owned(), name.to_owned()))
@@ -863,11 +886,10 @@ impl Exposures {
             let reasons: Vec<String> = naming
                 .iter()
                 .map(|key| {
-                    let why = table
-                        .refused
-                        .get(*key)
-                        .map_or("not honoured", String::as_str);
-                    format!("APIRule {}/{}: {why}", key.0, key.1)
+                    match table.refused.get(*key) {
+                        Some(why) => format!("APIRule {}/{}: {why}", key.0, key.1),
+                        None => format!("APIRule {}/{}: not honoured", key.0, key.1),
+                    }
                 })
                 .collect();
             return Err(ErrorResponse::message(
@@ -995,7 +1017,8 @@ mod tests {
         assert_eq!(first.hosts, ["orders.localhost"]);
         let refused = exposures
             .apply(&api_rule("two", spec("orders.localhost")))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             refused.contains("already exposed by APIRule shop/one"),
             "{refused}"

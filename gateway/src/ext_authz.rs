@@ -125,9 +125,7 @@ impl Authorizer {
         let answer_by = deadline.min(own_deadline);
         let asked = match self.slots.try_acquire() {
             Ok(_in_flight) => self.ask(method, path_and_query, headers, answer_by).await,
-            Err(_) => Err(
-                "as many checks as --max-authorizer-checks allows are in flight already".to_owned(),
-            ),
+            Err(_) => Err(Unasked::Busy),
         };
         let answer = match asked {
             Ok(answer) => answer,
@@ -192,13 +190,16 @@ impl Authorizer {
         path_and_query: &str,
         headers: &HeaderMap,
         deadline: tokio::time::Instant,
-    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+    ) -> Result<http::Response<hyper::body::Incoming>, Unasked> {
         let uri = format!("{}{path_and_query}", self.spec.base_url);
         let mut request = http::Request::new(Empty::<Bytes>::new());
         *request.method_mut() = method.clone();
         *request.uri_mut() = uri
             .parse()
-            .map_err(|error| format!("the check's URL {uri:?}: {error}"))?;
+            .map_err(|source| Unasked::Url {
+                uri: uri.clone(),
+                source,
+            })?;
         let sent = request.headers_mut();
         for (name, value) in headers {
             let name_text = name.as_str();
@@ -212,10 +213,30 @@ impl Authorizer {
         sent.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(error)) => Err(format!("{uri}: {}", with_causes(&error))),
-            Err(_) => Err(format!("{uri}: no answer in time")),
+            Ok(Err(source)) => Err(Unasked::Failed { uri, source }),
+            Err(_) => Err(Unasked::NoAnswer { uri }),
         }
     }
+}
+
+/// Why an external authorizer could not be asked (logged; the call is then refused with the
+/// authorizer's status on error, or let through where it fails open).
+#[derive(Debug, thiserror::Error)]
+enum Unasked {
+    #[error("as many checks as --max-authorizer-checks allows are in flight already")]
+    Busy,
+    #[error("the check's URL {uri:?}: {source}")]
+    Url {
+        uri: String,
+        source: http::uri::InvalidUri,
+    },
+    #[error("{uri}: {}", with_causes(.source))]
+    Failed {
+        uri: String,
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("{uri}: no answer in time")]
+    NoAnswer { uri: String },
 }
 
 /// The first `limit` bytes of `body`: what arrived of it by `deadline`, or before it broke

@@ -246,36 +246,52 @@ impl JwtVerifier {
         })
     }
 
-    async fn fetch(&self) -> Result<JwkSet, String> {
-        let uri: http::Uri = self
-            .spec
-            .jwks_uri
-            .parse()
-            .map_err(|error| format!("invalid JWKS URI: {error}"))?;
+    async fn fetch(&self) -> Result<JwkSet, FetchError> {
+        let uri: http::Uri = self.spec.jwks_uri.parse().map_err(FetchError::Uri)?;
         let request = http::Request::get(uri)
             .header(http::header::ACCEPT, "application/json")
             .body(Empty::new())
-            .map_err(|error| error.to_string())?;
+            .map_err(FetchError::Request)?;
         let fetched = tokio::time::timeout(FETCH_TIMEOUT, async {
             let response = self
                 .client
                 .request(request)
                 .await
-                .map_err(|error| error.to_string())?;
+                .map_err(FetchError::Client)?;
             if !response.status().is_success() {
-                return Err(format!("answered {}", response.status()));
+                return Err(FetchError::Status(response.status()));
             }
             let body = http_body_util::Limited::new(response.into_body(), MAX_JWKS_BYTES)
                 .collect()
                 .await
-                .map_err(|error| format!("reading the JWKS: {error}"))?
+                .map_err(FetchError::Body)?
                 .to_bytes();
             Ok(body)
         })
         .await
-        .map_err(|_| format!("no answer within {FETCH_TIMEOUT:?}"))??;
-        serde_json::from_slice(&fetched).map_err(|error| format!("not a JWKS: {error}"))
+        .map_err(|_| FetchError::Timeout(FETCH_TIMEOUT))??;
+        serde_json::from_slice(&fetched).map_err(FetchError::NotJwks)
     }
+}
+
+/// Why an issuer's keys could not be fetched (logged; the call is refused with 503 unless keys
+/// fetched earlier still serve).
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("invalid JWKS URI: {0}")]
+    Uri(http::uri::InvalidUri),
+    #[error("{0}")]
+    Request(http::Error),
+    #[error("{0}")]
+    Client(hyper_util::client::legacy::Error),
+    #[error("answered {0}")]
+    Status(StatusCode),
+    #[error("reading the JWKS: {0}")]
+    Body(Box<dyn std::error::Error + Send + Sync>),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("not a JWKS: {0}")]
+    NotJwks(serde_json::Error),
 }
 
 /// Whether `alg` is an elliptic-curve signature (the rest of [`ALGORITHMS`] are RSA).

@@ -44,43 +44,97 @@ impl OutgoingEvent {
     /// (nothing can break a NATS or HTTP header downstream), the stored message within the size
     /// limit, the required attributes present, and a subject that parses back to exactly the
     /// event's source and type (no wildcard or extra token injected).
-    pub fn check_invariants(&self, limits: &Limits) -> Result<(), String> {
+    pub fn check_invariants(&self, limits: &Limits) -> Result<(), BrokenInvariant> {
         let mut size = "NATS/1.0\r\n\r\n".len() + self.payload.len();
         for (name, text) in self.headers.iter() {
             if text.chars().any(char::is_control) {
-                return Err(format!("control character in header {name}: {text:?}"));
+                return Err(BrokenInvariant::ControlCharacter {
+                    header: name.to_owned(),
+                    value: text.to_owned(),
+                });
             }
             size += name.len() + text.len() + 4;
         }
         if size > limits.max_event_size {
-            return Err(format!(
-                "{size} bytes stored, the limit is {}",
-                limits.max_event_size
-            ));
+            return Err(BrokenInvariant::TooLarge {
+                size,
+                limit: limits.max_event_size,
+            });
         }
         let attribute = |name: &str| self.headers.get(name);
         for required in ["ce-specversion", "ce-id", "ce-source", "ce-type"] {
             if attribute(required).is_none_or(str::is_empty) {
-                return Err(format!("accepted without {required}"));
+                return Err(BrokenInvariant::MissingAttribute(required));
             }
         }
-        let parsed = subject::parse_event_subject(&self.subject)
-            .map_err(|error| format!("subject {} does not parse: {error}", self.subject))?;
+        let parsed = subject::parse_event_subject(&self.subject).map_err(|source| {
+            BrokenInvariant::Subject {
+                subject: self.subject.clone(),
+                source,
+            }
+        })?;
         let expected = (
             attribute("ce-source").unwrap_or_default(),
             attribute("ce-type").unwrap_or_default(),
         );
         if (parsed.0.as_str(), parsed.1.as_str()) != expected || self.source != expected.0 {
-            return Err(format!(
-                "subject {} names {parsed:?}, the event is {expected:?}",
-                self.subject
-            ));
+            return Err(BrokenInvariant::SubjectMismatch {
+                subject: self.subject.clone(),
+                names: parsed,
+                event: (expected.0.to_owned(), expected.1.to_owned()),
+            });
         }
         if self.msg_id != message_id(&self.source, &self.id) {
-            return Err("the message id is not the digest of (source, id)".to_owned());
+            return Err(BrokenInvariant::MessageId);
         }
         Ok(())
     }
+}
+
+/// An invariant an accepted event breaks ([`OutgoingEvent::check_invariants`]): a bug in the
+/// parsers, found by the property tests and the fuzz targets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokenInvariant {
+    /// A header value with a control character.
+    #[error("control character in header {header}: {value:?}")]
+    ControlCharacter {
+        /// The header's name.
+        header: String,
+        /// Its value.
+        value: String,
+    },
+    /// The stored message is over the size limit.
+    #[error("{size} bytes stored, the limit is {limit}")]
+    TooLarge {
+        /// Bytes the stored message takes.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A required CloudEvents attribute is missing or empty.
+    #[error("accepted without {0}")]
+    MissingAttribute(&'static str),
+    /// The subject does not parse back.
+    #[error("subject {subject} does not parse: {source}")]
+    Subject {
+        /// The subject.
+        subject: String,
+        /// Why it does not parse.
+        source: subject::SubjectError,
+    },
+    /// The subject names another source or type than the event's.
+    #[error("subject {subject} names {names:?}, the event is {event:?}")]
+    SubjectMismatch {
+        /// The subject.
+        subject: String,
+        /// The source and type it names.
+        names: (String, String),
+        /// The event's source and type.
+        event: (String, String),
+    },
+    /// The message id is not the digest of (source, id).
+    #[error("the message id is not the digest of (source, id)")]
+    MessageId,
 }
 
 /// The headers of a stored event in the order they were set: names are `ce-*` attributes,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::{Args, Command, FromArgMatches};
 use eddy_model::apirule::{
-    APIRule, check_gateway_hosts, check_namespace_boundary, validate_api_rule,
+    APIRule, NotHonoured, check_gateway_hosts, check_namespace_boundary, validate_api_rule,
 };
 use eddy_model::ext_authz::ExtensionProviders;
 use eddy_model::resources::FieldError;
@@ -176,6 +176,20 @@ impl ApiRuleArgs {
         let mut errors = self.refusals(rule);
         errors.extend(self.providers().check(rule));
         errors
+    }
+
+    /// Whether an APIRule can be honoured now, leaving aside the hosts older APIRules hold:
+    /// no [`Self::problems`], and no rule an earlier one hides (as on Kyma). Pure.
+    pub fn honourable(&self, rule: &APIRule) -> Result<(), NotHonoured> {
+        let errors = self.problems(rule);
+        if !errors.is_empty() {
+            return Err(NotHonoured::Invalid(errors));
+        }
+        let hidden = rule.spec.hidden_rules();
+        if !hidden.is_empty() {
+            return Err(NotHonoured::HiddenRules(hidden));
+        }
+        Ok(())
     }
 }
 

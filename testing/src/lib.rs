@@ -305,12 +305,13 @@ fn read_client_port(dir: &Path) -> Option<u16> {
 
 /// The nats-server binary to use, checked once per test process.
 pub fn nats_server_binary() -> Result<&'static Path> {
-    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    // Each caller gets its own copy of the one error (anyhow's errors are not `Clone`).
+    static FOUND: OnceLock<Result<PathBuf, anyhow::Error>> = OnceLock::new();
     FOUND
-        .get_or_init(|| find_and_check().map_err(|error| format!("{error:#}")))
+        .get_or_init(find_and_check)
         .as_ref()
         .map(PathBuf::as_path)
-        .map_err(|message| anyhow!("{message}"))
+        .map_err(|error| anyhow!("{error:#}"))
 }
 
 fn find_and_check() -> Result<PathBuf> {

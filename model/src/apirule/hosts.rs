@@ -37,35 +37,44 @@ pub struct HostClaim<'a> {
     pub created: Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// Whether it held its hosts before this decision.
     pub held: bool,
-    /// Its full host names, or why it cannot be honoured (it claims nothing then).
-    pub hosts: Result<&'a [String], &'a str>,
+    /// Its full host names. An APIRule that cannot be honoured claims nothing and is left out.
+    pub hosts: &'a [String],
+}
+
+/// A host an older APIRule holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("host {host} is already exposed by APIRule {}/{}", .holder.0, .holder.1)]
+pub struct HostTaken {
+    /// The host.
+    pub host: String,
+    /// Namespace and name of the APIRule holding it.
+    pub holder: RuleKey,
 }
 
 /// Who holds each host: the oldest APIRule naming it; in the same second the one that held it,
-/// then by namespace and name. Every claim gets `Ok` (it holds all its hosts) or why not, in
-/// the order they were decided. The gateways route by it and the controllers report it, so
-/// both say the same. Pure.
-pub fn award_hosts<'a>(mut claims: Vec<HostClaim<'a>>) -> Vec<(&'a RuleKey, Result<(), String>)> {
+/// then by namespace and name. Every claim gets `Ok` (it holds all its hosts) or the first host
+/// it lost, in the order they were decided. The gateways route by it and the controllers report
+/// it, so both say the same. Pure.
+pub fn award_hosts<'a>(
+    mut claims: Vec<HostClaim<'a>>,
+) -> Vec<(&'a RuleKey, Result<(), HostTaken>)> {
     claims.sort_by(|a, b| (a.created, !a.held, a.key).cmp(&(b.created, !b.held, b.key)));
     let mut holders: BTreeMap<&'a str, &'a RuleKey> = BTreeMap::new();
     let mut awarded = Vec::with_capacity(claims.len());
     for claim in claims {
-        let hosts = match claim.hosts {
-            Ok(hosts) => hosts,
-            Err(problem) => {
-                awarded.push((claim.key, Err(problem.to_owned())));
-                continue;
-            }
-        };
-        if let Some((host, (namespace, name))) = hosts
+        if let Some((host, holder)) = claim
+            .hosts
             .iter()
             .find_map(|host| Some((host, *holders.get(host.as_str())?)))
         {
-            let problem = format!("host {host} is already exposed by APIRule {namespace}/{name}");
-            awarded.push((claim.key, Err(problem)));
+            let taken = HostTaken {
+                host: host.clone(),
+                holder: holder.clone(),
+            };
+            awarded.push((claim.key, Err(taken)));
             continue;
         }
-        for host in hosts {
+        for host in claim.hosts {
             holders.insert(host, claim.key);
         }
         awarded.push((claim.key, Ok(())));

@@ -36,6 +36,21 @@ mod types;
 mod validate;
 
 pub use self::{hosts::*, path::*, types::*, validate::*};
+
+/// Why an APIRule is not honoured, as its status describes it (both modes, both the gateway
+/// and the controller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotHonoured {
+    /// Its spec is refused, or names what the gateway lacks; each error names its field.
+    #[error("{}", crate::resources::describe_errors(.0))]
+    Invalid(Vec<FieldError>),
+    /// Rules an earlier rule hides (Kyma puts such an APIRule in Error).
+    #[error("{}", .0.join("; "))]
+    HiddenRules(Vec<String>),
+    /// A host an older APIRule holds.
+    #[error(transparent)]
+    HostTaken(#[from] HostTaken),
+}
 #[cfg(test)]
 mod tests {
     use super::*;

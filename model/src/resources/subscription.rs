@@ -656,9 +656,10 @@ impl SubscriptionSpec {
                         });
                     }
                 }
-                Err(message) => {
-                    errors.push(FieldError::new(format!("spec.types[{index}]"), message))
-                }
+                Err(bad) => errors.push(FieldError::new(
+                    format!("spec.types[{index}]"),
+                    bad.to_string(),
+                )),
             }
         }
         if errors.is_empty() {
@@ -693,11 +694,20 @@ impl Subscription {
     }
 }
 
+/// Why a Subscription's type cannot be matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum BadType {
+    #[error("must not be empty or have empty segments (`a..b`, `.a`, `a.`)")]
+    EmptySegment,
+    #[error("wildcards `*` and `>` may only end a prefix, as in `order.*` or `order.>`")]
+    MisplacedWildcard,
+}
+
 /// The subject pattern after the source token for one type.
-fn type_filter(ty: &str, matching: TypeMatching) -> Result<String, String> {
+fn type_filter(ty: &str, matching: TypeMatching) -> Result<String, BadType> {
     let segments: Vec<&str> = ty.split('.').collect();
     if segments.iter().any(|segment| segment.is_empty()) {
-        return Err("must not be empty or have empty segments (`a..b`, `.a`, `a.`)".to_owned());
+        return Err(BadType::EmptySegment);
     }
     let mut pattern = String::with_capacity(ty.len() + 8);
     let last = segments.len() - 1;
@@ -709,10 +719,7 @@ fn type_filter(ty: &str, matching: TypeMatching) -> Result<String, String> {
         if wildcard && index == last && index > 0 {
             pattern.push_str(segment);
         } else if wildcard {
-            return Err(
-                "wildcards `*` and `>` may only end a prefix, as in `order.*` or `order.>`"
-                    .to_owned(),
-            );
+            return Err(BadType::MisplacedWildcard);
         } else {
             subject::escape_token_into(segment, &mut pattern);
         }
