@@ -3,7 +3,7 @@
 
 use eddy_model::{
     conditions::{ConditionType, Reason},
-    resources::Condition,
+    resources::{Condition, ConditionStatus},
 };
 
 /// Why a build (or fetching its source) failed: the BuildReady reason and message, in either
@@ -58,12 +58,7 @@ pub fn condition_at(
 ) -> Condition {
     Condition {
         type_: type_.as_str().to_owned(),
-        status: match ok {
-            Some(true) => "True",
-            Some(false) => "False",
-            None => "Unknown",
-        }
-        .to_owned(),
+        status: ok.map_or(ConditionStatus::Unknown, ConditionStatus::from_bool),
         reason: reason.as_str().to_owned(),
         message: message.into(),
         last_transition_time: time,

@@ -269,7 +269,10 @@ mod tests {
         assert_eq!(status.observed_generation, Some(3));
         assert_eq!(status.types[0].subject, "eddy.events.shop.order.created.v1");
         assert_eq!(status.conditions[0].reason, "ConsumerReady");
-        assert_eq!(status.conditions[0].status, "True");
+        assert_eq!(
+            status.conditions[0].status,
+            eddy_model::resources::ConditionStatus::True
+        );
     }
 
     #[test]

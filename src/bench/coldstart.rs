@@ -198,7 +198,7 @@ pub(super) async fn measure_coldstart(
             // Ready: serving, or already idle again (a function that may scale to zero can be
             // back at zero before the next poll).
             wait_for(&http, api, &name, "ready", |f| {
-                running(f).is_some_and(|c| c.status == "True")
+                running(f).is_some_and(|c| c.status == ConditionStatus::True)
             })
             .await?;
             deploys.push(started.elapsed());

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use eddy_model::{
     conditions::{ConditionType, Reason},
-    resources::{Condition, Function, Runtime},
+    resources::{Condition, ConditionStatus, Function, Runtime},
 };
 use serde_json::{Value, json};
 

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use eddy_model::resources::{Function, Subscription};
+use eddy_model::resources::{ConditionStatus, Function, Subscription};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, Client,
@@ -108,7 +108,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
             status
                 .conditions
                 .iter()
-                .any(|condition| condition.type_ == "Ready" && condition.status == "True")
+                .any(|condition| condition.type_ == "Ready" && condition.status == ConditionStatus::True)
         });
         if ready {
             break;
@@ -226,7 +226,7 @@ async fn apply_until_running(
             status
                 .conditions
                 .iter()
-                .any(|condition| condition.type_ == "Running" && condition.status == "True")
+                .any(|condition| condition.type_ == "Running" && condition.status == ConditionStatus::True)
         });
         if running {
             return Ok(started.elapsed());

@@ -6,7 +6,7 @@ use anyhow::{Context as _, bail};
 use eddy_model::{
     apirule::APIRule,
     conditions::ConditionType,
-    resources::{Condition, Function, Subscription},
+    resources::{Condition, ConditionStatus, Function, Subscription},
 };
 use serde_json::Value;
 
@@ -601,13 +601,13 @@ fn condition(conditions: &[Condition], type_: ConditionType) -> String {
         .iter()
         .find(|c| c.type_ == type_.as_str())
         .map(|c| {
-            if c.status == "True" {
-                "True".to_owned()
+            if c.status == ConditionStatus::True {
+                c.status.to_string()
             } else {
                 format!("{} ({})", c.status, c.reason)
             }
         })
-        .unwrap_or_else(|| "Unknown".to_owned())
+        .unwrap_or_else(|| ConditionStatus::Unknown.to_string())
 }
 
 /// The header and rows of the table `eddy get` prints.

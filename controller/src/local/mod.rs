@@ -22,7 +22,7 @@ use tracing::Instrument as _;
 use crate::status::condition;
 use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
-    Function, FunctionStatus, KeySource, describe_errors, set_condition, validate_function,
+    ConditionStatus, Function, FunctionStatus, KeySource, describe_errors, set_condition, validate_function,
 };
 use eddy_platform::{
     shutdown::CancellationToken,
@@ -90,7 +90,7 @@ pub fn with_newest_build(
     build: Option<&eddy_model::resources::Condition>,
     ready: usize,
 ) -> (Option<bool>, Reason, String) {
-    let Some(build) = build.filter(|build| build.status == "False") else {
+    let Some(build) = build.filter(|build| build.status == ConditionStatus::False) else {
         return running;
     };
     let reason = if build.reason == Reason::DependencyInstallFailed.as_str() {
@@ -717,7 +717,7 @@ impl LocalController {
     fn source_was_unavailable(tracked: &Tracked) -> bool {
         tracked.status.lock().conditions.iter().any(|condition| {
             condition.type_ == ConditionType::BuildReady.as_str()
-                && condition.status == "False"
+                && condition.status == ConditionStatus::False
                 && condition.reason == Reason::SourceUnavailable.as_str()
         })
     }
@@ -1026,7 +1026,7 @@ mod tests {
         // The newest version's install failed before any rollout: False, with npm's words.
         let failed_build = eddy_model::resources::Condition {
             type_: "BuildReady".into(),
-            status: "False".into(),
+            status: ConditionStatus::False,
             reason: "DependencyInstallFailed".into(),
             message: "npm error 404 Not Found - GET https://registry.npmjs.org/nope".into(),
             last_transition_time: String::new(),
@@ -1040,7 +1040,7 @@ mod tests {
         );
         assert!(message.contains("npm error 404"), "{message}");
         let built = eddy_model::resources::Condition {
-            status: "True".into(),
+            status: ConditionStatus::True,
             ..failed_build
         };
         assert_eq!(

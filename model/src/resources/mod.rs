@@ -77,7 +77,7 @@ pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
-    pub status: String,
+    pub status: ConditionStatus,
     /// CamelCase reason.
     pub reason: String,
     /// A sentence for humans.
@@ -85,6 +85,42 @@ pub struct Condition {
     pub message: String,
     /// RFC 3339 time of the last status change.
     pub last_transition_time: String,
+}
+
+/// Whether a condition holds, as Kubernetes writes it: `True`, `False` or `Unknown`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum ConditionStatus {
+    /// It holds.
+    True,
+    /// It does not.
+    False,
+    /// Not known yet.
+    #[default]
+    Unknown,
+}
+
+impl ConditionStatus {
+    /// `True` or `False`.
+    pub fn from_bool(holds: bool) -> Self {
+        if holds { Self::True } else { Self::False }
+    }
+
+    /// As written on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ConditionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Sets `condition` in `conditions`, keeping the transition time when the status did not change.
@@ -531,17 +567,17 @@ mod tests {
     #[test]
     fn conditions_keep_their_transition_time_until_the_status_changes() {
         let mut conditions = Vec::new();
-        let make = |status: &str, time: &str| Condition {
+        let make = |status: ConditionStatus, time: &str| Condition {
             type_: "Ready".into(),
-            status: status.into(),
+            status,
             reason: "R".into(),
             message: String::new(),
             last_transition_time: time.into(),
         };
-        set_condition(&mut conditions, make("True", "t1"));
-        set_condition(&mut conditions, make("True", "t2"));
+        set_condition(&mut conditions, make(ConditionStatus::True, "t1"));
+        set_condition(&mut conditions, make(ConditionStatus::True, "t2"));
         assert_eq!(conditions[0].last_transition_time, "t1");
-        set_condition(&mut conditions, make("False", "t3"));
+        set_condition(&mut conditions, make(ConditionStatus::False, "t3"));
         assert_eq!(conditions.len(), 1);
         assert_eq!(conditions[0].last_transition_time, "t3");
     }
