@@ -42,6 +42,62 @@ pub(super) fn deployment(
     let name = owned.name;
     let timeout =
         i32::try_from(function.spec.timeout().as_secs()).unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    let env = function_env(owned, function, config, timeout);
+    let mut volumes = FunctionVolumes::of(function);
+    let mut init_containers = Vec::new();
+    if config.build == BuildMode::Buildless {
+        let buildless = buildless_pod(owned, function, config, image, source, &env);
+        volumes.mounts.push(VolumeMount {
+            name: "function".into(),
+            mount_path: FUNCTION_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.volumes.extend(buildless.volumes);
+        init_containers = buildless.init_containers;
+    }
+    let container = function_container(function, image, env, volumes.mounts);
+    let pod = PodParts {
+        init_containers,
+        container,
+        volumes: volumes.volumes,
+        timeout,
+    };
+    Deployment {
+        metadata: owned.metadata(name, owned.labels()),
+        spec: DeploymentSpec {
+            replicas: match scaling {
+                Scaling::Fixed(replicas) => Some(replicas),
+                Scaling::Autoscaled { .. } => None,
+            },
+            selector: LabelSelector {
+                match_labels: Some(labels([(FUNCTION_LABEL, name)])),
+                ..LabelSelector::default()
+            },
+            // New pods must be ready before old ones go: an update drops no request.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::String("25%".into())),
+                }),
+            }),
+            revision_history_limit: Some(3),
+            template: pod_template(owned, function, config, pod),
+            ..DeploymentSpec::default()
+        },
+        ..Deployment::default()
+    }
+}
+
+/// The function container's environment: the runtime's (Kyma's names), the trace collector,
+/// then the spec's own `env` in its order.
+fn function_env(
+    owned: &Owned<'_>,
+    function: &Function,
+    config: &RenderConfig,
+    timeout: i32,
+) -> Vec<EnvVar> {
     let var = |name: &str, value: String| EnvVar {
         name: name.to_owned(),
         value: Some(value),
@@ -62,7 +118,7 @@ pub(super) fn deployment(
         .iter()
         .any(|user| user.name == PUBLISHER_PROXY_ADDRESS);
     let mut env: Vec<EnvVar> = eddy_model::resources::runtime_env(
-        name,
+        owned.name,
         &owned.namespace,
         function.spec.runtime,
         FUNCTION_PORT,
@@ -83,86 +139,99 @@ pub(super) fn deployment(
             .env
             .iter()
             .filter(|user| user.name != FUNC_TIMEOUT_ENV)
-            .map(|user| EnvVar {
-                name: user.name.clone(),
-                value: user.value_from.is_none().then(|| user.value.clone()),
-                value_from: user.value_from.as_ref().map(|from| EnvVarSource {
-                    secret_key_ref: from.secret_key_ref.as_ref().map(|key| SecretKeySelector {
-                        name: key.name.clone(),
-                        key: key.key.clone(),
-                        optional: key.optional,
-                    }),
-                    config_map_key_ref: from.config_map_key_ref.as_ref().map(|key| {
-                        ConfigMapKeySelector {
-                            name: key.name.clone(),
-                            key: key.key.clone(),
-                            optional: key.optional,
-                        }
-                    }),
-                    field_ref: from.field_ref.as_ref().map(|field| {
-                        k8s_openapi::api::core::v1::ObjectFieldSelector {
-                            api_version: field.api_version.clone(),
-                            field_path: field.field_path.clone(),
-                        }
-                    }),
-                    resource_field_ref: from.resource_field_ref.as_ref().map(|resource| {
-                        k8s_openapi::api::core::v1::ResourceFieldSelector {
-                            container_name: resource.container_name.clone(),
-                            divisor: resource.divisor.as_ref().map(|d| Quantity(d.to_string())),
-                            resource: resource.resource.clone(),
-                        }
-                    }),
-                    ..EnvVarSource::default()
-                }),
-            }),
+            .map(user_env_var),
     );
-    let mut volume_mounts = vec![VolumeMount {
-        name: "tmp".into(),
-        mount_path: "/tmp".into(),
-        ..VolumeMount::default()
-    }];
-    let mut volumes = vec![Volume {
-        name: "tmp".into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(Quantity("256Mi".into())),
-            ..EmptyDirVolumeSource::default()
+    env
+}
+
+/// One `env` entry of the spec, as Kubernetes takes it.
+fn user_env_var(user: &eddy_model::resources::EnvVar) -> EnvVar {
+    EnvVar {
+        name: user.name.clone(),
+        value: user.value_from.is_none().then(|| user.value.clone()),
+        value_from: user.value_from.as_ref().map(|from| EnvVarSource {
+            secret_key_ref: from.secret_key_ref.as_ref().map(|key| SecretKeySelector {
+                name: key.name.clone(),
+                key: key.key.clone(),
+                optional: key.optional,
+            }),
+            config_map_key_ref: from
+                .config_map_key_ref
+                .as_ref()
+                .map(|key| ConfigMapKeySelector {
+                    name: key.name.clone(),
+                    key: key.key.clone(),
+                    optional: key.optional,
+                }),
+            field_ref: from.field_ref.as_ref().map(|field| {
+                k8s_openapi::api::core::v1::ObjectFieldSelector {
+                    api_version: field.api_version.clone(),
+                    field_path: field.field_path.clone(),
+                }
+            }),
+            resource_field_ref: from.resource_field_ref.as_ref().map(|resource| {
+                k8s_openapi::api::core::v1::ResourceFieldSelector {
+                    container_name: resource.container_name.clone(),
+                    divisor: resource.divisor.as_ref().map(|d| Quantity(d.to_string())),
+                    resource: resource.resource.clone(),
+                }
+            }),
+            ..EnvVarSource::default()
         }),
-        ..Volume::default()
-    }];
-    for (index, mount) in function.spec.secret_mounts.iter().enumerate() {
-        let volume = format!("secret-{index}");
-        volume_mounts.push(VolumeMount {
-            name: volume.clone(),
-            mount_path: mount.mount_path.clone(),
-            read_only: Some(true),
+    }
+}
+
+/// The function pod's volumes and the function container's mounts of them: a bounded `/tmp`
+/// (the root is read-only) and each of the spec's `secretMounts`.
+struct FunctionVolumes {
+    mounts: Vec<VolumeMount>,
+    volumes: Vec<Volume>,
+}
+
+impl FunctionVolumes {
+    fn of(function: &Function) -> Self {
+        let mut mounts = vec![VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
             ..VolumeMount::default()
-        });
-        volumes.push(Volume {
-            name: volume,
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(mount.secret_name.clone()),
-                ..SecretVolumeSource::default()
+        }];
+        let mut volumes = vec![Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity("256Mi".into())),
+                ..EmptyDirVolumeSource::default()
             }),
             ..Volume::default()
-        });
+        }];
+        for (index, mount) in function.spec.secret_mounts.iter().enumerate() {
+            let volume = format!("secret-{index}");
+            mounts.push(VolumeMount {
+                name: volume.clone(),
+                mount_path: mount.mount_path.clone(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+            volumes.push(Volume {
+                name: volume,
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(mount.secret_name.clone()),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            });
+        }
+        Self { mounts, volumes }
     }
-    let mut init_containers = Vec::new();
-    if config.build == BuildMode::Buildless {
-        let buildless = buildless_pod(owned, function, config, image, source, &env);
-        volume_mounts.push(VolumeMount {
-            name: "function".into(),
-            mount_path: FUNCTION_DIR.into(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
-        volumes.extend(buildless.volumes);
-        init_containers = buildless.init_containers;
-    }
-    let mut pod_labels = function.spec.pod_labels();
-    pod_labels.extend(owned.labels());
-    pod_labels.insert(BUILD_HASH_LABEL.into(), owned.hash.clone());
-    pod_labels.insert("sidecar.istio.io/inject".into(), "true".into());
-    pod_labels.extend(owned.kyma_labels());
+}
+
+/// The function container: the image (or the spec's `runtimeImageOverride`), its port, its
+/// resources, hardened unless the spec says otherwise, and probed on `/healthz`.
+fn function_container(
+    function: &Function,
+    image: &str,
+    env: Vec<EnvVar>,
+    volume_mounts: Vec<VolumeMount>,
+) -> Container {
     let resources = function.spec.function_resources();
     let health = |period: i32, failures: i32, timeout: Option<i32>| Probe {
         http_get: Some(HTTPGetAction {
@@ -175,13 +244,7 @@ pub(super) fn deployment(
         timeout_seconds: timeout,
         ..Probe::default()
     };
-    let runtime_default = || {
-        Some(SeccompProfile {
-            type_: "RuntimeDefault".into(),
-            ..SeccompProfile::default()
-        })
-    };
-    let container = Container {
+    Container {
         name: "function".into(),
         image: Some(
             function
@@ -210,66 +273,72 @@ pub(super) fn deployment(
         liveness_probe: Some(health(10, 3, Some(2))),
         volume_mounts: Some(volume_mounts),
         ..Container::default()
+    }
+}
+
+/// What goes into the function's pod template.
+struct PodParts {
+    init_containers: Vec<Container>,
+    container: Container,
+    volumes: Vec<Volume>,
+    /// The Function's timeout in seconds (its grace period follows it).
+    timeout: i32,
+}
+
+/// The function's pod template: labels (the user's, eddy's, Kyma's, Istio injection),
+/// annotations, a non-root pod without a service account token, the registry secret.
+fn pod_template(
+    owned: &Owned<'_>,
+    function: &Function,
+    config: &RenderConfig,
+    pod: PodParts,
+) -> PodTemplateSpec {
+    let mut pod_labels = function.spec.pod_labels();
+    pod_labels.extend(owned.labels());
+    pod_labels.insert(BUILD_HASH_LABEL.into(), owned.hash.clone());
+    pod_labels.insert("sidecar.istio.io/inject".into(), "true".into());
+    pod_labels.extend(owned.kyma_labels());
+    let runtime_default = || {
+        Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        })
     };
-    Deployment {
-        metadata: owned.metadata(name, owned.labels()),
-        spec: DeploymentSpec {
-            replicas: match scaling {
-                Scaling::Fixed(replicas) => Some(replicas),
-                Scaling::Autoscaled { .. } => None,
-            },
-            selector: LabelSelector {
-                match_labels: Some(labels([(FUNCTION_LABEL, name)])),
-                ..LabelSelector::default()
-            },
-            // New pods must be ready before old ones go: an update drops no request.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(0)),
-                    max_surge: Some(IntOrString::String("25%".into())),
-                }),
-            }),
-            revision_history_limit: Some(3),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    annotations: Some(pod_annotations(function, !init_containers.is_empty())),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    termination_grace_period_seconds: Some(i64::from(timeout.min(300)) + 5),
-                    security_context: Some(over_defaults(
-                        PodSecurityContext {
-                            run_as_non_root: Some(true),
-                            run_as_user: Some(1000),
-                            run_as_group: Some(1000),
-                            fs_group: Some(1000),
-                            seccomp_profile: runtime_default(),
-                            ..PodSecurityContext::default()
-                        },
-                        function.spec.pod_security_context.as_ref(),
-                    )),
-                    image_pull_secrets: Some(
-                        config
-                            .registry_secret
-                            .iter()
-                            .map(|secret| LocalObjectReference {
-                                name: secret.clone(),
-                            })
-                            .collect(),
-                    ),
-                    init_containers: (!init_containers.is_empty()).then_some(init_containers),
-                    containers: vec![container],
-                    volumes: Some(volumes),
-                    ..PodSpec::default()
-                }),
-            },
-            ..DeploymentSpec::default()
-        },
-        ..Deployment::default()
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: Some(pod_annotations(function, !pod.init_containers.is_empty())),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(i64::from(pod.timeout.min(300)) + 5),
+            security_context: Some(over_defaults(
+                PodSecurityContext {
+                    run_as_non_root: Some(true),
+                    run_as_user: Some(1000),
+                    run_as_group: Some(1000),
+                    fs_group: Some(1000),
+                    seccomp_profile: runtime_default(),
+                    ..PodSecurityContext::default()
+                },
+                function.spec.pod_security_context.as_ref(),
+            )),
+            image_pull_secrets: Some(
+                config
+                    .registry_secret
+                    .iter()
+                    .map(|secret| LocalObjectReference {
+                        name: secret.clone(),
+                    })
+                    .collect(),
+            ),
+            init_containers: (!pod.init_containers.is_empty()).then_some(pod.init_containers),
+            containers: vec![pod.container],
+            volumes: Some(pod.volumes),
+            ..PodSpec::default()
+        }),
     }
 }
 
