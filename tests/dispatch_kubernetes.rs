@@ -7,12 +7,12 @@ mod support;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use eddy_testing::eventually;
-use serde_json::{Value, json};
-use support::{
-    Options, Platform, Sink,
+use eddy_testing::{
+    eventually,
     kube_mock::{self, Requests},
 };
+use serde_json::{Value, json};
+use support::{Options, Platform, Sink};
 use tokio::sync::mpsc;
 
 fn subscription(sink: &str, types: &[&str], resource_version: &str) -> Value {
@@ -175,7 +175,7 @@ async fn kyma_subscriptions_are_delivered_beside_eddy_s() {
         "spec": {"sink": sink.url, "source": "shop", "types": ["order.paid.v1"],
                  "config": {"maxInFlightMessages": "5"}},
     });
-    let (client, _watches, requests) = kube_mock::api_server_of(vec![
+    let (client, _watches, requests) = kube_mock::watching(vec![
         kube_mock::Watched {
             list_path: "/apis/eddy.dev/v1alpha1/subscriptions?",
             list_kind: "SubscriptionList",

@@ -8,9 +8,8 @@ mod support;
 use std::time::Duration;
 
 use eddy_gateway::kubernetes::{self as gateway, GatewayArgs};
-use eddy_testing::eventually;
+use eddy_testing::{eventually, kube_mock};
 use serde_json::{Value, json};
-use support::kube_mock;
 
 fn function(name: &str, access: Value, resource_version: &str) -> Value {
     json!({

@@ -21,6 +21,7 @@ use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
 pub mod control_plane;
 pub mod pki;
+pub mod kube_mock;
 pub mod rbac;
 
 /// Oldest server release eddy supports.

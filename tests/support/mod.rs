@@ -3,7 +3,6 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod jwt;
-pub mod kube_mock;
 pub mod kyma;
 pub mod registry;
 

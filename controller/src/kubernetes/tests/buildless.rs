@@ -107,7 +107,7 @@ async fn a_buildless_function_is_deployed_without_a_build() {
         function_status_write(&function),
     ])
     .collect();
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let mut context = Context::new(client, buildless_config(), SinkPolicy::default());
     context.clock = test_now;
     let result = reconcile_function(Arc::new(function), Arc::new(context)).await;
@@ -239,7 +239,7 @@ pub(super) async fn a_cluster_wide_package_registry_secret_is_copied_and_mounted
         function_status_write(&function),
     ])
     .collect();
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let mut context = Context::new(client, buildless_config(), SinkPolicy::default());
     context.clock = test_now;
     let result = reconcile_function(Arc::new(function), Arc::new(context)).await;

@@ -57,7 +57,7 @@ async fn run_git_function(
     git_dir: &std::path::Path,
     exchanges: Vec<Exchange>,
 ) -> (Result<Action>, Vec<Value>) {
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let mut context = Context::new(client, config(), SinkPolicy::default());
     context.clock = test_now;
     context.git.dir = git_dir.to_owned();

@@ -27,7 +27,7 @@ where
     F: FnOnce(Arc<DynamicObject>, Arc<Context>) -> Fut,
     Fut: std::future::Future<Output = Result<Action>>,
 {
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let mut context = Context::new(client, config(), SinkPolicy::default());
     context.clock = test_now;
     context.kyma_compatibility = true;
@@ -159,7 +159,7 @@ pub(super) async fn an_apirule_gets_kymas_status_judged_among_the_others() {
     let newer = api_rule("copy", "2026-01-02T00:00:00Z", &["orders.shop.example.com"]);
     let all = vec![older.clone(), newer.clone()];
     let run = |rule: Arc<APIRule>, all: Vec<Arc<APIRule>>, exchanges| async move {
-        let (client, server) = api_server(exchanges);
+        let (client, server) = kube_mock::scripted(exchanges);
         let mut context = Context::new(client, config(), SinkPolicy::default());
         context.apirules.domain = "shop.example.com".to_owned();
         let result = reconcile_apirule(rule, all, Arc::new(context)).await;

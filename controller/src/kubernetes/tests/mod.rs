@@ -5,35 +5,14 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use eddy_model::resources::{Function, SinkPolicy, Subscription};
-use http::{Method, Request, Response};
-use kube::{Client, client::Body, runtime::controller::Action};
+use eddy_testing::kube_mock::{self, Exchange, expect};
+use http::Method;
+use kube::runtime::controller::Action;
 use serde_json::{Value, json};
-use tower_test::mock;
 
 use super::*;
 
 const APPLY: &str = "?&force=true&fieldManager=eddy-controller";
-
-type Respond = Box<dyn FnOnce(Value) -> (u16, Value) + Send>;
-
-/// One request the API server expects, and how it answers.
-struct Exchange {
-    method: Method,
-    uri: String,
-    respond: Respond,
-}
-
-fn expect(
-    method: Method,
-    uri: impl Into<String>,
-    respond: impl FnOnce(Value) -> (u16, Value) + Send + 'static,
-) -> Exchange {
-    Exchange {
-        method,
-        uri: uri.into(),
-        respond: Box::new(respond),
-    }
-}
 
 /// Answers a server-side apply with what was applied (plus `extra`, merged at the top level),
 /// after checking the body equals `expected`.
@@ -77,88 +56,6 @@ fn not_found(_: Value) -> (u16, Value) {
         404,
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
     )
-}
-
-/// The RBAC permissions of every request the mock API servers of this process answered.
-static PERMISSIONS_USED: std::sync::Mutex<BTreeSet<String>> =
-    std::sync::Mutex::new(BTreeSet::new());
-
-/// A mock API server that expects exactly `exchanges`, in order, and nothing after them.
-/// Records what each request needs in [`PERMISSIONS_USED`].
-fn api_server(exchanges: Vec<Exchange>) -> (Client, tokio::task::JoinHandle<Vec<Value>>) {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let task = tokio::spawn(async move {
-        let mut bodies = Vec::new();
-        for (index, exchange) in exchanges.into_iter().enumerate() {
-            // Generous: a reconcile may run the real `git` between two requests, and a loaded
-            // machine is slow; a request that never comes fails the test all the same.
-            let (request, send) =
-                tokio::time::timeout(Duration::from_secs(30), handle.next_request())
-                    .await
-                    .unwrap_or_else(|_| {
-                        panic!(
-                            "request #{index} ({} {}) was never sent",
-                            exchange.method, exchange.uri
-                        )
-                    })
-                    .unwrap_or_else(|| {
-                        panic!(
-                            "the client went away before request #{index} ({} {})",
-                            exchange.method, exchange.uri
-                        )
-                    });
-            assert_eq!(
-                (request.method(), request.uri().to_string()),
-                (&exchange.method, exchange.uri.clone()),
-                "request #{index}"
-            );
-            PERMISSIONS_USED
-                .lock()
-                .expect("not poisoned")
-                .extend(eddy_testing::rbac::needed_by(
-                    request.method().as_str(),
-                    &request.uri().to_string(),
-                ));
-            // kube-lease-manager writes the Lease's holder fields with strategic merge patches.
-            if request.method() == Method::PATCH
-                && !request.uri().path().contains("/coordination.k8s.io/")
-            {
-                let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
-                assert_eq!(
-                    content_type.as_ref().and_then(|v| v.to_str().ok()),
-                    Some("application/apply-patch+yaml"),
-                    "every write is a server-side apply"
-                );
-            }
-            let bytes = request
-                .into_body()
-                .collect_bytes()
-                .await
-                .expect("request body");
-            let body: Value = if bytes.is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_slice(&bytes).expect("a JSON body")
-            };
-            bodies.push(body.clone());
-            let (status, answer) = (exchange.respond)(body);
-            send.send_response(
-                Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&answer).expect("JSON")))
-                    .expect("response"),
-            );
-        }
-        let extra = tokio::time::timeout(Duration::from_secs(30), handle.next_request())
-            .await
-            .expect("the client is dropped after the reconcile");
-        if let Some((request, _)) = extra {
-            panic!("unexpected request {} {}", request.method(), request.uri());
-        }
-        bodies
-    });
-    (Client::new(service, "default"), task)
 }
 
 fn config() -> RenderConfig {
@@ -286,7 +183,7 @@ async fn run_function(
     function: Function,
     exchanges: Vec<Exchange>,
 ) -> (Result<Action>, Vec<Value>) {
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let mut context = Context::new(client, config(), SinkPolicy::default());
     context.clock = test_now;
     let context = Arc::new(context);
@@ -422,7 +319,7 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
     for scenario in scenarios {
         scenario();
     }
-    let used = PERMISSIONS_USED.lock().expect("not poisoned").clone();
+    let used = kube_mock::permissions_used();
     // As Helm renders it with Kyma compatibility on (the scenarios reconcile Kyma's kinds too).
     let template =
         eddy_testing::rbac::rendered("controller.yaml", &["kymaCompatibility.enabled=true"])

@@ -133,7 +133,7 @@ pub(super) async fn the_lease_is_created_taken_renewed_and_lost_to_another_repli
             answer_lease(Some("controller-b"), Duration::ZERO, LEASE_SECONDS),
         ),
     ]);
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let (mut leading, manager) = leader::leadership(
         client,
         &leader_args("controller-a"),
@@ -204,7 +204,7 @@ pub(super) async fn a_standby_takes_the_lease_once_the_holder_stops_renewing() {
         }),
         expect(Method::GET, LEASE, answer_lease(None, Duration::ZERO, 0)),
     ]);
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let started = std::time::Instant::now();
     let (mut leading, manager) = leader::leadership(
         client,

@@ -15,7 +15,7 @@ async fn run_subscription(
     subscription: Subscription,
     exchanges: Vec<Exchange>,
 ) -> (Result<Action>, Vec<Value>) {
-    let (client, server) = api_server(exchanges);
+    let (client, server) = kube_mock::scripted(exchanges);
     let context = Arc::new(Context::new(client, config(), SinkPolicy::default()));
     let result = reconcile_subscription(Arc::new(subscription), context.clone()).await;
     drop(context);
