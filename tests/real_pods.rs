@@ -27,6 +27,9 @@ const RELEASE: &str = "eddy";
 const SYSTEM: &str = "eddy-system";
 /// The ConfigMap of the CA the chart's gateway and dispatcher trust besides the public roots.
 const TRUSTED_CA: &str = "eddy-test-ca";
+/// The function namespace of the mesh tests, among the chart's `functionNamespaces` (STRICT
+/// mTLS, only eddy's gateway and dispatcher may call its Functions).
+const MESH_FUNCTIONS: &str = "mesh-functions";
 
 /// The CA of the run's internal HTTPS servers (an issuer's JWKS on the node's address), kept
 /// in the node's directory: every test process of the run shares it with the installed chart.
@@ -53,6 +56,7 @@ fn installed() -> Result<&'static ControlPlane> {
         let ca = std::fs::read_to_string(trusted_pki(plane)?.path("ca.pem"))?;
         let manifest = serde_json::json!([
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": MESH_FUNCTIONS}},
             {"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": TRUSTED_CA, "namespace": SYSTEM}, "data": {"ca.crt": ca}},
         ]);
@@ -78,12 +82,48 @@ fn installed() -> Result<&'static ControlPlane> {
                 "4m",
             ]))
         .context("helm install of the chart on the real node")?;
+        let node = plane.node_ip()?;
+        for policy in host_callers(&node) {
+            run_with_input(
+                plane.kubectl()?.args(["apply", "-f", "-"]),
+                &policy.to_string(),
+            )?;
+        }
         eprintln!(
             "chart installed and Ready on the real node in {:.1} s",
             started.elapsed().as_secs_f64()
         );
     }
     Ok(plane)
+}
+
+/// The tests' own way in from the host, which has no sidecar: an Istio ingress gateway stands
+/// there in a user's cluster. The gateway's and the event-bus's pods also take plaintext, and
+/// from the node's address alone; everything else the chart's mesh policies decide.
+fn host_callers(node: &str) -> Vec<Value> {
+    let mut policies = vec![serde_json::json!({
+        "apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+        "metadata": {"name": "test-host-callers", "namespace": SYSTEM},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": RELEASE}},
+            "mtls": {"mode": "PERMISSIVE"},
+        },
+    })];
+    for component in ["gateway", "event-bus"] {
+        policies.push(serde_json::json!({
+            "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": format!("test-host-calls-{component}"), "namespace": SYSTEM},
+            "spec": {
+                "selector": {"matchLabels": {
+                    "app.kubernetes.io/instance": RELEASE,
+                    "app.kubernetes.io/component": component,
+                }},
+                "action": "ALLOW",
+                "rules": [{"from": [{"source": {"ipBlocks": [format!("{node}/32")]}}]}],
+            },
+        }));
+    }
+    policies
 }
 
 fn kubectl_json(plane: &ControlPlane, args: &[&str]) -> Result<Value> {
@@ -1858,5 +1898,151 @@ spec:
     .await;
     pending.with_context(|| format!("its status: {}", last["status"]))?;
     delete_namespace(plane, &namespace)?;
+    Ok(())
+}
+
+/// A pod of its own in `namespace`, running the python312 runtime image idle, with or without
+/// Istio's sidecar; ready once `kubectl wait` says so (its proxy too, when it has one).
+fn client_pod(plane: &ControlPlane, namespace: &str, meshed: bool) -> Result<String> {
+    let name = format!("client-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let image = format!(
+        "localhost/eddy-runtime-python312:{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    run(plane.kubectl()?.args([
+        "run",
+        &name,
+        "-n",
+        namespace,
+        "--image",
+        &image,
+        "--image-pull-policy=Never",
+        "--restart=Never",
+        "--labels",
+        &format!("sidecar.istio.io/inject={meshed}"),
+        "--command",
+        "--",
+        "sleep",
+        "600",
+    ]))?;
+    run(plane.kubectl()?.args([
+        "wait",
+        "-n",
+        namespace,
+        "--for=condition=Ready",
+        &format!("pod/{name}"),
+        "--timeout=120s",
+    ]))?;
+    Ok(name)
+}
+
+/// POSTs `{}` to `url` from inside `pod` (its container named as the pod): the status and the
+/// start of the body, or `refused: …` when no HTTP answer came.
+fn post_from_pod(plane: &ControlPlane, namespace: &str, pod: &str, url: &str) -> Result<String> {
+    let script = format!(
+        r#"
+import urllib.request, urllib.error
+request = urllib.request.Request({url:?}, data=b"{{}}", method="POST", headers={{"content-type": "application/json"}})
+try:
+    answer = urllib.request.urlopen(request, timeout=10)
+    print(answer.status, answer.read()[:200].decode())
+except urllib.error.HTTPError as error:
+    print(error.code, error.read()[:200].decode())
+except Exception as error:
+    print("refused:", repr(error))
+"#
+    );
+    let output = run(plane
+        .kubectl()?
+        .args(["exec", "-n", namespace, pod, "-c", pod, "--", "python3", "-c"])
+        .arg(script))?;
+    Ok(output.trim().to_owned())
+}
+
+/// In Istio's mesh (sidecars on eddy's pods and Functions, STRICT mTLS in the chart's function
+/// namespaces, eddy's AuthorizationPolicies): an event reaches a Function through the
+/// event-bus's, the dispatcher's and the Function's sidecars, and a call through the gateway's;
+/// the Function sees who called from the client certificate its sidecar verified (the
+/// dispatcher's, the gateway's SPIFFE identity). A pod without a sidecar is refused by mTLS,
+/// and a meshed pod that is not among the Function's callers gets Istio's 403.
+#[tokio::test]
+async fn in_the_mesh_only_the_gateway_and_the_dispatcher_reach_a_function_over_mutual_tls()
+-> Result<()> {
+    let plane = installed()?;
+    let name = format!("peer-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let function = format!(
+        r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: {name}}}
+spec:
+  runtime: python312
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        def main(event, context):
+            # Set by the sidecar from the client certificate it verified.
+            xfcc = event["extensions"]["request"].headers.get("x-forwarded-client-cert", "")
+            caller = xfcc.split("URI=")[-1] if "URI=" in xfcc else "no client certificate"
+            print("peer", event.get("ce-id"), "from", caller, flush=True)
+            return "called by " + caller
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Subscription
+metadata: {{name: {name}}}
+spec:
+  sink: http://{name}.{MESH_FUNCTIONS}.svc.cluster.local
+  types: [mesh.peer.v1]
+"#
+    );
+    apply(plane, MESH_FUNCTIONS, &function)?;
+    running(plane, MESH_FUNCTIONS, &name, Duration::from_secs(120)).await?;
+    subscriptions_ready(plane, MESH_FUNCTIONS, &[&name]).await?;
+    let id = format!("peer-{}", uuid::Uuid::new_v4().simple());
+    let status = publish(plane, "mesh-test", "mesh.peer.v1", &id, "{}")?;
+    ensure!(matches!(status, 200 | 202 | 204), "publish answered {status}");
+    let dispatcher = format!("spiffe://cluster.local/ns/{SYSTEM}/sa/{RELEASE}-dispatcher");
+    pod_log_shows(
+        plane,
+        MESH_FUNCTIONS,
+        &name,
+        &format!("peer {id} from {dispatcher}"),
+    )
+    .await?;
+
+    let gateway = format!("spiffe://cluster.local/ns/{SYSTEM}/sa/{RELEASE}-gateway");
+    let (status, body) = call(
+        plane,
+        SYSTEM,
+        "eddy-gateway",
+        &format!("/{MESH_FUNCTIONS}/{name}/"),
+        Some("{}"),
+    )?;
+    ensure!(
+        status == 200 && body.contains(&format!("called by {gateway}")),
+        "through the gateway: {status} {body}"
+    );
+
+    let outside = namespace(plane, "outside")?;
+    let url = format!("http://{name}.{MESH_FUNCTIONS}.svc.cluster.local/");
+    let plain = client_pod(plane, &outside, false)?;
+    let answer = post_from_pod(plane, &outside, &plain, &url)?;
+    ensure!(
+        answer.starts_with("refused:"),
+        "a pod without a sidecar got an answer from a STRICT function: {answer}"
+    );
+    let meshed = client_pod(plane, &outside, true)?;
+    let answer = post_from_pod(plane, &outside, &meshed, &url)?;
+    ensure!(
+        answer == "403 RBAC: access denied",
+        "a meshed pod outside the callers: {answer}"
+    );
+    run(plane
+        .kubectl()?
+        .args(["delete", "-n", MESH_FUNCTIONS, "--wait=false"])
+        .arg(format!("function.eddy.dev/{name}"))
+        .arg(format!("subscription.eddy.dev/{name}")))?;
+    delete_namespace(plane, &outside)?;
     Ok(())
 }

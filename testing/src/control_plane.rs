@@ -122,8 +122,8 @@ pub struct ControlPlane {
 enum Node {
     /// kwok: pods are marked Running, no container runs.
     Kwok,
-    /// A real kubelet with containerd and runc (`scripts/kube up --node real`), with every
-    /// image of `scripts/images` loaded.
+    /// A real kubelet with containerd and runc in an Istio mesh (`scripts/kube up --node real
+    /// --mesh istio`), with every image of `scripts/images` loaded.
     Real,
 }
 
@@ -169,7 +169,8 @@ impl ControlPlane {
             let mut up = Command::new(repo().join("scripts/kube"));
             up.arg("up");
             if node == Node::Real {
-                up.args(["--node", "real"]);
+                // In Istio's mesh, as every Kyma cluster is (scripts/kube-mesh).
+                up.args(["--node", "real", "--mesh", "istio"]);
             }
             let output = up
                 .env("EDDY_KUBE_DIR", &plane.dir)
