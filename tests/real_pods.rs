@@ -814,9 +814,15 @@ async fn the_shop_example_chains_its_functions_through_real_pods() -> Result<()>
     // Through eddy's gateway: in the mesh, namespace default is one of the chart's function
     // namespaces, whose Functions take calls from the gateway and the dispatcher alone.
     let recorded = eventually("the reservation recorded", Duration::from_secs(60), || {
-        answer = call(plane, SYSTEM, "eddy-gateway", "/default/reservation-recorder/", None)
-            .map(|(_, body)| body)
-            .unwrap_or_default();
+        answer = call(
+            plane,
+            SYSTEM,
+            "eddy-gateway",
+            "/default/reservation-recorder/",
+            None,
+        )
+        .map(|(_, body)| body)
+        .unwrap_or_default();
         let recorded = answer.contains(&order);
         async move { recorded }
     })
@@ -1960,7 +1966,9 @@ except Exception as error:
     );
     let output = run(plane
         .kubectl()?
-        .args(["exec", "-n", namespace, pod, "-c", pod, "--", "python3", "-c"])
+        .args([
+            "exec", "-n", namespace, pod, "-c", pod, "--", "python3", "-c",
+        ])
         .arg(script))?;
     Ok(output.trim().to_owned())
 }
@@ -2009,7 +2017,10 @@ spec:
     subscriptions_ready(plane, MESH_FUNCTIONS, &[&name]).await?;
     let id = format!("peer-{}", uuid::Uuid::new_v4().simple());
     let status = publish(plane, "mesh-test", "mesh.peer.v1", &id, "{}")?;
-    ensure!(matches!(status, 200 | 202 | 204), "publish answered {status}");
+    ensure!(
+        matches!(status, 200 | 202 | 204),
+        "publish answered {status}"
+    );
     let dispatcher = format!("spiffe://cluster.local/ns/{SYSTEM}/sa/{RELEASE}-dispatcher");
     pod_log_shows(
         plane,
@@ -2044,22 +2055,32 @@ spec:
     ]))?;
     let ingress = kubectl_json(
         plane,
-        &["get", "service", "istio-ingressgateway", "-n", "istio-system"],
+        &[
+            "get",
+            "service",
+            "istio-ingressgateway",
+            "-n",
+            "istio-system",
+        ],
     )?;
     let ingress = ingress["spec"]["clusterIP"]
         .as_str()
         .context("the ingress gateway's ClusterIP")?;
     let mut answer = (0, String::new());
-    let routed = eventually("a route through the ingress gateway", Duration::from_secs(60), || {
-        answer = curl(
-            &format!("http://{ingress}/{MESH_FUNCTIONS}/{name}/"),
-            &["content-type: application/json".to_owned()],
-            Some("{}"),
-        )
-        .unwrap_or_default();
-        let routed = answer.0 == 200;
-        async move { routed }
-    })
+    let routed = eventually(
+        "a route through the ingress gateway",
+        Duration::from_secs(60),
+        || {
+            answer = curl(
+                &format!("http://{ingress}/{MESH_FUNCTIONS}/{name}/"),
+                &["content-type: application/json".to_owned()],
+                Some("{}"),
+            )
+            .unwrap_or_default();
+            let routed = answer.0 == 200;
+            async move { routed }
+        },
+    )
     .await;
     routed.with_context(|| format!("the last answer: {answer:?}"))?;
     ensure!(
@@ -2124,7 +2145,14 @@ spec:
     running(plane, &namespace, "hog", Duration::from_secs(120)).await?;
     let pods = kubectl_json(
         plane,
-        &["get", "pods", "-n", &namespace, "-l", "eddy.dev/function=hog"],
+        &[
+            "get",
+            "pods",
+            "-n",
+            &namespace,
+            "-l",
+            "eddy.dev/function=hog",
+        ],
     )?;
     let function = pods["items"][0]["spec"]["containers"]
         .as_array()
@@ -2186,11 +2214,15 @@ async fn planted_breaks_change_the_answers(
         MESH_FUNCTIONS,
     ]))?;
     let mut answer = String::new();
-    let through = eventually("plaintext through without STRICT", Duration::from_secs(30), || {
-        answer = post_from_pod(plane, outside, plain, url).unwrap_or_default();
-        let through = !answer.starts_with("refused:");
-        async move { through }
-    })
+    let through = eventually(
+        "plaintext through without STRICT",
+        Duration::from_secs(30),
+        || {
+            answer = post_from_pod(plane, outside, plain, url).unwrap_or_default();
+            let through = !answer.starts_with("refused:");
+            async move { through }
+        },
+    )
     .await;
     let mut restored = saved.clone();
     restored["metadata"] = serde_json::json!({
@@ -2223,11 +2255,15 @@ async fn planted_breaks_change_the_answers(
         "-p",
         r#"[{"op": "add", "path": "/spec/rules/-", "value": {}}]"#,
     ]))?;
-    let widened = eventually("the outsider through a widened policy", Duration::from_secs(30), || {
-        answer = post_from_pod(plane, outside, meshed, url).unwrap_or_default();
-        let through = answer.starts_with("200 ");
-        async move { through }
-    })
+    let widened = eventually(
+        "the outsider through a widened policy",
+        Duration::from_secs(30),
+        || {
+            answer = post_from_pod(plane, outside, meshed, url).unwrap_or_default();
+            let through = answer.starts_with("200 ");
+            async move { through }
+        },
+    )
     .await;
     let rules = kubectl_json(
         plane,
@@ -2244,14 +2280,21 @@ async fn planted_breaks_change_the_answers(
         "--type",
         "json",
         "-p",
-        &format!(r#"[{{"op": "remove", "path": "/spec/rules/{}"}}]"#, rules.saturating_sub(1)),
+        &format!(
+            r#"[{{"op": "remove", "path": "/spec/rules/{}"}}]"#,
+            rules.saturating_sub(1)
+        ),
     ]))?;
     widened.with_context(|| format!("with the policy widened, still: {answer}"))?;
-    eventually("the outsider refused again", Duration::from_secs(30), || {
-        let refused = post_from_pod(plane, outside, meshed, url)
-            .is_ok_and(|answer| answer == "403 RBAC: access denied");
-        async move { refused }
-    })
+    eventually(
+        "the outsider refused again",
+        Duration::from_secs(30),
+        || {
+            let refused = post_from_pod(plane, outside, meshed, url)
+                .is_ok_and(|answer| answer == "403 RBAC: access denied");
+            async move { refused }
+        },
+    )
     .await?;
     Ok(())
 }

@@ -44,7 +44,11 @@ pub fn judge(
         .filter_map(|other| Some((key_of(other), other, hosts_of(other, serving).ok()?)))
         .collect();
     let claims = std::iter::once((&own, rule, &own_hosts))
-        .chain(others.iter().map(|(key, other, hosts)| (key, *other, hosts)))
+        .chain(
+            others
+                .iter()
+                .map(|(key, other, hosts)| (key, *other, hosts)),
+        )
         .map(|(key, each, hosts)| HostClaim {
             key,
             created: each.metadata.creation_timestamp.as_ref(),

@@ -442,13 +442,12 @@ impl Cors {
                 origins.push(match kind.as_str() {
                     "exact" => OriginMatch::Exact(value.clone()),
                     "prefix" => OriginMatch::Prefix(value.clone()),
-                    _ => OriginMatch::Regex(
-                        regex::Regex::new(&format!("^(?:{value})$"))
-                            .map_err(|source| NotServed::OriginPattern {
-                                pattern: value.clone(),
-                                source,
-                            })?,
-                    ),
+                    _ => OriginMatch::Regex(regex::Regex::new(&format!("^(?:{value})$")).map_err(
+                        |source| NotServed::OriginPattern {
+                            pattern: value.clone(),
+                            source,
+                        },
+                    )?),
                 });
             }
         }
@@ -688,7 +687,11 @@ impl Table {
     fn state(&self, key: &Key) -> Result<Arc<Exposure>, NotServed> {
         match self.live.get(key) {
             Some(exposure) => Ok(exposure.clone()),
-            None => Err(self.refused.get(key).cloned().unwrap_or(NotServed::NotKnown)),
+            None => Err(self
+                .refused
+                .get(key)
+                .cloned()
+                .unwrap_or(NotServed::NotKnown)),
         }
     }
 }
@@ -885,11 +888,9 @@ impl Exposures {
         if honoured.is_empty() {
             let reasons: Vec<String> = naming
                 .iter()
-                .map(|key| {
-                    match table.refused.get(*key) {
-                        Some(why) => format!("APIRule {}/{}: {why}", key.0, key.1),
-                        None => format!("APIRule {}/{}: not honoured", key.0, key.1),
-                    }
+                .map(|key| match table.refused.get(*key) {
+                    Some(why) => format!("APIRule {}/{}: {why}", key.0, key.1),
+                    None => format!("APIRule {}/{}: not honoured", key.0, key.1),
                 })
                 .collect();
             return Err(ErrorResponse::message(

@@ -194,12 +194,10 @@ impl Authorizer {
         let uri = format!("{}{path_and_query}", self.spec.base_url);
         let mut request = http::Request::new(Empty::<Bytes>::new());
         *request.method_mut() = method.clone();
-        *request.uri_mut() = uri
-            .parse()
-            .map_err(|source| Unasked::Url {
-                uri: uri.clone(),
-                source,
-            })?;
+        *request.uri_mut() = uri.parse().map_err(|source| Unasked::Url {
+            uri: uri.clone(),
+            source,
+        })?;
         let sent = request.headers_mut();
         for (name, value) in headers {
             let name_text = name.as_str();

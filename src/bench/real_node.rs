@@ -105,10 +105,9 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     loop {
         let current = subscriptions.get("to-sink").await?;
         let ready = current.status.as_ref().is_some_and(|status| {
-            status
-                .conditions
-                .iter()
-                .any(|condition| condition.type_ == "Ready" && condition.status == ConditionStatus::True)
+            status.conditions.iter().any(|condition| {
+                condition.type_ == "Ready" && condition.status == ConditionStatus::True
+            })
         });
         if ready {
             break;
@@ -223,10 +222,9 @@ async fn apply_until_running(
     loop {
         let current = functions.get(name).await?;
         let running = current.status.as_ref().is_some_and(|status| {
-            status
-                .conditions
-                .iter()
-                .any(|condition| condition.type_ == "Running" && condition.status == ConditionStatus::True)
+            status.conditions.iter().any(|condition| {
+                condition.type_ == "Running" && condition.status == ConditionStatus::True
+            })
         });
         if running {
             return Ok(started.elapsed());

@@ -20,8 +20,8 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
 pub mod control_plane;
-pub mod pki;
 pub mod kube_mock;
+pub mod pki;
 pub mod rbac;
 
 /// Oldest server release eddy supports.

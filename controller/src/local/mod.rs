@@ -22,7 +22,8 @@ use tracing::Instrument as _;
 use crate::status::condition;
 use eddy_model::conditions::{ConditionType, Reason};
 use eddy_model::resources::{
-    ConditionStatus, Function, FunctionStatus, KeySource, describe_errors, set_condition, validate_function,
+    ConditionStatus, Function, FunctionStatus, KeySource, describe_errors, set_condition,
+    validate_function,
 };
 use eddy_platform::{
     shutdown::CancellationToken,

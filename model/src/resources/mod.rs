@@ -88,9 +88,7 @@ pub struct Condition {
 }
 
 /// Whether a condition holds, as Kubernetes writes it: `True`, `False` or `Unknown`.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum ConditionStatus {
     /// It holds.
     True,
