@@ -238,7 +238,7 @@ async fn a_deleted_function_leaves_nothing_behind() {
 
 /// `kubectl scale` sets the Function's replicas through the scale subresource; an HPA can
 /// target the Function (the controller-manager reads its scale). kwok runs no container, so
-/// nothing scales on load here: `tests/real_pods.rs`,
+/// nothing scales on load here: `tests/real_pods/`,
 /// `an_autoscaled_function_scales_out_on_cpu_load_through_metrics_server`, does that.
 #[tokio::test]
 async fn kubectl_scale_sets_a_function_s_replicas_and_an_hpa_can_target_its_scale() {
