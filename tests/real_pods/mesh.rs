@@ -76,6 +76,7 @@ except Exception as error:
 async fn in_the_mesh_only_the_gateway_and_the_dispatcher_reach_a_function_over_mutual_tls()
 -> Result<()> {
     let plane = installed()?;
+    sidecars_where_the_chart_wants_them(plane)?;
     let name = format!("peer-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
     let function = format!(
         r#"
@@ -387,5 +388,29 @@ async fn planted_breaks_change_the_answers(
         },
     )
     .await?;
+    Ok(())
+}
+
+/// Istio's injector gave the gateway's, the dispatcher's and the event-bus's pods a sidecar
+/// (a native one: an init container that keeps running), and left the controller (it talks to
+/// the API server only) and NATS (its clients bypass the proxies) without one.
+fn sidecars_where_the_chart_wants_them(plane: &ControlPlane) -> Result<()> {
+    let pods = kubectl_json(plane, &["get", "pods", "-n", SYSTEM])?;
+    for pod in pods["items"].as_array().context("pods")? {
+        let component = pod["metadata"]["labels"]["app.kubernetes.io/component"]
+            .as_str()
+            .unwrap_or_default();
+        let proxied = ["initContainers", "containers"].iter().any(|list| {
+            pod["spec"][list]
+                .as_array()
+                .is_some_and(|containers| containers.iter().any(|c| c["name"] == "istio-proxy"))
+        });
+        let wanted = matches!(component, "gateway" | "dispatcher" | "event-bus");
+        ensure!(
+            proxied == wanted,
+            "pod {} ({component}): sidecar {proxied}, wanted {wanted}",
+            pod["metadata"]["name"]
+        );
+    }
     Ok(())
 }
