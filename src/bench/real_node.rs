@@ -141,52 +141,27 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         ticker.tick().await;
         let http = http.clone();
         let url = url.clone();
-        sends.spawn(async move {
-            publish_stamped(
-                &http,
-                &url,
-                "bench.realnode.v1",
-                &format!("real-{sequence}"),
-            )
-            .await
-        });
+        // Ids of this run alone: the same source and id within JetStream's duplicate window
+        // is the same event, stored once (an earlier run's ids would be answered 2xx and
+        // never delivered again).
+        let id = format!("{namespace}-{sequence}");
+        sends.spawn(async move { publish_stamped(&http, &url, "bench.realnode.v1", &id).await });
     }
     while let Some(sent) = sends.join_next().await {
         sent??;
     }
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod = pods
-        .list(&ListParams::default().labels("eddy.dev/function=sink"))
-        .await?
-        .items
-        .into_iter()
-        .next()
-        .context("the sink's pod")?;
-    let name = pod.metadata.name.context("the pod's name")?;
     let deadline = Instant::now() + Duration::from_secs(120);
     let latencies = loop {
-        let log = pods
-            .logs(
-                &name,
-                &LogParams {
-                    container: Some("function".into()),
-                    ..LogParams::default()
-                },
-            )
-            .await?;
-        let mut values: Vec<f64> = log
-            .lines()
-            .filter_map(|line| line.strip_prefix("latency_ms "))
-            .filter_map(|value| value.trim().parse().ok())
-            .collect();
+        let (mut values, read) = sink_latencies(&pods).await?;
         if values.len() as u64 >= total {
             values.sort_by(f64::total_cmp);
             break values;
         }
         if Instant::now() > deadline {
             bail!(
-                "{} of {total} events reached the function in 2 minutes",
+                "{} of {total} events reached the function in 2 minutes (read: {read})",
                 values.len()
             );
         }
@@ -202,6 +177,43 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         latencies.last().copied().unwrap_or(0.0)
     );
     Ok(())
+}
+
+/// The latencies the sink logged, from every pod of it (a rollout may leave two) and from the
+/// container before a restart, and what was read, pod by pod, for an error.
+async fn sink_latencies(pods: &Api<Pod>) -> anyhow::Result<(Vec<f64>, String)> {
+    let mut values = Vec::new();
+    let mut read = Vec::new();
+    for pod in pods
+        .list(&ListParams::default().labels("eddy.dev/function=sink"))
+        .await?
+        .items
+    {
+        let name = pod.metadata.name.clone().context("the pod's name")?;
+        let restarted = pod
+            .status
+            .and_then(|status| status.container_statuses)
+            .into_iter()
+            .flatten()
+            .any(|container| container.name == "function" && container.restart_count > 0);
+        for previous in [false, true].into_iter().filter(|p| !p || restarted) {
+            let params = LogParams {
+                container: Some("function".into()),
+                previous,
+                ..LogParams::default()
+            };
+            let log = pods.logs(&name, &params).await.unwrap_or_default();
+            let before = values.len();
+            values.extend(
+                log.lines()
+                    .filter_map(|line| line.strip_prefix("latency_ms "))
+                    .filter_map(|value| value.trim().parse::<f64>().ok()),
+            );
+            let which = if previous { " (before its restart)" } else { "" };
+            read.push(format!("{name}{which}: {}", values.len() - before));
+        }
+    }
+    Ok((values, read.join(", ")))
 }
 
 /// Applies a nodejs22 Function and waits for its Running condition; how long that took.
