@@ -209,7 +209,11 @@ async fn sink_latencies(pods: &Api<Pod>) -> anyhow::Result<(Vec<f64>, String)> {
                     .filter_map(|line| line.strip_prefix("latency_ms "))
                     .filter_map(|value| value.trim().parse::<f64>().ok()),
             );
-            let which = if previous { " (before its restart)" } else { "" };
+            let which = if previous {
+                " (before its restart)"
+            } else {
+                ""
+            };
             read.push(format!("{name}{which}: {}", values.len() - before));
         }
     }
