@@ -662,25 +662,22 @@ impl Table {
             }
         }
         for (key, awarded) in award_hosts(claims) {
-            match (awarded, &self.entries[key].compiled) {
-                (Ok(()), Ok(exposure)) => {
-                    for host in &exposure.hosts {
-                        match wildcard_suffix(host) {
-                            Some(suffix) => {
-                                self.by_suffix.insert(suffix.to_owned(), exposure.clone())
-                            }
-                            None => self.by_host.insert(host.clone(), exposure.clone()),
-                        };
-                    }
-                    self.live.insert(key.clone(), exposure.clone());
-                }
-                (Err(taken), _) => {
-                    let problem = NotServed::NotHonoured(NotHonoured::HostTaken(taken));
-                    self.refused.insert(key.clone(), problem);
-                }
-                // Only what compiled claims hosts.
-                (Ok(()), Err(_)) => {}
+            if let Err(taken) = awarded {
+                let problem = NotServed::NotHonoured(NotHonoured::HostTaken(taken));
+                self.refused.insert(key.clone(), problem);
+                continue;
             }
+            // Only what compiled claimed hosts.
+            let Ok(exposure) = &self.entries[key].compiled else {
+                continue;
+            };
+            for host in &exposure.hosts {
+                match wildcard_suffix(host) {
+                    Some(suffix) => self.by_suffix.insert(suffix.to_owned(), exposure.clone()),
+                    None => self.by_host.insert(host.clone(), exposure.clone()),
+                };
+            }
+            self.live.insert(key.clone(), exposure.clone());
         }
     }
 

@@ -336,17 +336,20 @@ async fn planted_breaks_change_the_answers(
     .await?;
 
     let policy = format!("{RELEASE}-functions");
-    run(plane.kubectl()?.args([
-        "patch",
-        "authorizationpolicy",
-        &policy,
-        "-n",
-        MESH_FUNCTIONS,
-        "--type",
-        "json",
-        "-p",
-        r#"[{"op": "add", "path": "/spec/rules/-", "value": {}}]"#,
-    ]))?;
+    let patch_policy = |patch: &str| -> Result<String> {
+        run(plane.kubectl()?.args([
+            "patch",
+            "authorizationpolicy",
+            &policy,
+            "-n",
+            MESH_FUNCTIONS,
+            "--type",
+            "json",
+            "-p",
+            patch,
+        ]))
+    };
+    patch_policy(r#"[{"op": "add", "path": "/spec/rules/-", "value": {}}]"#)?;
     let widened = eventually(
         "the outsider through a widened policy",
         Duration::from_secs(30),
@@ -363,20 +366,10 @@ async fn planted_breaks_change_the_answers(
     )?["spec"]["rules"]
         .as_array()
         .map_or(0, Vec::len);
-    run(plane.kubectl()?.args([
-        "patch",
-        "authorizationpolicy",
-        &policy,
-        "-n",
-        MESH_FUNCTIONS,
-        "--type",
-        "json",
-        "-p",
-        &format!(
-            r#"[{{"op": "remove", "path": "/spec/rules/{}"}}]"#,
-            rules.saturating_sub(1)
-        ),
-    ]))?;
+    patch_policy(&format!(
+        r#"[{{"op": "remove", "path": "/spec/rules/{}"}}]"#,
+        rules.saturating_sub(1)
+    ))?;
     widened.with_context(|| format!("with the policy widened, still: {answer}"))?;
     eventually(
         "the outsider refused again",
