@@ -13,6 +13,7 @@ pub mod index;
 pub mod journal;
 pub mod manager;
 pub mod metrics;
+pub mod scaler;
 pub mod sinks;
 pub mod worker;
 
@@ -137,6 +138,9 @@ pub struct Args {
         default_value = "1MiB"
     )]
     pub max_reply_size: bytesize::ByteSize,
+    /// Scaling Functions from zero (with `--subscriptions-from kubernetes`).
+    #[command(flatten)]
+    pub scale: scaler::ScaleArgs,
     /// Connection limits of the admin listener.
     #[command(flatten)]
     pub serve: eddy_platform::net::ServeArgs,
@@ -200,6 +204,7 @@ impl Dispatcher {
             sink_resolution,
             ack_wait,
             max_reply_size,
+            scale,
             serve,
             platform: eddy_platform::flags::PlatformTokenArgs { platform_token },
             api_auth,
@@ -215,6 +220,9 @@ impl Dispatcher {
             .await?;
         let js = async_nats::jetstream::new(client.clone());
         let policy = sinks.policy();
+        let scaler = kube
+            .clone()
+            .map(|kube| scaler::Scaler::new(kube, scale.clone()));
         let (source, sinks) = match kube {
             Some(kube) => {
                 ensure_with_retry(&js, &stream, &shutdown).await?;
@@ -258,6 +266,7 @@ impl Dispatcher {
             },
             progress_every: (ack_wait / 3).max(Duration::from_millis(100)),
             journal: journal::Journal::default(),
+            scaler: scaler.clone(),
         });
         let (manager, manager_task) = manager::start(
             shared.clone(),
@@ -267,6 +276,9 @@ impl Dispatcher {
             source,
             shutdown.child_token(),
         );
+        if let Some(scaler) = scaler {
+            tokio::spawn(scaler.run(shared.clone(), manager.clone(), shutdown.child_token()));
+        }
         let router = eddy_platform::auth::protect(
             admin::router(Arc::new(admin::AdminState {
                 shared,

@@ -15,6 +15,12 @@ struct SubscriptionLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScaleLabels {
+    function: String,
+    direction: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     subscription: String,
     reason: &'static str,
@@ -65,6 +71,7 @@ pub struct Metrics {
     pending: Family<SubscriptionLabel, Gauge>,
     in_flight: Family<SubscriptionLabel, Gauge>,
     stream_breaks: Family<ReasonLabels, Counter>,
+    scaled: Family<ScaleLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -121,8 +128,15 @@ impl Metrics {
             "Message streams from JetStream that ended and were opened again, by reason",
             stream_breaks.clone(),
         );
+        let scaled = Family::<ScaleLabels, Counter>::default();
+        registry.register(
+            "function_scaled",
+            "Replica changes of Functions that scale to zero, by direction (wake, out, in, zero)",
+            scaled.clone(),
+        );
         Self {
             registry,
+            scaled,
             delivered,
             retried,
             dead_lettered,
@@ -132,6 +146,17 @@ impl Metrics {
             in_flight,
             stream_breaks,
         }
+    }
+
+    /// The dispatcher changed the replicas of `function` (`namespace/name`): `direction` is
+    /// `wake`, `out`, `in` or `zero`.
+    pub fn scaled(&self, function: &str, direction: &'static str) {
+        self.scaled
+            .get_or_create(&ScaleLabels {
+                function: function.to_owned(),
+                direction,
+            })
+            .inc();
     }
 
     /// A subscription's message stream ended for `reason` (a fixed vocabulary) and is rebuilt.

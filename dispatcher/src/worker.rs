@@ -34,6 +34,7 @@ use crate::{
     delivery::{self, Failure, Verdict},
     journal::{Journal, Recent},
     metrics::{Metrics, SubscriptionMetrics},
+    scaler::{Gate, Scaler},
     sinks::{Resolved, Sinks},
 };
 
@@ -55,6 +56,8 @@ pub struct Shared {
     pub progress_every: Duration,
     /// Recent attempts and reply types, for the dashboard.
     pub journal: Journal,
+    /// Scaling from zero on Kubernetes: events for a Function with no ready pod wait for it.
+    pub scaler: Option<Scaler>,
 }
 
 /// The client deliveries go through.
@@ -190,6 +193,26 @@ async fn ensure(
 const CONSUMER_RETRY: Backoff =
     Backoff::exponential(Duration::from_millis(200), Duration::from_secs(5));
 
+/// How long after a woken Function's first ready pod a refused delivery is taken for its Service
+/// not routing to the pod yet.
+const ROUTING_GRACE: Duration = Duration::from_secs(10);
+
+/// Waits for `gate` to open (asking for the wake-up), with in-progress acks for `message`.
+async fn hold(shared: &Shared, gate: &mut Gate, message: &jetstream::Message) {
+    let opened = gate.wake_and_wait();
+    let mut opened = std::pin::pin!(opened);
+    loop {
+        tokio::select! {
+            () = &mut opened => return,
+            () = tokio::time::sleep(shared.progress_every) => {
+                if let Err(error) = message.ack_with(AckKind::Progress).await {
+                    tracing::debug!(%error, "in-progress ack failed");
+                }
+            }
+        }
+    }
+}
+
 /// Sleeps; true when cancelled first.
 async fn sleep_or_cancel(delay: Duration, cancel: &CancellationToken) -> bool {
     tokio::select! {
@@ -267,6 +290,10 @@ pub async fn consume(
     let series = shared.metrics.subscription(&target.label);
     let recent = shared.journal.subscription(&target.label);
     let mut sink = SinkCache::default();
+    let gate = shared
+        .scaler
+        .as_ref()
+        .and_then(|scaler| scaler.gate(&target.sink));
     let mut running = FuturesUnordered::new();
     let mut asking: Option<futures::future::BoxFuture<'_, _>> = None;
     let mut delivered = false;
@@ -285,7 +312,7 @@ pub async fn consume(
                 Some(Ok(message)) => {
                     delivered = true;
                     let resolved = sink.get(&shared.sinks, &target.sink);
-                    running.push(handle(shared, target, &series, &recent, resolved, message));
+                    running.push(handle(shared, target, &series, &recent, resolved, gate.as_ref(), message));
                 }
                 Some(Err(error)) => match stream_break(error.kind()) {
                     None => tracing::debug!("missed heartbeat; the stream recovers on its own"),
@@ -350,6 +377,7 @@ async fn handle(
     series: &SubscriptionMetrics,
     recent: &Recent,
     sink: Result<Arc<Resolved>, Verdict>,
+    gate: Option<&Gate>,
     message: jetstream::Message,
 ) {
     let (attempt, stream_sequence) = match message.info() {
@@ -369,19 +397,52 @@ async fn handle(
                 status: None,
             };
         }
-        match sink {
-            Ok(sink) => {
-                deliver(
-                    shared,
-                    target,
-                    &sink,
-                    message.headers.as_ref(),
-                    &message.payload,
-                    Some(&message),
-                )
-                .await
+        let sink = match sink {
+            Ok(sink) => sink,
+            Err(verdict) => return verdict,
+        };
+        let Some(gate) = gate.filter(|gate| !gate.is_open()) else {
+            return deliver(
+                shared,
+                target,
+                &sink,
+                message.headers.as_ref(),
+                &message.payload,
+                Some(&message),
+            )
+            .await;
+        };
+        // The Function has no ready pod: wake it, hold the event (kept alive with in-progress
+        // acks, so it is not redelivered meanwhile), then deliver. Until its Service routes to
+        // the new pod (endpoints and proxies follow the pod's readiness by a moment), a refused
+        // connection is tried again here rather than spent as an attempt.
+        let mut gate = gate.clone();
+        hold(shared, &mut gate, &message).await;
+        let opened = Instant::now();
+        loop {
+            let verdict = deliver(
+                shared,
+                target,
+                &sink,
+                message.headers.as_ref(),
+                &message.payload,
+                Some(&message),
+            )
+            .await;
+            let not_routed_yet = matches!(
+                verdict,
+                Verdict::Retry {
+                    reason: Failure::ConnectError,
+                    ..
+                } | Verdict::Retry {
+                    status: Some(503),
+                    ..
+                }
+            );
+            if !not_routed_yet || opened.elapsed() > ROUTING_GRACE {
+                return verdict;
             }
-            Err(verdict) => verdict,
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
     let span = traces::enabled().then(|| delivery_span(target, &message, attempt, stream_sequence));

@@ -84,6 +84,7 @@ async fn shared(nats: &NatsServer, gateway: Option<InProcessGateway>) -> Shared 
         },
         progress_every: Duration::from_secs(10),
         journal: Journal::default(),
+        scaler: None,
     }
 }
 

@@ -75,6 +75,18 @@ pub struct GatewayArgs {
         default_value = "http://{service}.{namespace}.svc.cluster.local:{port}"
     )]
     pub service_url: String,
+    /// How long a call to a Function at zero replicas is held for its first pod to be ready
+    /// (then 503 with `Retry-After`).
+    #[arg(long = "wake-timeout", env = "EDDY_WAKE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub wake_timeout: Duration,
+    /// Most calls held at once, over every Function, while their Functions wake (503 with
+    /// `Retry-After` above it).
+    #[arg(
+        long = "max-held-calls",
+        env = "EDDY_MAX_HELD_CALLS",
+        default_value_t = 1000
+    )]
+    pub max_held_calls: usize,
     /// Largest request body forwarded (413 above it).
     #[arg(
         long = "max-request-size",
@@ -96,6 +108,17 @@ pub struct Route {
     pub timeout: Duration,
     /// Its series on the gateway's `/metrics`.
     pub metrics: Arc<FunctionSeries>,
+    /// Whether it scales to zero, and whether it has no ready pod now.
+    pub sleep: Sleep,
+}
+
+/// What the gateway knows of a Function's sleep (`eddy_platform::scale`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sleep {
+    /// It scales to zero: a call that finds no pod wakes it and waits.
+    pub from_zero: bool,
+    /// Its status shows no ready pod.
+    pub asleep: bool,
 }
 
 /// Routes by (namespace, name), and whether the first list has arrived.
@@ -162,10 +185,20 @@ impl Routes {
     /// A Function's route (a JWT verifier for an unchanged `access.jwt` is kept, with its keys).
     fn route_of(&self, function: &Function, existing: Option<Access>) -> Route {
         let (namespace, name) = key_of(function);
+        let (min, max) = function.spec.replica_bounds();
+        let from_zero = min <= 0 && max > min;
         Route {
             access: Access::of(function.spec.access.as_ref(), existing.as_ref()),
             timeout: function.spec.timeout(),
             metrics: self.metrics.function(&namespace, &name),
+            sleep: Sleep {
+                from_zero,
+                asleep: from_zero
+                    && function
+                        .status
+                        .as_ref()
+                        .is_some_and(|status| status.replicas == 0),
+            },
         }
     }
 }
@@ -193,16 +226,147 @@ pub struct Services {
     function_url: String,
     service_url: String,
     client: Client<HttpConnector, Full<Bytes>>,
+    waking: Arc<Waking>,
+}
+
+/// Waking Functions at zero for calls: the scale subresource, the held calls' bound, and the
+/// calls Leases that keep a Function awake.
+pub struct Waking {
+    kube: Option<kube::Client>,
+    timeout: Duration,
+    held: Arc<tokio::sync::Semaphore>,
+    /// When each Function was last asked to wake (a wake-up per Function at most every
+    /// [`WAKE_EVERY`], however many calls wait).
+    asked: parking_lot::Mutex<HashMap<FunctionKey, std::time::Instant>>,
+    /// Functions that scale to zero called since the last stamp.
+    called: parking_lot::Mutex<std::collections::HashSet<FunctionKey>>,
+}
+
+/// The length of Envoy's `no healthy upstream` answer.
+const NO_HEALTHY_UPSTREAM_LENGTH: &[u8] = b"19";
+/// How often a waiting call asks again for its Function's wake-up.
+const WAKE_EVERY: Duration = Duration::from_secs(1);
+/// How often the calls to Functions that scale to zero renew their calls Leases.
+const STAMP_EVERY: Duration = Duration::from_secs(5);
+/// The wait between tries of a held call.
+const HELD_RETRY: Duration = Duration::from_millis(100);
+
+impl Waking {
+    /// Wakes through `kube` (`None`: never, as in tests without a cluster); holds calls up to
+    /// `timeout`, at most `max_held` at once.
+    pub fn new(kube: Option<kube::Client>, timeout: Duration, max_held: usize) -> Self {
+        Self {
+            kube,
+            timeout,
+            held: Arc::new(tokio::sync::Semaphore::new(max_held)),
+            asked: parking_lot::Mutex::default(),
+            called: parking_lot::Mutex::default(),
+        }
+    }
+
+    /// Asks for `key`'s Deployment to go from zero to one replica (at most every
+    /// [`WAKE_EVERY`]); counts a wake-up in `metrics` when it did.
+    async fn wake(&self, key: &FunctionKey, metrics: &FunctionSeries) {
+        let Some(kube) = &self.kube else {
+            return;
+        };
+        {
+            let mut asked = self.asked.lock();
+            let now = std::time::Instant::now();
+            if asked.get(key).is_some_and(|at| now - *at < WAKE_EVERY) {
+                return;
+            }
+            asked.insert(key.clone(), now);
+        }
+        let (namespace, function) = key;
+        match eddy_platform::scale::scale_deployment_if(
+            kube,
+            namespace,
+            function,
+            |now| now <= 0,
+            1,
+        )
+        .await
+        {
+            Ok(Some(_)) => {
+                tracing::info!(%namespace, %function, "woken for a call");
+                metrics.cold_start();
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%namespace, %function, %error, "cannot wake"),
+        }
+    }
+
+    /// Renews the calls Leases of the Functions called since the last round, every
+    /// [`STAMP_EVERY`] until `shutdown`.
+    pub async fn stamp_calls(self: Arc<Self>, shutdown: CancellationToken) {
+        let Some(kube) = self.kube.clone() else {
+            return;
+        };
+        let mut tick = tokio::time::interval(STAMP_EVERY);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let called = std::mem::take(&mut *self.called.lock());
+            for (namespace, function) in called {
+                if let Err(error) =
+                    eddy_platform::scale::renew_calls_lease(&kube, &namespace, &function).await
+                {
+                    tracing::warn!(%namespace, %function, %error, "cannot renew the calls Lease");
+                }
+            }
+        }
+    }
+}
+
+/// Whether an answer means the Service has no ready pod to route to: a refused connection
+/// (kube-proxy rejects a Service without endpoints) or a mesh proxy's `503` with no upstream.
+fn not_routed(
+    answer: &Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+) -> bool {
+    match answer {
+        Err(error) => error.is_connect(),
+        Ok(response) => {
+            response.status() == StatusCode::SERVICE_UNAVAILABLE
+                && response
+                    .headers()
+                    .get(header::SERVER)
+                    .is_some_and(|server| server.as_bytes().ends_with(b"envoy"))
+                // Envoy's own `no healthy upstream`, not a Function's 503 passed on.
+                && response
+                    .headers()
+                    .get(header::CONTENT_LENGTH)
+                    .is_some_and(|length| length.as_bytes() == NO_HEALTHY_UPSTREAM_LENGTH)
+        }
+    }
+}
+
+/// A copy of a buffered request, for another try.
+fn copy_request(request: &http::Request<Full<Bytes>>) -> http::Request<Full<Bytes>> {
+    let mut copy = http::Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }
 
 impl Services {
     /// Functions known from `routes`, reached at `function_url`; APIRule Services at
-    /// `service_url`.
-    pub fn new(routes: Arc<Routes>, function_url: String, service_url: String) -> Self {
+    /// `service_url`; Functions at zero woken by `waking`.
+    pub fn new(
+        routes: Arc<Routes>,
+        function_url: String,
+        service_url: String,
+        waking: Arc<Waking>,
+    ) -> Self {
         Self {
             routes,
             function_url,
             service_url,
+            waking,
             client: eddy_platform::net::pooled_client(
                 Duration::from_secs(30),
                 Some(Duration::from_secs(5)),
@@ -211,13 +375,77 @@ impl Services {
     }
 }
 
-impl Upstreams for Services {
-    type Function = ();
+impl Services {
+    /// Sends a call to a Function that scales to zero: while its Service routes to no pod, the
+    /// call is held (bounded by `--max-held-calls` and `--wake-timeout`), the Function woken,
+    /// and the call tried again. A try that was not routed never reached a Function, so trying
+    /// again cannot run it twice.
+    async fn send_waking(
+        &self,
+        key: &FunctionKey,
+        sleep: Sleep,
+        request: http::Request<Full<Bytes>>,
+        answer_within: Duration,
+    ) -> Result<
+        Result<
+            Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+            tokio::time::error::Elapsed,
+        >,
+        ErrorResponse,
+    > {
+        let (namespace, function) = key;
+        let metrics = self.routes.get(key).map(|route| route.metrics);
+        let mut held: Option<(tokio::sync::OwnedSemaphorePermit, std::time::Instant)> = None;
+        let mut asleep = sleep.asleep;
+        loop {
+            if asleep {
+                if held.is_none() {
+                    let permit = self.waking.held.clone().try_acquire_owned().map_err(|_| {
+                        starting(format!(
+                            "too many calls are waiting for Functions to start; function {namespace}/{function} has no ready pod"
+                        ))
+                    })?;
+                    held = Some((permit, std::time::Instant::now()));
+                }
+                if let Some(metrics) = &metrics {
+                    self.waking.wake(key, metrics).await;
+                }
+            }
+            let answer =
+                tokio::time::timeout(answer_within, self.client.request(copy_request(&request)))
+                    .await;
+            let routed = !matches!(&answer, Ok(answer) if not_routed(answer));
+            let waited = held.as_ref().map(|(_, since)| since.elapsed());
+            if routed {
+                if let (Some(waited), Some(metrics)) = (waited, &metrics) {
+                    metrics.waited(waited.as_secs_f64());
+                }
+                return Ok(answer);
+            }
+            if waited.is_some_and(|waited| waited >= self.waking.timeout) {
+                return Err(starting(format!(
+                    "function {namespace}/{function} is starting: no pod was ready within {}s",
+                    self.waking.timeout.as_secs()
+                )));
+            }
+            asleep = true;
+            tokio::time::sleep(HELD_RETRY).await;
+        }
+    }
+}
 
-    fn function(&self, key: &FunctionKey) -> Option<Found<()>> {
+/// A 503 (with `Retry-After`) for a call whose Function is not up yet.
+fn starting(message: String) -> ErrorResponse {
+    ErrorResponse::message(StatusCode::SERVICE_UNAVAILABLE, message)
+}
+
+impl Upstreams for Services {
+    type Function = Sleep;
+
+    fn function(&self, key: &FunctionKey) -> Option<Found<Sleep>> {
         let route = self.routes.get(key)?;
         Some(Found {
-            function: (),
+            function: route.sleep,
             access: route.access,
             // The handler's timeout, and time to answer after it.
             timeout: route.timeout + Duration::from_secs(5),
@@ -231,7 +459,7 @@ impl Upstreams for Services {
 
     async fn send(
         &self,
-        destination: Destination<'_, ()>,
+        destination: Destination<'_, Sleep>,
         mut request: http::Request<Full<Bytes>>,
     ) -> Result<Response, ErrorResponse> {
         let (namespace, function) = destination.key;
@@ -250,7 +478,17 @@ impl Upstreams for Services {
         // The Service's host, not the caller's (kept in X-Forwarded-Host).
         request.headers_mut().remove(header::HOST);
         let answer_within = destination.timeout;
-        match tokio::time::timeout(answer_within, self.client.request(request)).await {
+        let sleep = destination.function.copied().unwrap_or_default();
+        if sleep.from_zero {
+            self.waking.called.lock().insert(destination.key.clone());
+        }
+        let answer = if sleep.from_zero {
+            self.send_waking(destination.key, sleep, request, answer_within)
+                .await?
+        } else {
+            tokio::time::timeout(answer_within, self.client.request(request)).await
+        };
+        match answer {
             Ok(Ok(response)) => {
                 let (mut head, incoming) = response.into_parts();
                 forward_headers(&mut head.headers);
@@ -356,9 +594,10 @@ pub fn router(
     function_url: String,
     service_url: String,
     max_body: usize,
+    waking: Arc<Waking>,
 ) -> axum::Router {
     let metrics = routes.metrics.clone();
-    let services = Services::new(routes.clone(), function_url, service_url);
+    let services = Services::new(routes.clone(), function_url, service_url, waking);
     let gateway = Arc::new(Gateway::new(services, metrics, exposures, max_body));
     let probes = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
@@ -403,12 +642,18 @@ pub async fn serve_on(
     let routes = Arc::new(Routes::default());
     let exposures = Arc::new(Exposures::new(&args.exposure));
     let max_body = usize::try_from(args.max_request_size.as_u64()).unwrap_or(usize::MAX);
+    let waking = Arc::new(Waking::new(
+        Some(client.clone()),
+        args.wake_timeout,
+        args.max_held_calls,
+    ));
     let app = router(
         routes.clone(),
         exposures.clone(),
         args.function_url.clone(),
         args.service_url.clone(),
         max_body,
+        waking.clone(),
     );
     let addr = listener.local_addr().map_err(eddy_platform::Error::Serve)?;
     eddy_platform::output::say(format!(
@@ -443,10 +688,11 @@ pub async fn serve_on(
             );
         }
     };
-    let (served, (), ()) = tokio::join!(
+    let (served, (), (), ()) = tokio::join!(
         server,
         follow(client.clone(), routes, shutdown.clone()),
-        apirules
+        apirules,
+        waking.stamp_calls(shutdown.clone()),
     );
     Ok(served.map_err(eddy_platform::Error::Serve)?)
 }

@@ -103,7 +103,7 @@ impl FunctionMetrics {
         let cold_starts = Family::<FunctionLabels, Counter>::default();
         registry.register(
             "cold_starts",
-            "Instances started because calls were waiting and none was ready (local mode)",
+            "Instances started because calls were waiting and none was ready (local mode), or wake-ups of a Function at zero replicas for a call (Kubernetes)",
             cold_starts.clone(),
         );
         let instances = Family::<FunctionLabels, Gauge>::default();
@@ -116,7 +116,7 @@ impl FunctionMetrics {
             Family::<FunctionLabels, Histogram>::new_with_constructor(|| Histogram::new(SECONDS));
         registry.register(
             "queue_wait_seconds",
-            "How long calls that found no ready instance waited for one (local mode)",
+            "How long calls that found no ready instance (local mode) or pod (Kubernetes) waited for one",
             queue_wait.clone(),
         );
         Self {

@@ -16,6 +16,7 @@ pub mod net;
 pub mod output;
 pub mod process;
 pub mod publisher;
+pub mod scale;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

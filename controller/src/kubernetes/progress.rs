@@ -154,6 +154,8 @@ pub fn running_condition(
     let desired = match scaling {
         Scaling::Fixed(replicas) => replicas,
         Scaling::Autoscaled { min, .. } => status.replicas.unwrap_or(min).max(min),
+        // What the gateway or the dispatcher last asked for.
+        Scaling::FromZero { .. } => deployment.spec.replicas.unwrap_or(1),
     };
     let conditions = status.conditions.unwrap_or_default();
     if let Some(stuck) = conditions.iter().find(|c| {
@@ -168,12 +170,11 @@ pub fn running_condition(
         status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
     let updated = status.updated_replicas.unwrap_or(0);
     if desired == 0 && observed && status.replicas.unwrap_or(0) == 0 {
-        return (
-            Some(true),
-            Reason::ScaledToZero,
-            "0 replicas requested".to_owned(),
-            0,
-        );
+        let message = match scaling {
+            Scaling::FromZero { .. } => "no pod while idle; a call or an event wakes it",
+            _ => "0 replicas requested",
+        };
+        return (Some(true), Reason::ScaledToZero, message.to_owned(), 0);
     }
     let available_condition = conditions
         .iter()

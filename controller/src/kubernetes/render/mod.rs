@@ -47,7 +47,7 @@ use self::{build::*, workload::*};
 /// The field manager of every server-side apply.
 pub const FIELD_MANAGER: &str = "eddy-controller";
 /// Label naming the Function an object belongs to.
-pub const FUNCTION_LABEL: &str = "eddy.dev/function";
+pub use eddy_platform::scale::FUNCTION_LABEL;
 /// Label carrying the build hash of a ConfigMap, a Job or a pod template.
 pub const BUILD_HASH_LABEL: &str = "eddy.dev/build-hash";
 /// The port function containers listen on.
@@ -278,14 +278,13 @@ fn truncate(name: &str, max: usize) -> &str {
 
 /// The Deployment's replica count and the HPA's bounds, from the Function's scaling fields.
 /// An HPA cannot scale to zero (that needs the alpha `HPAScaleToZero` gate), so an autoscaled
-/// `minReplicas: 0` keeps one replica on Kubernetes.
+/// `minReplicas: 0` is left to eddy's own scaling instead (`eddy_platform::scale`).
 pub fn scaling(function: &Function) -> Scaling {
     let (min, max) = function.spec.replica_bounds();
-    if max > min {
-        Scaling::Autoscaled {
-            min: min.max(1),
-            max,
-        }
+    if max > min && min <= 0 {
+        Scaling::FromZero { max }
+    } else if max > min {
+        Scaling::Autoscaled { min, max }
     } else {
         Scaling::Fixed(min)
     }
@@ -301,6 +300,12 @@ pub enum Scaling {
     Autoscaled {
         /// Fewest pods.
         min: i32,
+        /// Most pods.
+        max: i32,
+    },
+    /// Between zero and max, left to eddy's scaling: woken by the gateway and the dispatcher,
+    /// raised by pending events, back to zero when idle (the Deployment does not set replicas).
+    FromZero {
         /// Most pods.
         max: i32,
     },

@@ -2,6 +2,7 @@
 //! buildless `install` init container), its Service and its HPA.
 
 use super::*;
+use eddy_platform::scale::{MAX_REPLICAS_ANNOTATION, SCALE_TO_ZERO_LABEL};
 
 /// eddy's container defaults: non-root, read-only root, no capabilities, no privilege
 /// escalation, RuntimeDefault seccomp.
@@ -63,12 +64,24 @@ pub(super) fn deployment(
         volumes: volumes.volumes,
         timeout,
     };
+    let mut metadata = owned.metadata(name, owned.labels());
+    if let Scaling::FromZero { max } = scaling {
+        metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(SCALE_TO_ZERO_LABEL.into(), "true".into());
+        metadata.annotations = Some(
+            [(MAX_REPLICAS_ANNOTATION.to_owned(), max.to_string())]
+                .into_iter()
+                .collect(),
+        );
+    }
     Deployment {
-        metadata: owned.metadata(name, owned.labels()),
+        metadata,
         spec: DeploymentSpec {
             replicas: match scaling {
                 Scaling::Fixed(replicas) => Some(replicas),
-                Scaling::Autoscaled { .. } => None,
+                Scaling::Autoscaled { .. } | Scaling::FromZero { .. } => None,
             },
             selector: LabelSelector {
                 match_labels: Some(labels([(FUNCTION_LABEL, name)])),

@@ -431,7 +431,7 @@ fn scaling_maps_onto_replicas_or_an_autoscaler() {
     assert_eq!(scaled(json!({})), Scaling::Autoscaled { min: 1, max: 3 });
     assert_eq!(
         scaled(json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 4}})),
-        Scaling::Autoscaled { min: 1, max: 4 }
+        Scaling::FromZero { max: 4 }
     );
     assert_eq!(
         scaled(json!({"scaleConfig": {"minReplicas": 2, "maxReplicas": 2}})),
