@@ -23,6 +23,7 @@ mod jwt;
 mod mesh;
 #[path = "../support/registry.rs"]
 mod registry;
+mod scale;
 
 const RELEASE: &str = "eddy";
 const SYSTEM: &str = "eddy-system";

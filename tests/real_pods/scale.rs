@@ -1,0 +1,284 @@
+//! Scale from zero in real pods: a Function with `minReplicas: 0` goes to zero when idle
+//! (`dispatcher.scaleToZeroAfter`, 15 s in the real node's values), is woken by events (the
+//! dispatcher holds them) and by calls (the gateway holds them), scales out with its pending
+//! events, and loses no event while its pod cannot start.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use eddy_testing::eventually;
+use futures::StreamExt as _;
+use serde_json::Value;
+
+use super::*;
+
+/// A Function at zero (`worker`, nodejs22, 0–3 replicas) that answers each `scale.work.v1` with
+/// a `scale.done.v1` reply carrying the event's id, and a `tally` (one replica) that records the
+/// ids it receives and answers them to a GET.
+fn worker_and_tally(namespace: &str, worker_env: &str) -> String {
+    format!(
+        r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: worker}}
+spec:
+  runtime: nodejs22
+  scaleConfig: {{minReplicas: 0, maxReplicas: 3}}
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  env:
+    - {{name: BROKEN, value: "{worker_env}"}}
+  source:
+    inline:
+      source: |
+        if (process.env.BROKEN === "yes") {{ throw new Error("this pod cannot start"); }}
+        module.exports = {{
+          main: (event) => {{
+            const id = event["ce-id"] || (event.data && event.data.id) || "call";
+            const response = event.extensions.response;
+            response.setHeader("ce-specversion", "1.0");
+            response.setHeader("ce-type", "scale.done.v1");
+            response.setHeader("ce-source", "worker");
+            response.setHeader("ce-id", `${{id}}-done`);
+            return {{ id }};
+          }},
+        }};
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: tally}}
+spec:
+  runtime: python312
+  replicas: 1
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        import threading
+
+        IDS = set()
+        LOCK = threading.Lock()
+
+
+        def main(event, context):
+            if event.get("ce-type") == "scale.done.v1":
+                with LOCK:
+                    IDS.add(event["data"]["id"])
+                return "ok"
+            with LOCK:
+                return {{"ids": sorted(IDS)}}
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Subscription
+metadata: {{name: work}}
+spec:
+  sink: http://worker.{namespace}.svc.cluster.local
+  types: [scale.work.v1]
+  config: {{maxInFlightMessages: "20"}}
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Subscription
+metadata: {{name: done}}
+spec:
+  sink: http://tally.{namespace}.svc.cluster.local
+  types: [scale.done.v1]
+  config: {{maxInFlightMessages: "20"}}
+"#
+    )
+}
+
+/// The worker's Deployment's `spec.replicas`.
+fn replicas(plane: &ControlPlane, namespace: &str) -> Result<i64> {
+    let deployment = kubectl_json(plane, &["get", "deployment", "worker", "-n", namespace])?;
+    Ok(deployment["spec"]["replicas"].as_i64().unwrap_or(1))
+}
+
+/// Waits until the worker is at zero: its status says `ScaledToZero`.
+async fn at_zero(plane: &ControlPlane, namespace: &str, within: Duration) -> Result<()> {
+    wait_for_function(
+        plane,
+        "functions.eddy.dev",
+        namespace,
+        "worker",
+        within,
+        |function| {
+            condition(function, "Running").is_some_and(|(status, reason, _)| {
+                status == "True" && reason == "ScaledToZero"
+            })
+        },
+    )
+    .await
+}
+
+/// The ids the tally has recorded, read through eddy's gateway.
+fn tallied(plane: &ControlPlane, namespace: &str) -> Result<Vec<String>> {
+    let (status, body) = call(
+        plane,
+        SYSTEM,
+        "eddy-gateway",
+        &format!("/{namespace}/tally/"),
+        None,
+    )?;
+    ensure!(status == 200, "the tally answered {status}: {body}");
+    let answer: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+    Ok(answer["ids"]
+        .as_array()
+        .context("ids")?
+        .iter()
+        .filter_map(|id| id.as_str().map(str::to_owned))
+        .collect())
+}
+
+/// Publishes `ids` as `scale.work.v1` events, 16 at a time; every one must be stored (2xx).
+async fn publish_all(plane: &ControlPlane, ids: &[String]) -> Result<()> {
+    let url = format!("{}/publish", service_url(plane, SYSTEM, "eddy-event-bus")?);
+    let client = reqwest::Client::new();
+    let answers: Vec<Result<u16>> = futures::stream::iter(ids)
+        .map(|id| {
+            let request = client
+                .post(&url)
+                .header("ce-specversion", "1.0")
+                .header("ce-type", "scale.work.v1")
+                .header("ce-source", "scale-test")
+                .header("ce-id", id)
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"id": "{id}"}}"#));
+            async move { Ok(request.send().await?.status().as_u16()) }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for answer in answers {
+        let status = answer?;
+        ensure!((200..300).contains(&status), "publish answered {status}");
+    }
+    Ok(())
+}
+
+/// Waits until the tally holds every one of `ids`; fails with how many are missing.
+async fn all_tallied(
+    plane: &ControlPlane,
+    namespace: &str,
+    ids: &[String],
+    within: Duration,
+) -> Result<()> {
+    let mut missing = ids.len();
+    let done = eventually("every event tallied", within, || {
+        let seen: std::collections::HashSet<String> = tallied(plane, namespace)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        missing = ids.iter().filter(|id| !seen.contains(*id)).count();
+        async move { missing == 0 }
+    })
+    .await;
+    done.with_context(|| format!("{missing} of {} events not delivered", ids.len()))
+}
+
+/// A Function at zero woken by a burst of 1,000 events: every event delivered, its replicas up
+/// (out past one, with the pending events) and back to zero when idle; then a call through the
+/// gateway wakes it again and is answered (the time of that first call is printed).
+#[tokio::test]
+async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_sleeps_again()
+-> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "scale")?;
+    apply(plane, &namespace, &worker_and_tally(&namespace, "no"))?;
+    running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
+    subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
+    // Up at first (a new Function's pod shows it works), then idle: to zero.
+    at_zero(plane, &namespace, Duration::from_secs(120)).await?;
+    ensure!(replicas(plane, &namespace)? == 0, "the Deployment is at zero");
+
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let ids: Vec<String> = (0..1000).map(|n| format!("{}-{n}", &run[..8])).collect();
+    let started = Instant::now();
+    publish_all(plane, &ids).await?;
+    let published = started.elapsed();
+    let mut most = 0;
+    let out = eventually("the worker scaled out past one pod", Duration::from_secs(60), || {
+        most = most.max(replicas(plane, &namespace).unwrap_or(0));
+        async move { most > 1 }
+    })
+    .await;
+    all_tallied(plane, &namespace, &ids, Duration::from_secs(240)).await?;
+    out.with_context(|| format!("the most replicas seen: {most}"))?;
+    eprintln!(
+        "1000 events published in {:.1} s, all delivered {:.1} s after the first, through a Function woken from zero (up to {most} replicas)",
+        published.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    at_zero(plane, &namespace, Duration::from_secs(120)).await?;
+
+    let called = Instant::now();
+    let (status, body) = call(
+        plane,
+        SYSTEM,
+        "eddy-gateway",
+        &format!("/{namespace}/worker/"),
+        Some(r#"{"id": "a-call"}"#),
+    )?;
+    ensure!(status == 200, "the call from zero answered {status}: {body}");
+    ensure!(body.contains("a-call"), "the call's answer: {body}");
+    eprintln!(
+        "a call to the Function at zero answered through the gateway in {:.2} s",
+        called.elapsed().as_secs_f64()
+    );
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
+
+/// Events for a Function at zero whose pod cannot start wait in the stream (nothing
+/// dead-lettered, nothing lost), and are all delivered once a fixed version starts.
+#[tokio::test]
+async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() -> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "unstartable")?;
+    apply(plane, &namespace, &worker_and_tally(&namespace, "no"))?;
+    running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
+    subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
+    at_zero(plane, &namespace, Duration::from_secs(120)).await?;
+    // Broken while asleep: the next pod throws as it loads the handler.
+    apply(plane, &namespace, &worker_and_tally(&namespace, "yes"))?;
+
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let ids: Vec<String> = (0..50).map(|n| format!("{}-{n}", &run[..8])).collect();
+    publish_all(plane, &ids).await?;
+    let woken = eventually("the worker woken", Duration::from_secs(30), || {
+        let up = replicas(plane, &namespace).is_ok_and(|replicas| replicas > 0);
+        async move { up }
+    })
+    .await;
+    woken?;
+    // Its pod fails and fails again: nothing arrives, and the events stay.
+    let failing = eventually("the worker's pod restarting", Duration::from_secs(90), || {
+        let pods = kubectl_json(
+            plane,
+            &["get", "pods", "-n", &namespace, "-l", "eddy.dev/function=worker"],
+        );
+        let restarted = pods.is_ok_and(|pods| {
+            pods["items"].as_array().is_some_and(|items| {
+                items.iter().any(|pod| {
+                    pod["status"]["containerStatuses"]
+                        .as_array()
+                        .is_some_and(|statuses| {
+                            statuses
+                                .iter()
+                                .any(|status| status["restartCount"].as_i64().unwrap_or(0) >= 1)
+                        })
+                })
+            })
+        });
+        async move { restarted }
+    })
+    .await;
+    failing?;
+    ensure!(
+        tallied(plane, &namespace)?.is_empty(),
+        "nothing is delivered while the pod cannot start"
+    );
+
+    apply(plane, &namespace, &worker_and_tally(&namespace, "no"))?;
+    all_tallied(plane, &namespace, &ids, Duration::from_secs(180)).await?;
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
