@@ -101,9 +101,8 @@ async fn at_zero(plane: &ControlPlane, namespace: &str, within: Duration) -> Res
         "worker",
         within,
         |function| {
-            condition(function, "Running").is_some_and(|(status, reason, _)| {
-                status == "True" && reason == "ScaledToZero"
-            })
+            condition(function, "Running")
+                .is_some_and(|(status, reason, _)| status == "True" && reason == "ScaledToZero")
         },
     )
     .await
@@ -187,7 +186,10 @@ async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_slee
     subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
     // Up at first (a new Function's pod shows it works), then idle: to zero.
     at_zero(plane, &namespace, Duration::from_secs(120)).await?;
-    ensure!(replicas(plane, &namespace)? == 0, "the Deployment is at zero");
+    ensure!(
+        replicas(plane, &namespace)? == 0,
+        "the Deployment is at zero"
+    );
 
     let run = uuid::Uuid::new_v4().simple().to_string();
     let ids: Vec<String> = (0..1000).map(|n| format!("{}-{n}", &run[..8])).collect();
@@ -195,10 +197,14 @@ async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_slee
     publish_all(plane, &ids).await?;
     let published = started.elapsed();
     let mut most = 0;
-    let out = eventually("the worker scaled out past one pod", Duration::from_secs(60), || {
-        most = most.max(replicas(plane, &namespace).unwrap_or(0));
-        async move { most > 1 }
-    })
+    let out = eventually(
+        "the worker scaled out past one pod",
+        Duration::from_secs(60),
+        || {
+            most = most.max(replicas(plane, &namespace).unwrap_or(0));
+            async move { most > 1 }
+        },
+    )
     .await;
     all_tallied(plane, &namespace, &ids, Duration::from_secs(240)).await?;
     out.with_context(|| format!("the most replicas seen: {most}"))?;
@@ -217,7 +223,10 @@ async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_slee
         &format!("/{namespace}/worker/"),
         Some(r#"{"id": "a-call"}"#),
     )?;
-    ensure!(status == 200, "the call from zero answered {status}: {body}");
+    ensure!(
+        status == 200,
+        "the call from zero answered {status}: {body}"
+    );
     ensure!(body.contains("a-call"), "the call's answer: {body}");
     eprintln!(
         "a call to the Function at zero answered through the gateway in {:.2} s",
@@ -249,29 +258,50 @@ async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() ->
     })
     .await;
     woken?;
-    // Its pod fails and fails again: nothing arrives, and the events stay.
-    let failing = eventually("the worker's pod restarting", Duration::from_secs(90), || {
-        let pods = kubectl_json(
-            plane,
-            &["get", "pods", "-n", &namespace, "-l", "eddy.dev/function=worker"],
-        );
-        let restarted = pods.is_ok_and(|pods| {
-            pods["items"].as_array().is_some_and(|items| {
+    // Its pod cannot get ready (the runtime fails to load the handler): for 20 s nothing
+    // arrives, and the events stay.
+    let mut seen = Value::Null;
+    let stuck = eventually(
+        "a worker pod not ready for 20 s",
+        Duration::from_secs(90),
+        || {
+            let pods = kubectl_json(
+                plane,
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    &namespace,
+                    "-l",
+                    "eddy.dev/function=worker",
+                ],
+            )
+            .unwrap_or_default();
+            let stuck = pods["items"].as_array().is_some_and(|items| {
                 items.iter().any(|pod| {
-                    pod["status"]["containerStatuses"]
+                    let created = pod["metadata"]["creationTimestamp"]
+                        .as_str()
+                        .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok());
+                    let old = created.is_some_and(|at| {
+                        chrono::Utc::now().signed_duration_since(at)
+                            > chrono::TimeDelta::seconds(20)
+                    });
+                    let ready = pod["status"]["conditions"]
                         .as_array()
-                        .is_some_and(|statuses| {
-                            statuses
+                        .is_some_and(|conditions| {
+                            conditions
                                 .iter()
-                                .any(|status| status["restartCount"].as_i64().unwrap_or(0) >= 1)
-                        })
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        });
+                    old && !ready
                 })
-            })
-        });
-        async move { restarted }
-    })
+            });
+            seen = pods;
+            async move { stuck }
+        },
+    )
     .await;
-    failing?;
+    stuck.with_context(|| format!("the worker's pods: {seen}"))?;
     ensure!(
         tallied(plane, &namespace)?.is_empty(),
         "nothing is delivered while the pod cannot start"
