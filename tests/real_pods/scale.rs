@@ -14,8 +14,15 @@ use super::*;
 
 /// A Function at zero (`worker`, nodejs22, 0–3 replicas) that answers each `scale.work.v1` with
 /// a `scale.done.v1` reply carrying the event's id, and a `tally` (one replica) that records the
-/// ids it receives and answers them to a GET.
-fn worker_and_tally(namespace: &str, worker_env: &str) -> String {
+/// ids it receives and answers them to a GET. A `broken` worker's pods never get ready: their
+/// install init container fails on a package that does not exist.
+fn worker_and_tally(namespace: &str, broken: bool) -> String {
+    let dependencies = if broken {
+        r#"
+      dependencies: '{"dependencies": {"eddy-no-such-package-8f3a1c": "1.0.0"}}'"#
+    } else {
+        ""
+    };
     format!(
         r#"
 apiVersion: eddy.dev/v1alpha1
@@ -25,12 +32,9 @@ spec:
   runtime: nodejs22
   scaleConfig: {{minReplicas: 0, maxReplicas: 3}}
   resourceConfiguration: {{function: {{profile: XS}}}}
-  env:
-    - {{name: BROKEN, value: "{worker_env}"}}
   source:
-    inline:
+    inline:{dependencies}
       source: |
-        if (process.env.BROKEN === "yes") {{ throw new Error("this pod cannot start"); }}
         module.exports = {{
           main: (event) => {{
             const id = event["ce-id"] || (event.data && event.data.id) || "call";
@@ -181,7 +185,7 @@ async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_slee
 -> Result<()> {
     let plane = installed()?;
     let namespace = namespace(plane, "scale")?;
-    apply(plane, &namespace, &worker_and_tally(&namespace, "no"))?;
+    apply(plane, &namespace, &worker_and_tally(&namespace, false))?;
     running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
     subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
     // Up at first (a new Function's pod shows it works), then idle: to zero.
@@ -242,12 +246,12 @@ async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_slee
 async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() -> Result<()> {
     let plane = installed()?;
     let namespace = namespace(plane, "unstartable")?;
-    apply(plane, &namespace, &worker_and_tally(&namespace, "no"))?;
+    apply(plane, &namespace, &worker_and_tally(&namespace, false))?;
     running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
     subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
     at_zero(plane, &namespace, Duration::from_secs(120)).await?;
-    // Broken while asleep: the next pod throws as it loads the handler.
-    apply(plane, &namespace, &worker_and_tally(&namespace, "yes"))?;
+    // Broken while asleep: the next pod's install fails.
+    apply(plane, &namespace, &worker_and_tally(&namespace, true))?;
 
     let run = uuid::Uuid::new_v4().simple().to_string();
     let ids: Vec<String> = (0..50).map(|n| format!("{}-{n}", &run[..8])).collect();
@@ -258,8 +262,7 @@ async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() ->
     })
     .await;
     woken?;
-    // Its pod cannot get ready (the runtime fails to load the handler): for 20 s nothing
-    // arrives, and the events stay.
+    // Its pod cannot get ready: for 20 s nothing arrives, and the events stay.
     let mut seen = Value::Null;
     let stuck = eventually(
         "a worker pod not ready for 20 s",
@@ -307,7 +310,7 @@ async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() ->
         "nothing is delivered while the pod cannot start"
     );
 
-    apply(plane, &namespace, &worker_and_tally(&namespace, "no"))?;
+    apply(plane, &namespace, &worker_and_tally(&namespace, false))?;
     all_tallied(plane, &namespace, &ids, Duration::from_secs(180)).await?;
     delete_namespace(plane, &namespace)?;
     Ok(())
