@@ -18,6 +18,7 @@ use eddy_testing::{
 };
 use serde_json::Value;
 
+mod faults;
 #[path = "../support/jwt.rs"]
 mod jwt;
 mod mesh;
@@ -380,8 +381,8 @@ async fn the_chart_runs_on_a_real_node_with_every_container_up() -> Result<()> {
     }
     let nats = kubectl_json(plane, &["get", "statefulset", "eddy-nats", "-n", SYSTEM])?;
     ensure!(
-        nats["status"]["readyReplicas"] == 1,
-        "NATS not Ready: {}",
+        nats["status"]["readyReplicas"] == 3,
+        "NATS's three servers not Ready: {}",
         nats["status"]
     );
     let pods = kubectl_json(plane, &["get", "pods", "-n", SYSTEM])?;

@@ -1,0 +1,374 @@
+//! Faults in pods: while events are published at a steady rate, one pod at a time is deleted (a
+//! NATS server with no grace period, an event-bus pod, the dispatcher's pod, a Function's pod).
+//! Every event the event-bus answered 2xx for must reach the Function (counted by id), the
+//! duplicates are counted, and every refusal must be a 503 with `Retry-After`.
+//!
+//! The chart's own NATS cluster runs here: three servers (a StatefulSet), streams at R3
+//! (`charts/eddy/ci/real-node-values.yaml`).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, ensure};
+use eddy_testing::eventually;
+use serde_json::Value;
+
+use super::*;
+
+/// `worker` (two replicas) answers each `fault.work.v1` with a `fault.done.v1` reply carrying
+/// the event's id; `tally` (one replica, never deleted) counts each id it receives.
+fn worker_and_tally(namespace: &str) -> String {
+    format!(
+        r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: worker}}
+spec:
+  runtime: nodejs22
+  replicas: 2
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        module.exports = {{
+          main: (event) => {{
+            const id = event["ce-id"];
+            const response = event.extensions.response;
+            response.setHeader("ce-specversion", "1.0");
+            response.setHeader("ce-type", "fault.done.v1");
+            response.setHeader("ce-source", "worker");
+            response.setHeader("ce-id", `${{id}}-done`);
+            return {{ id }};
+          }},
+        }};
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: tally}}
+spec:
+  runtime: python312
+  replicas: 1
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        import threading
+
+        COUNTS = {{}}
+        LOCK = threading.Lock()
+
+
+        def main(event, context):
+            if event.get("ce-type") == "fault.done.v1":
+                with LOCK:
+                    id = event["data"]["id"]
+                    COUNTS[id] = COUNTS.get(id, 0) + 1
+                return "ok"
+            with LOCK:
+                return {{"counts": dict(COUNTS)}}
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Subscription
+metadata: {{name: work}}
+spec:
+  sink: http://worker.{namespace}.svc.cluster.local
+  types: [fault.work.v1]
+---
+apiVersion: eddy.dev/v1alpha1
+kind: Subscription
+metadata: {{name: done}}
+spec:
+  sink: http://tally.{namespace}.svc.cluster.local
+  types: [fault.done.v1]
+"#
+    )
+}
+
+/// How the event-bus answered one publish.
+#[derive(Debug, Clone)]
+enum Answer {
+    /// 2xx: stored.
+    Stored,
+    /// A status other than 2xx, and whether `Retry-After` came with it.
+    Refused { status: u16, retry_after: bool },
+    /// No HTTP answer (the connection was refused or reset).
+    NoAnswer(String),
+}
+
+/// Publishes `fault.work.v1` events at `per_second` until `stop`; each id with its answer.
+async fn publish_steadily(
+    url: String,
+    prefix: String,
+    per_second: u64,
+    stop: Arc<AtomicBool>,
+) -> Vec<(String, Answer)> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default();
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / per_second));
+    let mut sent = tokio::task::JoinSet::new();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        tick.tick().await;
+        let id = format!("{prefix}-{n}");
+        n += 1;
+        let request = client
+            .post(&url)
+            .header("ce-specversion", "1.0")
+            .header("ce-type", "fault.work.v1")
+            .header("ce-source", "fault-test")
+            .header("ce-id", &id)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"id": "{id}"}}"#));
+        sent.spawn(async move {
+            let answer = match request.send().await {
+                Ok(response) if response.status().is_success() => Answer::Stored,
+                Ok(response) => Answer::Refused {
+                    status: response.status().as_u16(),
+                    retry_after: response.headers().contains_key("retry-after"),
+                },
+                Err(error) => Answer::NoAnswer(format!("{error:#}")),
+            };
+            (id, answer)
+        });
+    }
+    sent.join_all().await
+}
+
+/// The tally's counts by id, read through eddy's gateway.
+fn tallied(plane: &ControlPlane, namespace: &str) -> Result<HashMap<String, u64>> {
+    let (status, body) = call(
+        plane,
+        SYSTEM,
+        "eddy-gateway",
+        &format!("/{namespace}/tally/"),
+        None,
+    )?;
+    ensure!(status == 200, "the tally answered {status}: {body}");
+    let answer: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+    Ok(answer["counts"]
+        .as_object()
+        .context("counts")?
+        .iter()
+        .map(|(id, count)| (id.clone(), count.as_u64().unwrap_or(0)))
+        .collect())
+}
+
+/// The events' stream is replicated on the three NATS servers, as a NATS server's monitoring
+/// endpoint reports it (from the host: NATS pods have no sidecar).
+fn events_stream_at_r3(plane: &ControlPlane) -> Result<()> {
+    let pod = kubectl_json(plane, &["get", "pod", "eddy-nats-0", "-n", SYSTEM])?;
+    let ip = pod["status"]["podIP"]
+        .as_str()
+        .context("eddy-nats-0's address")?;
+    let (status, body) = curl(&format!("http://{ip}:8222/jsz?streams=true"), &[], None)?;
+    ensure!(status == 200, "NATS monitoring answered {status}: {body}");
+    let jsz: Value = serde_json::from_str(&body)?;
+    let stream = jsz["account_details"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
+        .find(|stream| stream["name"] == "EDDY_EVENTS")
+        .with_context(|| format!("no EDDY_EVENTS in {body}"))?;
+    let peers = 1 + stream["cluster"]["replicas"].as_array().map_or(0, Vec::len);
+    ensure!(
+        stream["config"]["num_replicas"] == 3 && peers == 3,
+        "EDDY_EVENTS is not at R3 on three servers: {}",
+        stream["cluster"]
+    );
+    Ok(())
+}
+
+/// The name of a pod of `selector` in `namespace`.
+fn a_pod(plane: &ControlPlane, namespace: &str, selector: &str) -> Result<String> {
+    let pods = kubectl_json(plane, &["get", "pods", "-n", namespace, "-l", selector])?;
+    pods["items"]
+        .as_array()
+        .and_then(|items| items.first())
+        .and_then(|pod| pod["metadata"]["name"].as_str())
+        .map(str::to_owned)
+        .with_context(|| format!("no pod of {selector} in {namespace}"))
+}
+
+/// Waits until every pod of `selector` in `namespace` is ready, `count` of them.
+async fn all_ready(
+    plane: &ControlPlane,
+    namespace: &str,
+    selector: &str,
+    count: usize,
+) -> Result<()> {
+    eventually(
+        &format!("{count} ready pods of {selector}"),
+        Duration::from_secs(120),
+        || {
+            let ready = kubectl_json(plane, &["get", "pods", "-n", namespace, "-l", selector])
+                .is_ok_and(|pods| {
+                    pods["items"].as_array().is_some_and(|items| {
+                        items.len() == count
+                            && items.iter().all(|pod| {
+                                pod["metadata"]["deletionTimestamp"].is_null()
+                                    && pod["status"]["conditions"].as_array().is_some_and(|c| {
+                                        c.iter()
+                                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                                    })
+                            })
+                    })
+                });
+            async move { ready }
+        },
+    )
+    .await
+}
+
+/// Events published at a steady 40/s through four faults in turn, each pod deleted once the
+/// previous one's replacement is ready: a NATS server (grace period 0), an event-bus pod, the
+/// dispatcher's pod, a Function's pod. Every stored event is delivered.
+#[tokio::test]
+async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publishing()
+-> Result<()> {
+    let plane = installed()?;
+    let namespace = namespace(plane, "faults")?;
+    apply(plane, &namespace, &worker_and_tally(&namespace))?;
+    running(plane, &namespace, "worker", Duration::from_secs(120)).await?;
+    running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
+    subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
+    events_stream_at_r3(plane)?;
+
+    let url = format!("{}/publish", service_url(plane, SYSTEM, "eddy-event-bus")?);
+    let prefix = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = tokio::spawn(publish_steadily(url, prefix, 40, stop.clone()));
+    let started = Instant::now();
+    let nats = "app.kubernetes.io/name=nats";
+    let faults: [(&str, &str, &str, usize, bool); 4] = [
+        ("a NATS server", SYSTEM, nats, 3, true),
+        (
+            "an event-bus pod",
+            SYSTEM,
+            "app.kubernetes.io/component=event-bus",
+            2,
+            false,
+        ),
+        (
+            "the dispatcher's pod",
+            SYSTEM,
+            "app.kubernetes.io/component=dispatcher",
+            1,
+            false,
+        ),
+        (
+            "a Function's pod",
+            &namespace,
+            "eddy.dev/function=worker",
+            2,
+            false,
+        ),
+    ];
+    for (what, namespace, selector, count, forced) in faults {
+        all_ready(plane, namespace, selector, count).await?;
+        // Some events before each fault, under the steady rate.
+        let before = Instant::now();
+        eventually(
+            "a few seconds of publishing",
+            Duration::from_secs(10),
+            || {
+                let enough = before.elapsed() >= Duration::from_secs(3);
+                async move { enough }
+            },
+        )
+        .await?;
+        let pod = a_pod(plane, namespace, selector)?;
+        let mut delete = plane.kubectl()?;
+        delete.args(["delete", "pod", &pod, "-n", namespace, "--wait=false"]);
+        if forced {
+            delete.args(["--grace-period=0", "--force"]);
+        }
+        run(&mut delete).with_context(|| format!("deleting {what}"))?;
+        eprintln!(
+            "{:>5.1} s: deleted {what} ({pod})",
+            started.elapsed().as_secs_f64()
+        );
+        all_ready(plane, namespace, selector, count).await?;
+        eprintln!(
+            "{:>5.1} s: {what} replaced",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    stop.store(true, Ordering::Release);
+    let answers = publisher.await?;
+
+    let stored: Vec<&String> = answers
+        .iter()
+        .filter(|(_, answer)| matches!(answer, Answer::Stored))
+        .map(|(id, _)| id)
+        .collect();
+    let refused: Vec<&(String, Answer)> = answers
+        .iter()
+        .filter(|(_, answer)| matches!(answer, Answer::Refused { .. }))
+        .collect();
+    let unanswered: Vec<&str> = answers
+        .iter()
+        .filter_map(|(_, answer)| match answer {
+            Answer::NoAnswer(error) => Some(error.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut counts = HashMap::new();
+    let mut missing = stored.len();
+    let delivered = eventually(
+        "every stored event delivered",
+        Duration::from_secs(180),
+        || {
+            counts = tallied(plane, &namespace).unwrap_or_default();
+            missing = stored
+                .iter()
+                .filter(|id| !counts.contains_key(**id))
+                .count();
+            async move { missing == 0 }
+        },
+    )
+    .await;
+    let duplicates = counts.values().filter(|count| **count > 1).count();
+    eprintln!(
+        "{} published over {:.0} s: {} stored, {} refused, {} unanswered (connections refused or reset); {} delivered, {} of them more than once, {missing} missing",
+        answers.len(),
+        started.elapsed().as_secs_f64(),
+        stored.len(),
+        refused.len(),
+        unanswered.len(),
+        counts.len(),
+        duplicates,
+    );
+    if let Some(error) = unanswered.first() {
+        eprintln!("an unanswered publish: {error}");
+    }
+    delivered.with_context(|| {
+        format!(
+            "{missing} of {} stored events never delivered",
+            stored.len()
+        )
+    })?;
+    for (id, answer) in &refused {
+        ensure!(
+            matches!(
+                answer,
+                Answer::Refused {
+                    status: 503,
+                    retry_after: true
+                }
+            ),
+            "event {id} was refused with {answer:?}, not a 503 with Retry-After"
+        );
+    }
+    ensure!(!stored.is_empty(), "some events were stored");
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
