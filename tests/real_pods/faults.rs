@@ -168,7 +168,7 @@ fn events_stream_at_r3(plane: &ControlPlane) -> Result<()> {
     let ip = pod["status"]["podIP"]
         .as_str()
         .context("eddy-nats-0's address")?;
-    let (status, body) = curl(&format!("http://{ip}:8222/jsz?streams=true"), &[], None)?;
+    let (status, body) = curl(&format!("http://{ip}:8222/jsz?streams=true&config=true"), &[], None)?;
     ensure!(status == 200, "NATS monitoring answered {status}: {body}");
     let jsz: Value = serde_json::from_str(&body)?;
     let stream = jsz["account_details"]
