@@ -162,13 +162,17 @@ fn tallied(plane: &ControlPlane, namespace: &str) -> Result<HashMap<String, u64>
 }
 
 /// The events' stream is replicated on the three NATS servers, as a NATS server's monitoring
-/// endpoint reports it (from the host: NATS pods have no sidecar).
-fn events_stream_at_r3(plane: &ControlPlane) -> Result<()> {
+/// endpoint reports it (from the host: NATS pods have no sidecar); the server leading it.
+fn events_stream_at_r3(plane: &ControlPlane) -> Result<String> {
     let pod = kubectl_json(plane, &["get", "pod", "eddy-nats-0", "-n", SYSTEM])?;
     let ip = pod["status"]["podIP"]
         .as_str()
         .context("eddy-nats-0's address")?;
-    let (status, body) = curl(&format!("http://{ip}:8222/jsz?streams=true&config=true"), &[], None)?;
+    let (status, body) = curl(
+        &format!("http://{ip}:8222/jsz?streams=true&config=true"),
+        &[],
+        None,
+    )?;
     ensure!(status == 200, "NATS monitoring answered {status}: {body}");
     let jsz: Value = serde_json::from_str(&body)?;
     let stream = jsz["account_details"]
@@ -184,7 +188,10 @@ fn events_stream_at_r3(plane: &ControlPlane) -> Result<()> {
         "EDDY_EVENTS is not at R3 on three servers: {}",
         stream["cluster"]
     );
-    Ok(())
+    stream["cluster"]["leader"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("EDDY_EVENTS has no leader: {}", stream["cluster"]))
 }
 
 /// The name of a pod of `selector` in `namespace`.
@@ -229,8 +236,9 @@ async fn all_ready(
 }
 
 /// Events published at a steady 40/s through four faults in turn, each pod deleted once the
-/// previous one's replacement is ready: a NATS server (grace period 0), an event-bus pod, the
-/// dispatcher's pod, a Function's pod. Every stored event is delivered.
+/// previous one's replacement is ready: the NATS server leading the events' stream (grace
+/// period 0: its store, an emptyDir, goes with it), an event-bus pod, the dispatcher's pod, a
+/// Function's pod. Every stored event is delivered.
 #[tokio::test]
 async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publishing()
 -> Result<()> {
@@ -240,16 +248,23 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
     running(plane, &namespace, "worker", Duration::from_secs(120)).await?;
     running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
     subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
-    events_stream_at_r3(plane)?;
+    let leader = events_stream_at_r3(plane)?;
 
     let url = format!("{}/publish", service_url(plane, SYSTEM, "eddy-event-bus")?);
     let prefix = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let stop = Arc::new(AtomicBool::new(false));
     let publisher = tokio::spawn(publish_steadily(url, prefix, 40, stop.clone()));
     let started = Instant::now();
-    let nats = "app.kubernetes.io/name=nats";
+    // The NATS server leading the events' stream, by its pod's name (its server name).
+    let leader_pod = format!("statefulset.kubernetes.io/pod-name={leader}");
     let faults: [(&str, &str, &str, usize, bool); 4] = [
-        ("a NATS server", SYSTEM, nats, 3, true),
+        (
+            "the NATS server leading the stream",
+            SYSTEM,
+            &leader_pod,
+            1,
+            true,
+        ),
         (
             "an event-bus pod",
             SYSTEM,
@@ -369,6 +384,8 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
         );
     }
     ensure!(!stored.is_empty(), "some events were stored");
+    // The cluster healed: the stream is on three servers again.
+    events_stream_at_r3(plane)?;
     delete_namespace(plane, &namespace)?;
     Ok(())
 }
