@@ -98,7 +98,7 @@ enum Answer {
     /// A status other than 2xx, and whether `Retry-After` came with it.
     Refused { status: u16, retry_after: bool },
     /// No HTTP answer (the connection was refused or reset).
-    NoAnswer(String),
+    Unanswered(String),
 }
 
 /// Publishes `fault.work.v1` events at `per_second` until `stop`; each id with its answer.
@@ -134,7 +134,7 @@ async fn publish_steadily(
                     status: response.status().as_u16(),
                     retry_after: response.headers().contains_key("retry-after"),
                 },
-                Err(error) => Answer::NoAnswer(format!("{error:#}")),
+                Err(error) => Answer::Unanswered(format!("{error:#}")),
             };
             (id, answer)
         });
@@ -332,7 +332,7 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
     let unanswered: Vec<&str> = answers
         .iter()
         .filter_map(|(_, answer)| match answer {
-            Answer::NoAnswer(error) => Some(error.as_str()),
+            Answer::Unanswered(error) => Some(error.as_str()),
             _ => None,
         })
         .collect();
