@@ -309,9 +309,9 @@ fn the_chart_renders_valid_objects_for_an_external_nats() {
     );
 }
 
-/// charts/eddy/ci/real-node-values.yaml: one node, no registry, no mesh (what the real-pod
-/// tests install): one NATS server on an emptyDir with streams at R1, images from the node,
-/// and the egress proxy passed to the controller when set.
+/// charts/eddy/ci/real-node-values.yaml: one node, no registry (what the real-pod tests
+/// install): the chart's three NATS servers, clustered, each on an emptyDir, with streams at
+/// R3, images from the node, and the egress proxy passed to the controller when set.
 #[test]
 fn the_chart_renders_valid_objects_for_one_real_node() {
     let (kinds, rendered) = render_chart_text(
@@ -324,14 +324,14 @@ fn the_chart_renders_valid_objects_for_one_real_node() {
     assert_eq!(count(&kinds, "statefulset"), 1, "{kinds:?}");
     assert_eq!(count(&kinds, "authorizationpolicy"), 0, "{kinds:?}");
     assert!(
-        rendered.contains("replicas: 1\n  serviceName: eddy-nats-headless"),
+        rendered.contains("replicas: 3\n  serviceName: eddy-nats-headless"),
         "{rendered}"
     );
     assert!(
         !rendered.contains("volumeClaimTemplates:"),
         "an emptyDir, no PVC"
     );
-    assert!(!rendered.contains("cluster {"), "one server, not clustered");
+    assert!(rendered.contains("cluster {"), "three servers, clustered");
     assert!(
         rendered.contains("image: localhost/nats:local"),
         "{rendered}"
@@ -341,8 +341,8 @@ fn the_chart_renders_valid_objects_for_one_real_node() {
         "{rendered}"
     );
     assert!(
-        rendered.contains("{name: EDDY_STREAM_REPLICAS, value: \"1\"}"),
-        "streams at R1"
+        rendered.contains("{name: EDDY_STREAM_REPLICAS, value: \"3\"}"),
+        "streams at R3"
     );
     assert!(rendered.contains("{name: EDDY_EGRESS_PROXY, value: \"http://10.0.0.1:3128\"}"));
     // The trusted CA reaches the two components that make outbound TLS calls, with the image's

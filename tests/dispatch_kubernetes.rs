@@ -24,11 +24,48 @@ fn subscription(sink: &str, types: &[&str], resource_version: &str) -> Value {
 }
 
 fn api_server(initial: Value) -> (kube::Client, mpsc::Sender<Value>, Requests) {
-    kube_mock::api_server(
-        "/apis/eddy.dev/v1alpha1/subscriptions?",
-        "SubscriptionList",
-        vec![initial],
-    )
+    let (client, mut watches, requests) = kube_mock::watching(
+        std::iter::once(subscriptions(initial))
+            .chain(scaler_watches())
+            .collect(),
+    );
+    (client, watches.remove(0), requests)
+}
+
+/// eddy's Subscriptions, `initial` listed.
+fn subscriptions(initial: Value) -> kube_mock::Watched {
+    kube_mock::Watched {
+        list_path: "/apis/eddy.dev/v1alpha1/subscriptions?",
+        list_kind: "SubscriptionList",
+        initial: vec![initial],
+    }
+}
+
+/// The scaler's watches, with nothing listed (no Function here scales to zero): the
+/// Deployments labelled to scale to zero, and the gateway's calls Leases.
+fn scaler_watches() -> [kube_mock::Watched; 2] {
+    let nothing = |list_path, list_kind| kube_mock::Watched {
+        list_path,
+        list_kind,
+        initial: Vec::new(),
+    };
+    [
+        nothing("/apis/apps/v1/deployments?", "DeploymentList"),
+        nothing("/apis/coordination.k8s.io/v1/leases?", "LeaseList"),
+    ]
+}
+
+/// What the chart grants the dispatcher beyond what these tests make it ask: changing a
+/// Deployment's scale, which the real-pod tests exercise with the chart's own RBAC
+/// (tests/real_pods/scale.rs).
+fn scaling_grants() -> BTreeSet<String> {
+    [
+        "apps/deployments/scale:get",
+        "apps/deployments/scale:update",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
 }
 
 /// A dispatcher reading Subscriptions through `client` (and Kyma's with `kyma`), delivering
@@ -144,12 +181,21 @@ async fn subscriptions_from_kubernetes_are_delivered_updated_and_removed() {
     let requests = requests.lock().unwrap().clone();
     let unexpected: Vec<_> = requests
         .iter()
-        .filter(|(_, uri)| !uri.starts_with("/apis/eddy.dev/v1alpha1/subscriptions?"))
+        .filter(|(_, uri)| {
+            ![
+                "/apis/eddy.dev/v1alpha1/subscriptions?",
+                "/apis/apps/v1/deployments?",
+                "/apis/coordination.k8s.io/v1/leases?",
+            ]
+            .iter()
+            .any(|path| uri.starts_with(path))
+        })
         .collect();
     assert!(unexpected.is_empty(), "unexpected requests: {unexpected:?}");
     let used: BTreeSet<String> = requests
         .iter()
         .flat_map(|(method, uri)| eddy_testing::rbac::needed_by(method, uri))
+        .chain(scaling_grants())
         .collect();
     // Without `kymaCompatibility`, nothing of Kyma's group (the test below turns it on).
     let granted = eddy_testing::rbac::granted_by_cluster_role(&rendered);
@@ -175,18 +221,19 @@ async fn kyma_subscriptions_are_delivered_beside_eddy_s() {
         "spec": {"sink": sink.url, "source": "shop", "types": ["order.paid.v1"],
                  "config": {"maxInFlightMessages": "5"}},
     });
-    let (client, _watches, requests) = kube_mock::watching(vec![
-        kube_mock::Watched {
-            list_path: "/apis/eddy.dev/v1alpha1/subscriptions?",
-            list_kind: "SubscriptionList",
-            initial: vec![subscription(&sink.url, &["order.created.v1"], "1")],
-        },
-        kube_mock::Watched {
-            list_path: "/apis/eventing.kyma-project.io/v1alpha2/subscriptions?",
-            list_kind: "SubscriptionList",
-            initial: vec![kyma],
-        },
-    ]);
+    let (client, _watches, requests) = kube_mock::watching(
+        [
+            subscriptions(subscription(&sink.url, &["order.created.v1"], "1")),
+            kube_mock::Watched {
+                list_path: "/apis/eventing.kyma-project.io/v1alpha2/subscriptions?",
+                list_kind: "SubscriptionList",
+                initial: vec![kyma],
+            },
+        ]
+        .into_iter()
+        .chain(scaler_watches())
+        .collect(),
+    );
     let shutdown = start_dispatcher(&platform, client, true).await;
     for name in ["on-order", "on-payment"] {
         eventually(
@@ -222,6 +269,7 @@ async fn kyma_subscriptions_are_delivered_beside_eddy_s() {
         .unwrap()
         .iter()
         .flat_map(|(method, uri)| eddy_testing::rbac::needed_by(method, uri))
+        .chain(scaling_grants())
         .collect();
     assert_eq!(
         eddy_testing::rbac::granted_by_cluster_role(&rendered),

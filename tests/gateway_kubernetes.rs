@@ -195,12 +195,22 @@ async fn the_gateway_routes_to_function_services_and_enforces_access() {
     );
 
     shutdown.cancel();
-    // The gateway only lists and watches Functions, as its ClusterRole in the chart allows.
+    // The gateway lists and watches Functions, as its ClusterRole in the chart allows. The
+    // chart also lets it wake Functions that scale to zero (a Deployment's scale) and renew
+    // their calls Leases, which none of these Functions does: the real-pod tests exercise
+    // those grants (tests/real_pods/scale.rs).
+    let waking = [
+        "apps/deployments/scale:get",
+        "apps/deployments/scale:update",
+        "coordination.k8s.io/leases:create",
+        "coordination.k8s.io/leases:patch",
+    ];
     let made: std::collections::BTreeSet<String> = requests
         .lock()
         .unwrap()
         .iter()
         .flat_map(|(method, uri)| eddy_testing::rbac::needed_by(method, uri))
+        .chain(waking.map(str::to_owned))
         .collect();
     let rendered = eddy_testing::rbac::rendered("gateway.yaml", &[]).unwrap();
     assert_eq!(made, eddy_testing::rbac::granted_by_cluster_role(&rendered));

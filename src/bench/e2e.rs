@@ -100,8 +100,24 @@ pub(super) fn now_ms() -> f64 {
         .unwrap_or(0.0)
 }
 
-async fn publish(http: &reqwest::Client, url: &str, sequence: u64) -> anyhow::Result<()> {
-    publish_stamped(http, url, "bench.e2e.v1", &format!("e2e-{sequence}")).await
+/// What a rate search publishes, and the consumer whose backlog tells whether it kept up.
+#[derive(Debug, Clone)]
+pub(super) struct Probed {
+    /// The events' type.
+    pub kind: &'static str,
+    /// Their ids' prefix (`<prefix>-<sequence>`), unique to the run.
+    pub ids: String,
+    /// The consumer that delivers them.
+    pub consumer: String,
+}
+
+async fn publish(
+    http: &reqwest::Client,
+    url: &str,
+    path: &Probed,
+    sequence: u64,
+) -> anyhow::Result<()> {
+    publish_stamped(http, url, path.kind, &format!("{}-{sequence}", path.ids)).await
 }
 
 /// Publishes one event of type `kind` stamped with its send time (`ce-benchsent`, which
@@ -129,14 +145,21 @@ pub(super) async fn publish_stamped(
     Ok(())
 }
 
-async fn consumer_settled(js: &async_nats::jetstream::Context) -> anyhow::Result<bool> {
+async fn consumer_settled(
+    js: &async_nats::jetstream::Context,
+    consumer: &str,
+) -> anyhow::Result<bool> {
     let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
-    super::consumer_settled(&stream, &consumer_name("bench", "e2e")).await
+    super::consumer_settled(&stream, consumer).await
 }
 
-async fn wait_settled(js: &async_nats::jetstream::Context) -> anyhow::Result<()> {
+/// Waits until `consumer` has delivered and acknowledged everything stored for it.
+pub(super) async fn wait_settled(
+    js: &async_nats::jetstream::Context,
+    consumer: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(300);
-    while !consumer_settled(js).await? {
+    while !consumer_settled(js, consumer).await? {
         if Instant::now() > deadline {
             bail!("the backlog did not drain in 5 minutes");
         }
@@ -220,9 +243,10 @@ pub(super) async fn wait_ready(
 /// Publishes at `rate` events per second for `window` (open loop: a send does not wait for the
 /// one before, up to [`MAX_UNANSWERED`] at once). Returns the events left behind when the window
 /// ended (publishes unanswered, and ticks skipped at the cap), and a handle on the unanswered.
-async fn offer(
+pub(super) async fn offer(
     http: &reqwest::Client,
     url: &str,
+    path: &Arc<Probed>,
     next: &AtomicU64,
     rate: u64,
     window: Duration,
@@ -241,27 +265,30 @@ async fn offer(
             skipped += 1;
             continue;
         }
-        let (http, url, sequence) = (
+        let (http, url, path, sequence) = (
             http.clone(),
             url.to_owned(),
+            path.clone(),
             next.fetch_add(1, Ordering::Relaxed),
         );
-        sends.spawn(async move { publish(&http, &url, sequence).await });
+        sends.spawn(async move { publish(&http, &url, &path, sequence).await });
     }
     Ok((sends.len() as u64 + skipped, sends))
 }
 
-async fn finish(mut sends: tokio::task::JoinSet<anyhow::Result<()>>) -> anyhow::Result<()> {
+pub(super) async fn finish(
+    mut sends: tokio::task::JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
     while let Some(sent) = sends.join_next().await {
         sent??;
     }
     Ok(())
 }
 
-/// Events stored for the bench subscription and not yet delivered and acknowledged.
-async fn undelivered(js: &async_nats::jetstream::Context) -> anyhow::Result<u64> {
+/// Events stored for `consumer` and not yet delivered and acknowledged.
+async fn undelivered(js: &async_nats::jetstream::Context, consumer: &str) -> anyhow::Result<u64> {
     let stream = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await?;
-    let info = stream.consumer_info(consumer_name("bench", "e2e")).await?;
+    let info = stream.consumer_info(consumer).await?;
     Ok(info.num_pending + info.num_ack_pending as u64)
 }
 
@@ -338,6 +365,36 @@ impl Search {
     }
 }
 
+/// The highest rate whose backlog stays within [`BACKLOG_BUDGET`] when offered for `window`,
+/// searched from `start` (each probe drains before the next); the probes in order.
+pub(super) async fn search_maximum(
+    http: &reqwest::Client,
+    url: &str,
+    path: &Arc<Probed>,
+    js: &async_nats::jetstream::Context,
+    next: &AtomicU64,
+    start: f64,
+    window: Duration,
+) -> anyhow::Result<(f64, Vec<Probe>)> {
+    let mut search = Search::new(start);
+    let mut probes = Vec::new();
+    while let Some(rate) = search.next_rate() {
+        let rate = rate as u64;
+        let (unanswered, sends) = offer(http, url, path, next, rate, window).await?;
+        let backlog = unanswered + undelivered(js, &path.consumer).await?;
+        finish(sends).await?;
+        wait_settled(js, &path.consumer).await?;
+        let sustained = within_budget(rate, backlog);
+        probes.push(Probe {
+            rate,
+            backlog,
+            sustained,
+        });
+        search.record(rate as f64, sustained);
+    }
+    Ok((search.maximum(), probes))
+}
+
 /// Runs the scenario on a started platform whose data dir is `data_dir`.
 pub async fn run(
     platform: &Platform,
@@ -363,16 +420,26 @@ pub async fn run(
     let js = async_nats::jetstream::new(client);
     let log = data_dir.join("logs/functions/bench/noop.log");
     let publish_url = format!("{}/publish", platform.bus_url);
+    let path = Arc::new(Probed {
+        kind: "bench.e2e.v1",
+        ids: "e2e".into(),
+        consumer: consumer_name("bench", "e2e"),
+    });
 
     // The search's bracket: publish as fast as the bus takes it, then wait for the backlog.
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..connections {
-        let (http, url, next) = (http.clone(), publish_url.clone(), next.clone());
+        let (http, url, next, path) = (
+            http.clone(),
+            publish_url.clone(),
+            next.clone(),
+            path.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             while started.elapsed() < duration {
-                publish(&http, &url, next.fetch_add(1, Ordering::Relaxed)).await?;
+                publish(&http, &url, &path, next.fetch_add(1, Ordering::Relaxed)).await?;
             }
             Ok::<_, anyhow::Error>(())
         }));
@@ -380,38 +447,31 @@ pub async fn run(
     for task in tasks {
         task.await??;
     }
-    wait_settled(&js).await?;
+    wait_settled(&js, &path.consumer).await?;
     let published = next.load(Ordering::Relaxed);
     let closed_loop_rate = published as f64 / started.elapsed().as_secs_f64();
 
     // The maximum: the highest rate whose backlog stays in budget, searched from the closed loop.
-    let mut search = Search::new(closed_loop_rate);
-    let mut probes = Vec::new();
-    while let Some(rate) = search.next_rate() {
-        let rate = rate as u64;
-        let (unanswered, sends) = offer(&http, &publish_url, &next, rate, duration).await?;
-        let backlog = unanswered + undelivered(&js).await?;
-        finish(sends).await?;
-        wait_settled(&js).await?;
-        let sustained = within_budget(rate, backlog);
-        probes.push(Probe {
-            rate,
-            backlog,
-            sustained,
-        });
-        search.record(rate as f64, sustained);
-    }
-    let max_rate = search.maximum();
+    let (max_rate, probes) = search_maximum(
+        &http,
+        &publish_url,
+        &path,
+        &js,
+        &next,
+        closed_loop_rate,
+        duration,
+    )
+    .await?;
     let mut seen = latencies(&log, 0).len();
 
     // Fixed rates: a quarter, half and three quarters of the maximum.
     let mut results = Vec::new();
     for fraction in [0.25, 0.5, 0.75] {
         let rate = ((max_rate * fraction) as u64).max(1);
-        let (_, sends) = offer(&http, &publish_url, &next, rate, duration).await?;
+        let (_, sends) = offer(&http, &publish_url, &path, &next, rate, duration).await?;
         finish(sends).await?;
         // Node writes to a file synchronously, before it answers: once acked, the line is there.
-        wait_settled(&js).await?;
+        wait_settled(&js, &path.consumer).await?;
         let values = latencies(&log, seen);
         seen += values.len();
         results.push(Latency {

@@ -189,13 +189,13 @@ pub enum Scenario {
         runtimes_dir: Option<PathBuf>,
     },
     /// The chart on a real node (scripts/kube up --node real, the current kubeconfig): a
-    /// buildless Function's apply → Running without and with a dependency, and publish →
-    /// function latency at a fixed rate through the pods.
+    /// buildless Function's apply → Running without and with a dependency, the highest rate
+    /// sustained through the pods, and publish → function latency at half of it.
     RealNode {
-        /// Events per second offered.
-        #[arg(long, default_value_t = 50)]
+        /// The first rate the search for the maximum offers, events per second.
+        #[arg(long, default_value_t = 200)]
         rate: u64,
-        /// How long events are offered.
+        /// How long each rate is offered.
         #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
         duration: Duration,
         /// Apply → Running runs per case.

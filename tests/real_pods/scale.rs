@@ -236,6 +236,16 @@ async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_slee
         "a call to the Function at zero answered through the gateway in {:.2} s",
         called.elapsed().as_secs_f64()
     );
+    // Calls keep it awake: the gateway renews the Function's calls Lease, under the chart's RBAC.
+    eventually("the calls Lease renewed", Duration::from_secs(20), || {
+        let lease = kubectl_json(
+            plane,
+            &["get", "lease", "eddy-calls-worker", "-n", &namespace],
+        );
+        let renewed = lease.is_ok_and(|lease| lease["spec"]["renewTime"].is_string());
+        async move { renewed }
+    })
+    .await?;
     delete_namespace(plane, &namespace)?;
     Ok(())
 }
