@@ -21,72 +21,16 @@ use serde_json::Value;
 
 use super::*;
 
-/// `worker` (two replicas) answers each `fault.work.v1` with a `fault.done.v1` reply carrying
-/// the event's id; `tally` (one replica, never deleted) counts each id it receives.
+/// The worker (two replicas) and the tally (`super::tally`).
 fn worker_and_tally(namespace: &str) -> String {
-    format!(
-        r#"
-apiVersion: eddy.dev/v1alpha1
-kind: Function
-metadata: {{name: worker}}
-spec:
-  runtime: nodejs22
-  replicas: 2
-  resourceConfiguration: {{function: {{profile: XS}}}}
-  source:
-    inline:
-      source: |
-        module.exports = {{
-          main: (event) => {{
-            const id = event["ce-id"];
-            const response = event.extensions.response;
-            response.setHeader("ce-specversion", "1.0");
-            response.setHeader("ce-type", "fault.done.v1");
-            response.setHeader("ce-source", "worker");
-            response.setHeader("ce-id", `${{id}}-done`);
-            return {{ id }};
-          }},
-        }};
----
-apiVersion: eddy.dev/v1alpha1
-kind: Function
-metadata: {{name: tally}}
-spec:
-  runtime: python312
-  replicas: 1
-  resourceConfiguration: {{function: {{profile: XS}}}}
-  source:
-    inline:
-      source: |
-        import threading
-
-        COUNTS = {{}}
-        LOCK = threading.Lock()
-
-
-        def main(event, context):
-            if event.get("ce-type") == "fault.done.v1":
-                with LOCK:
-                    id = event["data"]["id"]
-                    COUNTS[id] = COUNTS.get(id, 0) + 1
-                return "ok"
-            with LOCK:
-                return {{"counts": dict(COUNTS)}}
----
-apiVersion: eddy.dev/v1alpha1
-kind: Subscription
-metadata: {{name: work}}
-spec:
-  sink: http://worker.{namespace}.svc.cluster.local
-  types: [fault.work.v1]
----
-apiVersion: eddy.dev/v1alpha1
-kind: Subscription
-metadata: {{name: done}}
-spec:
-  sink: http://tally.{namespace}.svc.cluster.local
-  types: [fault.done.v1]
-"#
+    tally::worker_and_tally(
+        namespace,
+        "fault",
+        &tally::Worker {
+            scaling: "replicas: 2",
+            dependencies: None,
+            max_in_flight: None,
+        },
     )
 }
 
@@ -140,25 +84,6 @@ async fn publish_steadily(
         });
     }
     sent.join_all().await
-}
-
-/// The tally's counts by id, read through eddy's gateway.
-fn tallied(plane: &ControlPlane, namespace: &str) -> Result<HashMap<String, u64>> {
-    let (status, body) = call(
-        plane,
-        SYSTEM,
-        "eddy-gateway",
-        &format!("/{namespace}/tally/"),
-        None,
-    )?;
-    ensure!(status == 200, "the tally answered {status}: {body}");
-    let answer: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
-    Ok(answer["counts"]
-        .as_object()
-        .context("counts")?
-        .iter()
-        .map(|(id, count)| (id.clone(), count.as_u64().unwrap_or(0)))
-        .collect())
 }
 
 /// The events' stream is replicated on the three NATS servers, as a NATS server's monitoring
@@ -221,11 +146,7 @@ async fn all_ready(
                     pods["items"].as_array().is_some_and(|items| {
                         items.len() == count
                             && items.iter().all(|pod| {
-                                pod["metadata"]["deletionTimestamp"].is_null()
-                                    && pod["status"]["conditions"].as_array().is_some_and(|c| {
-                                        c.iter()
-                                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                                    })
+                                pod["metadata"]["deletionTimestamp"].is_null() && pod_ready(pod)
                             })
                     })
                 });
@@ -342,7 +263,7 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
         "every stored event delivered",
         Duration::from_secs(180),
         || {
-            counts = tallied(plane, &namespace).unwrap_or_default();
+            counts = tally::tallied(plane, &namespace).unwrap_or_default();
             missing = stored
                 .iter()
                 .filter(|id| !counts.contains_key(**id))

@@ -25,6 +25,7 @@ mod mesh;
 #[path = "../support/registry.rs"]
 mod registry;
 mod scale;
+mod tally;
 
 const RELEASE: &str = "eddy";
 const SYSTEM: &str = "eddy-system";
@@ -227,6 +228,17 @@ async fn running_as(
         condition(function, "Running").is_some_and(|(status, _, _)| status == "True")
     })
     .await
+}
+
+/// Whether a pod (as `kubectl get -o json` shows it) has its `Ready` condition True.
+fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|condition| condition["type"] == "Ready" && condition["status"] == "True")
+        })
 }
 
 /// `curl` of `url` with `headers` (and `body`, POSTed): the status code and the body.

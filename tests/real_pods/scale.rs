@@ -12,81 +12,19 @@ use serde_json::Value;
 
 use super::*;
 
-/// A Function at zero (`worker`, nodejs22, 0–3 replicas) that answers each `scale.work.v1` with
-/// a `scale.done.v1` reply carrying the event's id, and a `tally` (one replica) that records the
-/// ids it receives and answers them to a GET. A `broken` worker's pods never get ready: their
-/// install init container fails on a package that does not exist.
+/// The worker and the tally (`super::tally`), the worker at zero when idle (0–3 replicas). A
+/// `broken` worker's pods never get ready: their install init container fails on a package
+/// that does not exist.
 fn worker_and_tally(namespace: &str, broken: bool) -> String {
-    let dependencies = if broken {
-        r#"
-      dependencies: '{"dependencies": {"eddy-no-such-package-8f3a1c": "1.0.0"}}'"#
-    } else {
-        ""
-    };
-    format!(
-        r#"
-apiVersion: eddy.dev/v1alpha1
-kind: Function
-metadata: {{name: worker}}
-spec:
-  runtime: nodejs22
-  scaleConfig: {{minReplicas: 0, maxReplicas: 3}}
-  resourceConfiguration: {{function: {{profile: XS}}}}
-  source:
-    inline:{dependencies}
-      source: |
-        module.exports = {{
-          main: (event) => {{
-            const id = event["ce-id"] || (event.data && event.data.id) || "call";
-            const response = event.extensions.response;
-            response.setHeader("ce-specversion", "1.0");
-            response.setHeader("ce-type", "scale.done.v1");
-            response.setHeader("ce-source", "worker");
-            response.setHeader("ce-id", `${{id}}-done`);
-            return {{ id }};
-          }},
-        }};
----
-apiVersion: eddy.dev/v1alpha1
-kind: Function
-metadata: {{name: tally}}
-spec:
-  runtime: python312
-  replicas: 1
-  resourceConfiguration: {{function: {{profile: XS}}}}
-  source:
-    inline:
-      source: |
-        import threading
-
-        IDS = set()
-        LOCK = threading.Lock()
-
-
-        def main(event, context):
-            if event.get("ce-type") == "scale.done.v1":
-                with LOCK:
-                    IDS.add(event["data"]["id"])
-                return "ok"
-            with LOCK:
-                return {{"ids": sorted(IDS)}}
----
-apiVersion: eddy.dev/v1alpha1
-kind: Subscription
-metadata: {{name: work}}
-spec:
-  sink: http://worker.{namespace}.svc.cluster.local
-  types: [scale.work.v1]
-  config: {{maxInFlightMessages: "20"}}
----
-apiVersion: eddy.dev/v1alpha1
-kind: Subscription
-metadata: {{name: done}}
-spec:
-  sink: http://tally.{namespace}.svc.cluster.local
-  types: [scale.done.v1]
-  config: {{maxInFlightMessages: "20"}}
-"#
+    tally::worker_and_tally(
+        namespace,
+        "scale",
+        &tally::Worker {
+            scaling: "scaleConfig: {minReplicas: 0, maxReplicas: 3}",
+            dependencies: broken
+                .then_some(r#"{"dependencies": {"eddy-no-such-package-8f3a1c": "1.0.0"}}"#),
+            max_in_flight: Some(20),
+        },
     )
 }
 
@@ -110,25 +48,6 @@ async fn at_zero(plane: &ControlPlane, namespace: &str, within: Duration) -> Res
         },
     )
     .await
-}
-
-/// The ids the tally has recorded, read through eddy's gateway.
-fn tallied(plane: &ControlPlane, namespace: &str) -> Result<Vec<String>> {
-    let (status, body) = call(
-        plane,
-        SYSTEM,
-        "eddy-gateway",
-        &format!("/{namespace}/tally/"),
-        None,
-    )?;
-    ensure!(status == 200, "the tally answered {status}: {body}");
-    let answer: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
-    Ok(answer["ids"]
-        .as_array()
-        .context("ids")?
-        .iter()
-        .filter_map(|id| id.as_str().map(str::to_owned))
-        .collect())
 }
 
 /// Publishes `ids` as `scale.work.v1` events, 16 at a time; every one must be stored (2xx).
@@ -166,11 +85,8 @@ async fn all_tallied(
 ) -> Result<()> {
     let mut missing = ids.len();
     let done = eventually("every event tallied", within, || {
-        let seen: std::collections::HashSet<String> = tallied(plane, namespace)
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        missing = ids.iter().filter(|id| !seen.contains(*id)).count();
+        let seen = tally::tallied(plane, namespace).unwrap_or_default();
+        missing = ids.iter().filter(|id| !seen.contains_key(*id)).count();
         async move { missing == 0 }
     })
     .await;
@@ -299,14 +215,7 @@ async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() ->
                         chrono::Utc::now().signed_duration_since(at)
                             > chrono::TimeDelta::seconds(20)
                     });
-                    let ready = pod["status"]["conditions"]
-                        .as_array()
-                        .is_some_and(|conditions| {
-                            conditions
-                                .iter()
-                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                        });
-                    old && !ready
+                    old && !pod_ready(pod)
                 })
             });
             seen = pods;
@@ -316,7 +225,7 @@ async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() ->
     .await;
     stuck.with_context(|| format!("the worker's pods: {seen}"))?;
     ensure!(
-        tallied(plane, &namespace)?.is_empty(),
+        tally::tallied(plane, &namespace)?.is_empty(),
         "nothing is delivered while the pod cannot start"
     );
 
