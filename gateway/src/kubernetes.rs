@@ -480,7 +480,11 @@ impl Upstreams for Services {
         let answer_within = destination.timeout;
         let sleep = destination.function.copied().unwrap_or_default();
         if sleep.from_zero {
-            self.waking.called.lock().insert(destination.key.clone());
+            // Cloned only for the first call since the last renewal round.
+            let mut called = self.waking.called.lock();
+            if !called.contains(destination.key) {
+                called.insert(destination.key.clone());
+            }
         }
         let answer = if sleep.from_zero {
             self.send_waking(destination.key, sleep, request, answer_within)
