@@ -204,6 +204,9 @@ pub enum Scenario {
         /// The namespace eddy's chart runs in.
         #[arg(long = "system-namespace", default_value = "eddy-system")]
         system_namespace: String,
+        /// Measure apply → Running only, not the event path.
+        #[arg(long = "starts-only")]
+        starts_only: bool,
     },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
@@ -253,12 +256,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             duration,
             runs,
             system_namespace,
+            starts_only,
         } => {
             real_node::run(real_node::Settings {
                 rate,
                 duration,
                 system_namespace,
                 runs,
+                starts_only,
             })
             .await
         }

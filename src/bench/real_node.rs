@@ -36,6 +36,8 @@ pub struct Settings {
     pub system_namespace: String,
     /// Apply → Running runs per case.
     pub runs: usize,
+    /// Measure apply → Running only.
+    pub starts_only: bool,
 }
 
 /// Runs the benchmark against the cluster of the current kubeconfig and prints the figures.
@@ -95,6 +97,9 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         );
     }
 
+    if settings.starts_only {
+        return Ok(());
+    }
     apply_until_running(&functions, "sink", "").await?;
     let subscriptions: Api<Subscription> = Api::namespaced(client.clone(), namespace);
     let subscription: Subscription = serde_json::from_value(json!({

@@ -105,6 +105,7 @@ where
     Ok(())
 }
 
+/// `result`, with "not found" taken as done: what was to be deleted or updated is gone.
 pub(super) fn ignore_not_found(result: kube::Result<()>) -> Result<()> {
     match result {
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
@@ -148,7 +149,10 @@ where
         kind: K::kind(&Default::default()).into_owned(),
         status,
     };
-    api.patch_status(name, &apply_params(), &Patch::Apply(&body))
-        .await?;
-    Ok(())
+    // An object deleted while it was reconciled has no status to take: nothing failed.
+    ignore_not_found(
+        api.patch_status(name, &apply_params(), &Patch::Apply(&body))
+            .await
+            .map(drop),
+    )
 }

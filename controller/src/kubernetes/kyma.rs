@@ -22,9 +22,11 @@ pub(super) async fn write_kyma_status<S: serde::Serialize + std::fmt::Debug>(
         kind: kyma.kind.clone(),
         status,
     };
-    api.patch_status(name, &apply_params(), &Patch::Apply(&body))
-        .await?;
-    Ok(())
+    ignore_not_found(
+        api.patch_status(name, &apply_params(), &Patch::Apply(&body))
+            .await
+            .map(drop),
+    )
 }
 
 /// A Kyma Function (`kymaCompatibility`): converted to eddy's and reconciled by

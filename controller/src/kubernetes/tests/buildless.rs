@@ -57,6 +57,40 @@ fn buildless_pods_run_the_runtime_image_and_install_when_they_start() {
     );
 }
 
+/// Inline code without dependencies has nothing to install: no init container, and the
+/// function container reads the handler straight from the sources' ConfigMap, mounted where
+/// the install would have copied it.
+#[test]
+fn buildless_pods_without_dependencies_start_their_function_at_once() {
+    let function = function(json!({
+        "runtime": "python312",
+        "source": {"inline": {"source": "def main(event, context):\n    return 'ok'\n",
+                              "dependencies": "  \n"}},
+    }));
+    let rendered = render(&function, &buildless_config()).expect("renders");
+    let pod = to_json(&rendered.deployment)["spec"]["template"]["spec"].clone();
+    assert!(pod.get("initContainers").is_none(), "{pod}");
+    assert_eq!(
+        pod["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .find(|volume| volume["name"] == "function")
+            .expect("the function volume")["configMap"],
+        json!({"name": format!("reserve-stock-{}", rendered.hash),
+               "items": [{"key": "handler.py", "path": "handler.py"}]})
+    );
+    assert!(
+        pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .contains(
+                &json!({"name": "function", "mountPath": "/runtime/function", "readOnly": true})
+            ),
+        "{pod}"
+    );
+}
+
 /// A buildless reconcile applies the ConfigMap and the Deployment at once (no Job is looked
 /// for or made), reports BuildReady `Buildless`, and keeps the superseded ConfigMaps while the
 /// rollout is under way (old pods still mount theirs).

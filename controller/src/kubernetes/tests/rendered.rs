@@ -317,8 +317,18 @@ fn function_pods_start_their_istio_proxy_before_their_init_containers() {
         let deployment = serde_json::to_value(&rendered.deployment).expect("json");
         deployment["spec"]["template"]["metadata"]["annotations"].clone()
     };
-    let buildless = annotations(json!({}), BuildMode::Buildless);
+    let with_dependencies = json!({"source": {"inline": {
+        "source": "module.exports = { main: () => 'ok' }",
+        "dependencies": "{\"dependencies\": {\"lodash\": \"^4\"}}"}}});
+    let buildless = annotations(with_dependencies.clone(), BuildMode::Buildless);
     assert_eq!(buildless["sidecar.istio.io/nativeSidecar"], "true");
+    let nothing_to_install = annotations(json!({}), BuildMode::Buildless);
+    assert!(
+        nothing_to_install
+            .get("sidecar.istio.io/nativeSidecar")
+            .is_none(),
+        "a buildless pod without dependencies has no init container: {nothing_to_install}"
+    );
     assert_eq!(
         buildless["proxy.istio.io/config"],
         r#"{ "holdApplicationUntilProxyStarts": true }"#
@@ -328,10 +338,10 @@ fn function_pods_start_their_istio_proxy_before_their_init_containers() {
         built.get("sidecar.istio.io/nativeSidecar").is_none(),
         "an image-built pod has no init container: {built}"
     );
-    let own = annotations(
-        json!({"annotations": {"proxy.istio.io/config": "{}", "sidecar.istio.io/nativeSidecar": "false"}}),
-        BuildMode::Buildless,
-    );
+    let mut own_spec = with_dependencies;
+    own_spec["annotations"] =
+        json!({"proxy.istio.io/config": "{}", "sidecar.istio.io/nativeSidecar": "false"});
+    let own = annotations(own_spec, BuildMode::Buildless);
     assert_eq!(
         own["proxy.istio.io/config"], "{}",
         "the user's proxy config wins"
