@@ -89,24 +89,11 @@ async fn publish_steadily(
 /// The events' stream is replicated on the three NATS servers, as a NATS server's monitoring
 /// endpoint reports it (from the host: NATS pods have no sidecar); the server leading it.
 fn events_stream_at_r3(plane: &ControlPlane) -> Result<String> {
-    let pod = kubectl_json(plane, &["get", "pod", "eddy-nats-0", "-n", SYSTEM])?;
-    let ip = pod["status"]["podIP"]
-        .as_str()
-        .context("eddy-nats-0's address")?;
-    let (status, body) = curl(
-        &format!("http://{ip}:8222/jsz?streams=true&config=true"),
-        &[],
-        None,
-    )?;
-    ensure!(status == 200, "NATS monitoring answered {status}: {body}");
-    let jsz: Value = serde_json::from_str(&body)?;
-    let stream = jsz["account_details"]
-        .as_array()
+    // Any server of the three reports it (the first that holds a replica).
+    let stream = ["eddy-nats-0", "eddy-nats-1", "eddy-nats-2"]
         .into_iter()
-        .flatten()
-        .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
-        .find(|stream| stream["name"] == "EDDY_EVENTS")
-        .with_context(|| format!("no EDDY_EVENTS in {body}"))?;
+        .find_map(|server| events_stream(plane, server, "streams=true&config=true").ok())
+        .context("no NATS server reports EDDY_EVENTS")?;
     let peers = 1 + stream["cluster"]["replicas"].as_array().map_or(0, Vec::len);
     ensure!(
         stream["config"]["num_replicas"] == 3 && peers == 3,
@@ -117,6 +104,38 @@ fn events_stream_at_r3(plane: &ControlPlane) -> Result<String> {
         .as_str()
         .map(str::to_owned)
         .with_context(|| format!("EDDY_EVENTS has no leader: {}", stream["cluster"]))
+}
+
+/// The events' stream as the NATS server of pod `server` reports it on its monitoring endpoint
+/// (`jsz` with `query`; from the host: NATS pods have no sidecar).
+fn events_stream(plane: &ControlPlane, server: &str, query: &str) -> Result<Value> {
+    let pod = kubectl_json(plane, &["get", "pod", server, "-n", SYSTEM])?;
+    let ip = pod["status"]["podIP"]
+        .as_str()
+        .with_context(|| format!("{server}'s address"))?;
+    let (status, body) = curl(&format!("http://{ip}:8222/jsz?{query}"), &[], None)?;
+    ensure!(status == 200, "NATS monitoring answered {status}: {body}");
+    let jsz: Value = serde_json::from_str(&body)?;
+    jsz["account_details"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|account| account["stream_detail"].as_array().into_iter().flatten())
+        .find(|stream| stream["name"] == "EDDY_EVENTS")
+        .cloned()
+        .with_context(|| format!("no EDDY_EVENTS in {body}"))
+}
+
+/// Events the stream holds for its consumers and has not delivered, as its leader (`leader`,
+/// a pod's name) counts them: the backlog a deleted server's replica would take with it.
+fn undelivered(plane: &ControlPlane, leader: &str) -> Result<u64> {
+    let stream = events_stream(plane, leader, "streams=true&consumers=true")?;
+    Ok(stream["consumer_detail"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|consumer| consumer["num_pending"].as_u64())
+        .sum())
 }
 
 /// The name of a pod of `selector` in `namespace`.
@@ -156,10 +175,58 @@ async fn all_ready(
     .await
 }
 
+/// The dispatcher's Deployment held at zero replicas while this lives; back at one when it is
+/// dropped, whatever the test did in between (the tests after it need their dispatcher).
+struct DeliveryPaused<'a> {
+    plane: &'a ControlPlane,
+}
+
+impl<'a> DeliveryPaused<'a> {
+    async fn start(plane: &'a ControlPlane) -> Result<Self> {
+        let paused = Self { plane };
+        paused.scale(0)?;
+        eventually("no dispatcher pod left", Duration::from_secs(60), || {
+            let gone = kubectl_json(plane, &["get", "pods", "-n", SYSTEM, "-l", DISPATCHER_PODS])
+                .is_ok_and(|pods| pods["items"].as_array().is_some_and(Vec::is_empty));
+            async move { gone }
+        })
+        .await?;
+        Ok(paused)
+    }
+
+    fn scale(&self, replicas: u32) -> Result<()> {
+        run(self.plane.kubectl()?.args([
+            "scale",
+            "deployment/eddy-dispatcher",
+            "-n",
+            SYSTEM,
+            &format!("--replicas={replicas}"),
+        ]))
+        .map(drop)
+    }
+}
+
+impl Drop for DeliveryPaused<'_> {
+    fn drop(&mut self) {
+        if let Err(error) = self.scale(1) {
+            eprintln!("the dispatcher was not scaled back to one: {error:#}");
+        }
+    }
+}
+
+const DISPATCHER_PODS: &str = "app.kubernetes.io/component=dispatcher";
+
 /// Events published at a steady 40/s through four faults in turn, each pod deleted once the
-/// previous one's replacement is ready: the NATS server leading the events' stream (grace
-/// period 0: its store, an emptyDir, goes with it), an event-bus pod, the dispatcher's pod, a
-/// Function's pod. Every stored event is delivered.
+/// previous one's replacement is ready:
+/// - the NATS server leading the events' stream, with grace period 0 (its store, an emptyDir,
+///   goes with it), while the dispatcher is held at zero so that the stream holds a backlog of
+///   stored, undelivered events when the server goes: only the other replicas can still have
+///   them;
+/// - an event-bus pod;
+/// - the dispatcher's pod;
+/// - a Function's pod.
+///
+/// Every stored event is delivered.
 #[tokio::test]
 async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publishing()
 -> Result<()> {
@@ -178,6 +245,7 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
     let started = Instant::now();
     // The NATS server leading the events' stream, by its pod's name (its server name).
     let leader_pod = format!("statefulset.kubernetes.io/pod-name={leader}");
+    // (what, namespace, selector, pods, forced: grace period 0 with delivery held meanwhile)
     let faults: [(&str, &str, &str, usize, bool); 4] = [
         (
             "the NATS server leading the stream",
@@ -193,13 +261,7 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
             2,
             false,
         ),
-        (
-            "the dispatcher's pod",
-            SYSTEM,
-            "app.kubernetes.io/component=dispatcher",
-            1,
-            false,
-        ),
+        ("the dispatcher's pod", SYSTEM, DISPATCHER_PODS, 1, false),
         (
             "a Function's pod",
             &namespace,
@@ -210,6 +272,16 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
     ];
     for (what, namespace, selector, count, forced) in faults {
         all_ready(plane, namespace, selector, count).await?;
+        let paused = if forced {
+            let paused = DeliveryPaused::start(plane).await?;
+            eprintln!(
+                "{:>5.1} s: delivery held (the dispatcher at zero)",
+                started.elapsed().as_secs_f64()
+            );
+            Some(paused)
+        } else {
+            None
+        };
         // Some events before each fault, under the steady rate.
         let before = Instant::now();
         eventually(
@@ -221,6 +293,14 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
             },
         )
         .await?;
+        if paused.is_some() {
+            let backlog = undelivered(plane, &leader)?;
+            ensure!(backlog > 0, "no backlog built up while delivery was held");
+            eprintln!(
+                "{:>5.1} s: {backlog} stored events not yet delivered",
+                started.elapsed().as_secs_f64()
+            );
+        }
         let pod = a_pod(plane, namespace, selector)?;
         let mut delete = plane.kubectl()?;
         delete.args(["delete", "pod", &pod, "-n", namespace, "--wait=false"]);
@@ -237,6 +317,14 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
             "{:>5.1} s: {what} replaced",
             started.elapsed().as_secs_f64()
         );
+        if let Some(paused) = paused {
+            drop(paused);
+            all_ready(plane, SYSTEM, DISPATCHER_PODS, 1).await?;
+            eprintln!(
+                "{:>5.1} s: delivery resumed",
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
     stop.store(true, Ordering::Release);
     let answers = publisher.await?;
