@@ -185,57 +185,6 @@ pub(crate) fn image_of(deployment: &Deployment) -> String {
         .unwrap()
 }
 
-/// Deleting a Function removes every object it owns (kube-controller-manager's garbage
-/// collector, following the owner references).
-#[tokio::test]
-async fn a_deleted_function_leaves_nothing_behind() {
-    let _serial = serial().await;
-    let cluster = Cluster::new("gc").await;
-    let _controller = cluster.controller().await;
-    let functions = cluster.dynamic("eddy.dev/v1alpha1", "Function");
-    let mut spec = inline("module.exports = {main: () => 'gone soon'}");
-    spec["scaleConfig"] = json!({"minReplicas": 1, "maxReplicas": 2});
-    functions
-        .patch(
-            "brief",
-            &PatchParams::apply("test"),
-            &Patch::Apply(function("brief", spec)),
-        )
-        .await
-        .unwrap();
-    cluster
-        .wait_running("eddy.dev/v1alpha1", "brief", Duration::from_secs(60))
-        .await;
-    functions
-        .delete("brief", &DeleteParams::default())
-        .await
-        .unwrap();
-    let selector = ListParams::default().labels("eddy.dev/function=brief");
-    let deployments: Api<Deployment> = cluster.api();
-    let services: Api<Service> = cluster.api();
-    let jobs: Api<Job> = cluster.api();
-    let config_maps: Api<ConfigMap> = cluster.api();
-    let hpas: Api<HorizontalPodAutoscaler> = cluster.api();
-    let pods: Api<Pod> = cluster.api();
-    eventually("every child gone", Duration::from_secs(60), || async {
-        deployments
-            .list(&selector)
-            .await
-            .is_ok_and(|l| l.items.is_empty())
-            && services.get_opt("brief").await.is_ok_and(|s| s.is_none())
-            && jobs.list(&selector).await.is_ok_and(|l| l.items.is_empty())
-            && config_maps
-                .list(&selector)
-                .await
-                .is_ok_and(|l| l.items.is_empty())
-            && hpas.get_opt("brief").await.is_ok_and(|h| h.is_none())
-            && pods.list(&selector).await.is_ok_and(|l| l.items.is_empty())
-    })
-    .await
-    .unwrap();
-    cluster.finish().await;
-}
-
 /// `kubectl scale` sets the Function's replicas through the scale subresource; an HPA can
 /// target the Function (the controller-manager reads its scale). kwok runs no container, so
 /// nothing scales on load here: `tests/real_pods/`,

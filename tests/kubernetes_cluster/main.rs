@@ -29,7 +29,7 @@ use k8s_openapi::api::{
     autoscaling::v2::HorizontalPodAutoscaler,
     batch::v1::Job,
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Pod, Service},
+    core::v1::{ConfigMap, Service},
 };
 use kube::{
     Api, Client,

@@ -863,9 +863,12 @@ async fn the_shop_example_chains_its_functions_through_real_pods() -> Result<()>
 }
 
 /// The controller's pod deleted: its Deployment's next pod takes the Lease and reconciles a
-/// Function applied after; a deleted Function leaves no pod behind.
+/// Function applied after; a deleted Function leaves nothing behind: no pod, and none of the
+/// objects it owned (kube-controller-manager's garbage collector follows their owner
+/// references).
 #[tokio::test]
-async fn a_new_controller_pod_reconciles_and_a_deleted_function_leaves_no_pod() -> Result<()> {
+async fn a_new_controller_pod_reconciles_and_a_deleted_function_leaves_nothing_behind() -> Result<()>
+{
     let plane = installed()?;
     let namespace = namespace(plane, "successor")?;
     run(plane.kubectl()?.args([
@@ -887,6 +890,8 @@ metadata: {name: after}
 spec:
   runtime: python312
   resourceConfiguration: {function: {profile: XS}}
+  # An HPA too, among the objects the Function owns.
+  scaleConfig: {minReplicas: 1, maxReplicas: 2}
   source:
     inline:
       source: |
@@ -900,29 +905,44 @@ spec:
         status == 200 && body == "made by the successor",
         "{status}: {body}"
     );
+    let owned = ["hpa", "service", "deployment", "configmap", "pod"];
+    let hpa = kubectl_json(plane, &["get", "hpa", "after", "-n", &namespace])?;
+    ensure!(
+        hpa["spec"]["maxReplicas"] == 2,
+        "the Function's HPA before its deletion: {hpa}"
+    );
     run(plane
         .kubectl()?
         .args(["delete", "functions.eddy.dev", "after", "-n", &namespace]))?;
-    eventually(
-        "no pod of the deleted Function",
+    let mut left = Vec::new();
+    let gone = eventually(
+        "nothing of the deleted Function left",
         Duration::from_secs(90),
         || {
-            let gone = kubectl_json(
-                plane,
-                &[
-                    "get",
-                    "pods",
-                    "-n",
-                    &namespace,
-                    "-l",
-                    "eddy.dev/function=after",
-                ],
-            )
-            .is_ok_and(|pods| pods["items"].as_array().is_some_and(Vec::is_empty));
+            left = owned
+                .iter()
+                .filter(|kind| {
+                    !kubectl_json(
+                        plane,
+                        &[
+                            "get",
+                            kind,
+                            "-n",
+                            &namespace,
+                            "-l",
+                            "eddy.dev/function=after",
+                        ],
+                    )
+                    .is_ok_and(|list| list["items"].as_array().is_some_and(Vec::is_empty))
+                })
+                .copied()
+                .collect::<Vec<_>>();
+            let gone = left.is_empty();
             async move { gone }
         },
     )
-    .await?;
+    .await;
+    gone.with_context(|| format!("still there: {left:?}"))?;
     delete_namespace(plane, &namespace)?;
     Ok(())
 }

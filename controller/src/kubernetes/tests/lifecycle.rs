@@ -584,8 +584,8 @@ pub(super) async fn a_refused_apply_goes_to_status_and_a_transient_error_is_retr
 
 /// What lets Kubernetes' garbage collector delete what a Function owns: every rendered object
 /// carries a controller owner reference to it, and none a finalizer that could hold the delete
-/// up. (The collection itself is shown against a real API server and kube-controller-manager:
-/// `tests/kubernetes_cluster/`, `a_deleted_function_leaves_nothing_behind`.)
+/// up. (The collection itself is shown on the real node, by kube-controller-manager's garbage
+/// collector: `tests/real_pods/`, `a_new_controller_pod_reconciles_and_a_deleted_function_leaves_nothing_behind`.)
 #[test]
 fn every_rendered_object_is_owned_by_its_function_without_finalizers() {
     let function = function(json!({}));
