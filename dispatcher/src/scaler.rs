@@ -22,8 +22,8 @@ use std::{
 use eddy_model::resources::parse_function_sink;
 use eddy_platform::{
     scale::{
-        CALLS_LABEL, FUNCTION_LABEL, MAX_REPLICAS_ANNOTATION, SCALE_TO_ZERO_LABEL, last_call,
-        scale_deployment_if, unix_now,
+        CALLS_LABEL, FUNCTION_LABEL, MAX_REPLICAS_ANNOTATION, MIN_REPLICAS_ANNOTATION,
+        SCALED_BY_EDDY, SCALED_BY_LABEL, last_call, scale_deployment_if, unix_now,
     },
     shutdown::CancellationToken,
 };
@@ -87,15 +87,19 @@ pub struct Observed {
     pub ready: i32,
     /// Most replicas.
     pub max: i32,
+    /// Fewest replicas: 0 for a Function that scales to zero, one or more for one that only
+    /// follows its backlog.
+    pub min: i32,
 }
 
 /// What to set a Function's replicas to, given what is seen: `None` to leave them. Pure.
 ///
-/// - at zero: woken for pending events (as many pods as they call for) or a wake-up request;
-/// - up: out as soon as the pending events call for more pods;
-/// - to zero: nothing pending and nothing for `idle_for >= idle_after`;
-/// - in: to what the pending events call for (one at least) once they have called for fewer
-///   pods than run for `idle_after`.
+/// - at zero: woken for pending events (as many pods as they call for) or a wake-up request,
+///   and at once to `min` when that is one or more;
+/// - up: out as soon as the pending events call for more pods (or `min` asks for more);
+/// - to zero: nothing pending and nothing for `idle_for >= idle_after`, when `min` is 0;
+/// - in: to what the pending events call for (`min`, and one, at least) once they have called
+///   for fewer pods than run for `idle_after`.
 pub fn decide(
     observed: Observed,
     pending: u64,
@@ -105,16 +109,17 @@ pub fn decide(
     args: &ScaleArgs,
 ) -> Option<i32> {
     let max = observed.max.max(1);
+    let min = observed.min.clamp(0, max);
     let wanted = i32::try_from(pending.div_ceil(args.events_per_replica))
         .unwrap_or(i32::MAX)
-        .min(max);
+        .clamp(min, max);
     if observed.replicas <= 0 {
-        return (pending > 0 || wake_requested).then_some(wanted.max(1));
+        return (pending > 0 || wake_requested || min > 0).then_some(wanted.max(1));
     }
     if wanted > observed.replicas {
         return Some(wanted);
     }
-    if pending == 0 && idle_for >= args.idle_after {
+    if min == 0 && pending == 0 && idle_for >= args.idle_after {
         return Some(0);
     }
     (wanted.max(1) < observed.replicas && low_for >= args.idle_after).then_some(wanted.max(1))
@@ -185,7 +190,8 @@ impl Scaler {
             return;
         };
         let api: Api<Deployment> = Api::all(self.client.clone());
-        let config = watcher::Config::default().labels(&format!("{SCALE_TO_ZERO_LABEL}=true"));
+        let config =
+            watcher::Config::default().labels(&format!("{SCALED_BY_LABEL}={SCALED_BY_EDDY}"));
         let events = watcher(api, config).default_backoff();
         let mut events = std::pin::pin!(events);
         let leases: Api<Lease> = Api::all(self.client.clone());
@@ -415,6 +421,7 @@ impl Observed {
             replicas: 1,
             ready: 1,
             max: 0,
+            min: 0,
         }
     }
 }
@@ -436,6 +443,9 @@ fn observed(deployment: &Deployment) -> Observed {
         max: annotation(MAX_REPLICAS_ANNOTATION)
             .and_then(|max| max.parse().ok())
             .unwrap_or(1),
+        min: annotation(MIN_REPLICAS_ANNOTATION)
+            .and_then(|min| min.parse().ok())
+            .unwrap_or(0),
     }
 }
 
@@ -455,6 +465,7 @@ mod tests {
             replicas,
             ready: replicas,
             max: 4,
+            min: 0,
         }
     }
 
@@ -497,5 +508,32 @@ mod tests {
             "an event is pending"
         );
         assert_eq!(decide(at(3), 0, false, LONG, LONG, &args()), Some(0));
+    }
+
+    /// A Function that follows its backlog (`eddy.dev/scale-on: backlog`) between a minimum of
+    /// one or more and its maximum: out with the backlog, in to the minimum, never to zero.
+    #[test]
+    fn a_backlog_scaled_function_stays_between_its_minimum_and_maximum() {
+        let between = |replicas: i32| Observed {
+            min: 2,
+            ..at(replicas)
+        };
+        assert_eq!(
+            decide(between(1), 0, false, NOW, NOW, &args()),
+            Some(2),
+            "raised to the minimum at once"
+        );
+        assert_eq!(
+            decide(between(0), 0, false, LONG, LONG, &args()),
+            Some(2),
+            "scaled to zero by hand: back to the minimum"
+        );
+        assert_eq!(decide(between(2), 350, false, NOW, NOW, &args()), Some(4));
+        assert_eq!(decide(between(4), 50, false, NOW, LONG, &args()), Some(2));
+        assert_eq!(
+            decide(between(2), 0, false, LONG, LONG, &args()),
+            None,
+            "idle, but never below the minimum"
+        );
     }
 }

@@ -9,6 +9,10 @@
 //! - the dispatcher sets it to one for an event, raises it with its Subscriptions' pending
 //!   events, and sets it back to zero once nothing has come for the idle window.
 //!
+//! A Function with `minReplicas` of one or more that is annotated [`SCALE_ON_ANNOTATION`]`:
+//! backlog` gets no HPA either: the dispatcher sets its replicas from its Subscriptions' pending
+//! events in the same way, between [`MIN_REPLICAS_ANNOTATION`] and the maximum, never to zero.
+//!
 //! Every change is made only from the count it was decided on (a compare-and-set on the scale's
 //! `resourceVersion`), so a wake-up never undoes a scale-out and a scale-in never undoes a
 //! wake-up that came in between.
@@ -26,8 +30,22 @@ use kube::{
 pub const FUNCTION_LABEL: &str = "eddy.dev/function";
 /// Label on the Deployment of a Function that scales to zero (value `"true"`).
 pub const SCALE_TO_ZERO_LABEL: &str = "eddy.dev/scale-to-zero";
-/// Annotation on that Deployment: the most replicas the dispatcher may set.
+/// Label on the Deployment of every Function whose replicas eddy sets (value
+/// [`SCALED_BY_EDDY`]): those that scale to zero, and those that follow their backlog
+/// ([`SCALE_ON_ANNOTATION`]). The dispatcher watches the Deployments it labels.
+pub const SCALED_BY_LABEL: &str = "eddy.dev/scaled-by";
+/// The value of [`SCALED_BY_LABEL`].
+pub const SCALED_BY_EDDY: &str = "eddy";
+/// Annotation on those Deployments: the most replicas the dispatcher may set.
 pub const MAX_REPLICAS_ANNOTATION: &str = "eddy.dev/max-replicas";
+/// Annotation on those Deployments: the fewest replicas the dispatcher may set (none: 0).
+pub const MIN_REPLICAS_ANNOTATION: &str = "eddy.dev/min-replicas";
+/// Annotation on a Function (eddy's or Kyma's) whose `minReplicas` is one or more: with the
+/// value [`SCALE_ON_BACKLOG`], its replicas follow its Subscriptions' backlog (set by the
+/// dispatcher, between `minReplicas` and `maxReplicas`) instead of CPU (an HPA).
+pub const SCALE_ON_ANNOTATION: &str = "eddy.dev/scale-on";
+/// The value of [`SCALE_ON_ANNOTATION`] that asks for backlog-driven replicas.
+pub const SCALE_ON_BACKLOG: &str = "backlog";
 /// Label on a Function's calls Lease: the Function's name. The Lease's `renewTime` is when the
 /// gateway last forwarded a call to it.
 pub const CALLS_LABEL: &str = "eddy.dev/calls-of";

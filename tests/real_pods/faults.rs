@@ -30,6 +30,7 @@ fn worker_and_tally(namespace: &str) -> String {
             scaling: "replicas: 2",
             dependencies: None,
             max_in_flight: None,
+            annotations: None,
         },
     )
 }

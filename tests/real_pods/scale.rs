@@ -24,6 +24,7 @@ fn worker_and_tally(namespace: &str, broken: bool) -> String {
             dependencies: broken
                 .then_some(r#"{"dependencies": {"eddy-no-such-package-8f3a1c": "1.0.0"}}"#),
             max_in_flight: Some(20),
+            annotations: None,
         },
     )
 }
@@ -162,6 +163,72 @@ async fn a_function_at_zero_wakes_for_a_burst_of_events_and_for_a_call_then_slee
         async move { renewed }
     })
     .await?;
+    delete_namespace(plane, &namespace)?;
+    Ok(())
+}
+
+/// A Function annotated `eddy.dev/scale-on: backlog` (1–3 replicas, no HPA) follows a burst of
+/// 600 events: out past its minimum while they wait, every one delivered, then back to its
+/// minimum when idle, and never to zero.
+#[tokio::test]
+async fn a_function_scaled_on_its_backlog_follows_a_burst_and_returns_to_its_minimum() -> Result<()>
+{
+    let plane = installed()?;
+    let namespace = namespace(plane, "backlog")?;
+    let manifest = tally::worker_and_tally(
+        &namespace,
+        "scale",
+        &tally::Worker {
+            scaling: "scaleConfig: {minReplicas: 1, maxReplicas: 3}",
+            dependencies: None,
+            max_in_flight: Some(20),
+            annotations: Some("{eddy.dev/scale-on: backlog}"),
+        },
+    );
+    apply(plane, &namespace, &manifest)?;
+    running(plane, &namespace, "worker", Duration::from_secs(120)).await?;
+    running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
+    subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
+    let hpas = kubectl_json(plane, &["get", "hpa", "-n", &namespace])?;
+    ensure!(
+        hpas["items"].as_array().is_some_and(Vec::is_empty),
+        "no HPA for a Function scaled on its backlog: {hpas}"
+    );
+
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let ids: Vec<String> = (0..600).map(|n| format!("{}-{n}", &run[..8])).collect();
+    let started = Instant::now();
+    publish_all(plane, &ids).await?;
+    let mut most = 0;
+    let mut fewest = i64::MAX;
+    let out = eventually(
+        "the worker scaled out past its minimum",
+        Duration::from_secs(60),
+        || {
+            let now = replicas(plane, &namespace).unwrap_or(1);
+            most = most.max(now);
+            fewest = fewest.min(now);
+            async move { most > 1 }
+        },
+    )
+    .await;
+    all_tallied(plane, &namespace, &ids, Duration::from_secs(240)).await?;
+    out.with_context(|| format!("the most replicas seen: {most}"))?;
+    eprintln!(
+        "600 events delivered {:.1} s after the first, the Function scaled on its backlog up to {most} replicas",
+        started.elapsed().as_secs_f64()
+    );
+    eventually(
+        "the worker back at its minimum",
+        Duration::from_secs(120),
+        || {
+            let now = replicas(plane, &namespace).unwrap_or(0);
+            fewest = fewest.min(now);
+            async move { now == 1 }
+        },
+    )
+    .await?;
+    ensure!(fewest >= 1, "the worker went below its minimum: {fewest}");
     delete_namespace(plane, &namespace)?;
     Ok(())
 }

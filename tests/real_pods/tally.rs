@@ -18,6 +18,8 @@ pub struct Worker<'a> {
     pub dependencies: Option<&'a str>,
     /// The Subscriptions' `maxInFlightMessages`, or their default.
     pub max_in_flight: Option<u32>,
+    /// Its `metadata.annotations`, a YAML flow mapping (`{eddy.dev/scale-on: backlog}`).
+    pub annotations: Option<&'a str>,
 }
 
 /// The manifest of the worker, the tally and their two Subscriptions in `namespace`.
@@ -26,7 +28,11 @@ pub fn worker_and_tally(namespace: &str, prefix: &str, worker: &Worker<'_>) -> S
         scaling,
         dependencies,
         max_in_flight,
+        annotations,
     } = worker;
+    let annotations = annotations
+        .map(|annotations| format!(", annotations: {annotations}"))
+        .unwrap_or_default();
     let dependencies = dependencies
         .map(|package| format!("\n      dependencies: '{package}'"))
         .unwrap_or_default();
@@ -37,7 +43,7 @@ pub fn worker_and_tally(namespace: &str, prefix: &str, worker: &Worker<'_>) -> S
         r#"
 apiVersion: eddy.dev/v1alpha1
 kind: Function
-metadata: {{name: worker}}
+metadata: {{name: worker{annotations}}}
 spec:
   runtime: nodejs22
   {scaling}

@@ -156,6 +156,7 @@ pub fn running_condition(
         Scaling::Autoscaled { min, .. } => status.replicas.unwrap_or(min).max(min),
         // What the gateway or the dispatcher last asked for.
         Scaling::FromZero { .. } => deployment.spec.replicas.unwrap_or(1),
+        Scaling::Backlog { min, .. } => deployment.spec.replicas.unwrap_or(min).max(min),
     };
     let conditions = status.conditions.unwrap_or_default();
     if let Some(stuck) = conditions.iter().find(|c| {

@@ -281,8 +281,16 @@ fn truncate(name: &str, max: usize) -> &str {
 /// `minReplicas: 0` is left to eddy's own scaling instead (`eddy_platform::scale`).
 pub fn scaling(function: &Function) -> Scaling {
     let (min, max) = function.spec.replica_bounds();
+    let on_backlog = function
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(eddy_platform::scale::SCALE_ON_ANNOTATION))
+        .is_some_and(|value| value == eddy_platform::scale::SCALE_ON_BACKLOG);
     if max > min && min <= 0 {
         Scaling::FromZero { max }
+    } else if max > min && on_backlog {
+        Scaling::Backlog { min, max }
     } else if max > min {
         Scaling::Autoscaled { min, max }
     } else {
@@ -306,6 +314,14 @@ pub enum Scaling {
     /// Between zero and max, left to eddy's scaling: woken by the gateway and the dispatcher,
     /// raised by pending events, back to zero when idle (the Deployment does not set replicas).
     FromZero {
+        /// Most pods.
+        max: i32,
+    },
+    /// Between min (one or more) and max, left to eddy's scaling by the Subscriptions'
+    /// backlog instead of an HPA on CPU (`eddy.dev/scale-on: backlog`).
+    Backlog {
+        /// Fewest pods.
+        min: i32,
         /// Most pods.
         max: i32,
     },

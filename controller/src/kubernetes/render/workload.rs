@@ -2,7 +2,10 @@
 //! buildless `install` init container), its Service and its HPA.
 
 use super::*;
-use eddy_platform::scale::{MAX_REPLICAS_ANNOTATION, SCALE_TO_ZERO_LABEL};
+use eddy_platform::scale::{
+    MAX_REPLICAS_ANNOTATION, MIN_REPLICAS_ANNOTATION, SCALE_TO_ZERO_LABEL, SCALED_BY_EDDY,
+    SCALED_BY_LABEL,
+};
 
 /// eddy's container defaults: non-root, read-only root, no capabilities, no privilege
 /// escalation, RuntimeDefault seccomp.
@@ -65,23 +68,29 @@ pub(super) fn deployment(
         timeout,
     };
     let mut metadata = owned.metadata(name, owned.labels());
-    if let Scaling::FromZero { max } = scaling {
-        metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(SCALE_TO_ZERO_LABEL.into(), "true".into());
-        metadata.annotations = Some(
-            [(MAX_REPLICAS_ANNOTATION.to_owned(), max.to_string())]
-                .into_iter()
-                .collect(),
-        );
+    if let Scaling::FromZero { max } | Scaling::Backlog { max, .. } = scaling {
+        let labels = metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(SCALED_BY_LABEL.into(), SCALED_BY_EDDY.into());
+        let mut annotations =
+            BTreeMap::from([(MAX_REPLICAS_ANNOTATION.to_owned(), max.to_string())]);
+        match scaling {
+            Scaling::Backlog { min, .. } => {
+                annotations.insert(MIN_REPLICAS_ANNOTATION.to_owned(), min.to_string());
+            }
+            _ => {
+                labels.insert(SCALE_TO_ZERO_LABEL.into(), "true".into());
+            }
+        }
+        metadata.annotations = Some(annotations);
     }
     Deployment {
         metadata,
         spec: DeploymentSpec {
             replicas: match scaling {
                 Scaling::Fixed(replicas) => Some(replicas),
-                Scaling::Autoscaled { .. } | Scaling::FromZero { .. } => None,
+                Scaling::Autoscaled { .. } | Scaling::FromZero { .. } | Scaling::Backlog { .. } => {
+                    None
+                }
             },
             selector: LabelSelector {
                 match_labels: Some(labels([(FUNCTION_LABEL, name)])),

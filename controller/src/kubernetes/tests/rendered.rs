@@ -454,6 +454,64 @@ fn scaling_maps_onto_replicas_or_an_autoscaler() {
     assert_eq!(scaled(json!({"scaleConfig": null})), Scaling::Fixed(1));
 }
 
+/// `eddy.dev/scale-on: backlog` on a Function with a minimum of one or more: no HPA, and its
+/// Deployment leaves replicas to the dispatcher within the bounds it is annotated with; other
+/// values, or a minimum of zero, change nothing.
+#[test]
+fn a_function_scaled_on_its_backlog_gets_bounds_for_the_dispatcher_and_no_hpa() {
+    let annotated = |value: &str, spec: Value| {
+        let mut function = function(spec);
+        function.metadata.annotations = Some(
+            [("eddy.dev/scale-on".to_owned(), value.to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        function
+    };
+    let bounds = json!({"scaleConfig": {"minReplicas": 2, "maxReplicas": 5}});
+    let function = annotated("backlog", bounds.clone());
+    assert_eq!(
+        render::scaling(&function),
+        Scaling::Backlog { min: 2, max: 5 }
+    );
+    let rendered = render(&function, &config()).expect("renders");
+    assert!(rendered.autoscaler.is_none());
+    let deployment = to_json(&rendered.deployment);
+    assert!(deployment["spec"].get("replicas").is_none(), "{deployment}");
+    assert_eq!(
+        deployment["metadata"]["labels"]["eddy.dev/scaled-by"],
+        "eddy"
+    );
+    assert!(
+        deployment["metadata"]["labels"]
+            .get("eddy.dev/scale-to-zero")
+            .is_none()
+    );
+    assert_eq!(
+        deployment["metadata"]["annotations"],
+        json!({"eddy.dev/max-replicas": "5", "eddy.dev/min-replicas": "2"})
+    );
+    assert_eq!(
+        render::scaling(&annotated("cpu", bounds)),
+        Scaling::Autoscaled { min: 2, max: 5 }
+    );
+    assert_eq!(
+        render::scaling(&annotated(
+            "backlog",
+            json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 5}})
+        )),
+        Scaling::FromZero { max: 5 }
+    );
+    let from_zero = render(&function_from_zero(), &config()).expect("renders");
+    let labels = to_json(&from_zero.deployment)["metadata"]["labels"].clone();
+    assert_eq!(labels["eddy.dev/scaled-by"], "eddy");
+    assert_eq!(labels["eddy.dev/scale-to-zero"], "true");
+}
+
+fn function_from_zero() -> Function {
+    function(json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 4}}))
+}
+
 #[test]
 fn builds_use_the_configured_builder_registry_and_secret() {
     let mut config = config();
