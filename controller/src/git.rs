@@ -45,16 +45,21 @@ impl std::fmt::Debug for GitCredentials {
     }
 }
 
+/// A Git credentials Secret without a key its auth type needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no key {0}")]
+pub struct MissingCredentialKey(pub &'static str);
+
 impl GitCredentials {
     /// The credentials of `kind` from a Secret's data, or the key that is missing.
     pub fn from_secret(
         kind: RepositoryAuthType,
         data: &std::collections::BTreeMap<String, Vec<u8>>,
-    ) -> Result<Self, &'static str> {
+    ) -> Result<Self, MissingCredentialKey> {
         let text = |key: &'static str| {
             data.get(key)
                 .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
-                .ok_or(key)
+                .ok_or(MissingCredentialKey(key))
         };
         Ok(match kind {
             RepositoryAuthType::Basic => Self::Basic {
@@ -508,7 +513,7 @@ mod tests {
         );
         assert_eq!(
             GitCredentials::from_secret(RepositoryAuthType::Key, &data).unwrap_err(),
-            "key"
+            MissingCredentialKey("key")
         );
         assert_eq!(
             format!(

@@ -561,11 +561,11 @@ pub(super) async fn resolve_commit(
                 .collect();
             match GitCredentials::from_secret(auth.type_, &data) {
                 Ok(credentials) => Some(credentials),
-                Err(key) => {
+                Err(missing) => {
                     return Ok(Err((
                         Reason::ReferenceNotFound,
                         format!(
-                            "spec.source.gitRepository.auth: Secret {} has no key {key}",
+                            "spec.source.gitRepository.auth: Secret {} has {missing}",
                             auth.secret_name
                         ),
                     )));

@@ -9,7 +9,7 @@ use eddy_model::resources::{FunctionSpec, KeySource, LocalFields};
 use eddy_platform::store::{Store, StoreError};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use crate::git::GitCredentials;
+use crate::git::{GitCredentials, MissingCredentialKey};
 use crate::package_registry::PackageRegistry;
 
 /// The keys and values of one Secret or ConfigMap.
@@ -141,14 +141,14 @@ pub fn resolve_with(
                 name: auth.secret_name.clone(),
             }
         })?;
-        let credentials = GitCredentials::from_secret(auth.type_, &data).map_err(|key| {
-            MissingReference::Key {
+        let credentials = GitCredentials::from_secret(auth.type_, &data).map_err(
+            |MissingCredentialKey(key)| MissingReference::Key {
                 field: "spec.source.gitRepository.auth".to_owned(),
                 kind: "Secret",
                 name: auth.secret_name.clone(),
                 key: key.to_string(),
-            }
-        })?;
+            },
+        )?;
         inputs.git_credentials = Some(credentials);
     }
     Ok(inputs)
