@@ -40,12 +40,7 @@ pub const SCALED_BY_EDDY: &str = "eddy";
 pub const MAX_REPLICAS_ANNOTATION: &str = "eddy.dev/max-replicas";
 /// Annotation on those Deployments: the fewest replicas the dispatcher may set (none: 0).
 pub const MIN_REPLICAS_ANNOTATION: &str = "eddy.dev/min-replicas";
-/// Annotation on a Function (eddy's or Kyma's) whose `minReplicas` is one or more: with the
-/// value [`SCALE_ON_BACKLOG`], its replicas follow its Subscriptions' backlog (set by the
-/// dispatcher, between `minReplicas` and `maxReplicas`) instead of CPU (an HPA).
-pub const SCALE_ON_ANNOTATION: &str = "eddy.dev/scale-on";
-/// The value of [`SCALE_ON_ANNOTATION`] that asks for backlog-driven replicas.
-pub const SCALE_ON_BACKLOG: &str = "backlog";
+pub use eddy_model::resources::{SCALE_ON_ANNOTATION, SCALE_ON_BACKLOG, SCALE_ON_CPU};
 /// Label on a Function's calls Lease: the Function's name. The Lease's `renewTime` is when the
 /// gateway last forwarded a call to it.
 pub const CALLS_LABEL: &str = "eddy.dev/calls-of";

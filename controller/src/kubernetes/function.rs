@@ -53,7 +53,8 @@ pub(super) async fn reconcile_function_once(
     status.observed_generation = function.metadata.generation;
     let errors = validate_function(function);
     let action = if !errors.is_empty() {
-        // The CRD's rules refuse these; an object stored before a rule existed ends here.
+        // The CRD's rules refuse these but an annotation (CEL cannot read annotations); an
+        // object stored before a rule existed ends here too.
         set_condition(
             &mut status.conditions,
             condition(

@@ -548,6 +548,26 @@ mod tests {
         );
     }
 
+    /// `eddy.dev/scale-on` takes `backlog` or `cpu`: a typo is refused, naming the annotation,
+    /// rather than silently leaving the Function on CPU.
+    #[test]
+    fn the_scale_on_annotation_takes_backlog_or_cpu() {
+        let with = |value: &str| -> Function {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": "Function",
+                "metadata": {"name": "a", "annotations": {"eddy.dev/scale-on": value}},
+                "spec": {"runtime": "nodejs22", "source": {"inline": {"source": "x"}}}
+            }))
+            .unwrap()
+        };
+        assert_eq!(validate_function(&with("backlog")), Vec::new());
+        assert_eq!(validate_function(&with("cpu")), Vec::new());
+        let errors = validate_function(&with("backlg"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].field, "metadata.annotations[eddy.dev/scale-on]");
+        assert_eq!(errors[0].message, "must be backlog or cpu, not \"backlg\"");
+    }
+
     #[test]
     fn unknown_fields_and_runtimes_are_refused() {
         let typo = serde_json::from_value::<Function>(serde_json::json!({

@@ -9,3 +9,12 @@ mod status;
 mod validate;
 
 pub use self::{quantity::*, runtime::*, spec::*, status::*, validate::*};
+
+/// Annotation on a Function (eddy's or Kyma's) whose `minReplicas` is one or more: what its
+/// replicas follow on Kubernetes. [`SCALE_ON_BACKLOG`]: its Subscriptions' backlog, set by the
+/// dispatcher (no HPA); [`SCALE_ON_CPU`], the default: CPU, by an HPA.
+pub const SCALE_ON_ANNOTATION: &str = "eddy.dev/scale-on";
+/// [`SCALE_ON_ANNOTATION`]'s value for replicas that follow the backlog.
+pub const SCALE_ON_BACKLOG: &str = "backlog";
+/// [`SCALE_ON_ANNOTATION`]'s value for replicas that follow CPU (as without the annotation).
+pub const SCALE_ON_CPU: &str = "cpu";

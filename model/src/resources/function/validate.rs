@@ -5,6 +5,19 @@ use super::*;
 /// Checks a Function; every problem is reported.
 pub fn validate_function(function: &Function) -> Vec<FieldError> {
     let mut errors = validate_metadata(&function.metadata, true);
+    if let Some(scale_on) = function
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(SCALE_ON_ANNOTATION))
+        && scale_on != SCALE_ON_BACKLOG
+        && scale_on != SCALE_ON_CPU
+    {
+        errors.push(FieldError::new(
+            format!("metadata.annotations[{SCALE_ON_ANNOTATION}]"),
+            format!("must be {SCALE_ON_BACKLOG} or {SCALE_ON_CPU}, not {scale_on:?}"),
+        ));
+    }
     let spec = &function.spec;
     match (&spec.source.inline, &spec.source.git_repository) {
         (None, None) | (Some(_), Some(_)) => errors.push(FieldError::new(
