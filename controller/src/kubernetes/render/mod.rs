@@ -281,12 +281,7 @@ fn truncate(name: &str, max: usize) -> &str {
 /// `minReplicas: 0` is left to eddy's own scaling instead (`eddy_platform::scale`).
 pub fn scaling(function: &Function) -> Scaling {
     let (min, max) = function.spec.replica_bounds();
-    let on_backlog = function
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(eddy_platform::scale::SCALE_ON_ANNOTATION))
-        .is_some_and(|value| value == eddy_platform::scale::SCALE_ON_BACKLOG);
+    let on_backlog = function.scale_on() == Some(eddy_platform::scale::SCALE_ON_BACKLOG);
     if max > min && min <= 0 {
         Scaling::FromZero { max }
     } else if max > min && on_backlog {

@@ -18,3 +18,14 @@ pub const SCALE_ON_ANNOTATION: &str = "eddy.dev/scale-on";
 pub const SCALE_ON_BACKLOG: &str = "backlog";
 /// [`SCALE_ON_ANNOTATION`]'s value for replicas that follow CPU (as without the annotation).
 pub const SCALE_ON_CPU: &str = "cpu";
+
+impl Function {
+    /// The value of its [`SCALE_ON_ANNOTATION`], if it has one.
+    pub fn scale_on(&self) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(SCALE_ON_ANNOTATION)
+            .map(String::as_str)
+    }
+}

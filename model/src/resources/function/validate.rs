@@ -5,11 +5,7 @@ use super::*;
 /// Checks a Function; every problem is reported.
 pub fn validate_function(function: &Function) -> Vec<FieldError> {
     let mut errors = validate_metadata(&function.metadata, true);
-    if let Some(scale_on) = function
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(SCALE_ON_ANNOTATION))
+    if let Some(scale_on) = function.scale_on()
         && scale_on != SCALE_ON_BACKLOG
         && scale_on != SCALE_ON_CPU
     {
