@@ -245,6 +245,23 @@ async fn events_for_a_function_whose_pod_cannot_start_wait_and_none_is_lost() ->
     at_zero(plane, &namespace, Duration::from_secs(120)).await?;
     // Broken while asleep: the next pod's install fails.
     apply(plane, &namespace, &worker_and_tally(&namespace, true))?;
+    // The broken template is rolled out at zero before anything wakes it, so a wake-up starts
+    // the broken version, not the working one the Deployment still had.
+    eventually(
+        "the broken version rolled out at zero",
+        Duration::from_secs(60),
+        || {
+            let rolled = kubectl_json(plane, &["get", "deployment", "worker", "-n", &namespace])
+                .is_ok_and(|deployment| {
+                    deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+                        != "1"
+                        && deployment["status"]["observedGeneration"]
+                            == deployment["metadata"]["generation"]
+                });
+            async move { rolled }
+        },
+    )
+    .await?;
 
     let run = uuid::Uuid::new_v4().simple().to_string();
     let ids: Vec<String> = (0..50).map(|n| format!("{}-{n}", &run[..8])).collect();
