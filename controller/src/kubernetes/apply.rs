@@ -50,26 +50,157 @@ where
         .await?)
 }
 
+/// What this controller has written lately, so that a reconcile which would write the same
+/// again sends nothing. Every change of a Function's Deployment (each step of a rollout, each
+/// scale) reconciles the Function; without this, each of those re-applied its ConfigMap and
+/// Service and deleted an HPA that was not there: four or five API writes that change nothing.
+///
+/// An entry holds for [`WRITTEN_FOR`]: eddy does not watch ConfigMaps or Services, so an
+/// object someone else changed or deleted is put right at the first reconcile after that (the
+/// periodic resync at the latest). Entries go when eddy deletes the object and when a
+/// leadership term starts (another replica may have written in between).
+#[derive(Default)]
+pub(super) struct Written {
+    entries: Mutex<HashMap<String, (u64, std::time::Instant)>>,
+}
+
+/// How long a write is trusted to still hold: under the resync period, so every other resync
+/// at least writes again.
+pub(super) const WRITTEN_FOR: Duration = Duration::from_secs(RESYNC.as_secs() / 2);
+
+/// What [`Written`] records for an object known to be absent.
+const ABSENT: u64 = 0;
+
+impl Written {
+    fn holds(&self, key: &str, digest: u64) -> bool {
+        self.entries
+            .lock()
+            .get(key)
+            .is_some_and(|(written, at)| *written == digest && at.elapsed() < WRITTEN_FOR)
+    }
+
+    fn record(&self, key: String, digest: u64) {
+        self.entries
+            .lock()
+            .insert(key, (digest, std::time::Instant::now()));
+    }
+
+    fn forget(&self, key: &str) {
+        self.entries.lock().remove(key);
+    }
+
+    /// Forgets everything (a new leadership term).
+    pub(super) fn clear(&self) {
+        self.entries.lock().clear();
+    }
+}
+
+/// The digest [`Written`] keeps of an object as it is applied (never [`ABSENT`]); `None` for
+/// one that does not serialize, which is then always sent (and refused there, with its error).
+fn digest_of<T: serde::Serialize>(object: &T) -> Option<u64> {
+    use std::hash::Hasher as _;
+    /// Feeds the JSON straight into the hasher, without a buffer.
+    struct Feed(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Feed {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut feed = Feed(std::collections::hash_map::DefaultHasher::new());
+    serde_json::to_writer(&mut feed, object).ok()?;
+    Some(feed.0.finish().max(ABSENT + 1))
+}
+
+/// [`apply`], unless this very object was applied within [`WRITTEN_FOR`].
+pub(super) async fn apply_unless_written<K>(
+    client: &Client,
+    written: &Written,
+    object: &K,
+) -> Result<()>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let key = key_of(object);
+    let digest = digest_of(object);
+    if digest.is_some_and(|digest| written.holds(&key, digest)) {
+        return Ok(());
+    }
+    apply(client, object).await?;
+    if let Some(digest) = digest {
+        written.record(key, digest);
+    }
+    Ok(())
+}
+
+/// Deletes `name` of `api`'s kind (gone already is fine), unless it was deleted, or found
+/// absent, within [`WRITTEN_FOR`]. Whether something was there to delete.
+pub(super) async fn delete_unless_written<K>(
+    written: &Written,
+    api: &Api<K>,
+    namespace: &str,
+    name: &str,
+) -> Result<bool>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let key = format!("{}/{namespace}/{name}", K::kind(&Default::default()));
+    if written.holds(&key, ABSENT) {
+        return Ok(false);
+    }
+    let deleted = match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(status)) if status.is_not_found() => false,
+        Err(error) => return Err(error.into()),
+    };
+    written.record(key, ABSENT);
+    Ok(deleted)
+}
+
 /// Deletes the objects of `function` whose build hash is not `hash`: superseded build Jobs
-/// (with their pods) and ConfigMaps.
+/// (with their pods) and ConfigMaps. Once done for `hash`, done until [`WRITTEN_FOR`] has
+/// passed: nothing makes objects of an older build meanwhile.
 pub(super) async fn delete_superseded(
     client: &Client,
+    written: &Written,
     namespace: &str,
     function: &str,
     hash: &str,
 ) -> Result<()> {
+    let key = format!("superseded/{namespace}/{function}");
+    let digest = digest_of(&hash).unwrap_or(ABSENT + 1);
+    if written.holds(&key, digest) {
+        return Ok(());
+    }
     let selector = format!(
         "{}={function},{}!={hash}",
         render::FUNCTION_LABEL,
         render::BUILD_HASH_LABEL
     );
     let params = ListParams::default().labels(&selector);
-    delete_listed(&Api::<Job>::namespaced(client.clone(), namespace), &params).await?;
     delete_listed(
-        &Api::<ConfigMap>::namespaced(client.clone(), namespace),
+        &Api::<Job>::namespaced(client.clone(), namespace),
+        written,
         &params,
     )
-    .await
+    .await?;
+    delete_listed(
+        &Api::<ConfigMap>::namespaced(client.clone(), namespace),
+        written,
+        &params,
+    )
+    .await?;
+    written.record(key, digest);
+    Ok(())
 }
 
 /// Whether every replica runs the Deployment's current pod template. Pure.
@@ -84,7 +215,12 @@ pub(super) fn rolled_out(deployment: &Deployment) -> bool {
 }
 
 /// Deletes what `params` lists, with its dependents in the background; gone already is fine.
-pub(super) async fn delete_listed<K>(api: &Api<K>, params: &ListParams) -> Result<()>
+/// What is deleted is no longer [`Written`]: applied again, it is sent again.
+pub(super) async fn delete_listed<K>(
+    api: &Api<K>,
+    written: &Written,
+    params: &ListParams,
+) -> Result<()>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
@@ -101,6 +237,12 @@ where
             "deleting a superseded build object"
         );
         ignore_not_found(api.delete(&object.name_any(), &background).await.map(drop))?;
+        written.forget(&format!(
+            "{}/{}/{}",
+            K::kind(&Default::default()),
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.name_any()
+        ));
     }
     Ok(())
 }

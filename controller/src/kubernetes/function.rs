@@ -82,7 +82,7 @@ pub(super) async fn reconcile_function_once(
                 }
             },
         };
-        let registry = package_registry(client, &namespace, function).await?;
+        let registry = package_registry(client, &context.written, &namespace, function).await?;
         let rendered = render_with(
             function,
             &context.config,
@@ -123,6 +123,7 @@ pub(super) async fn reconcile_function_once(
         status.url = Some(render::function_url(&namespace, &name));
         let target = Target {
             client,
+            written: &context.written,
             namespace: &namespace,
             name: &name,
             rendered: &rendered,
@@ -170,6 +171,8 @@ pub(super) async fn reconcile_function_once(
 /// One valid Function's rendered objects, and where they go.
 pub(super) struct Target<'a> {
     client: &'a Client,
+    /// What was written lately (not sent again).
+    written: &'a Written,
     namespace: &'a str,
     name: &'a str,
     rendered: &'a Rendered,
@@ -185,7 +188,7 @@ impl Target<'_> {
         status: &mut FunctionStatus,
         function: &Function,
     ) -> Result<Duration> {
-        apply(self.client, &self.rendered.config_map).await?;
+        apply_unless_written(self.client, self.written, &self.rendered.config_map).await?;
         let message = format!(
             "no build: {} installs the dependencies when a pod starts",
             self.rendered.image
@@ -199,7 +202,7 @@ impl Target<'_> {
         let rendered = self.rendered;
         if let Some(attempt) = start {
             tracing::info!(namespace = %self.namespace, function = %self.name, image = %rendered.image, attempt, "building");
-            apply(self.client, &rendered.config_map).await?;
+            apply_unless_written(self.client, self.written, &rendered.config_map).await?;
             apply(
                 self.client,
                 &with_build_attempt(rendered.job.clone(), attempt),
@@ -318,25 +321,28 @@ impl Target<'_> {
         );
         let deployment = apply(self.client, &rendered.deployment).await?;
         replace_publisher_alias(self.client, self.namespace, self.name).await?;
-        apply(self.client, &rendered.service).await?;
+        apply_unless_written(self.client, self.written, &rendered.service).await?;
         match &rendered.autoscaler {
             Some(autoscaler) => {
-                apply(self.client, autoscaler).await?;
+                apply_unless_written(self.client, self.written, autoscaler).await?;
             }
             None => {
                 let autoscalers: Api<HorizontalPodAutoscaler> =
                     Api::namespaced(self.client.clone(), self.namespace);
-                ignore_not_found(
-                    autoscalers
-                        .delete(self.name, &DeleteParams::default())
-                        .await
-                        .map(drop),
-                )?;
+                delete_unless_written(self.written, &autoscalers, self.namespace, self.name)
+                    .await?;
             }
         }
         // A buildless pod mounts its ConfigMap: the old ones stay until the rollout is done.
         if !self.buildless || rolled_out(&deployment) {
-            delete_superseded(self.client, self.namespace, self.name, &rendered.hash).await?;
+            delete_superseded(
+                self.client,
+                self.written,
+                self.namespace,
+                self.name,
+                &rendered.hash,
+            )
+            .await?;
         }
         let (ok, reason, message, replicas) =
             running_condition(&deployment, render::scaling(function));
@@ -449,6 +455,7 @@ pub const PACKAGE_REGISTRY_COPY: &str = "eddy-package-registry-config";
 /// installs nothing.
 pub(super) async fn package_registry(
     client: &Client,
+    written: &Written,
     namespace: &str,
     function: &Function,
 ) -> Result<Option<crate::package_registry::PackageRegistry>> {
@@ -503,22 +510,15 @@ pub(super) async fn package_registry(
                 data: cluster.data.clone(),
                 ..Secret::default()
             };
-            apply(client, &copy).await?;
+            apply_unless_written(client, written, &copy).await?;
             chosen.name = PACKAGE_REGISTRY_COPY.to_owned();
             Ok(Some(chosen))
         }
         (_, chosen) => {
             // A copy of a cluster-wide Secret that no longer applies goes (its credentials
             // with it).
-            match secrets
-                .delete(PACKAGE_REGISTRY_COPY, &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(%namespace, "deleted the copy of the cluster-wide package registry Secret");
-                }
-                Err(kube::Error::Api(response)) if response.code == 404 => {}
-                Err(error) => return Err(error.into()),
+            if delete_unless_written(written, &secrets, namespace, PACKAGE_REGISTRY_COPY).await? {
+                tracing::info!(%namespace, "deleted the copy of the cluster-wide package registry Secret");
             }
             Ok(chosen)
         }

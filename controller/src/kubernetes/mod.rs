@@ -67,6 +67,8 @@ pub struct Context {
     pub sinks: SinkPolicy,
     /// Consecutive failures per object, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// What was written lately, not to be sent again.
+    written: Written,
     /// The time now (a fixed time in tests, so retry delays can be asserted exactly).
     pub clock: fn() -> Timestamp,
     /// Where `git ls-remote` keeps its scratch files and known hosts, and how long it may run.
@@ -91,6 +93,7 @@ impl Context {
             config,
             sinks,
             failures: Mutex::default(),
+            written: Written::default(),
             clock: Timestamp::now,
             git: GitConfig {
                 dir: std::env::temp_dir().join("eddy-controller-git"),
@@ -235,6 +238,8 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
 /// Runs the Function and Subscription controllers until `shutdown` (with `kyma`, also for
 /// Kyma's Function and Subscription kinds).
 pub async fn run(client: Client, context: Arc<Context>, shutdown: CancellationToken) {
+    // A term starts knowing nothing of what it wrote: another replica may have led meanwhile.
+    context.written.clear();
     let kyma = context.kyma_compatibility;
     let kyma_controllers = async {
         if kyma {

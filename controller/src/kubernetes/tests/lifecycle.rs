@@ -496,6 +496,67 @@ pub(super) async fn a_scale_change_builds_nothing_and_drops_the_autoscaler() {
     assert_eq!(bodies[6]["status"]["replicas"], 2);
 }
 
+/// Every change of a Function's Deployment reconciles the Function again. The second reconcile
+/// of the same Function applies its Deployment (whose state it reports) and nothing else: not
+/// the Service, not the HPA's deletion, not the search for superseded builds. A new leadership
+/// term, or a change of the Function, writes them again.
+#[tokio::test]
+pub(super) async fn a_second_reconcile_of_the_same_function_writes_only_its_deployment() {
+    let function = function(json!({"scaleConfig": null, "replicas": 2}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let job = || job_with_status(&rendered, json!({"succeeded": 1}));
+    let superseded = format!(
+        "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
+        rendered.hash
+    );
+    let everything = || {
+        [
+            built_then_workload_applied(&rendered, &job_name, job(), 2),
+            vec![
+                expect(
+                    Method::DELETE,
+                    format!("{}/reserve-stock?", base("hpas")),
+                    not_found,
+                ),
+                expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
+                    (200, metadata_list("Job", &[]))
+                }),
+                expect(
+                    Method::GET,
+                    format!("{}{superseded}", base("configmaps")),
+                    |_| (200, metadata_list("ConfigMap", &[])),
+                ),
+            ],
+        ]
+        .into_iter()
+        .flatten()
+    };
+    let settled = with_status(function.clone(), &json!({"replicas": 2, "conditions": []}));
+    let mut first = everything().collect::<Vec<_>>();
+    first.push(function_status_write(&function));
+    let mut second = built_then_workload_applied(&rendered, &job_name, job(), 2);
+    second.truncate(2);
+    second.push(function_status_write(&function));
+    let term = everything().chain([function_status_write(&function)]);
+    let (client, server) =
+        kube_mock::scripted(first.into_iter().chain(second).chain(term).collect());
+    let mut context = Context::new(client, config(), SinkPolicy::default());
+    context.clock = test_now;
+    let context = Arc::new(context);
+    for _ in 0..2 {
+        reconcile_function(Arc::new(settled.clone()), context.clone())
+            .await
+            .expect("reconciled");
+    }
+    context.written.clear();
+    reconcile_function(Arc::new(settled), context.clone())
+        .await
+        .expect("reconciled");
+    drop(context);
+    server.await.expect("the API server saw what it expected");
+}
+
 #[tokio::test]
 pub(super) async fn an_unchanged_status_is_not_written_again() {
     let function = function(json!({}));
