@@ -91,7 +91,7 @@ async fn publish_steadily(
 /// endpoint reports it (from the host: NATS pods have no sidecar); the server leading it.
 fn events_stream_at_r3(plane: &ControlPlane) -> Result<String> {
     // Any server of the three reports it (the first that holds a replica).
-    let stream = ["eddy-nats-0", "eddy-nats-1", "eddy-nats-2"]
+    let stream = NATS_SERVERS
         .into_iter()
         .find_map(|server| events_stream(plane, server, "streams=true&config=true").ok())
         .context("no NATS server reports EDDY_EVENTS")?;
@@ -127,16 +127,23 @@ fn events_stream(plane: &ControlPlane, server: &str, query: &str) -> Result<Valu
         .with_context(|| format!("no EDDY_EVENTS in {body}"))
 }
 
-/// Events the stream holds for its consumers and has not delivered, as its leader (`leader`,
-/// a pod's name) counts them: the backlog a deleted server's replica would take with it.
-fn undelivered(plane: &ControlPlane, leader: &str) -> Result<u64> {
-    let stream = events_stream(plane, leader, "streams=true&consumers=true")?;
-    Ok(stream["consumer_detail"]
-        .as_array()
+/// Events the stream holds for its consumers and has not delivered: the most any of the three
+/// servers counts (a consumer's follower may count fewer than its leader), the backlog a deleted
+/// server's replica would take with it.
+fn undelivered(plane: &ControlPlane) -> u64 {
+    NATS_SERVERS
         .into_iter()
-        .flatten()
-        .filter_map(|consumer| consumer["num_pending"].as_u64())
-        .sum())
+        .filter_map(|server| events_stream(plane, server, "streams=true&consumers=true").ok())
+        .map(|stream| {
+            stream["consumer_detail"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|consumer| consumer["num_pending"].as_u64())
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// The name of a pod of `selector` in `namespace`.
@@ -216,6 +223,8 @@ impl Drop for DeliveryPaused<'_> {
 }
 
 const DISPATCHER_PODS: &str = "app.kubernetes.io/component=dispatcher";
+const NATS_PODS: &str = "app.kubernetes.io/name=nats";
+const NATS_SERVERS: [&str; 3] = ["eddy-nats-0", "eddy-nats-1", "eddy-nats-2"];
 
 /// Events published at a steady 40/s through four faults in turn, each pod deleted once the
 /// previous one's replacement is ready:
@@ -237,22 +246,21 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
     running(plane, &namespace, "worker", Duration::from_secs(120)).await?;
     running(plane, &namespace, "tally", Duration::from_secs(120)).await?;
     subscriptions_ready(plane, &namespace, &["work", "done"]).await?;
-    let leader = events_stream_at_r3(plane)?;
+    events_stream_at_r3(plane)?;
 
     let url = format!("{}/publish", service_url(plane, SYSTEM, "eddy-event-bus")?);
     let prefix = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let stop = Arc::new(AtomicBool::new(false));
     let publisher = tokio::spawn(publish_steadily(url, prefix, 40, stop.clone()));
     let started = Instant::now();
-    // The NATS server leading the events' stream, by its pod's name (its server name).
-    let leader_pod = format!("statefulset.kubernetes.io/pod-name={leader}");
-    // (what, namespace, selector, pods, forced: grace period 0 with delivery held meanwhile)
+    // (what, namespace, selector, pods, forced: grace period 0 with delivery held meanwhile;
+    // the pod deleted is then the NATS server leading the events' stream at that moment)
     let faults: [(&str, &str, &str, usize, bool); 4] = [
         (
             "the NATS server leading the stream",
             SYSTEM,
-            &leader_pod,
-            1,
+            NATS_PODS,
+            3,
             true,
         ),
         (
@@ -294,15 +302,26 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
             },
         )
         .await?;
-        if paused.is_some() {
-            let backlog = undelivered(plane, &leader)?;
-            ensure!(backlog > 0, "no backlog built up while delivery was held");
+        let pod = if paused.is_some() {
+            eventually(
+                "a backlog while delivery is held",
+                Duration::from_secs(20),
+                || {
+                    let backlog = undelivered(plane);
+                    async move { backlog > 0 }
+                },
+            )
+            .await?;
             eprintln!(
-                "{:>5.1} s: {backlog} stored events not yet delivered",
-                started.elapsed().as_secs_f64()
+                "{:>5.1} s: {} stored events not yet delivered",
+                started.elapsed().as_secs_f64(),
+                undelivered(plane)
             );
-        }
-        let pod = a_pod(plane, namespace, selector)?;
+            // Read now: the leader may have moved since the run began.
+            events_stream_at_r3(plane)?
+        } else {
+            a_pod(plane, namespace, selector)?
+        };
         let mut delete = plane.kubectl()?;
         delete.args(["delete", "pod", &pod, "-n", namespace, "--wait=false"]);
         if forced {
