@@ -155,8 +155,7 @@ pub fn running_condition(
         Scaling::Fixed(replicas) => replicas,
         Scaling::Autoscaled { min, .. } => status.replicas.unwrap_or(min).max(min),
         // What the gateway or the dispatcher last asked for.
-        Scaling::FromZero { .. } => deployment.spec.replicas.unwrap_or(1),
-        Scaling::Backlog { min, .. } => deployment.spec.replicas.unwrap_or(min).max(min),
+        Scaling::ByEddy { min, .. } => deployment.spec.replicas.unwrap_or(min.max(1)).max(min),
     };
     let conditions = status.conditions.unwrap_or_default();
     if let Some(stuck) = conditions.iter().find(|c| {
@@ -172,7 +171,7 @@ pub fn running_condition(
     let updated = status.updated_replicas.unwrap_or(0);
     if desired == 0 && observed && status.replicas.unwrap_or(0) == 0 {
         let message = match scaling {
-            Scaling::FromZero { .. } => "no pod while idle; a call or an event wakes it",
+            Scaling::ByEddy { min: 0, .. } => "no pod while idle; a call or an event wakes it",
             _ => "0 replicas requested",
         };
         return (Some(true), Reason::ScaledToZero, message.to_owned(), 0);

@@ -282,10 +282,11 @@ fn truncate(name: &str, max: usize) -> &str {
 pub fn scaling(function: &Function) -> Scaling {
     let (min, max) = function.spec.replica_bounds();
     let on_backlog = function.scale_on() == Some(eddy_platform::scale::SCALE_ON_BACKLOG);
-    if max > min && min <= 0 {
-        Scaling::FromZero { max }
-    } else if max > min && on_backlog {
-        Scaling::Backlog { min, max }
+    if max > min && (min <= 0 || on_backlog) {
+        Scaling::ByEddy {
+            min: min.max(0),
+            max,
+        }
     } else if max > min {
         Scaling::Autoscaled { min, max }
     } else {
@@ -306,16 +307,12 @@ pub enum Scaling {
         /// Most pods.
         max: i32,
     },
-    /// Between zero and max, left to eddy's scaling: woken by the gateway and the dispatcher,
-    /// raised by pending events, back to zero when idle (the Deployment does not set replicas).
-    FromZero {
-        /// Most pods.
-        max: i32,
-    },
-    /// Between min (one or more) and max, left to eddy's scaling by the Subscriptions'
-    /// backlog instead of an HPA on CPU (`eddy.dev/scale-on: backlog`).
-    Backlog {
-        /// Fewest pods.
+    /// Between min and max, left to eddy's scaling (the Deployment does not set replicas):
+    /// raised by the Subscriptions' pending events. With a minimum of zero, woken by the
+    /// gateway and the dispatcher and back to zero when idle (an HPA cannot scale to zero);
+    /// with one or more, instead of an HPA on CPU (`eddy.dev/scale-on: backlog`).
+    ByEddy {
+        /// Fewest pods: zero or more.
         min: i32,
         /// Most pods.
         max: i32,

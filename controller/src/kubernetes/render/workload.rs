@@ -68,18 +68,15 @@ pub(super) fn deployment(
         timeout,
     };
     let mut metadata = owned.metadata(name, owned.labels());
-    if let Scaling::FromZero { max } | Scaling::Backlog { max, .. } = scaling {
+    if let Scaling::ByEddy { min, max } = scaling {
         let labels = metadata.labels.get_or_insert_with(Default::default);
         labels.insert(SCALED_BY_LABEL.into(), SCALED_BY_EDDY.into());
         let mut annotations =
             BTreeMap::from([(MAX_REPLICAS_ANNOTATION.to_owned(), max.to_string())]);
-        match scaling {
-            Scaling::Backlog { min, .. } => {
-                annotations.insert(MIN_REPLICAS_ANNOTATION.to_owned(), min.to_string());
-            }
-            _ => {
-                labels.insert(SCALE_TO_ZERO_LABEL.into(), "true".into());
-            }
+        if min > 0 {
+            annotations.insert(MIN_REPLICAS_ANNOTATION.to_owned(), min.to_string());
+        } else {
+            labels.insert(SCALE_TO_ZERO_LABEL.into(), "true".into());
         }
         metadata.annotations = Some(annotations);
     }
@@ -88,9 +85,7 @@ pub(super) fn deployment(
         spec: DeploymentSpec {
             replicas: match scaling {
                 Scaling::Fixed(replicas) => Some(replicas),
-                Scaling::Autoscaled { .. } | Scaling::FromZero { .. } | Scaling::Backlog { .. } => {
-                    None
-                }
+                Scaling::Autoscaled { .. } | Scaling::ByEddy { .. } => None,
             },
             selector: LabelSelector {
                 match_labels: Some(labels([(FUNCTION_LABEL, name)])),

@@ -441,7 +441,7 @@ fn scaling_maps_onto_replicas_or_an_autoscaler() {
     assert_eq!(scaled(json!({})), Scaling::Autoscaled { min: 1, max: 3 });
     assert_eq!(
         scaled(json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 4}})),
-        Scaling::FromZero { max: 4 }
+        Scaling::ByEddy { min: 0, max: 4 }
     );
     assert_eq!(
         scaled(json!({"scaleConfig": {"minReplicas": 2, "maxReplicas": 2}})),
@@ -472,7 +472,7 @@ fn a_function_scaled_on_its_backlog_gets_bounds_for_the_dispatcher_and_no_hpa() 
     let function = annotated("backlog", bounds.clone());
     assert_eq!(
         render::scaling(&function),
-        Scaling::Backlog { min: 2, max: 5 }
+        Scaling::ByEddy { min: 2, max: 5 }
     );
     let rendered = render(&function, &config()).expect("renders");
     assert!(rendered.autoscaler.is_none());
@@ -500,7 +500,7 @@ fn a_function_scaled_on_its_backlog_gets_bounds_for_the_dispatcher_and_no_hpa() 
             "backlog",
             json!({"scaleConfig": {"minReplicas": 0, "maxReplicas": 5}})
         )),
-        Scaling::FromZero { max: 5 }
+        Scaling::ByEddy { min: 0, max: 5 }
     );
     let from_zero = render(&function_from_zero(), &config()).expect("renders");
     let labels = to_json(&from_zero.deployment)["metadata"]["labels"].clone();
