@@ -7,12 +7,18 @@ pub(super) fn key_of<K: Resource>(object: &K) -> String
 where
     K::DynamicType: Default,
 {
-    format!(
-        "{}/{}/{}",
-        K::kind(&Default::default()),
+    key_of_named::<K>(
         object.meta().namespace.as_deref().unwrap_or_default(),
-        object.meta().name.as_deref().unwrap_or_default()
+        object.meta().name.as_deref().unwrap_or_default(),
     )
+}
+
+/// [`key_of`] an object of kind `K` known by its namespace and name.
+fn key_of_named<K: Resource>(namespace: &str, name: &str) -> String
+where
+    K::DynamicType: Default,
+{
+    format!("{}/{namespace}/{name}", K::kind(&Default::default()))
 }
 
 pub(super) fn apply_params() -> PatchParams {
@@ -153,7 +159,7 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let key = format!("{}/{namespace}/{name}", K::kind(&Default::default()));
+    let key = key_of_named::<K>(namespace, name);
     if written.holds(&key, ABSENT) {
         return Ok(false);
     }
@@ -237,11 +243,9 @@ where
             "deleting a superseded build object"
         );
         ignore_not_found(api.delete(&object.name_any(), &background).await.map(drop))?;
-        written.forget(&format!(
-            "{}/{}/{}",
-            K::kind(&Default::default()),
+        written.forget(&key_of_named::<K>(
             object.metadata.namespace.as_deref().unwrap_or_default(),
-            object.name_any()
+            &object.name_any(),
         ));
     }
     Ok(())
