@@ -461,36 +461,9 @@ pub(super) async fn a_scale_change_builds_nothing_and_drops_the_autoscaler() {
     assert!(rendered.autoscaler.is_none());
     let job_name = format!("reserve-stock-build-{}", rendered.hash);
     let job = job_with_status(&rendered, json!({"succeeded": 1}));
-    let superseded = format!(
-        "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
-        rendered.hash
-    );
-    let (result, bodies) = run_function(
-        function.clone(),
-        [
-            built_then_workload_applied(&rendered, &job_name, job, 2),
-            vec![
-                expect(
-                    Method::DELETE,
-                    format!("{}/reserve-stock?", base("hpas")),
-                    not_found,
-                ),
-                expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
-                    (200, metadata_list("Job", &[]))
-                }),
-                expect(
-                    Method::GET,
-                    format!("{}{superseded}", base("configmaps")),
-                    |_| (200, metadata_list("ConfigMap", &[])),
-                ),
-                function_status_write(&function),
-            ],
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
-    )
-    .await;
+    let mut exchanges = built_without_an_autoscaler(&rendered, &job_name, job, 2);
+    exchanges.push(function_status_write(&function));
+    let (result, bodies) = run_function(function.clone(), exchanges).await;
     assert_eq!(result.expect("reconciled"), Action::requeue(RESYNC));
     assert_eq!(bodies[1]["spec"]["replicas"], 2);
     assert_eq!(bodies[6]["status"]["replicas"], 2);
@@ -499,39 +472,14 @@ pub(super) async fn a_scale_change_builds_nothing_and_drops_the_autoscaler() {
 /// Every change of a Function's Deployment reconciles the Function again. The second reconcile
 /// of the same Function applies its Deployment (whose state it reports) and nothing else: not
 /// the Service, not the HPA's deletion, not the search for superseded builds. A new leadership
-/// term, or a change of the Function, writes them again.
+/// term writes them again.
 #[tokio::test]
 pub(super) async fn a_second_reconcile_of_the_same_function_writes_only_its_deployment() {
     let function = function(json!({"scaleConfig": null, "replicas": 2}));
     let rendered = render(&function, &config()).expect("renders");
     let job_name = format!("reserve-stock-build-{}", rendered.hash);
     let job = || job_with_status(&rendered, json!({"succeeded": 1}));
-    let superseded = format!(
-        "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
-        rendered.hash
-    );
-    let everything = || {
-        [
-            built_then_workload_applied(&rendered, &job_name, job(), 2),
-            vec![
-                expect(
-                    Method::DELETE,
-                    format!("{}/reserve-stock?", base("hpas")),
-                    not_found,
-                ),
-                expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
-                    (200, metadata_list("Job", &[]))
-                }),
-                expect(
-                    Method::GET,
-                    format!("{}{superseded}", base("configmaps")),
-                    |_| (200, metadata_list("ConfigMap", &[])),
-                ),
-            ],
-        ]
-        .into_iter()
-        .flatten()
-    };
+    let everything = || built_without_an_autoscaler(&rendered, &job_name, job(), 2).into_iter();
     let settled = with_status(function.clone(), &json!({"replicas": 2, "conditions": []}));
     let mut first = everything().collect::<Vec<_>>();
     first.push(function_status_write(&function));
@@ -682,6 +630,37 @@ fn every_rendered_object_is_owned_by_its_function_without_finalizers() {
         assert!(meta.finalizers.is_none());
         assert_eq!(meta.namespace.as_deref(), Some("shop"));
     }
+}
+
+/// [`built_then_workload_applied`] for a Function with no autoscaler: then the HPA deleted
+/// (none there) and no superseded build found.
+fn built_without_an_autoscaler(
+    rendered: &Rendered,
+    job_name: &str,
+    job: Value,
+    replicas: i32,
+) -> Vec<Exchange> {
+    let superseded = format!(
+        "?&labelSelector=eddy.dev%2Ffunction%3Dreserve-stock%2Ceddy.dev%2Fbuild-hash%21%3D{}",
+        rendered.hash
+    );
+    let mut exchanges = built_then_workload_applied(rendered, job_name, job, replicas);
+    exchanges.extend([
+        expect(
+            Method::DELETE,
+            format!("{}/reserve-stock?", base("hpas")),
+            not_found,
+        ),
+        expect(Method::GET, format!("{}{superseded}", base("jobs")), |_| {
+            (200, metadata_list("Job", &[]))
+        }),
+        expect(
+            Method::GET,
+            format!("{}{superseded}", base("configmaps")),
+            |_| (200, metadata_list("ConfigMap", &[])),
+        ),
+    ]);
+    exchanges
 }
 
 /// The reconcile of a Function whose build Job (`job`) is done: the Job read, then its
