@@ -92,22 +92,21 @@ async fn the_shop_runs_end_to_end_and_survives_a_restart() {
     assert_eq!(quote["total"], 43.0);
 
     // The dashboard shows functions, subscriptions with their counts, and the events.
-    // A delivery is counted when the function answers; its ack reaches JetStream a moment later,
-    // so the pending column is read again until both subscriptions show none (or the deadline).
-    let settled = |shown: &Value| {
-        shown["subscriptions"].as_array().is_some_and(|rows| {
-            ["reserve-stock", "record-reservation"].iter().all(|name| {
-                rows.iter()
-                    .any(|row| row[1] == *name && row[8].as_str() == Some("0"))
-            })
-        })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut shown = render(&format!("{}/", up.api), 6, 6).await;
-    while !settled(&shown) && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        shown = render(&format!("{}/", up.api), 6, 6).await;
-    }
+    // A delivery is counted when the function answers and its ack reaches JetStream a moment
+    // later: the page is read once the state it polls shows nothing pending.
+    let state = format!("{}/dashboard/state", up.api);
+    eventually(
+        "the deliveries' acks to reach JetStream",
+        Duration::from_secs(30),
+        || async {
+            up.get(state.clone()).await["subscriptions"]
+                .as_array()
+                .is_some_and(|rows| rows.iter().all(|row| row["counts"]["pending"] == 0))
+        },
+    )
+    .await
+    .unwrap();
+    let shown = render(&format!("{}/", up.api), 6, 6).await;
     let functions: Vec<(String, String)> = shown["functions"]
         .as_array()
         .unwrap()
