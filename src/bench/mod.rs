@@ -207,6 +207,10 @@ pub enum Scenario {
         /// Measure apply → Running only, not the event path.
         #[arg(long = "starts-only")]
         starts_only: bool,
+        /// Measure publish → function latency at this rate only (three windows after a warm-up),
+        /// without searching for the maximum: for comparing two setups at one rate.
+        #[arg(long = "latency-at")]
+        latency_at: Option<u64>,
     },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
@@ -257,6 +261,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             runs,
             system_namespace,
             starts_only,
+            latency_at,
         } => {
             real_node::run(real_node::Settings {
                 rate,
@@ -264,6 +269,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 system_namespace,
                 runs,
                 starts_only,
+                latency_at,
             })
             .await
         }

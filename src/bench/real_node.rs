@@ -6,8 +6,9 @@
 //! - the highest rate sustained through the pods (the event-bus Service, NATS, the dispatcher's
 //!   pod, the function's Service and pod), searched as `e2e` searches it locally: the backlog
 //!   left when each rate's window ends, read from the consumer in the chart's NATS;
-//! - publish → function latency at half that rate. The function logs how long ago each event
-//!   was published (one machine, one clock); the log is read back after the run.
+//! - publish → function latency at half that rate (or at `--latency-at`). The function keeps
+//!   how long ago each event was published (one machine, one clock) and hands the figures
+//!   over on a GET after the run.
 
 use std::{
     sync::{Arc, atomic::AtomicU64},
@@ -19,11 +20,17 @@ use eddy_model::resources::{ConditionStatus, Function, Subscription, consumer_na
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, LogParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::json;
 
 use super::e2e::{HANDLER, Probed, finish, offer, quantile, search_maximum, wait_settled};
+
+/// The sink: each event's latency (publish → here, one machine, one clock) kept in memory, and
+/// handed over (and forgotten) on a GET. Not a log line per event: through a pod's log that is
+/// three processes (the function, containerd's shim, containerd) woken per event, about a tenth
+/// of the node's CPU at 800 events/s, which the path measured would share.
+const SINK_HANDLER: &str = "const held = [];\nmodule.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) { held.push((performance.timeOrigin + performance.now()) - sent); return \"\"; }\n  const out = held.map((value) => value.toFixed(3)).join(\"\\n\");\n  held.length = 0;\n  return out;\n} };\n";
 
 /// Settings of the run.
 #[derive(Debug, Clone)]
@@ -38,6 +45,9 @@ pub struct Settings {
     pub runs: usize,
     /// Measure apply → Running only.
     pub starts_only: bool,
+    /// Measure latency at this rate only, without searching for the maximum (A/B comparisons
+    /// at one rate).
+    pub latency_at: Option<u64>,
 }
 
 /// Runs the benchmark against the cluster of the current kubeconfig and prints the figures.
@@ -55,6 +65,24 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("creating namespace {namespace}"))?;
     let result = measure(&client, &namespace, &settings).await;
+    // Every run's Subscription takes the same event type: one left behind while its namespace
+    // terminates (minutes, with the pods' grace periods) would take the next run's events too
+    // and double the work it measures. It goes first, and the run waits until it is gone.
+    let subscriptions: Api<Subscription> = Api::namespaced(client.clone(), &namespace);
+    if subscriptions
+        .delete("to-sink", &DeleteParams::default())
+        .await
+        .is_ok()
+    {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while subscriptions.get_opt("to-sink").await?.is_some() {
+            if Instant::now() > deadline {
+                eprintln!("the Subscription of {namespace} was not gone in 60 s");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let _ = namespaces
         .delete(&namespace, &DeleteParams::default())
         .await;
@@ -67,10 +95,11 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         "real node: buildless Function apply → Running ({} runs each)",
         settings.runs
     );
-    for (case, dependencies) in [
+    let cases = [
         ("no dependencies", ""),
         ("lodash", r#"{"dependencies": {"lodash": "4.17.21"}}"#),
-    ] {
+    ];
+    for (case, dependencies) in cases.into_iter().filter(|_| settings.runs > 0) {
         let mut times = Vec::new();
         for run in 0..settings.runs {
             let name = format!(
@@ -82,7 +111,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
                 }
             );
             times.push(
-                apply_until_running(&functions, &name, dependencies)
+                apply_until_running(&functions, &name, HANDLER, dependencies)
                     .await?
                     .as_secs_f64(),
             );
@@ -100,7 +129,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     if settings.starts_only {
         return Ok(());
     }
-    apply_until_running(&functions, "sink", "").await?;
+    apply_until_running(&functions, "sink", SINK_HANDLER, "").await?;
     let subscriptions: Api<Subscription> = Api::namespaced(client.clone(), namespace);
     let subscription: Subscription = serde_json::from_value(json!({
         "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
@@ -163,70 +192,89 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         consumer: consumer_name(namespace, "to-sink"),
     });
     let next = AtomicU64::new(0);
-    let (max_rate, probes) = search_maximum(
-        &http,
-        &url,
-        &path,
-        &js,
-        &next,
-        settings.rate as f64,
-        settings.duration,
-    )
-    .await?;
-    for probe in &probes {
-        println!(
-            "  offered {:>6}/s for {:?}: backlog {:>6} at the end, {}",
-            probe.rate,
-            settings.duration,
-            probe.backlog,
-            if probe.sustained {
-                "sustained"
-            } else {
-                "fell behind"
+    let half = match settings.latency_at {
+        Some(rate) => rate.max(1),
+        None => {
+            let (max_rate, probes) = search_maximum(
+                &http,
+                &url,
+                &path,
+                &js,
+                &next,
+                settings.rate as f64,
+                settings.duration,
+            )
+            .await?;
+            for probe in &probes {
+                println!(
+                    "  offered {:>6}/s for {:?}: backlog {:>6} at the end, {}",
+                    probe.rate,
+                    settings.duration,
+                    probe.backlog,
+                    if probe.sustained {
+                        "sustained"
+                    } else {
+                        "fell behind"
+                    }
+                );
             }
-        );
-    }
-    println!("real node: maximum sustained rate through the pods {max_rate:.0} events/s");
+            println!("real node: maximum sustained rate through the pods {max_rate:.0} events/s");
+            ((max_rate / 2.0) as u64).max(1)
+        }
+    };
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let (before, _) = sink_latencies(&pods).await?;
-    let half = ((max_rate / 2.0) as u64).max(1);
-    let (_, sends) = offer(&http, &url, &path, &next, half, settings.duration).await?;
-    let offered = sends.len();
-    finish(sends).await?;
-    wait_settled(&js, &path.consumer).await?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let latencies = loop {
-        // One sink pod: its log is in arrival order, so this rate's latencies are the tail.
-        let (values, read) = sink_latencies(&pods).await?;
-        if values.len() >= before.len() + offered {
-            let mut tail = values[before.len()..].to_vec();
-            tail.sort_by(f64::total_cmp);
-            break tail;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} of {offered} events logged by the function in 2 minutes (read: {read})",
-                values.len() - before.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    // At a chosen rate, three windows (the first after the same window's warm-up); after a
+    // search, one.
+    let windows = if settings.latency_at.is_some() {
+        let (_, sends) = offer(&http, &url, &path, &next, half, settings.duration).await?;
+        finish(sends).await?;
+        wait_settled(&js, &path.consumer).await?;
+        3
+    } else {
+        1
     };
-    println!(
-        "real node: publish → function at half that, {half} events/s for {:?}: {} events, p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
-        settings.duration,
-        latencies.len(),
-        quantile(&latencies, 0.5),
-        quantile(&latencies, 0.99),
-        quantile(&latencies, 0.999),
-        latencies.last().copied().unwrap_or(0.0)
-    );
+    for _ in 0..windows {
+        // What the sink holds from before this window is left out.
+        drain_sink(&http, &pods).await?;
+        let (_, sends) = offer(&http, &url, &path, &next, half, settings.duration).await?;
+        let offered = sends.len();
+        finish(sends).await?;
+        wait_settled(&js, &path.consumer).await?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut latencies = Vec::with_capacity(offered);
+        loop {
+            let (values, read) = drain_sink(&http, &pods).await?;
+            latencies.extend(values);
+            if latencies.len() >= offered {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} of {offered} events measured by the function in 2 minutes (last read: {read})",
+                    latencies.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        latencies.sort_by(f64::total_cmp);
+        println!(
+            "real node: publish → function at {half} events/s for {:?}: {} events, p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
+            settings.duration,
+            latencies.len(),
+            quantile(&latencies, 0.5),
+            quantile(&latencies, 0.99),
+            quantile(&latencies, 0.999),
+            latencies.last().copied().unwrap_or(0.0)
+        );
+    }
     Ok(())
 }
 
-/// The latencies the sink logged, from every pod of it (a rollout may leave two) and from the
-/// container before a restart, and what was read, pod by pod, for an error.
-async fn sink_latencies(pods: &Api<Pod>) -> anyhow::Result<(Vec<f64>, String)> {
+/// Takes the latencies every pod of the sink holds (a rollout or a scale-out may leave several),
+/// which forget them; and what was read, pod by pod, for an error. A pod that restarted lost
+/// its own, and the run fails on the count.
+async fn drain_sink(http: &reqwest::Client, pods: &Api<Pod>) -> anyhow::Result<(Vec<f64>, String)> {
     let mut values = Vec::new();
     let mut read = Vec::new();
     for pod in pods
@@ -234,33 +282,29 @@ async fn sink_latencies(pods: &Api<Pod>) -> anyhow::Result<(Vec<f64>, String)> {
         .await?
         .items
     {
-        let name = pod.metadata.name.clone().context("the pod's name")?;
-        let restarted = pod
-            .status
-            .and_then(|status| status.container_statuses)
-            .into_iter()
-            .flatten()
-            .any(|container| container.name == "function" && container.restart_count > 0);
-        for previous in [false, true].into_iter().filter(|p| !p || restarted) {
-            let params = LogParams {
-                container: Some("function".into()),
-                previous,
-                ..LogParams::default()
-            };
-            let log = pods.logs(&name, &params).await.unwrap_or_default();
-            let before = values.len();
-            values.extend(
-                log.lines()
-                    .filter_map(|line| line.strip_prefix("latency_ms "))
-                    .filter_map(|value| value.trim().parse::<f64>().ok()),
-            );
-            let which = if previous {
-                " (before its restart)"
-            } else {
-                ""
-            };
-            read.push(format!("{name}{which}: {}", values.len() - before));
-        }
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let Some(ip) = pod.status.and_then(|status| status.pod_ip) else {
+            read.push(format!("{name}: no IP"));
+            continue;
+        };
+        // The pod itself, not its Service: each pod holds its own.
+        let body = match http.get(format!("http://{ip}:8080/")).send().await {
+            Ok(response) if response.status().is_success() => response.text().await?,
+            Ok(response) => {
+                read.push(format!("{name}: {}", response.status()));
+                continue;
+            }
+            Err(error) => {
+                read.push(format!("{name}: {error}"));
+                continue;
+            }
+        };
+        let before = values.len();
+        values.extend(
+            body.split_ascii_whitespace()
+                .filter_map(|value| value.parse::<f64>().ok()),
+        );
+        read.push(format!("{name}: {}", values.len() - before));
     }
     Ok((values, read.join(", ")))
 }
@@ -269,13 +313,14 @@ async fn sink_latencies(pods: &Api<Pod>) -> anyhow::Result<(Vec<f64>, String)> {
 async fn apply_until_running(
     functions: &Api<Function>,
     name: &str,
+    source: &str,
     dependencies: &str,
 ) -> anyhow::Result<Duration> {
     let function: Function = serde_json::from_value(json!({
         "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
         "metadata": {"name": name},
         "spec": {"runtime": "nodejs22",
-                 "source": {"inline": {"source": HANDLER, "dependencies": dependencies}}},
+                 "source": {"inline": {"source": source, "dependencies": dependencies}}},
     }))?;
     let started = Instant::now();
     functions.create(&PostParams::default(), &function).await?;
