@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use eddy_controller::kubernetes::render::FUNCTION_PORT;
 use eddy_model::resources::{ConditionStatus, Function, Subscription, consumer_name};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
@@ -31,6 +32,9 @@ use super::e2e::{HANDLER, Probed, finish, offer, quantile, search_maximum, wait_
 /// three processes (the function, containerd's shim, containerd) woken per event, about a tenth
 /// of the node's CPU at 800 events/s, which the path measured would share.
 const SINK_HANDLER: &str = "const held = [];\nmodule.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) { held.push((performance.timeOrigin + performance.now()) - sent); return \"\"; }\n  const out = held.map((value) => value.toFixed(3)).join(\"\\n\");\n  held.length = 0;\n  return out;\n} };\n";
+
+/// The run's Subscription of the sink.
+const SUBSCRIPTION: &str = "to-sink";
 
 /// Settings of the run.
 #[derive(Debug, Clone)]
@@ -70,12 +74,12 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     // and double the work it measures. It goes first, and the run waits until it is gone.
     let subscriptions: Api<Subscription> = Api::namespaced(client.clone(), &namespace);
     if subscriptions
-        .delete("to-sink", &DeleteParams::default())
+        .delete(SUBSCRIPTION, &DeleteParams::default())
         .await
         .is_ok()
     {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while subscriptions.get_opt("to-sink").await?.is_some() {
+        while subscriptions.get_opt(SUBSCRIPTION).await?.is_some() {
             if Instant::now() > deadline {
                 eprintln!("the Subscription of {namespace} was not gone in 60 s");
                 break;
@@ -133,7 +137,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     let subscriptions: Api<Subscription> = Api::namespaced(client.clone(), namespace);
     let subscription: Subscription = serde_json::from_value(json!({
         "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
-        "metadata": {"name": "to-sink"},
+        "metadata": {"name": SUBSCRIPTION},
         "spec": {"sink": format!("http://sink.{namespace}.svc.cluster.local"),
                  "types": ["bench.realnode.v1"], "config": {"maxInFlightMessages": 64}},
     }))?;
@@ -142,7 +146,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         .await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let current = subscriptions.get("to-sink").await?;
+        let current = subscriptions.get(SUBSCRIPTION).await?;
         let ready = current.status.as_ref().is_some_and(|status| {
             status.conditions.iter().any(|condition| {
                 condition.type_ == "Ready" && condition.status == ConditionStatus::True
@@ -189,7 +193,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     let path = Arc::new(Probed {
         kind: "bench.realnode.v1",
         ids: namespace.to_owned(),
-        consumer: consumer_name(namespace, "to-sink"),
+        consumer: consumer_name(namespace, SUBSCRIPTION),
     });
     let next = AtomicU64::new(0);
     let half = match settings.latency_at {
@@ -288,7 +292,11 @@ async fn drain_sink(http: &reqwest::Client, pods: &Api<Pod>) -> anyhow::Result<(
             continue;
         };
         // The pod itself, not its Service: each pod holds its own.
-        let body = match http.get(format!("http://{ip}:8080/")).send().await {
+        let body = match http
+            .get(format!("http://{ip}:{FUNCTION_PORT}/"))
+            .send()
+            .await
+        {
             Ok(response) if response.status().is_success() => response.text().await?,
             Ok(response) => {
                 read.push(format!("{name}: {}", response.status()));
