@@ -455,6 +455,15 @@ pub fn find_nats_server(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     )
 }
 
+/// How many threads nats-server runs Go code on: half the cores, at least one. It shares the
+/// machine with eddy's own process (a tokio worker per core) and the functions; with a thread
+/// per core, Go's idle threads spin looking for work on cores the others are waiting for. On
+/// two cores, one thread gave the same maximum and a third to a half of the p99 at half of it
+/// (docs/benchmarks.md).
+fn nats_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
+}
+
 /// A nats-server child process with JetStream, stopped gracefully.
 pub struct NatsChild {
     child: Child,
@@ -480,6 +489,16 @@ impl NatsChild {
         command.env_clear();
         if let Some(path) = std::env::var_os("PATH") {
             command.env("PATH", path);
+        }
+        // The Go runtime's own knobs are no secret, and the only way to size nats-server's
+        // threads and garbage collector to the machine.
+        for knob in ["GOMAXPROCS", "GOGC", "GOMEMLIMIT"] {
+            if let Some(value) = std::env::var_os(knob) {
+                command.env(knob, value);
+            }
+        }
+        if std::env::var_os("GOMAXPROCS").is_none() {
+            command.env("GOMAXPROCS", nats_threads().to_string());
         }
         if let Some(users) = users {
             let config = run_dir.join("nats.conf");
