@@ -578,7 +578,14 @@ const server = http.createServer({ IncomingMessage: ExpressRequest, ServerRespon
   });
 });
 server.keepAliveTimeout = 65000;
-server.listen(port, host, () => console.log(`eddy: ${functionName} listening on ${port}`));
+server.listen(port, host, () => {
+  console.log(`eddy: ${functionName} listening on ${port}`);
+  // In a pod the container's postStart hook waits for this file, so the kubelet's first readiness
+  // probe comes when the server can answer, instead of a probe period after a refused one.
+  if (env.EDDY_SERVING_FILE) {
+    fs.writeFile(env.EDDY_SERVING_FILE, "", (error) => error && console.error(`eddy: cannot write ${env.EDDY_SERVING_FILE}:`, error.message));
+  }
+});
 
 function shutdown() {
   server.close(() => {

@@ -20,10 +20,11 @@ use k8s_openapi::{
         batch::v1::{Job, JobSpec},
         core::v1::{
             Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container,
-            ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
-            LocalObjectReference, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-            ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource,
-            SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+            ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
+            KeyToPath, Lifecycle, LifecycleHandler, LocalObjectReference, PodSecurityContext,
+            PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+            SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort,
+            ServiceSpec, Volume, VolumeMount,
         },
     },
     apimachinery::pkg::{

@@ -108,7 +108,7 @@ pub(super) fn deployment(
 }
 
 /// The function container's environment: the runtime's (Kyma's names), the trace collector,
-/// then the spec's own `env` in its order.
+/// where eddy's runtime says it serves (`SERVING_FILE`), then the spec's own `env` in its order.
 fn function_env(
     owned: &Owned<'_>,
     function: &Function,
@@ -148,6 +148,9 @@ fn function_env(
     .collect();
     if let Some(endpoint) = &config.trace_collector {
         env.push(var("TRACE_COLLECTOR_ENDPOINT", endpoint.clone()));
+    }
+    if function.spec.runtime_image_override.is_none() {
+        env.push(var("EDDY_SERVING_FILE", SERVING_FILE.to_owned()));
     }
     // FUNC_TIMEOUT in the spec's env is already in `timeout`.
     env.extend(
@@ -241,14 +244,31 @@ impl FunctionVolumes {
     }
 }
 
+/// The file eddy's runtime servers write once they listen (`EDDY_SERVING_FILE`), in the pod's
+/// `/tmp` volume.
+pub const SERVING_FILE: &str = "/tmp/.eddy-serving";
+
+/// The postStart hook of a function container running eddy's runtime: wait until the server
+/// listens, at most 10 s, and never fail (a failed hook kills the container; readiness decides).
+/// The kubelet runs no probe before the hook returns. Without it, the first readiness probe comes
+/// as the container starts, before any runtime can listen, and the next a whole period later.
+fn wait_for_serving() -> String {
+    format!(
+        "n=0; while [ ! -e {SERVING_FILE} ] && [ \"$n\" -lt 200 ]; do sleep 0.05; n=$((n+1)); done; exit 0"
+    )
+}
+
 /// The function container: the image (or the spec's `runtimeImageOverride`), its port, its
-/// resources, hardened unless the spec says otherwise, and probed on `/healthz`.
+/// resources, hardened unless the spec says otherwise, and probed on `/healthz`. eddy's own
+/// runtime images also wait for their server before the first probe (`wait_for_serving`); an
+/// image of the user's may have no shell and no such server.
 fn function_container(
     function: &Function,
     image: &str,
     env: Vec<EnvVar>,
     volume_mounts: Vec<VolumeMount>,
 ) -> Container {
+    let own_runtime = function.spec.runtime_image_override.is_none();
     let resources = function.spec.function_resources();
     let health = |period: i32, failures: i32, timeout: Option<i32>| Probe {
         http_get: Some(HTTPGetAction {
@@ -291,6 +311,15 @@ fn function_container(
         // seconds did, take it out of its Service.
         readiness_probe: Some(health(1, 4, None)),
         liveness_probe: Some(health(10, 3, Some(2))),
+        lifecycle: own_runtime.then(|| Lifecycle {
+            post_start: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec!["sh".into(), "-c".into(), wait_for_serving()]),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         volume_mounts: Some(volume_mounts),
         ..Container::default()
     }

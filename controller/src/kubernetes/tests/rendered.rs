@@ -218,6 +218,7 @@ fn function_env_is_the_platform_s_then_the_user_s() {
             "PUBLISHER_PROXY_ADDRESS",
             "http://eddy-event-bus.eddy-system.svc.cluster.local/publish",
         ),
+        ("EDDY_SERVING_FILE", "/tmp/.eddy-serving"),
         ("LOG_LEVEL", "debug"),
     ]
     .into_iter()
@@ -227,6 +228,36 @@ fn function_env_is_the_platform_s_then_the_user_s() {
     assert!(
         pod.containers[0].env_from.is_none(),
         "nothing but its own env"
+    );
+}
+
+/// eddy's runtime images wait for their server in a postStart hook, so the first readiness probe
+/// finds it listening; an image of the user's (which may have no shell) gets no hook.
+#[test]
+fn own_runtime_images_wait_for_their_server_before_the_first_probe() {
+    let hook = |spec: serde_json::Value| {
+        let rendered = render(&function(spec), &config()).expect("renders");
+        let pod = rendered.deployment.spec.template.spec.expect("a pod spec");
+        pod.containers[0]
+            .lifecycle
+            .clone()
+            .and_then(|lifecycle| lifecycle.post_start)
+            .and_then(|handler| handler.exec)
+            .and_then(|exec| exec.command)
+    };
+    let command = hook(json!({})).expect("a postStart exec hook");
+    assert_eq!(command[..2], ["sh".to_owned(), "-c".to_owned()]);
+    assert!(
+        command[2].contains("[ ! -e /tmp/.eddy-serving ]"),
+        "{command:?}"
+    );
+    assert!(
+        command[2].ends_with("exit 0"),
+        "a hook that fails kills the container"
+    );
+    assert_eq!(
+        hook(json!({"runtimeImageOverride": "example.com/own:1"})),
+        None
     );
 }
 
