@@ -458,8 +458,8 @@ pub fn find_nats_server(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 /// How many threads nats-server runs Go code on: half the cores, at least one. It shares the
 /// machine with eddy's own process (a tokio worker per core) and the functions; with a thread
 /// per core, Go's idle threads spin looking for work on cores the others are waiting for. On
-/// two cores, one thread gave the same maximum and a third to a half of the p99 at half of it
-/// (docs/benchmarks.md).
+/// two cores, one thread kept the maximum, and the worst tails of five A/B pairs were all with
+/// two (docs/benchmarks.md).
 fn nats_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }

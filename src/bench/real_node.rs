@@ -366,8 +366,7 @@ async fn apply_until_running(
 /// Waits until no pod of the Function `name` is left in `namespace`.
 async fn wait_pods_gone(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let selector =
-        ListParams::default().labels(&format!("serverless.kyma-project.io/function-name={name}"));
+    let selector = ListParams::default().labels(&format!("eddy.dev/function={name}"));
     let deadline = Instant::now() + Duration::from_secs(120);
     while !pods.list_metadata(&selector).await?.items.is_empty() {
         if Instant::now() > deadline {
