@@ -1,7 +1,7 @@
 """The platform's part of eddy's Python runtimes, shipped beside each of their servers (python311
 and python312's, python314's): a warm spare becoming the instance it is handed, an instance's
-secrets arriving on stdin, the secrets an instance keeps out of its function's sight, and
-Secret mounts read locally.
+secrets arriving on stdin, the secrets an instance keeps out of its function's sight, Secret
+mounts read locally, and the file a pod's postStart hook waits for.
 """
 
 import json
@@ -100,3 +100,15 @@ def install_secret_mounts(text):
         wrap(os, name)
     wrap(builtins, "open")
     io.open = builtins.open
+
+
+def announce_serving():
+    """Writes EDDY_SERVING_FILE once the server listens. In a pod the container's postStart hook
+    waits for it, so the kubelet's first readiness probe comes when the server can answer instead
+    of a probe period after a refused one."""
+    path = os.environ.get("EDDY_SERVING_FILE")
+    if path:
+        try:
+            open(path, "w").close()
+        except OSError as error:
+            print(f"eddy: cannot write {path}: {error}", file=sys.stderr, flush=True)

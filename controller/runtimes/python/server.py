@@ -56,18 +56,6 @@ def log(*parts):
     print(*parts, file=sys.stderr, flush=True)
 
 
-def announce_serving():
-    """Writes EDDY_SERVING_FILE once the server listens. In a pod the container's postStart hook
-    waits for it, so the kubelet's first readiness probe comes when the server can answer instead
-    of a probe period after a refused one."""
-    path = env.get("EDDY_SERVING_FILE")
-    if path:
-        try:
-            open(path, "w").close()
-        except OSError as error:
-            log(f"eddy: cannot write {path}: {error}")
-
-
 # ---- tracing ------------------------------------------------------------------------------------
 
 
@@ -394,7 +382,7 @@ def main():
     signal.signal(signal.SIGINT, stop)
     server.prepare()
     log(f"eddy: {function_name} listening on {port}")
-    announce_serving()
+    eddy_platform.announce_serving()
     try:
         server.serve()
     finally:

@@ -51,18 +51,6 @@ def log(*parts):
     print(*parts, file=sys.stderr, flush=True)
 
 
-def announce_serving():
-    """Writes EDDY_SERVING_FILE once the server listens. In a pod the container's postStart hook
-    waits for it, so the kubelet's first readiness probe comes when the server can answer instead
-    of a probe period after a refused one."""
-    path = env.get("EDDY_SERVING_FILE")
-    if path:
-        try:
-            open(path, "w").close()
-        except OSError as error:
-            log(f"eddy: cannot write {path}: {error}")
-
-
 # ---- tracing ------------------------------------------------------------------------------------
 
 from opentelemetry import propagate, trace  # noqa: E402
@@ -265,7 +253,7 @@ def main():
     gevent.signal_handler(signal.SIGINT, shutdown)
     server.start()
     log(f"eddy: {function_name} listening on {port}")
-    announce_serving()
+    eddy_platform.announce_serving()
     try:
         server.serve_forever()
     finally:
