@@ -120,6 +120,9 @@ async fn publish(
     publish_stamped(http, url, path.kind, &format!("{}-{sequence}", path.ids)).await
 }
 
+/// The source of every event the benches publish over HTTP.
+pub(super) const EVENT_SOURCE: &str = "bench";
+
 /// Publishes one event of type `kind` stamped with its send time (`ce-benchsent`, which
 /// [`HANDLER`] reads); an answer other than 204 is an error.
 pub(super) async fn publish_stamped(
@@ -132,7 +135,7 @@ pub(super) async fn publish_stamped(
         .post(url)
         .header("ce-specversion", "1.0")
         .header("ce-id", id)
-        .header("ce-source", "bench")
+        .header("ce-source", EVENT_SOURCE)
         .header("ce-type", kind)
         .header("ce-benchsent", format!("{:.3}", now_ms()))
         .header("content-type", "application/json")

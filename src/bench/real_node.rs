@@ -25,13 +25,22 @@ use kube::{
 };
 use serde_json::json;
 
-use super::e2e::{HANDLER, Probed, finish, offer, quantile, search_maximum, wait_settled};
+use super::e2e::{
+    EVENT_SOURCE, HANDLER, Probed, finish, offer, quantile, search_maximum, wait_settled,
+};
 
-/// The sink: each event's latency (publish → here, one machine, one clock) kept in memory, and
-/// handed over (and forgotten) on a GET. Not a log line per event: through a pod's log that is
-/// three processes (the function, containerd's shim, containerd) woken per event, about a tenth
-/// of the node's CPU at 800 events/s, which the path measured would share.
-const SINK_HANDLER: &str = "const held = [];\nmodule.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) { held.push((performance.timeOrigin + performance.now()) - sent); return \"\"; }\n  const out = held.map((value) => value.toFixed(3)).join(\"\\n\");\n  held.length = 0;\n  return out;\n} };\n";
+/// The sink: each event's latency (publish → here, one machine, one clock) and send time kept in
+/// memory, and handed over (and forgotten) on a GET as pairs of little-endian `f64`s.
+/// Not a log line per event: through a pod's log that is three processes (the function,
+/// containerd's shim, containerd) woken per event, about a tenth of the node's CPU at 800
+/// events/s, which the path measured would share. Not a growing array and a text answer either:
+/// after a search, one hand-over was hundreds of thousands of lines of text built in the function
+/// that then served the window measured. One typed array, allocated once, handed over as bytes;
+/// the newest million events are kept.
+const SINK_HANDLER: &str = "const CAPACITY = 1 << 20;\nconst held = new Float64Array(2 * CAPACITY);\nlet count = 0;\nmodule.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) {\n    const at = 2 * (count % CAPACITY);\n    held[at] = (performance.timeOrigin + performance.now()) - sent;\n    held[at + 1] = sent;\n    count += 1;\n    return \"\";\n  }\n  const kept = Math.min(count, CAPACITY);\n  count = 0;\n  return Buffer.from(held.slice(0, 2 * kept).buffer);\n} };\n";
+
+/// The type of the events the bench publishes.
+const EVENT_TYPE: &str = "bench.realnode.v1";
 
 /// The run's Subscription of the sink.
 const SUBSCRIPTION: &str = "to-sink";
@@ -143,7 +152,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         "apiVersion": "eddy.dev/v1alpha1", "kind": "Subscription",
         "metadata": {"name": SUBSCRIPTION},
         "spec": {"sink": format!("http://sink.{namespace}.svc.cluster.local"),
-                 "types": ["bench.realnode.v1"], "config": {"maxInFlightMessages": 64}},
+                 "types": [EVENT_TYPE], "config": {"maxInFlightMessages": 64}},
     }))?;
     subscriptions
         .create(&PostParams::default(), &subscription)
@@ -188,14 +197,28 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         .await
         .context("connecting to the chart's NATS")?;
     let js = async_nats::jetstream::new(nats);
+    // The events of earlier runs go: a search stores hundreds of thousands, and a stream at its
+    // `maxBytes` refuses new ones (503) rather than dropping old ones. Only the bench's own
+    // subject is purged.
+    let subject = eddy_model::subject::event_subject(EVENT_SOURCE, EVENT_TYPE)?;
+    js.get_stream(eddy_platform::nats::EVENTS_STREAM)
+        .await
+        .context("the chart's event stream")?
+        .purge()
+        .filter(subject)
+        .await
+        .context("purging the events of earlier runs")?;
+    // Every connection a probe opened stays in the pool for the next: one closed per publish
+    // beyond a smaller pool leaves a socket in TIME_WAIT for a minute, and a search through
+    // thousands of events per second runs out of local ports for the ClusterIP.
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
+        .pool_idle_timeout(Duration::from_secs(90))
         .build()?;
     // Ids of this run alone: the same source and id within JetStream's duplicate window is the
     // same event, stored once (an earlier run's ids would be answered 2xx and never delivered
     // again).
     let path = Arc::new(Probed {
-        kind: "bench.realnode.v1",
+        kind: EVENT_TYPE,
         ids: namespace.to_owned(),
         consumer: consumer_name(namespace, SUBSCRIPTION),
     });
@@ -250,21 +273,23 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         finish(sends).await?;
         wait_settled(&js, &path.consumer).await?;
         let deadline = Instant::now() + Duration::from_secs(120);
-        let mut latencies = Vec::with_capacity(offered);
+        let mut measured = Vec::with_capacity(offered);
         loop {
             let (values, read) = drain_sink(&http, &pods).await?;
-            latencies.extend(values);
-            if latencies.len() >= offered {
+            measured.extend(values);
+            if measured.len() >= offered {
                 break;
             }
             if Instant::now() > deadline {
                 bail!(
                     "{} of {offered} events measured by the function in 2 minutes (last read: {read})",
-                    latencies.len()
+                    measured.len()
                 );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        let bursts = slowest_bursts(&mut measured);
+        let mut latencies: Vec<f64> = measured.iter().map(|event| event.latency_ms).collect();
         latencies.sort_by(f64::total_cmp);
         println!(
             "real node: publish → function at {half} events/s for {:?}: {} events, p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms",
@@ -275,14 +300,69 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
             quantile(&latencies, 0.999),
             latencies.last().copied().unwrap_or(0.0)
         );
+        println!("  {bursts}");
     }
     Ok(())
+}
+
+/// One event as the sink saw it.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    latency_ms: f64,
+    /// When the bench sent it, milliseconds since the Unix epoch.
+    sent_ms: f64,
+}
+
+/// Events sent within this many milliseconds of each other belong to one burst of the tail.
+const BURST_GAP_MS: f64 = 50.0;
+
+/// When the slowest 1% of a window's events were sent, as bursts (sent within
+/// [`BURST_GAP_MS`] of each other): a few long bursts are stalls (a pause, a process starved
+/// of the CPU), many short ones are queueing spread through the window.
+fn slowest_bursts(events: &mut [Measured]) -> String {
+    let Some(start) = events.iter().map(|event| event.sent_ms).reduce(f64::min) else {
+        return "no events".to_owned();
+    };
+    events.sort_by(|a, b| b.latency_ms.total_cmp(&a.latency_ms));
+    let tail = events.len().div_ceil(100);
+    let slowest = &mut events[..tail];
+    slowest.sort_by(|a, b| a.sent_ms.total_cmp(&b.sent_ms));
+    let mut bursts: Vec<(f64, f64, usize)> = Vec::new();
+    for event in slowest.iter() {
+        match bursts.last_mut() {
+            Some((_, last, count)) if event.sent_ms - *last <= BURST_GAP_MS => {
+                *last = event.sent_ms;
+                *count += 1;
+            }
+            _ => bursts.push((event.sent_ms, event.sent_ms, 1)),
+        }
+    }
+    let shown: Vec<String> = bursts
+        .iter()
+        .map(|(first, last, count)| {
+            format!(
+                "{count} at +{:.2} s over {:.0} ms",
+                (first - start) / 1000.0,
+                last - first
+            )
+        })
+        .collect();
+    format!(
+        "slowest 1% ({} events, the window sent from {:.3} s after the epoch) in {} bursts: {}",
+        slowest.len(),
+        start / 1000.0,
+        bursts.len(),
+        shown.join(", ")
+    )
 }
 
 /// Takes the latencies every pod of the sink holds (a rollout or a scale-out may leave several),
 /// which forget them; and what was read, pod by pod, for an error. A pod that restarted lost
 /// its own, and the run fails on the count.
-async fn drain_sink(http: &reqwest::Client, pods: &Api<Pod>) -> anyhow::Result<(Vec<f64>, String)> {
+async fn drain_sink(
+    http: &reqwest::Client,
+    pods: &Api<Pod>,
+) -> anyhow::Result<(Vec<Measured>, String)> {
     let mut values = Vec::new();
     let mut read = Vec::new();
     for pod in pods
@@ -301,7 +381,7 @@ async fn drain_sink(http: &reqwest::Client, pods: &Api<Pod>) -> anyhow::Result<(
             .send()
             .await
         {
-            Ok(response) if response.status().is_success() => response.text().await?,
+            Ok(response) if response.status().is_success() => response.bytes().await?,
             Ok(response) => {
                 read.push(format!("{name}: {}", response.status()));
                 continue;
@@ -312,10 +392,13 @@ async fn drain_sink(http: &reqwest::Client, pods: &Api<Pod>) -> anyhow::Result<(
             }
         };
         let before = values.len();
-        values.extend(
-            body.split_ascii_whitespace()
-                .filter_map(|value| value.parse::<f64>().ok()),
-        );
+        let number = |bytes: &[u8]| bytes.try_into().map(f64::from_le_bytes).ok();
+        values.extend(body.chunks_exact(16).filter_map(|pair| {
+            Some(Measured {
+                latency_ms: number(&pair[..8])?,
+                sent_ms: number(&pair[8..])?,
+            })
+        }));
         read.push(format!("{name}: {}", values.len() - before));
     }
     Ok((values, read.join(", ")))
@@ -375,4 +458,39 @@ async fn wait_pods_gone(client: &Client, namespace: &str, name: &str) -> anyhow:
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(sent_ms: f64, latency_ms: f64) -> Measured {
+        Measured {
+            latency_ms,
+            sent_ms,
+        }
+    }
+
+    #[test]
+    fn the_slowest_events_sent_close_together_are_one_burst() {
+        // 300 events a millisecond apart; the slowest 1% (3) are two sent 10 ms apart and one
+        // sent 200 ms later.
+        let mut events: Vec<Measured> = (0..300)
+            .map(|index| event(1_000.0 + f64::from(index), 1.0))
+            .collect();
+        events[50].latency_ms = 80.0;
+        events[60].latency_ms = 90.0;
+        events[260].latency_ms = 70.0;
+        let bursts = slowest_bursts(&mut events);
+        assert!(
+            bursts.ends_with("in 2 bursts: 2 at +0.05 s over 10 ms, 1 at +0.26 s over 0 ms"),
+            "{bursts}"
+        );
+        assert!(bursts.starts_with("slowest 1% (3 events"), "{bursts}");
+    }
+
+    #[test]
+    fn no_events_are_no_bursts() {
+        assert_eq!(slowest_bursts(&mut []), "no events");
+    }
 }
