@@ -348,7 +348,7 @@ fn slowest_bursts(events: &mut [Measured]) -> String {
         })
         .collect();
     format!(
-        "slowest 1% ({} events, the window sent from {:.3} s after the epoch) in {} bursts: {}",
+        "slowest 1% ({} events; the window began at {:.3} s Unix time) in {} bursts: {}",
         slowest.len(),
         start / 1000.0,
         bursts.len(),
