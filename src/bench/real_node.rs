@@ -258,8 +258,8 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     // At a chosen rate, three windows (the first after the same window's warm-up); after a
     // search, one.
     let windows = if settings.latency_at.is_some() {
-        let (_, sends) = offer(&http, &url, &path, &next, half, settings.duration).await?;
-        finish(sends).await?;
+        let warm_up = offer(&http, &url, &path, &next, half, settings.duration).await?;
+        finish(warm_up.sends).await?;
         wait_settled(&js, &path.consumer).await?;
         3
     } else {
@@ -268,9 +268,11 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     for _ in 0..windows {
         // What the sink holds from before this window is left out.
         drain_sink(&http, &pods).await?;
-        let (_, sends) = offer(&http, &url, &path, &next, half, settings.duration).await?;
-        let offered = sends.len();
-        finish(sends).await?;
+        let window = offer(&http, &url, &path, &next, half, settings.duration).await?;
+        // Every event sent in the window, answered or not yet: wait_settled below has seen them
+        // delivered, and the sink must hand over as many.
+        let offered = usize::try_from(window.sent)?;
+        finish(window.sends).await?;
         wait_settled(&js, &path.consumer).await?;
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut measured = Vec::with_capacity(offered);
@@ -300,7 +302,10 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
             quantile(&latencies, 0.999),
             latencies.last().copied().unwrap_or(0.0)
         );
-        println!("  {bursts}");
+        println!(
+            "  {bursts}; the bench's sends behind its schedule: p99 {:.2} ms",
+            window.lag_p99_ms
+        );
     }
     Ok(())
 }
