@@ -149,7 +149,7 @@ fn function_env(
     if let Some(endpoint) = &config.trace_collector {
         env.push(var("TRACE_COLLECTOR_ENDPOINT", endpoint.clone()));
     }
-    if function.spec.runtime_image_override.is_none() {
+    if runs_own_runtime(function) {
         env.push(var("EDDY_SERVING_FILE", SERVING_FILE.to_owned()));
     }
     // FUNC_TIMEOUT in the spec's env is already in `timeout`.
@@ -244,6 +244,13 @@ impl FunctionVolumes {
     }
 }
 
+/// Whether the function container runs one of eddy's runtime images (no `runtimeImageOverride`):
+/// only those write [`SERVING_FILE`] and have a shell for the hook that waits for it, so the
+/// variable and the hook go together.
+fn runs_own_runtime(function: &Function) -> bool {
+    function.spec.runtime_image_override.is_none()
+}
+
 /// The file eddy's runtime servers write once they listen (`EDDY_SERVING_FILE`), in the pod's
 /// `/tmp` volume.
 pub const SERVING_FILE: &str = "/tmp/.eddy-serving";
@@ -268,7 +275,6 @@ fn function_container(
     env: Vec<EnvVar>,
     volume_mounts: Vec<VolumeMount>,
 ) -> Container {
-    let own_runtime = function.spec.runtime_image_override.is_none();
     let resources = function.spec.function_resources();
     let health = |period: i32, failures: i32, timeout: Option<i32>| Probe {
         http_get: Some(HTTPGetAction {
@@ -311,7 +317,7 @@ fn function_container(
         // seconds did, take it out of its Service.
         readiness_probe: Some(health(1, 4, None)),
         liveness_probe: Some(health(10, 3, Some(2))),
-        lifecycle: own_runtime.then(|| Lifecycle {
+        lifecycle: runs_own_runtime(function).then(|| Lifecycle {
             post_start: Some(LifecycleHandler {
                 exec: Some(ExecAction {
                     command: Some(vec!["sh".into(), "-c".into(), wait_for_serving()]),
