@@ -276,13 +276,7 @@ pub(super) async fn offer(
     let mut sends = tokio::task::JoinSet::new();
     let mut skipped: u64 = 0;
     let mut sent: u64 = 0;
-    let mut lags = Vec::with_capacity(
-        usize::try_from(rate).unwrap_or(0).saturating_mul(
-            usize::try_from(window.as_secs())
-                .unwrap_or(0)
-                .saturating_add(1),
-        ),
-    );
+    let mut lags = Vec::with_capacity((rate as f64 * window.as_secs_f64()) as usize + 1);
     while begun.elapsed() < window {
         let due = tick.tick().await;
         lags.push(
