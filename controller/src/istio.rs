@@ -109,9 +109,9 @@ pub async fn follow_cluster(
     shutdown: eddy_platform::shutdown::CancellationToken,
 ) {
     use futures::StreamExt as _;
-    use kube::runtime::{WatchStreamExt as _, watcher};
+    use kube::runtime::watcher;
     let api: kube::Api<Istio> = kube::Api::namespaced(client, istio::NAMESPACE);
-    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let events = eddy_platform::watch::backed_off(watcher(api, watcher::Config::default()));
     let mut events = std::pin::pin!(events);
     let mut known: std::collections::BTreeMap<String, Istio> = Default::default();
     let mut relisted: Option<std::collections::BTreeMap<String, Istio>> = None;

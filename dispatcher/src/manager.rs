@@ -18,6 +18,7 @@ use eddy_platform::{
     nats::EVENTS_STREAM,
     shutdown::CancellationToken,
     store::{Change, Resync, Store, StoredResource as _},
+    watch::backed_off,
 };
 use futures::StreamExt as _;
 use kube::runtime::watcher;
@@ -298,18 +299,15 @@ async fn follow_kubernetes(
     to: &mpsc::Sender<Message>,
     shutdown: &CancellationToken,
 ) {
-    use kube::runtime::WatchStreamExt as _;
     let eddy_api: kube::Api<Subscription> = kube::Api::all(client.clone());
-    let eddy = watcher(eddy_api, watcher::Config::default())
-        .default_backoff()
+    let eddy = backed_off(watcher(eddy_api, watcher::Config::default()))
         .map(|event| (0_usize, event.map(seen_eddy)))
         .boxed();
     let mut kinds = vec![eddy];
     if kyma {
         let resource = eddy_model::kyma::subscription_resource();
         let api = kube::Api::<kube::api::DynamicObject>::all_with(client, &resource);
-        let kyma = watcher(api, watcher::Config::default())
-            .default_backoff()
+        let kyma = backed_off(watcher(api, watcher::Config::default()))
             .map(|event| (1_usize, event.map(seen_kyma)))
             .boxed();
         kinds.push(kyma);

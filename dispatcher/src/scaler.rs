@@ -26,13 +26,11 @@ use eddy_platform::{
         SCALED_BY_EDDY, SCALED_BY_LABEL, last_call, scale_deployment_if, unix_now,
     },
     shutdown::CancellationToken,
+    watch::backed_off,
 };
 use futures::StreamExt as _;
 use k8s_openapi::api::{apps::v1::Deployment, coordination::v1::Lease};
-use kube::{
-    Api, ResourceExt as _,
-    runtime::{WatchStreamExt as _, watcher},
-};
+use kube::{Api, ResourceExt as _, runtime::watcher};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
@@ -192,11 +190,13 @@ impl Scaler {
         let api: Api<Deployment> = Api::all(self.client.clone());
         let config =
             watcher::Config::default().labels(&format!("{SCALED_BY_LABEL}={SCALED_BY_EDDY}"));
-        let events = watcher(api, config).default_backoff();
+        let events = backed_off(watcher(api, config));
         let mut events = std::pin::pin!(events);
         let leases: Api<Lease> = Api::all(self.client.clone());
-        let calls =
-            watcher(leases, watcher::Config::default().labels(CALLS_LABEL)).default_backoff();
+        let calls = backed_off(watcher(
+            leases,
+            watcher::Config::default().labels(CALLS_LABEL),
+        ));
         let mut calls = std::pin::pin!(calls);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -30,10 +30,7 @@ use eddy_platform::{
 use futures::StreamExt as _;
 use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use kube::{
-    Api, ResourceExt as _,
-    runtime::{WatchStreamExt as _, watcher},
-};
+use kube::{Api, ResourceExt as _, runtime::watcher};
 use parking_lot::RwLock;
 
 use crate::{
@@ -557,7 +554,7 @@ async fn watch_all<K>(
         + 'static,
 {
     let api: Api<K> = Api::all(client);
-    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let events = eddy_platform::watch::backed_off(watcher(api, watcher::Config::default()));
     let mut events = std::pin::pin!(events);
     loop {
         let event = tokio::select! {

@@ -21,6 +21,7 @@ pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 pub mod traces;
+pub mod watch;
 
 /// Errors raised by the shared helpers.
 #[derive(Debug, thiserror::Error)]
