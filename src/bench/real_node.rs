@@ -96,9 +96,35 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let _ = namespaces
+    // The next run must not measure this one's teardown. A namespace with pods deletes them
+    // first and its other objects only after their grace period's estimate (minutes), while
+    // the Function's Deployment, unable to make pods, keeps the controllers busy. So the sink
+    // goes first, then the namespace, emptied of pods, which goes at once.
+    let functions: Api<Function> = Api::namespaced(client.clone(), &namespace);
+    if functions
+        .delete("sink", &DeleteParams::default())
+        .await
+        .is_ok()
+        && let Err(error) = wait_pods_gone(&client, &namespace, "sink").await
+    {
+        eprintln!("{error:#}");
+    }
+    if namespaces
         .delete(&namespace, &DeleteParams::default())
-        .await;
+        .await
+        .is_ok()
+    {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while namespaces.get_opt(&namespace).await?.is_some() {
+            if Instant::now() > deadline {
+                eprintln!(
+                    "namespace {namespace} was not gone in 120 s; the next run may measure its teardown"
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     result
 }
 
