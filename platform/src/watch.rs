@@ -4,7 +4,8 @@
 //! `Event::Init` before each list it starts. A list that keeps failing (a CRD that is not
 //! installed, a role the chart did not grant) was therefore tried again about once a second,
 //! for as long as the process ran: on a cluster without Kyma's Istio CRD, the gateway's and the
-//! controller's lists of it were four in five of eddy's requests to the API server. Here only a completed list or a watch event resets the backoff.
+//! controller's lists of it were four in five of eddy's requests to the API server. Here only a
+//! completed list or a watch event resets the backoff.
 
 use std::time::Duration;
 

@@ -114,15 +114,23 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .is_ok()
     {
+        // The run's own result is what it returns: a failure to look is said, not returned.
         let deadline = Instant::now() + Duration::from_secs(120);
-        while namespaces.get_opt(&namespace).await?.is_some() {
-            if Instant::now() > deadline {
-                eprintln!(
-                    "namespace {namespace} was not gone in 120 s; the next run may measure its teardown"
-                );
-                break;
+        loop {
+            match namespaces.get_opt(&namespace).await {
+                Ok(None) => break,
+                Ok(Some(_)) if Instant::now() > deadline => {
+                    eprintln!(
+                        "namespace {namespace} was not gone in 120 s; the next run may measure its teardown"
+                    );
+                    break;
+                }
+                Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(500)).await,
+                Err(error) => {
+                    eprintln!("cannot see whether namespace {namespace} is gone: {error}");
+                    break;
+                }
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
     result
