@@ -87,14 +87,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .is_ok()
     {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while subscriptions.get_opt(SUBSCRIPTION).await?.is_some() {
-            if Instant::now() > deadline {
-                eprintln!("the Subscription of {namespace} was not gone in 60 s");
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_gone(&subscriptions, SUBSCRIPTION, Duration::from_secs(60)).await;
     }
     // The next run must not measure this one's teardown. A namespace with pods deletes them
     // first and its other objects only after their grace period's estimate (minutes), while
@@ -114,24 +107,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .is_ok()
     {
-        // The run's own result is what it returns: a failure to look is said, not returned.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            match namespaces.get_opt(&namespace).await {
-                Ok(None) => break,
-                Ok(Some(_)) if Instant::now() > deadline => {
-                    eprintln!(
-                        "namespace {namespace} was not gone in 120 s; the next run may measure its teardown"
-                    );
-                    break;
-                }
-                Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(500)).await,
-                Err(error) => {
-                    eprintln!("cannot see whether namespace {namespace} is gone: {error}");
-                    break;
-                }
-            }
-        }
+        wait_gone(&namespaces, &namespace, Duration::from_secs(120)).await;
     }
     result
 }
@@ -491,6 +467,32 @@ async fn apply_until_running(
             "Function {name} was not Running in 5 minutes: {:?}",
             functions.get(name).await?.status
         ),
+    }
+}
+
+/// Waits (with a watch, as for Running) until the object `name` of `api` is gone, at most
+/// `within`. Part of a run's clean-up: what goes wrong is said, and the run's own result is what
+/// it returns; a run that outlives this may measure the teardown of the one before it.
+async fn wait_gone<K>(api: &Api<K>, name: &str, within: Duration)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let kind = K::kind(&());
+    let gone = |object: Option<&K>| object.is_none();
+    match tokio::time::timeout(
+        within,
+        kube::runtime::wait::await_condition(api.clone(), name, gone),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => eprintln!("cannot see whether {kind} {name} is gone: {error}"),
+        Err(_) => eprintln!("{kind} {name} was not gone in {within:?}"),
     }
 }
 
