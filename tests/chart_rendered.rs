@@ -465,6 +465,39 @@ fn the_chart_renders_valid_objects_exposing_functions_through_the_gateway_api() 
     );
 }
 
+/// The Go runtime's knobs in the NATS servers' container, by name.
+fn nats_go_env(rendered: &str) -> BTreeMap<String, String> {
+    let nats = rendered
+        .split("\n---")
+        .filter_map(|document| serde_yaml_ng::from_str::<serde_json::Value>(document).ok())
+        .find(|object| object["kind"] == "StatefulSet" && object["metadata"]["name"] == "eddy-nats")
+        .expect("the chart runs NATS as the StatefulSet eddy-nats");
+    nats["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|variable| variable["name"].as_str().unwrap().starts_with("GO"))
+        .map(|variable| {
+            let name = variable["name"].as_str().unwrap().to_owned();
+            (name, variable["value"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_chart_sizes_the_nats_servers_garbage_collector_unless_told_not_to() {
+    let (_, rendered) = render_chart_text(None, &[]);
+    assert_eq!(
+        nats_go_env(&rendered),
+        BTreeMap::from([
+            ("GOGC".to_owned(), "400".to_owned()),
+            ("GOMEMLIMIT".to_owned(), "900MiB".to_owned()),
+        ])
+    );
+    let (_, rendered) = render_chart_text(None, &["nats.gc.percent=", "nats.gc.memoryLimit="]);
+    assert_eq!(nats_go_env(&rendered), BTreeMap::new(), "Go's defaults");
+}
+
 #[test]
 fn the_chart_renders_valid_objects_without_istio() {
     let kinds = render_chart(Some("istio-off-values.yaml"), &[]);
