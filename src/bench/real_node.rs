@@ -389,11 +389,7 @@ async fn drain_sink(
 ) -> anyhow::Result<(Vec<Measured>, String)> {
     let mut values = Vec::new();
     let mut read = Vec::new();
-    for pod in pods
-        .list(&ListParams::default().labels("eddy.dev/function=sink"))
-        .await?
-        .items
-    {
+    for pod in pods.list(&function_pods("sink")).await?.items {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let Some(ip) = pod.status.and_then(|status| status.pod_ip) else {
             read.push(format!("{name}: no IP"));
@@ -496,12 +492,21 @@ where
     }
 }
 
+/// The pods of the Function `name`, by the label eddy puts on every object of a Function.
+fn function_pods(name: &str) -> ListParams {
+    ListParams::default().labels(&format!("{}={name}", eddy_platform::scale::FUNCTION_LABEL))
+}
+
 /// Waits until no pod of the Function `name` is left in `namespace`.
 async fn wait_pods_gone(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let selector = ListParams::default().labels(&format!("eddy.dev/function={name}"));
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !pods.list_metadata(&selector).await?.items.is_empty() {
+    while !pods
+        .list_metadata(&function_pods(name))
+        .await?
+        .items
+        .is_empty()
+    {
         if Instant::now() > deadline {
             bail!("the pods of Function {name} were not gone in 120 s");
         }
