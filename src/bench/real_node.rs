@@ -18,10 +18,11 @@ use std::{
 use anyhow::{Context as _, bail};
 use eddy_controller::kubernetes::render::FUNCTION_PORT;
 use eddy_model::resources::{ConditionStatus, Function, Subscription, consumer_name};
+use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams, PartialObjectMeta, PostParams},
 };
 use serde_json::json;
 
@@ -497,22 +498,32 @@ fn function_pods(name: &str) -> ListParams {
     ListParams::default().labels(&format!("{}={name}", eddy_platform::scale::FUNCTION_LABEL))
 }
 
-/// Waits until no pod of the Function `name` is left in `namespace`.
+/// Waits until no pod of the Function `name` is left in `namespace`: a watch of its pods'
+/// metadata, not a list every 100 ms (a run's teardown should not load the API server that the
+/// next run shares).
 async fn wait_pods_gone(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !pods
-        .list_metadata(&function_pods(name))
-        .await?
-        .items
-        .is_empty()
-    {
-        if Instant::now() > deadline {
-            bail!("the pods of Function {name} were not gone in 120 s");
+    use kube::runtime::{reflector, watcher};
+    // Metadata only: the pods' specs and statuses are not needed.
+    let pods: Api<PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("{}={name}", eddy_platform::scale::FUNCTION_LABEL);
+    let (store, writer) = reflector::store();
+    let events = reflector(
+        writer,
+        watcher::watcher(pods, watcher::Config::default().labels(&selector)),
+    );
+    let none_left = async {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.try_next().await? {
+            let settled = matches!(event, watcher::Event::InitDone | watcher::Event::Delete(_));
+            if settled && store.is_empty() {
+                return Ok(());
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
+        bail!("the watch of Function {name}'s pods ended")
+    };
+    tokio::time::timeout(Duration::from_secs(120), none_left)
+        .await
+        .map_err(|_| anyhow::anyhow!("the pods of Function {name} were not gone in 120 s"))?
 }
 
 #[cfg(test)]
