@@ -13,6 +13,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     ffi::OsString,
+    io::Write as _,
     path::{Path, PathBuf},
     process::Stdio,
     sync::{
@@ -474,9 +475,27 @@ async fn forward_output(
         }
         return;
     };
-    let mut file = tokio::fs::File::from_std(file);
-    if file.write_all(&early).await.is_ok() {
-        let _ = tokio::io::copy_buf(&mut reader, &mut file).await;
+    // From here on the output only goes to the file, copied by a thread of its own with blocking
+    // reads and writes. Through tokio's file every write was a trip through the blocking pool:
+    // about 8× the CPU per line, paid per event by a function that logs each one.
+    let unread = reader.buffer().to_vec();
+    let output = reader.into_inner();
+    let copy = move || {
+        let mut file = file;
+        let copied = file
+            .write_all(&early)
+            .and_then(|()| file.write_all(&unread))
+            .and_then(|()| output.into_blocking_fd())
+            .and_then(|output| std::io::copy(&mut std::fs::File::from(output), &mut file));
+        if let Err(error) = copied {
+            tracing::warn!(runtime = runtime.as_str(), %error, "a function's output no longer reaches its log");
+        }
+    };
+    if let Err(error) = std::thread::Builder::new()
+        .name("eddy-function-output".into())
+        .spawn(copy)
+    {
+        tracing::error!(runtime = runtime.as_str(), %error, "no thread to copy a function's output to its log");
     }
 }
 
