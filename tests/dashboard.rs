@@ -14,14 +14,15 @@ use up::Up;
 
 const TOKEN: &str = "dashboard-test-token";
 
-/// Where the screenshots go: `EDDY_SCREENSHOT_DIR` (docs/ to refresh the README's), else a
-/// temporary directory.
+/// Where the screenshots go: `EDDY_SCREENSHOT_DIR` (docs/ to refresh the README's), else
+/// cargo's directory for integration tests' files under `target/` (each run replaces the last's,
+/// and nothing is left in the system's temporary directory).
 fn screenshot_dir() -> PathBuf {
     match std::env::var_os("EDDY_SCREENSHOT_DIR") {
         // Relative to the repository (the browser runs in tests/browser).
         Some(dir) => up::repo().join(dir),
         None => {
-            let dir = std::env::temp_dir().join(format!("eddy-dashboard-{}", std::process::id()));
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
             std::fs::create_dir_all(&dir).unwrap();
             dir
         }

@@ -26,8 +26,8 @@ async fn eddy_up(data_dir: &Path, apply: bool) -> Up {
 /// playwright-core driving Debian's Chromium).
 async fn render(url: &str, min_events: usize, min_delivered: usize) -> Value {
     let dir = up::repo().join("tests/browser");
-    let screenshot =
-        std::env::temp_dir().join(format!("eddy-dashboard-{}.png", std::process::id()));
+    // Under target/ (cargo's directory for integration tests' files), replaced by each run.
+    let screenshot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("shop-dashboard.png");
     let output = tokio::process::Command::new("node")
         .arg(dir.join("dashboard.mjs"))
         .arg(url)
