@@ -477,7 +477,9 @@ async fn forward_output(
     };
     // From here on the output only goes to the file, copied by a thread of its own with blocking
     // reads and writes. Through tokio's file every write was a trip through the blocking pool:
-    // about 8× the CPU per line, paid per event by a function that logs each one.
+    // at a line per 100 µs, about 8× the CPU per line, paid per event by a function that logs
+    // each one. Should the thread not start, the pipe closes and the function's writes fail, as
+    // they would with a log that cannot be written.
     let unread = reader.buffer().to_vec();
     let output = reader.into_inner();
     let copy = move || {
