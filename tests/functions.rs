@@ -565,6 +565,7 @@ def main(event, context):
         .await
         .unwrap();
         let waiting = spares.idle_pids(runtime);
+        let starts_before = instance_starts(&platform, name).await;
         let answer: Value = platform
             .invoke(name, "/")
             .send()
@@ -579,6 +580,13 @@ def main(event, context):
             "{name} runs in the spare that waited ({waiting:?}): {answer}"
         );
         assert_eq!(platform.pids(name), vec![pid]);
+        // Counted as a start from a warm spare.
+        let (warm, process) = starts_before;
+        assert_eq!(
+            instance_starts(&platform, name).await,
+            (warm + 1, process),
+            "{name}"
+        );
         let build_dir = std::fs::canonicalize(answer["cwd"].as_str().unwrap()).unwrap();
         assert!(
             build_dir.starts_with(
@@ -635,6 +643,7 @@ def main(event, context):
         .unwrap();
     }
     let waiting = spares.idle_pids(eddy_model::resources::Runtime::Nodejs20);
+    let (warm, process) = instance_starts(&platform, "cold-node").await;
     let answer: Value = platform
         .invoke("cold-node", "/")
         .send()
@@ -646,6 +655,28 @@ def main(event, context):
     assert_eq!(answer["title"], "eddy-cold-start", "{answer}");
     let pid = u32::try_from(answer["pid"].as_u64().unwrap()).unwrap();
     assert!(!waiting.contains(&pid), "started cold: {answer}");
+    assert_eq!(
+        instance_starts(&platform, "cold-node").await,
+        (warm, process + 1)
+    );
+}
+
+/// The instances of `function` (namespace `default`) started so far, as the gateway's
+/// `/metrics` counts them: from a warm spare, and as a process of their own.
+async fn instance_starts(platform: &Platform, function: &str) -> (u64, u64) {
+    let text = platform
+        .get_text(&format!("{}/metrics", platform.gateway))
+        .await;
+    let count = |origin: &str| {
+        let prefix = format!(
+            r#"eddy_function_instance_starts_total{{namespace="default",function="{function}",origin="{origin}"}} "#
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{prefix} missing from\n{text}"))
+    };
+    (count("warm_spare"), count("process"))
 }
 
 /// With `--warm-spares 0` no spare is kept, and every instance is a process started for it.

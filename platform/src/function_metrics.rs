@@ -1,6 +1,6 @@
 //! Per-function metrics, served on the gateway's `/metrics` (both modes): calls by status
-//! class, errors, how long calls take, and in local mode cold starts, ready instances and how
-//! long calls waited for an instance. The gateway records calls, the local supervisor its
+//! class, errors, how long calls take, and in local mode cold starts, instance starts by
+//! origin, ready instances and how long calls waited for an instance. The gateway records calls, the local supervisor its
 //! instances, and the console reads the totals: the series sit below all three.
 //!
 //! Labels are the namespace, the function and, for calls, the status class: bounded by the
@@ -38,6 +38,17 @@ struct CallLabels {
 /// The status classes calls are counted by.
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartLabels {
+    namespace: String,
+    function: String,
+    origin: &'static str,
+}
+
+/// Where a local instance's process came from: a warm spare that became it, or a process
+/// started for it.
+const ORIGINS: [&str; 2] = ["warm_spare", "process"];
+
 /// Every function's series, and the registry `/metrics` encodes.
 #[derive(Debug)]
 pub struct FunctionMetrics {
@@ -46,6 +57,7 @@ pub struct FunctionMetrics {
     errors: Family<FunctionLabels, Counter>,
     duration: Family<FunctionLabels, Histogram>,
     cold_starts: Family<FunctionLabels, Counter>,
+    instance_starts: Family<StartLabels, Counter>,
     instances: Family<FunctionLabels, Gauge>,
     queue_wait: Family<FunctionLabels, Histogram>,
     /// Each function's series, so every caller of [`Self::function`] shares one and the
@@ -106,6 +118,12 @@ impl FunctionMetrics {
             "Instances started because calls were waiting and none was ready (local mode), or wake-ups of a Function at zero replicas for a call (Kubernetes)",
             cold_starts.clone(),
         );
+        let instance_starts = Family::<StartLabels, Counter>::default();
+        registry.register(
+            "instance_starts",
+            "Instances started (local mode), by origin: a warm spare that became the instance, or a process started for it",
+            instance_starts.clone(),
+        );
         let instances = Family::<FunctionLabels, Gauge>::default();
         registry.register(
             "instances",
@@ -125,6 +143,7 @@ impl FunctionMetrics {
             errors,
             duration,
             cold_starts,
+            instance_starts,
             instances,
             queue_wait,
             series: Mutex::default(),
@@ -170,11 +189,21 @@ impl FunctionMetrics {
                 })
                 .clone()
         });
+        let instance_starts = ORIGINS.map(|origin| {
+            self.instance_starts
+                .get_or_create(&StartLabels {
+                    namespace: labels.namespace.clone(),
+                    function: labels.function.clone(),
+                    origin,
+                })
+                .clone()
+        });
         Arc::new(FunctionSeries {
             calls,
             errors: self.errors.get_or_create(&labels).clone(),
             duration: self.duration.get_or_create(&labels).clone(),
             cold_starts: self.cold_starts.get_or_create(&labels).clone(),
+            instance_starts,
             instances: self.instances.get_or_create(&labels).clone(),
             queue_wait: self.queue_wait.get_or_create(&labels).clone(),
             buckets: Default::default(),
@@ -196,6 +225,13 @@ impl FunctionMetrics {
                 namespace: labels.namespace.clone(),
                 function: labels.function.clone(),
                 status_class,
+            });
+        }
+        for origin in ORIGINS {
+            self.instance_starts.remove(&StartLabels {
+                namespace: labels.namespace.clone(),
+                function: labels.function.clone(),
+                origin,
             });
         }
         self.errors.remove(&labels);
@@ -221,6 +257,8 @@ pub struct FunctionSeries {
     errors: Counter,
     duration: Histogram,
     cold_starts: Counter,
+    /// By [`ORIGINS`].
+    instance_starts: [Counter; 2],
     instances: Gauge,
     queue_wait: Histogram,
     /// Calls by duration bucket, as [`CallTotals::buckets`] (the histogram keeps its own
@@ -258,6 +296,11 @@ impl FunctionSeries {
         self.cold_starts.inc();
     }
 
+    /// An instance started (`from_spare`: a warm spare became it).
+    pub fn instance_started(&self, from_spare: bool) {
+        self.instance_starts[usize::from(!from_spare)].inc();
+    }
+
     /// Instances ready now.
     pub fn set_instances(&self, ready: usize) {
         self.instances.set(i64::try_from(ready).unwrap_or(i64::MAX));
@@ -282,6 +325,9 @@ mod tests {
         series.called(404, 0.001);
         series.called(503, 2.0);
         series.cold_start();
+        series.instance_started(true);
+        series.instance_started(false);
+        series.instance_started(false);
         series.set_instances(2);
         series.waited(0.4);
         let text = metrics.encode();
@@ -293,6 +339,8 @@ mod tests {
             r#"eddy_function_errors_total{namespace="shop",function="reserve"} 1"#,
             r#"eddy_function_duration_seconds_count{namespace="shop",function="reserve"} 4"#,
             r#"eddy_function_cold_starts_total{namespace="shop",function="reserve"} 1"#,
+            r#"eddy_function_instance_starts_total{namespace="shop",function="reserve",origin="warm_spare"} 1"#,
+            r#"eddy_function_instance_starts_total{namespace="shop",function="reserve",origin="process"} 2"#,
             r#"eddy_function_instances{namespace="shop",function="reserve"} 2"#,
             r#"eddy_function_queue_wait_seconds_count{namespace="shop",function="reserve"} 1"#,
         ] {

@@ -177,6 +177,7 @@ impl Pool {
         let label = format!("{}/{}#{}", self.namespace, self.name, instance.id);
         match self.spawn(&instance, &revision).await {
             Ok((mut child, warm, cgroup)) => {
+                self.metrics.instance_started(warm);
                 let cgroup = ReleasedCgroup(cgroup);
                 instance
                     .pid
