@@ -76,6 +76,10 @@ pub struct EndToEnd {
     pub probes: Vec<Probe>,
     /// Latency at ¼, ½ and ¾ of the maximum.
     pub latencies: Vec<Latency>,
+    /// The function's instances started, from a warm spare and as processes of their own (the
+    /// first copies its output to the log through eddy, which costs eddy's process CPU): which
+    /// one a run had tells its figures apart. `None` when the gateway's metrics were unreadable.
+    pub instance_starts: Option<(u64, u64)>,
 }
 
 /// Latency at one rate.
@@ -188,16 +192,31 @@ pub(super) async fn wait_settled(
     Ok(())
 }
 
-fn latencies(log: &Path, skip: usize) -> Vec<f64> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut values: Vec<f64> = text
-        .lines()
-        .filter_map(|line| line.strip_prefix("latency_ms "))
-        .filter_map(|value| value.trim().parse().ok())
-        .skip(skip)
-        .collect();
-    values.sort_by(f64::total_cmp);
-    values
+async fn latencies(log: &Path, skip: usize, expected: u64) -> anyhow::Result<Vec<f64>> {
+    // The function writes each line before it answers, but an instance that was a warm spare
+    // writes into a pipe that eddy copies to the file: the last lines can arrive a moment after
+    // the last acknowledgement, and would otherwise count in the next window.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = tokio::fs::read_to_string(log).await.unwrap_or_default();
+        let logged: Vec<f64> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("latency_ms "))
+            .filter_map(|value| value.trim().parse().ok())
+            .collect();
+        if logged.len() as u64 >= expected {
+            let mut values = logged.get(skip..).unwrap_or_default().to_vec();
+            values.sort_by(f64::total_cmp);
+            return Ok(values);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the function logged {} latencies, not one for each of the {expected} events published",
+                logged.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 pub(super) fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -498,7 +517,9 @@ pub async fn run(
         duration,
     )
     .await?;
-    let mut seen = latencies(&log, 0).len();
+    let mut seen = latencies(&log, 0, next.load(Ordering::Relaxed))
+        .await?
+        .len();
 
     // Fixed rates: a quarter, half and three quarters of the maximum.
     let mut results = Vec::new();
@@ -506,9 +527,8 @@ pub async fn run(
         let rate = ((max_rate * fraction) as u64).max(1);
         let offered = offer(&http, &publish_url, &path, &next, rate, duration).await?;
         finish(offered.sends).await?;
-        // Node writes to a file synchronously, before it answers: once acked, the line is there.
         wait_settled(&js, &path.consumer).await?;
-        let values = latencies(&log, seen);
+        let values = latencies(&log, seen, next.load(Ordering::Relaxed)).await?;
         seen += values.len();
         results.push(Latency {
             rate,
@@ -524,7 +544,32 @@ pub async fn run(
         closed_loop_rate,
         probes,
         latencies: results,
+        instance_starts: instance_starts(&http, &platform.gateway_url).await,
     })
+}
+
+/// The bench function's instances started so far, from a warm spare and as processes of their
+/// own, as the gateway's `/metrics` counts them.
+async fn instance_starts(http: &reqwest::Client, gateway: &str) -> Option<(u64, u64)> {
+    let text = http
+        .get(format!("{gateway}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let count = |origin: &str| {
+        let prefix = format!(
+            r#"eddy_function_instance_starts_total{{namespace="bench",function="noop",origin="{origin}"}} "#
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((count("warm_spare")?, count("process")?))
 }
 
 pub(super) async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
@@ -577,11 +622,21 @@ pub(super) async fn end_to_end(flags: &LoadFlags) -> anyhow::Result<()> {
             latency.bench_lag_p99_ms
         );
     }
+    let starts = measured.instance_starts;
+    match starts {
+        Some((warm, process)) => println!(
+            "the function's instances: {warm} from a warm spare (its output reaches the log through eddy), {process} started as a process of its own"
+        ),
+        None => {
+            println!("the function's instances: unknown (the gateway's metrics were unreadable)")
+        }
+    }
     write_json(
         flags.out.as_ref(),
         &json!({"scenario": "e2e", "maxRate": measured.max_rate,
             "closedLoopRate": measured.closed_loop_rate, "probes": measured.probes,
-            "latencies": measured.latencies}),
+            "latencies": measured.latencies,
+            "instanceStarts": starts.map(|(warm, process)| json!({"warmSpare": warm, "process": process}))}),
     )
 }
 
