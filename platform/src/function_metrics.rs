@@ -1,11 +1,12 @@
 //! Per-function metrics, served on the gateway's `/metrics` (both modes): calls by status
 //! class, errors, how long calls take, and in local mode cold starts, instance starts by
-//! origin, ready instances and how long calls waited for an instance. The gateway records calls, the local supervisor its
-//! instances, and the console reads the totals: the series sit below all three.
+//! origin, ready instances and how long calls waited for an instance. The gateway records
+//! calls, the local supervisor its instances, and the console reads the totals: the series sit
+//! below all three.
 //!
-//! Labels are the namespace, the function and, for calls, the status class: bounded by the
-//! Functions that exist (a removed Function's series go with it), never a path, a caller or an
-//! error text. Each function's series are looked up once ([`FunctionMetrics::function`]), so
+//! Labels are the namespace, the function and, for calls, the status class (for instance
+//! starts, the origin, one of two): bounded by the Functions that exist (a removed Function's
+//! series go with it), never a path, a caller or an error text. Each function's series are looked up once ([`FunctionMetrics::function`]), so
 //! a call costs a few atomic additions and no label allocation or hashing.
 
 use std::{
