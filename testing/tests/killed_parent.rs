@@ -11,7 +11,10 @@ use std::{
 
 #[test]
 fn a_killed_test_process_leaves_no_nats_server_behind() {
+    // The killed process cannot remove its server's store: it goes in here, removed with it.
+    let scratch = tempfile::tempdir().unwrap();
     let mut holder = Command::new(env!("CARGO_BIN_EXE_eddy-test-nats"))
+        .env("TMPDIR", scratch.path())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
