@@ -14,7 +14,7 @@ use std::{
 
 use eddy_testing::eventually;
 use serde_json::{Value, json};
-use support::{Options, Platform};
+use support::{Options, Platform, sample};
 
 const NODE_HANDLER: &str = r#"
 module.exports = {
@@ -482,11 +482,10 @@ async fn the_gateway_counts_calls_errors_cold_starts_and_instances_per_function(
 
 /// The value of `name{namespace="default",function="counted"}` in a metrics text.
 fn counter(text: &str, name: &str) -> u64 {
-    let prefix = format!(r#"{name}{{namespace="default",function="counted"}} "#);
-    text.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+    sample(
+        text,
+        &format!(r#"{name}{{namespace="default",function="counted"}}"#),
+    ) as u64
 }
 
 /// A function from zero takes a warm spare (a runtime server started ahead, libraries loaded)
@@ -668,13 +667,13 @@ async fn instance_starts(platform: &Platform, function: &str) -> (u64, u64) {
         .get_text(&format!("{}/metrics", platform.gateway))
         .await;
     let count = |origin: &str| {
-        let prefix = format!(
-            r#"eddy_function_instance_starts_total{{namespace="default",function="{function}",origin="{origin}"}} "#
-        );
-        text.lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .and_then(|value| value.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{prefix} missing from\n{text}"))
+        // A counter: a whole number, exact as f64.
+        sample(
+            &text,
+            &format!(
+                r#"eddy_function_instance_starts_total{{namespace="default",function="{function}",origin="{origin}"}}"#
+            ),
+        ) as u64
     };
     (count("warm_spare"), count("process"))
 }

@@ -13,21 +13,12 @@ use std::{
 use axum::{Router, body::Bytes, extract::State, routing::post};
 use eddy_testing::eventually;
 use serde_json::{Value, json};
-use support::Platform;
 use support::kyma::{deploy_on, json_answer, text};
+use support::{Platform, sample};
 
 /// Deploys `source` as a nodejs20 function named `name`, with `extra` merged into the spec.
 async fn deploy(platform: &Platform, name: &str, source: &str, extra: Value) {
     deploy_on(platform, "nodejs20", name, source, extra).await;
-}
-
-/// The value of an unlabelled sample in Prometheus text.
-fn sample(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
 }
 
 /// What function `name`'s `/metrics` shows.

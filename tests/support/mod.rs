@@ -843,3 +843,13 @@ pub async fn check_emit(runtime: &str, source: &str) -> (u16, String) {
     );
     answer
 }
+
+/// The value of the sample `series` (a metric's name, with its labels as written when it has
+/// any) in Prometheus text.
+pub fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
+}
