@@ -223,9 +223,11 @@ impl ControlPlane {
             .with_context(|| format!("no address in the proxy URL {proxy}"))
     }
 
-    /// Whether the API server answers `/readyz`.
+    /// Whether the last `scripts/kube up` in its directory finished (a failed one leaves no
+    /// `up.done`) and its API server answers `/readyz`.
     fn serving(&self) -> bool {
-        self.kubeconfig.is_file()
+        self.dir.join("up.done").is_file()
+            && self.kubeconfig.is_file()
             && self
                 .kubectl()
                 .is_ok_and(|mut kubectl| run(kubectl.args(["get", "--raw", "/readyz"])).is_ok())

@@ -612,7 +612,42 @@ async fn wait_for_function(
         async move { reached }
     })
     .await;
-    reached.with_context(|| format!("the status: {seen}"))
+    reached.with_context(|| {
+        if seen.is_null() {
+            // Nothing written: the controller's own account says why.
+            format!("the status: null; {}", controller_account(plane))
+        } else {
+            format!("the status: {seen}")
+        }
+    })
+}
+
+/// The controller pods' state and their last log lines, for a failure that the controller
+/// explains.
+fn controller_account(plane: &ControlPlane) -> String {
+    let selector = "app.kubernetes.io/component=controller";
+    let pods = plane.kubectl().and_then(|mut kubectl| {
+        run(kubectl.args(["get", "pods", "-n", SYSTEM, "-l", selector, "-o", "wide"]))
+    });
+    let logs = plane.kubectl().and_then(|mut kubectl| {
+        run(kubectl.args([
+            "logs",
+            "-n",
+            SYSTEM,
+            "-l",
+            selector,
+            "-c",
+            "controller",
+            "--tail",
+            "25",
+        ]))
+    });
+    let shown = |result: Result<String>| result.unwrap_or_else(|error| format!("({error:#})"));
+    format!(
+        "the controller's pods:\n{}\ntheir last log lines:\n{}",
+        shown(pods),
+        shown(logs)
+    )
 }
 
 /// Function pods run as they are rendered: non-root, and their root filesystem read-only
