@@ -37,7 +37,34 @@ pub async fn reconcile_function(function: Arc<Function>, context: Arc<Context>) 
             .await?;
             Ok(Action::requeue(RESYNC))
         }
-        Err(error) => Err(error),
+        Err(error) => {
+            let failures = context.failures_of(&key).saturating_add(1);
+            if failures > REPORT_RETRIES_AFTER {
+                report_retrying(&function, &context, failures, &error).await;
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Says in status that reconciles keep failing and are retried: `Running` Unknown with
+/// `ApplyFailed` and the last error (what ran before keeps running). Best effort: when the
+/// API server is what fails, this write fails too, and the log has it.
+async fn report_retrying(function: &Function, context: &Context, failures: u32, error: &Error) {
+    let mut status = function.status.clone().unwrap_or_default();
+    set_condition(
+        &mut status.conditions,
+        condition(
+            ConditionType::Running,
+            None,
+            Reason::ApplyFailed,
+            format!("{failures} attempts failed, retrying: {error}"),
+        ),
+    );
+    if let Err(write) =
+        write_status(&context.client, function, function.status.as_ref(), &status).await
+    {
+        tracing::debug!(error = %write, "cannot report the retries in status");
     }
 }
 

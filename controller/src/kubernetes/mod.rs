@@ -113,6 +113,11 @@ impl Context {
         }
     }
 
+    /// Consecutive failed reconciles of `key` so far (the one under way not counted).
+    fn failures_of(&self, key: &str) -> u32 {
+        self.failures.lock().get(key).copied().unwrap_or(0)
+    }
+
     fn record_failure(&self, key: &str) -> u32 {
         let mut failures = self.failures.lock();
         let count = failures.entry(key.to_owned()).or_insert(0);
@@ -120,6 +125,11 @@ impl Context {
         *count
     }
 }
+
+/// After this many consecutive failed reconciles with errors that are retried, a Function's
+/// status says so (about 7 s with [`RETRY`]): a webhook that times out, or an API server that
+/// keeps answering 5xx, is otherwise seen only in the controller's log.
+pub const REPORT_RETRIES_AFTER: u32 = 3;
 
 /// How often a settled object is looked at again anyway (drift from manual edits).
 pub const RESYNC: Duration = Duration::from_secs(300);

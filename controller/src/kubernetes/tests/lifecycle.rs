@@ -591,6 +591,65 @@ pub(super) async fn a_refused_apply_goes_to_status_and_a_transient_error_is_retr
     assert!(!is_permanent(&error));
 }
 
+/// Retried errors that keep coming back are said in status once the retries pass
+/// [`REPORT_RETRIES_AFTER`], and the error still goes back for the next retry.
+#[tokio::test]
+async fn an_error_retried_again_and_again_is_said_in_status() {
+    let function = function(json!({}));
+    let rendered = render(&function, &config()).expect("renders");
+    let job_name = format!("reserve-stock-build-{}", rendered.hash);
+    let unavailable = |_| {
+        (
+            503,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ServiceUnavailable", "code": 503,
+                   "message": "etcd leader changed"}),
+        )
+    };
+    let reconcile = |failures_before: u32, exchanges| {
+        let function = function.clone();
+        async move {
+            let (client, server) = kube_mock::scripted(exchanges);
+            let mut context = Context::new(client, config(), SinkPolicy::default());
+            context.clock = test_now;
+            let key = key_of(&function);
+            for _ in 0..failures_before {
+                context.record_failure(&key);
+            }
+            let result = reconcile_function(Arc::new(function), Arc::new(context)).await;
+            let bodies = server.await.expect("the API server saw what it expected");
+            (result, bodies)
+        }
+    };
+    let jobs = format!("{}/{job_name}", base("jobs"));
+    // Up to the limit, nothing is written: the API server saw the one GET.
+    let (result, _) = reconcile(
+        REPORT_RETRIES_AFTER - 1,
+        vec![expect(Method::GET, jobs.clone(), unavailable)],
+    )
+    .await;
+    assert!(!is_permanent(&result.expect_err("retried")));
+    let (result, bodies) = reconcile(
+        REPORT_RETRIES_AFTER,
+        vec![
+            expect(Method::GET, jobs, unavailable),
+            function_status_write(&function),
+        ],
+    )
+    .await;
+    assert!(!is_permanent(&result.expect_err("still retried")));
+    let running = condition_of(&bodies[1]["status"], "Running");
+    assert_eq!(running["status"], "Unknown", "{running}");
+    assert_eq!(running["reason"], "ApplyFailed", "{running}");
+    let message = running["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "{} attempts failed, retrying: ",
+            REPORT_RETRIES_AFTER + 1
+        )) && message.contains("etcd leader changed"),
+        "{message}"
+    );
+}
+
 /// What lets Kubernetes' garbage collector delete what a Function owns: every rendered object
 /// carries a controller owner reference to it, and none a finalizer that could hold the delete
 /// up. (The collection itself is shown on the real node, by kube-controller-manager's garbage
