@@ -54,6 +54,11 @@ pub enum Error {
     /// Leader election failed.
     #[error("leader election: {0}")]
     Lease(#[from] kube_lease_manager::LeaseManagerError),
+    /// The lease election's task ended while the controller runs (it should not): the
+    /// process exits, so that Kubernetes starts it again rather than keep a controller that
+    /// reconciles nothing.
+    #[error("the leader election ended before shutdown")]
+    ElectionEnded,
     /// YAML could not be written.
     #[error("cannot write YAML: {0}")]
     Yaml(#[from] serde_yaml_ng::Error),

@@ -141,6 +141,38 @@ pub async fn leadership(
 const JOIN_RETRY: eddy_model::backoff::Backoff =
     eddy_model::backoff::Backoff::exponential(Duration::from_millis(200), Duration::from_secs(10));
 
+/// Runs `work` while this replica leads ([`while_leading`]) until `shutdown`, then waits (up
+/// to 5 s) for `manager` to release the lease, so that a standby takes over at once. An
+/// election that ends before `shutdown` (its task gone) cancels `shutdown`, so the whole
+/// process stops and is started again, and is [`crate::Error::ElectionEnded`]: a controller
+/// that stays up without an election would reconcile nothing, and say nothing.
+pub async fn lead<F, Fut>(
+    leading: watch::Receiver<bool>,
+    manager: JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+    shutdown: CancellationToken,
+    work: F,
+) -> Result<()>
+where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    while_leading(leading, shutdown.clone(), work).await;
+    let ended = !shutdown.is_cancelled();
+    if ended {
+        shutdown.cancel();
+    }
+    // The receiver is gone: the manager releases the lease.
+    match tokio::time::timeout(Duration::from_secs(5), manager).await {
+        Ok(Ok(Err(error))) => tracing::warn!(%error, "releasing the lease"),
+        Err(_) => tracing::warn!("releasing the lease took over 5s"),
+        _ => {}
+    }
+    if ended {
+        return Err(crate::Error::ElectionEnded);
+    }
+    Ok(())
+}
+
 /// Runs `work` while `leading` is true: started when this replica becomes the leader,
 /// cancelled (its token) and awaited when it stops being one, started again when it leads
 /// again. Returns at `shutdown` (the work's token is a child of it) or when the election ends.

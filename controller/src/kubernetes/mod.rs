@@ -228,17 +228,10 @@ pub async fn serve(args: crate::Args, shutdown: CancellationToken) -> Result<()>
             return Ok(());
         };
         tracing::info!(%identity, lease = %election.lease_name, namespace = %election.lease_namespace, "competing for the lease");
-        leader::while_leading(leading, shutdown, |term| {
+        leader::lead(leading, manager, shutdown, |term| {
             run(client.clone(), context.clone(), term)
         })
-        .await;
-        // The receiver is gone: the manager releases the lease, so a standby takes over now.
-        match tokio::time::timeout(Duration::from_secs(5), manager).await {
-            Ok(Ok(Err(error))) => tracing::warn!(%error, "releasing the lease"),
-            Err(_) => tracing::warn!("releasing the lease took over 5s"),
-            _ => {}
-        }
-        Ok(())
+        .await
     };
     let (served, elected) = tokio::join!(server, reconcilers);
     elected?;

@@ -293,3 +293,54 @@ async fn reconcilers_run_only_while_leading() {
     assert_eq!(running.load(Ordering::SeqCst), 0, "the work was stopped");
     assert_eq!(started.load(Ordering::SeqCst), 2);
 }
+
+/// An election whose task ends while the replica runs stops the reconcilers and the whole
+/// process (its shutdown), with an error: the kubelet starts it again, where staying up would
+/// leave a controller that reconciles nothing. At shutdown, the same return is no error.
+#[tokio::test]
+async fn an_election_that_ends_before_shutdown_stops_the_process_with_an_error() {
+    let ended = |reason: &'static str| {
+        tokio::spawn(async move {
+            Err(kube_lease_manager::LeaseManagerError::InconsistentState(
+                reason.to_owned(),
+            ))
+        })
+    };
+    let (elect, leading) = tokio::sync::watch::channel(true);
+    let shutdown = CancellationToken::new();
+    let (cancelled_tx, cancelled) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(leader::lead(leading, ended("gone"), shutdown.clone(), {
+        let mut cancelled_tx = Some(cancelled_tx);
+        move |term| {
+            let tx = cancelled_tx.take();
+            async move {
+                term.cancelled().await;
+                if let Some(tx) = tx {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    }));
+    // The election's task ends: its sender is dropped while the replica leads.
+    tokio::task::yield_now().await;
+    drop(elect);
+    let result = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("lead returns once the election ends")
+        .expect("joined");
+    assert!(
+        matches!(result, Err(crate::Error::ElectionEnded)),
+        "{result:?}"
+    );
+    assert!(shutdown.is_cancelled(), "the process is told to stop");
+    tokio::time::timeout(Duration::from_secs(5), cancelled)
+        .await
+        .expect("the reconcilers were stopped")
+        .expect("sent");
+
+    let (_elect, leading) = tokio::sync::watch::channel(false);
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    let result = leader::lead(leading, ended("released"), shutdown, |_| async {}).await;
+    assert!(result.is_ok(), "{result:?}");
+}
