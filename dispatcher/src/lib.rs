@@ -55,6 +55,10 @@ pub enum Error {
     /// The Kubernetes API could not be reached.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// A task the dispatcher cannot work without ended before shutdown (it returned or
+    /// panicked): the dispatcher stopped rather than serve without it.
+    #[error("{0} ended before shutdown")]
+    Ended(&'static str),
 }
 
 /// Where Subscriptions are read from.
@@ -171,7 +175,9 @@ impl Args {
 /// A configured dispatcher, delivering, with its admin API not yet served.
 pub struct Dispatcher {
     router: axum::Router,
-    manager_task: tokio::task::JoinHandle<()>,
+    /// The tasks it cannot work without (the subscription manager, its follower, the scaler):
+    /// each cancels `shutdown` should it end early, and says so here.
+    essentials: Vec<tokio::task::JoinHandle<Result<(), &'static str>>>,
     serve: eddy_platform::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
@@ -223,6 +229,7 @@ impl Dispatcher {
         let scaler = kube
             .clone()
             .map(|kube| scaler::Scaler::new(kube, scale.clone()));
+        let mut essentials = Vec::new();
         let (source, sinks) = match kube {
             Some(kube) => {
                 ensure_with_retry(&js, &stream, &shutdown).await?;
@@ -239,7 +246,11 @@ impl Dispatcher {
                 let sinks = sinks::Sinks::new(sink_resolution, policy.clone())
                     .with_platform_token(platform_token.as_deref());
                 if sink_resolution == sinks::Resolution::Local {
-                    tokio::spawn(sinks.clone().watch(store.clone(), shutdown.child_token()));
+                    essentials.push(eddy_platform::shutdown::spawn_essential(
+                        "the Functions' addresses follower",
+                        shutdown.clone(),
+                        sinks.clone().watch(store.clone(), shutdown.child_token()),
+                    ));
                 }
                 (manager::SubscriptionSource::Store(Box::new(store)), sinks)
             }
@@ -268,16 +279,22 @@ impl Dispatcher {
             journal: journal::Journal::default(),
             scaler: scaler.clone(),
         });
-        let (manager, manager_task) = manager::start(
+        let (manager, manager_tasks) = manager::start(
             shared.clone(),
             policy,
             ack_wait,
             drain_timeout,
             source,
             shutdown.child_token(),
+            shutdown.clone(),
         );
+        essentials.extend(manager_tasks);
         if let Some(scaler) = scaler {
-            tokio::spawn(scaler.run(shared.clone(), manager.clone(), shutdown.child_token()));
+            essentials.push(eddy_platform::shutdown::spawn_essential(
+                "the scaler",
+                shutdown.clone(),
+                scaler.run(shared.clone(), manager.clone(), shutdown.child_token()),
+            ));
         }
         let router = eddy_platform::auth::protect(
             admin::router(Arc::new(admin::AdminState {
@@ -290,7 +307,7 @@ impl Dispatcher {
         );
         Ok(Self {
             router,
-            manager_task,
+            essentials,
             serve,
             drain_timeout,
             shutdown,
@@ -310,16 +327,21 @@ impl Dispatcher {
         .await
         .map_err(eddy_platform::Error::Serve);
         // The manager stops every worker on shutdown, each bounded by the drain timeout.
-        if tokio::time::timeout(
+        let ended = tokio::time::timeout(
             self.drain_timeout + Duration::from_secs(1),
-            self.manager_task,
+            futures::future::join_all(self.essentials),
         )
-        .await
-        .is_err()
-        {
+        .await;
+        let Ok(ended) = ended else {
             tracing::warn!("dispatcher workers did not drain in time");
+            return Ok(served?);
+        };
+        served?;
+        // A task that ended early stopped the dispatcher: it exits with an error.
+        match ended.into_iter().find_map(|joined| joined.ok()?.err()) {
+            Some(task) => Err(Error::Ended(task)),
+            None => Ok(()),
         }
-        Ok(served?)
     }
 }
 

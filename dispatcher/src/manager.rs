@@ -16,7 +16,7 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use eddy_model::resources::{SinkPolicy, Subscription, consumer_name};
 use eddy_platform::{
     nats::EVENTS_STREAM,
-    shutdown::CancellationToken,
+    shutdown::{CancellationToken, spawn_essential},
     store::{Change, Resync, Store, StoredResource as _},
     watch::backed_off,
 };
@@ -158,7 +158,9 @@ struct Manager {
 }
 
 /// Starts the manager's task: it follows `source` until `shutdown`, then stops every worker
-/// (each bounded by `drain_timeout`).
+/// (each bounded by `drain_timeout`). The manager and its follower are essential: should either
+/// end before `stop` (the dispatcher's own token), `stop` is cancelled and its handle (of the
+/// two returned) answers which ([`eddy_platform::shutdown::spawn_essential`]).
 pub fn start(
     shared: Arc<Shared>,
     sinks: SinkPolicy,
@@ -166,11 +168,16 @@ pub fn start(
     drain_timeout: Duration,
     source: SubscriptionSource,
     shutdown: CancellationToken,
-) -> (ManagerHandle, JoinHandle<()>) {
+    stop: CancellationToken,
+) -> (ManagerHandle, [JoinHandle<Result<(), &'static str>>; 2]) {
     let (view, view_reader) = watch::channel(View::default());
     let (requests, request_reader) = mpsc::channel(16);
     let (messages, message_reader) = mpsc::channel(256);
-    let follower = tokio::spawn(follow(source, messages.clone(), shutdown.clone()));
+    let follower = spawn_essential(
+        "the Subscriptions' follower",
+        stop.clone(),
+        follow(source, messages.clone(), shutdown.clone()),
+    );
     let manager = Manager {
         shared,
         index: SubscriptionIndex::new(sinks, ack_wait),
@@ -183,15 +190,14 @@ pub fn start(
         messages,
         shutdown,
     };
-    let task = tokio::spawn(async move {
+    let task = spawn_essential("the subscription manager", stop, async move {
         manager.run(message_reader, request_reader).await;
-        follower.abort();
     });
     let handle = ManagerHandle {
         view: view_reader,
         requests,
     };
-    (handle, task)
+    (handle, [task, follower])
 }
 
 /// Feeds the manager the Subscriptions' changes: the same changes from the store and from

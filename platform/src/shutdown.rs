@@ -17,6 +17,35 @@ pub fn on_signal() -> CancellationToken {
     token
 }
 
+/// Spawns a task the process cannot do its work without (a dispatcher's subscription manager,
+/// its scaler). Should it end before `stop` is cancelled, because it returned or panicked,
+/// that is logged as an error naming it and `stop` is cancelled: the process shuts down and
+/// exits (and is started again by its supervisor) rather than go on serving without it.
+/// The handle answers `Err(name)` for such an early end, `Ok(())` for an end after `stop`.
+pub fn spawn_essential<F>(
+    name: &'static str,
+    stop: CancellationToken,
+    task: F,
+) -> tokio::task::JoinHandle<Result<(), &'static str>>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let ended = tokio::spawn(task).await;
+        if stop.is_cancelled() {
+            return Ok(());
+        }
+        match ended {
+            Err(error) if error.is_panic() => {
+                tracing::error!(task = name, "panicked; stopping the process");
+            }
+            _ => tracing::error!(task = name, "ended before shutdown; stopping the process"),
+        }
+        stop.cancel();
+        Err(name)
+    })
+}
+
 async fn wait_for_signal() {
     #[cfg(unix)]
     {
@@ -37,5 +66,53 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A task that ends early, by returning or by panicking, stops the process (its token) and
+    /// is named; one that ends at shutdown is no error.
+    #[tokio::test]
+    async fn an_essential_task_that_ends_early_stops_the_process() {
+        let stop = CancellationToken::new();
+        let returned = spawn_essential("returner", stop.clone(), async {});
+        let ended = tokio::time::timeout(Duration::from_secs(5), returned)
+            .await
+            .expect("ends")
+            .expect("joined");
+        assert_eq!(ended, Err("returner"));
+        assert!(stop.is_cancelled());
+
+        let stop = CancellationToken::new();
+        let panicked = spawn_essential("panicker", stop.clone(), async {
+            panic!("a bug");
+        });
+        let ended = tokio::time::timeout(Duration::from_secs(5), panicked)
+            .await
+            .expect("ends")
+            .expect("joined");
+        assert_eq!(ended, Err("panicker"));
+        assert!(stop.is_cancelled());
+
+        let stop = CancellationToken::new();
+        let waiting = spawn_essential("waiter", stop.clone(), {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "runs until shutdown");
+        stop.cancel();
+        let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("ends")
+            .expect("joined");
+        assert_eq!(ended, Ok(()));
     }
 }
