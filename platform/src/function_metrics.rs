@@ -6,8 +6,9 @@
 //!
 //! Labels are the namespace, the function and, for calls, the status class (for instance
 //! starts, the origin, one of two): bounded by the Functions that exist (a removed Function's
-//! series go with it), never a path, a caller or an error text. Each function's series are looked up once ([`FunctionMetrics::function`]), so
-//! a call costs a few atomic additions and no label allocation or hashing.
+//! series go with it), never a path, a caller or an error text. Each function's series are
+//! looked up once ([`FunctionMetrics::function`]), so a call costs a few atomic additions and
+//! no label allocation or hashing.
 
 use std::{
     collections::HashMap,

@@ -77,16 +77,23 @@ mod tests {
 
     use super::*;
 
+    /// What an essential task's handle answered, within 5 s.
+    async fn outcome(
+        handle: tokio::task::JoinHandle<Result<(), &'static str>>,
+    ) -> Result<(), &'static str> {
+        tokio::time::timeout(Duration::from_secs(5), handle)
+            .await
+            .expect("ends")
+            .expect("joined")
+    }
+
     /// A task that ends early, by returning or by panicking, stops the process (its token) and
     /// is named; one that ends at shutdown is no error.
     #[tokio::test]
     async fn an_essential_task_that_ends_early_stops_the_process() {
         let stop = CancellationToken::new();
         let returned = spawn_essential("returner", stop.clone(), async {});
-        let ended = tokio::time::timeout(Duration::from_secs(5), returned)
-            .await
-            .expect("ends")
-            .expect("joined");
+        let ended = outcome(returned).await;
         assert_eq!(ended, Err("returner"));
         assert!(stop.is_cancelled());
 
@@ -94,10 +101,7 @@ mod tests {
         let panicked = spawn_essential("panicker", stop.clone(), async {
             panic!("a bug");
         });
-        let ended = tokio::time::timeout(Duration::from_secs(5), panicked)
-            .await
-            .expect("ends")
-            .expect("joined");
+        let ended = outcome(panicked).await;
         assert_eq!(ended, Err("panicker"));
         assert!(stop.is_cancelled());
 
@@ -109,10 +113,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "runs until shutdown");
         stop.cancel();
-        let ended = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("ends")
-            .expect("joined");
+        let ended = outcome(waiting).await;
         assert_eq!(ended, Ok(()));
     }
 }

@@ -582,9 +582,11 @@ pub(super) async fn a_refused_apply_goes_to_status_and_a_transient_error_is_retr
 
     let (result, _) = run_function(
         function,
-        vec![expect(Method::GET, format!("{}/{job_name}", base("jobs")), |_| {
-            (503, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ServiceUnavailable", "code": 503, "message": "etcd leader changed"}))
-        })],
+        vec![expect(
+            Method::GET,
+            format!("{}/{job_name}", base("jobs")),
+            unavailable,
+        )],
     )
     .await;
     let error = result.expect_err("a transient error is returned for a retry");
@@ -598,37 +600,17 @@ async fn an_error_retried_again_and_again_is_said_in_status() {
     let function = function(json!({}));
     let rendered = render(&function, &config()).expect("renders");
     let job_name = format!("reserve-stock-build-{}", rendered.hash);
-    let unavailable = |_| {
-        (
-            503,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ServiceUnavailable", "code": 503,
-                   "message": "etcd leader changed"}),
-        )
-    };
-    let reconcile = |failures_before: u32, exchanges| {
-        let function = function.clone();
-        async move {
-            let (client, server) = kube_mock::scripted(exchanges);
-            let mut context = Context::new(client, config(), SinkPolicy::default());
-            context.clock = test_now;
-            let key = key_of(&function);
-            for _ in 0..failures_before {
-                context.record_failure(&key);
-            }
-            let result = reconcile_function(Arc::new(function), Arc::new(context)).await;
-            let bodies = server.await.expect("the API server saw what it expected");
-            (result, bodies)
-        }
-    };
     let jobs = format!("{}/{job_name}", base("jobs"));
     // Up to the limit, nothing is written: the API server saw the one GET.
-    let (result, _) = reconcile(
+    let (result, _) = run_function_after_failures(
+        function.clone(),
         REPORT_RETRIES_AFTER - 1,
         vec![expect(Method::GET, jobs.clone(), unavailable)],
     )
     .await;
     assert!(!is_permanent(&result.expect_err("retried")));
-    let (result, bodies) = reconcile(
+    let (result, bodies) = run_function_after_failures(
+        function.clone(),
         REPORT_RETRIES_AFTER,
         vec![
             expect(Method::GET, jobs, unavailable),

@@ -58,6 +58,14 @@ fn not_found(_: Value) -> (u16, Value) {
     )
 }
 
+/// A transient refusal (retried, never reported as permanent).
+fn unavailable(_: Value) -> (u16, Value) {
+    (
+        503,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "ServiceUnavailable", "code": 503, "message": "etcd leader changed"}),
+    )
+}
+
 fn config() -> RenderConfig {
     RenderConfig {
         registry: "registry.example.com/eddy".to_owned(),
@@ -183,9 +191,22 @@ async fn run_function(
     function: Function,
     exchanges: Vec<Exchange>,
 ) -> (Result<Action>, Vec<Value>) {
+    run_function_after_failures(function, 0, exchanges).await
+}
+
+/// [`run_function`] for a Function whose last `failures` reconciles failed.
+async fn run_function_after_failures(
+    function: Function,
+    failures: u32,
+    exchanges: Vec<Exchange>,
+) -> (Result<Action>, Vec<Value>) {
     let (client, server) = kube_mock::scripted(exchanges);
     let mut context = Context::new(client, config(), SinkPolicy::default());
     context.clock = test_now;
+    let key = key_of(&function);
+    for _ in 0..failures {
+        context.record_failure(&key);
+    }
     let context = Arc::new(context);
     let result = reconcile_function(Arc::new(function), context.clone()).await;
     drop(context);
