@@ -40,19 +40,49 @@ fn worker_and_tally(namespace: &str) -> String {
 enum Answer {
     /// 2xx: stored.
     Stored,
-    /// A status other than 2xx, and whether `Retry-After` came with it.
-    Refused { status: u16, retry_after: bool },
+    /// A status other than 2xx, whether `Retry-After` came with it, and the start of the body
+    /// (which says who answered: the event-bus's JSON or the sidecar's plain text).
+    Refused {
+        status: u16,
+        retry_after: bool,
+        body: String,
+    },
     /// No HTTP answer (the connection was refused or reset).
     Unanswered(String),
 }
 
-/// Publishes `fault.work.v1` events at `per_second` until `stop`; each id with its answer.
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stored => f.write_str("stored"),
+            Self::Refused {
+                status,
+                retry_after,
+                body,
+            } => {
+                let retry = if *retry_after { "with" } else { "without" };
+                write!(f, "{status} {retry} Retry-After: {body}")
+            }
+            Self::Unanswered(error) => write!(f, "unanswered: {error}"),
+        }
+    }
+}
+
+/// One publish: the event's id, when it was sent (since the test's start) and its answer.
+struct Published {
+    id: String,
+    sent_at: Duration,
+    answer: Answer,
+}
+
+/// Publishes `fault.work.v1` events at `per_second` until `stop`; each with its answer.
 async fn publish_steadily(
     url: String,
     prefix: String,
     per_second: u64,
+    started: Instant,
     stop: Arc<AtomicBool>,
-) -> Vec<(String, Answer)> {
+) -> Vec<Published> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -72,16 +102,27 @@ async fn publish_steadily(
             .header("ce-id", &id)
             .header("content-type", "application/json")
             .body(format!(r#"{{"id": "{id}"}}"#));
+        let sent_at = started.elapsed();
         sent.spawn(async move {
             let answer = match request.send().await {
                 Ok(response) if response.status().is_success() => Answer::Stored,
-                Ok(response) => Answer::Refused {
-                    status: response.status().as_u16(),
-                    retry_after: response.headers().contains_key("retry-after"),
-                },
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let retry_after = response.headers().contains_key("retry-after");
+                    let body = response.text().await.unwrap_or_default();
+                    Answer::Refused {
+                        status,
+                        retry_after,
+                        body: body.chars().take(200).collect(),
+                    }
+                }
                 Err(error) => Answer::Unanswered(format!("{error:#}")),
             };
-            (id, answer)
+            Published {
+                id,
+                sent_at,
+                answer,
+            }
         });
     }
     sent.join_all().await
@@ -251,8 +292,8 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
     let url = format!("{}/publish", service_url(plane, SYSTEM, "eddy-event-bus")?);
     let prefix = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let stop = Arc::new(AtomicBool::new(false));
-    let publisher = tokio::spawn(publish_steadily(url, prefix, 40, stop.clone()));
     let started = Instant::now();
+    let publisher = tokio::spawn(publish_steadily(url, prefix, 40, started, stop.clone()));
     // (what, namespace, selector, pods, forced: grace period 0 with delivery held meanwhile;
     // the pod deleted is then the NATS server leading the events' stream at that moment)
     let faults: [(&str, &str, &str, usize, bool); 4] = [
@@ -351,19 +392,16 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
 
     let stored: Vec<&String> = answers
         .iter()
-        .filter(|(_, answer)| matches!(answer, Answer::Stored))
-        .map(|(id, _)| id)
+        .filter(|published| matches!(published.answer, Answer::Stored))
+        .map(|published| &published.id)
         .collect();
-    let refused: Vec<&(String, Answer)> = answers
+    let refused: Vec<&Published> = answers
         .iter()
-        .filter(|(_, answer)| matches!(answer, Answer::Refused { .. }))
+        .filter(|published| matches!(published.answer, Answer::Refused { .. }))
         .collect();
-    let unanswered: Vec<&str> = answers
+    let unanswered: Vec<&Published> = answers
         .iter()
-        .filter_map(|(_, answer)| match answer {
-            Answer::Unanswered(error) => Some(error.as_str()),
-            _ => None,
-        })
+        .filter(|published| matches!(published.answer, Answer::Unanswered(_)))
         .collect();
     let mut counts = HashMap::new();
     let mut missing = stored.len();
@@ -391,8 +429,14 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
         counts.len(),
         duplicates,
     );
-    if let Some(error) = unanswered.first() {
-        eprintln!("an unanswered publish: {error}");
+    // When each went wrong says which fault it belongs to (the timeline above).
+    for published in refused.iter().chain(&unanswered) {
+        eprintln!(
+            "{:>5.1} s: {} {}",
+            published.sent_at.as_secs_f64(),
+            published.id,
+            published.answer
+        );
     }
     delivered.with_context(|| {
         format!(
@@ -400,16 +444,17 @@ async fn every_stored_event_is_delivered_through_pod_deletions_under_steady_publ
             stored.len()
         )
     })?;
-    for (id, answer) in &refused {
+    for Published { id, answer, .. } in refused {
         ensure!(
             matches!(
                 answer,
                 Answer::Refused {
                     status: 503,
-                    retry_after: true
+                    retry_after: true,
+                    ..
                 }
             ),
-            "event {id} was refused with {answer:?}, not a 503 with Retry-After"
+            "event {id} was refused, {answer}, not a 503 with Retry-After"
         );
     }
     ensure!(!stored.is_empty(), "some events were stored");
