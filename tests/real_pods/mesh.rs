@@ -384,24 +384,29 @@ async fn planted_breaks_change_the_answers(
     Ok(())
 }
 
-/// Istio's injector gave the gateway's, the dispatcher's and the event-bus's pods a sidecar
-/// (a native one: an init container that keeps running), and left the controller (it talks to
-/// the API server only) and NATS (its clients bypass the proxies) without one.
+/// Istio's injector gave the gateway's and the dispatcher's pods a native sidecar (an init
+/// container that keeps running), the event-bus's the classic one its chart asks for (a
+/// container: it exits before the event-bus stops listening), and left the controller (it
+/// talks to the API server only) and NATS (its clients bypass the proxies) without one.
 fn sidecars_where_the_chart_wants_them(plane: &ControlPlane) -> Result<()> {
     let pods = kubectl_json(plane, &["get", "pods", "-n", SYSTEM])?;
     for pod in pods["items"].as_array().context("pods")? {
         let component = pod["metadata"]["labels"]["app.kubernetes.io/component"]
             .as_str()
             .unwrap_or_default();
-        let proxied = ["initContainers", "containers"].iter().any(|list| {
+        let proxy_in = ["initContainers", "containers"].into_iter().find(|list| {
             pod["spec"][list]
                 .as_array()
                 .is_some_and(|containers| containers.iter().any(|c| c["name"] == "istio-proxy"))
         });
-        let wanted = matches!(component, "gateway" | "dispatcher" | "event-bus");
+        let wanted = match component {
+            "gateway" | "dispatcher" => Some("initContainers"),
+            "event-bus" => Some("containers"),
+            _ => None,
+        };
         ensure!(
-            proxied == wanted,
-            "pod {} ({component}): sidecar {proxied}, wanted {wanted}",
+            proxy_in == wanted,
+            "pod {} ({component}): its sidecar among {proxy_in:?}, wanted among {wanted:?}",
             pod["metadata"]["name"]
         );
     }
