@@ -144,8 +144,9 @@ impl Controller {
             .map(drop)
             .context("HTTP server failed");
         // The backend stops every instance once shutdown is signalled; wait for it.
-        self.controller.stopped().await;
-        served
+        let stopped = self.controller.stopped().await;
+        served?;
+        Ok(stopped?)
     }
 }
 

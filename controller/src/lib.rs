@@ -23,7 +23,7 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use axum::Router;
 use eddy_platform::{
     nats::NatsArgs,
-    shutdown::CancellationToken,
+    shutdown::{CancellationToken, spawn_essential},
     store::{Store, StoreError, retry_at_start},
 };
 
@@ -59,6 +59,10 @@ pub enum Error {
     /// reconciles nothing.
     #[error("the leader election ended before shutdown")]
     ElectionEnded,
+    /// A task of the local controller (a follower, the function backend) ended before
+    /// shutdown (it should not): `eddy up` stops rather than run without it.
+    #[error("{0} ended before shutdown")]
+    Ended(&'static str),
     /// YAML could not be written.
     #[error("cannot write YAML: {0}")]
     Yaml(#[from] serde_yaml_ng::Error),
@@ -402,7 +406,8 @@ pub struct Controller {
     pub store: Store,
     /// The JetStream context it opened.
     pub js: async_nats::jetstream::Context,
-    backend_task: tokio::task::JoinHandle<()>,
+    backend_task: tokio::task::JoinHandle<Result<(), &'static str>>,
+    followers: [tokio::task::JoinHandle<Result<(), &'static str>>; 2],
 }
 
 /// The nearest `.tools` above the working directory (a checkout's, filled by `scripts/setup`),
@@ -459,12 +464,17 @@ impl Controller {
         let js = async_nats::jetstream::new(client);
         let store = open_store(&js, &shutdown).await?;
         let sinks = sinks.policy();
-        tokio::spawn(subscriptions::run(
-            store.clone(),
-            js.clone(),
-            sinks.clone(),
-            shutdown.child_token(),
-        ));
+        // Each runs until shutdown; one that ends before it stops the process (`stopped`).
+        let subscriptions_follower = spawn_essential(
+            "the Subscriptions follower",
+            shutdown.clone(),
+            subscriptions::run(
+                store.clone(),
+                js.clone(),
+                sinks.clone(),
+                shutdown.child_token(),
+            ),
+        );
 
         let data_dir = std::path::absolute(&data_dir).unwrap_or(data_dir);
         let pools: local::pool::Pools = Arc::default();
@@ -481,13 +491,17 @@ impl Controller {
         let build_config = functions.build_config(&data_dir);
         let sources = functions.sources(&data_dir);
         let known_apirules = apirules::KnownApiRules::default();
-        tokio::spawn(apirules::follow_local(
-            store.clone(),
-            functions.exposure.clone(),
-            gateway_url.clone(),
-            known_apirules.clone(),
-            shutdown.child_token(),
-        ));
+        let apirules_follower = spawn_essential(
+            "the APIRules follower",
+            shutdown.clone(),
+            apirules::follow_local(
+                store.clone(),
+                functions.exposure.clone(),
+                gateway_url.clone(),
+                known_apirules.clone(),
+                shutdown.child_token(),
+            ),
+        );
         configure_presets(functions.function_presets.as_ref())?;
         let backend = Arc::new(local::LocalController::new(
             store.clone(),
@@ -498,7 +512,11 @@ impl Controller {
             gateway_url,
             shutdown.child_token(),
         ));
-        let backend_task = tokio::spawn(backend.clone().run());
+        let backend_task = spawn_essential(
+            "the function backend",
+            shutdown.clone(),
+            backend.clone().run(),
+        );
         let state = Arc::new(api::ApiState {
             store: store.clone(),
             policy: api::Policy {
@@ -518,13 +536,17 @@ impl Controller {
             store,
             js,
             backend_task,
+            followers: [subscriptions_follower, apirules_follower],
         })
     }
 
     /// Waits (at most 20 s) for the backend to have stopped every instance, once shutdown is
-    /// signalled.
-    pub async fn stopped(self) {
-        let _ = tokio::time::timeout(Duration::from_secs(20), self.backend_task).await;
+    /// signalled. An error names a task that ended before shutdown (and so caused it).
+    pub async fn stopped(self) -> Result<()> {
+        let handles = std::iter::once(self.backend_task).chain(self.followers);
+        let (ended_early, _) =
+            eddy_platform::shutdown::essentials_ended(handles, Duration::from_secs(20)).await;
+        ended_early.map_or(Ok(()), |task| Err(Error::Ended(task)))
     }
 }
 

@@ -316,7 +316,6 @@ impl Dispatcher {
 
     /// Serves the admin API until shutdown, then waits for the workers to drain.
     pub async fn serve(self, listener: TcpListener) -> Result<()> {
-        use futures::StreamExt as _;
         let served = eddy_platform::net::serve(
             listener,
             self.router,
@@ -327,21 +326,13 @@ impl Dispatcher {
         )
         .await
         .map_err(eddy_platform::Error::Serve);
-        // The manager stops every worker on shutdown, each bounded by the drain timeout. A task
-        // that ended early is noted as it ends, so that a slow drain of the others after it
-        // does not hide it.
-        let mut ended_early = None;
-        let mut essentials: futures::stream::FuturesUnordered<_> =
-            self.essentials.into_iter().collect();
-        let drained = tokio::time::timeout(self.drain_timeout + Duration::from_secs(1), async {
-            while let Some(joined) = essentials.next().await {
-                if let Ok(Err(task)) = joined {
-                    ended_early.get_or_insert(task);
-                }
-            }
-        })
+        // The manager stops every worker on shutdown, each bounded by the drain timeout.
+        let (ended_early, drained) = eddy_platform::shutdown::essentials_ended(
+            self.essentials,
+            self.drain_timeout + Duration::from_secs(1),
+        )
         .await;
-        if drained.is_err() {
+        if !drained {
             tracing::warn!("dispatcher workers did not drain in time");
         }
         served?;

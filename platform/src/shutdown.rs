@@ -46,6 +46,28 @@ where
     })
 }
 
+/// Waits at most `limit` for the handles of [`spawn_essential`] tasks, after shutdown. Returns
+/// the name of one that ended early (the cause of the shutdown), noted as it ends so that the
+/// others' slow drain does not hide it, and whether every task ended within `limit`.
+pub async fn essentials_ended(
+    handles: impl IntoIterator<Item = tokio::task::JoinHandle<Result<(), &'static str>>>,
+    limit: std::time::Duration,
+) -> (Option<&'static str>, bool) {
+    use futures::StreamExt as _;
+    let mut ended_early = None;
+    let mut handles: futures::stream::FuturesUnordered<_> = handles.into_iter().collect();
+    let drained = tokio::time::timeout(limit, async {
+        while let Some(joined) = handles.next().await {
+            if let Ok(Err(task)) = joined {
+                ended_early.get_or_insert(task);
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (ended_early, drained)
+}
+
 async fn wait_for_signal() {
     #[cfg(unix)]
     {
@@ -115,5 +137,26 @@ mod tests {
         stop.cancel();
         let ended = outcome(waiting).await;
         assert_eq!(ended, Ok(()));
+    }
+
+    /// The task that ended early is named even when another does not end within the limit.
+    #[tokio::test]
+    async fn an_early_end_is_named_though_another_task_does_not_drain() {
+        let stop = CancellationToken::new();
+        let stuck = spawn_essential("stuck", stop.clone(), std::future::pending());
+        let early = spawn_essential("early", stop.clone(), async {});
+        let (ended_early, drained) =
+            essentials_ended([stuck, early], Duration::from_millis(200)).await;
+        assert_eq!(ended_early, Some("early"));
+        assert!(!drained, "the stuck task did not end");
+
+        let stop = CancellationToken::new();
+        let waiting = spawn_essential("waiter", stop.clone(), {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        });
+        stop.cancel();
+        let (ended_early, drained) = essentials_ended([waiting], Duration::from_secs(5)).await;
+        assert_eq!((ended_early, drained), (None, true));
     }
 }
