@@ -174,7 +174,7 @@ pub fn start(
     let (requests, request_reader) = mpsc::channel(16);
     let (messages, message_reader) = mpsc::channel(256);
     let follower = spawn_essential(
-        "the Subscriptions' follower",
+        "the Subscriptions follower",
         stop.clone(),
         follow(source, messages.clone(), shutdown.clone()),
     );

@@ -36,7 +36,7 @@ fn worker_and_tally(namespace: &str) -> String {
 }
 
 /// How the event-bus answered one publish.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 enum Answer {
     /// 2xx: stored.
     Stored,
