@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use axum::Router;
-use eddy_gateway::{Gateway, apirules::Exposures, local::LocalPools};
+use eddy_gateway::{Gateway, apirules::Exposures, hold::HoldBudget, local::LocalPools};
 use eddy_platform::{
     net::{Browsers, serve},
     shutdown::CancellationToken,
@@ -55,6 +55,7 @@ impl Controller {
             controller.pools.clone(),
             functions.activation_timeout,
             REQUEST_TIMEOUT,
+            Arc::new(HoldBudget::new(&functions.hold)),
         );
         let gateway = Arc::new(
             Gateway::new(

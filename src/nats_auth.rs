@@ -107,6 +107,29 @@ impl Component {
     }
 }
 
+/// The users the Helm chart gives its own NATS, with the same permissions as `eddy up`'s: the
+/// event-bus, the dispatcher and an admin for operators (the chart's controller does not use
+/// NATS). `charts/eddy/files/nats-users.json` is this, written out; a test keeps the two equal.
+pub fn chart_users() -> serde_json::Value {
+    let users: Vec<serde_json::Value> = [
+        (Component::EventBus, "event-bus"),
+        (Component::Dispatcher, "dispatcher"),
+        (Component::Admin, "admin"),
+    ]
+    .into_iter()
+    .map(|(component, key)| {
+        serde_json::json!({
+            "user": component.user(),
+            "secretKey": key,
+            "inboxPrefix": component.inbox_prefix(),
+            "publish": component.publish_allowed(),
+            "subscribe": component.subscribe_allowed(),
+        })
+    })
+    .collect();
+    serde_json::json!({ "users": users })
+}
+
 /// Consumer management, pulling, acks and flow control.
 fn consuming() -> Vec<String> {
     ["$JS.API.CONSUMER.>", "$JS.ACK.>", "$JS.FC.>"]
@@ -246,6 +269,27 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let other = NatsUsers::load_or_create(tempfile::tempdir().unwrap().path()).unwrap();
         assert_ne!(first.passwords, other.passwords);
+    }
+
+    /// The chart renders its NATS users from `charts/eddy/files/nats-users.json`; it must say
+    /// what `eddy up` grants. `EDDY_WRITE_CHART_FILES=1` writes it anew after a change here.
+    #[test]
+    fn the_charts_nats_users_are_eddy_up_s() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/eddy/files/nats-users.json");
+        let expected = format!(
+            "{}\n",
+            serde_json::to_string_pretty(&chart_users()).unwrap()
+        );
+        if std::env::var_os("EDDY_WRITE_CHART_FILES").is_some() {
+            std::fs::write(&path, &expected).unwrap();
+        }
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            written,
+            expected,
+            "{} differs from nats_auth::chart_users(): run this test with EDDY_WRITE_CHART_FILES=1",
+            path.display()
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::{
 };
 
 use eddy_testing::control_plane::{self, repo};
+use serde::Deserialize as _;
 use serde_yaml_ng::Value;
 
 fn tool(relative: &str) -> PathBuf {
@@ -230,8 +231,7 @@ fn the_chart_renders_valid_objects_with_its_default_values() {
         "{rendered}"
     );
     assert!(
-        rendered
-            .contains("nats://eddy-nats-2.eddy-nats-headless.eddy-system.svc.cluster.local:6222"),
+        rendered.contains("@eddy-nats-2.eddy-nats-headless.eddy-system.svc.cluster.local:6222"),
         "the cluster routes name every server"
     );
     assert!(
@@ -265,6 +265,8 @@ fn the_chart_renders_valid_objects_with_its_default_values() {
             ],
             vec![],
         ),
+        // The dispatcher's admin API: nobody in the mesh unless values name them.
+        ("eddy-dispatcher", vec![], vec![]),
     ]
     .into_iter()
     .map(|(name, principals, namespaces)| (name.to_owned(), (principals, namespaces)))
@@ -283,9 +285,11 @@ fn the_chart_renders_valid_objects_with_its_default_values() {
     );
     assert_eq!(
         count(&kinds, "AuthorizationPolicy (security.istio.io)"),
-        3,
-        "event-bus, functions, gateway: {kinds:?}"
+        4,
+        "event-bus, functions, gateway, dispatcher: {kinds:?}"
     );
+    nats_takes_only_eddy_s_users(&rendered);
+    the_dispatcher_s_admin_api_asks_for_its_token(&rendered);
     assert_eq!(
         count(&kinds, "Gateway (networking.istio.io)"),
         1,
@@ -455,13 +459,161 @@ fn the_chart_renders_valid_objects_exposing_functions_through_the_gateway_api() 
     );
     assert_eq!(
         count(&kinds, "AuthorizationPolicy (security.istio.io)"),
-        4,
-        "event-bus, functions, gateway, and price-quote's named caller: {kinds:?}"
+        5,
+        "event-bus, functions, gateway, dispatcher, and price-quote's named caller: {kinds:?}"
     );
     assert_eq!(
         count(&kinds, "horizontalpodautoscaler"),
         1,
         "a fixed gateway: {kinds:?}"
+    );
+}
+
+/// Every rendered object.
+fn objects(rendered: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(rendered)
+        .map(|document| Value::deserialize(document).unwrap())
+        .filter(|object| !object.is_null())
+        .collect()
+}
+
+/// The rendered object of `kind` named `name`.
+fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|object| object["kind"] == kind && object["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// A container's env entry `name` in the Deployment `deployment`.
+fn env_of<'a>(objects: &'a [Value], deployment: &str, name: &str) -> Option<&'a Value> {
+    object(objects, "Deployment", deployment)["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()?
+        .iter()
+        .find(|entry| entry["name"] == name)
+}
+
+/// The probe's first finding, closed in the chart: its NATS takes only eddy's users, each with
+/// the permissions `eddy up` gives it (files/nats-users.json, kept equal to the code by a unit
+/// test), the routes only the route user; the components get their own password from the
+/// Secret by reference; the monitor port is on no Service; a NetworkPolicy lets only the
+/// event-bus and the dispatcher reach the client port.
+fn nats_takes_only_eddy_s_users(rendered: &str) {
+    let objects = objects(rendered);
+    let secret = object(&objects, "Secret", "eddy-nats-auth");
+    let auth = secret["stringData"]["auth.conf"].as_str().unwrap();
+    let users: serde_json::Value =
+        serde_json::from_str(include_str!("../charts/eddy/files/nats-users.json")).unwrap();
+    for user in users["users"].as_array().unwrap() {
+        let name = user["user"].as_str().unwrap();
+        let password = secret["stringData"][user["secretKey"].as_str().unwrap()]
+            .as_str()
+            .unwrap();
+        assert!(password.len() >= 32, "{name}'s password: {password:?}");
+        let subjects = |list: &serde_json::Value| {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|subject| format!("{subject}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let line = format!(
+            "{{user: \"{name}\", password: \"{password}\", permissions: {{publish: {{allow: [{}]}}, subscribe: {{allow: [{}]}}}}}}",
+            subjects(&user["publish"]),
+            subjects(&user["subscribe"]),
+        );
+        assert!(auth.contains(&line), "{line}\nnot in\n{auth}");
+    }
+    assert_eq!(auth.matches("{user:").count(), 3, "{auth}");
+    let cluster = secret["stringData"]["cluster.conf"].as_str().unwrap();
+    let route = secret["stringData"]["route"].as_str().unwrap();
+    assert!(
+        cluster.contains(&format!("user: eddy-route\n    password: \"{route}\""))
+            && cluster.contains(&format!(
+                "nats://eddy-route:{route}@eddy-nats-2.eddy-nats-headless"
+            )),
+        "{cluster}"
+    );
+    let config = object(&objects, "ConfigMap", "eddy-nats")["data"]["nats.conf"]
+        .as_str()
+        .unwrap();
+    assert!(
+        config.contains("include ./auth/auth.conf")
+            && config.contains("include ./auth/cluster.conf"),
+        "{config}"
+    );
+    assert!(
+        !config.contains("routes:"),
+        "no route without its password: {config}"
+    );
+    for (deployment, key, user) in [
+        ("eddy-event-bus", "event-bus", "eddy-event-bus"),
+        ("eddy-dispatcher", "dispatcher", "eddy-dispatcher"),
+    ] {
+        assert_eq!(
+            env_of(&objects, deployment, "EDDY_NATS_USER").unwrap()["value"],
+            user
+        );
+        let password = env_of(&objects, deployment, "EDDY_NATS_PASSWORD").unwrap();
+        assert_eq!(
+            password["valueFrom"]["secretKeyRef"]["name"],
+            "eddy-nats-auth"
+        );
+        assert_eq!(password["valueFrom"]["secretKeyRef"]["key"], key);
+        assert_eq!(
+            env_of(&objects, deployment, "EDDY_NATS_INBOX_PREFIX").unwrap()["value"],
+            format!("_INBOX_{user}").as_str()
+        );
+    }
+    for service in objects.iter().filter(|object| object["kind"] == "Service") {
+        let ports = service["spec"]["ports"].as_sequence().unwrap();
+        assert!(
+            !ports.iter().any(|port| port["port"] == 8222),
+            "the NATS monitor on Service {}",
+            service["metadata"]["name"].as_str().unwrap()
+        );
+    }
+    let policy = object(&objects, "NetworkPolicy", "eddy-nats");
+    let rules = policy["spec"]["ingress"].as_sequence().unwrap();
+    let client = rules
+        .iter()
+        .find(|rule| rule["ports"][0]["port"] == "client")
+        .unwrap();
+    let components: Vec<&str> = client["from"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|peer| {
+            peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(components, ["event-bus", "dispatcher"]);
+}
+
+/// The probe's second finding, closed in the chart: the dispatcher reads its admin token from a
+/// Secret generated at install, and Prometheus sends it.
+fn the_dispatcher_s_admin_api_asks_for_its_token(rendered: &str) {
+    let objects = objects(rendered);
+    let token = object(&objects, "Secret", "eddy-dispatcher-admin")["stringData"]["token"]
+        .as_str()
+        .unwrap();
+    assert!(token.len() >= 32, "{token:?}");
+    assert_eq!(
+        env_of(&objects, "eddy-dispatcher", "EDDY_API_TOKEN_FILE").unwrap()["value"],
+        "/etc/eddy/admin/token"
+    );
+    let volumes =
+        &object(&objects, "Deployment", "eddy-dispatcher")["spec"]["template"]["spec"]["volumes"];
+    assert!(
+        volumes
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|volume| volume["secret"]["secretName"] == "eddy-dispatcher-admin"),
+        "{volumes:?}"
     );
 }
 

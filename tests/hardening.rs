@@ -1288,6 +1288,10 @@ spec:
         ("127.0.0.1", "never an IP address"),
         ("\"*.0.0.1\"", "never an IP address"),
         ("\"*.1\"", "never an IP address"),
+        // inet_aton's forms (Python's urllib, wget read each as 127.0.0.1).
+        ("127.0.0.0x1", "never an IP address"),
+        ("0x7f.0.0.0x1", "never an IP address"),
+        ("\"*.0x1\"", "never an IP address"),
         // The gateway's own name (`--gateway-hosts`), and a wildcard over it.
         ("eddy", "a name the gateway itself answers to"),
         ("eddy.localhost", "a name the gateway itself answers to"),

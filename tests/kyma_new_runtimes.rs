@@ -1289,9 +1289,13 @@ async fn serve_awkward_authorizer() -> (u16, std::sync::Arc<std::sync::Mutex<Vec
 ///   get 200). A hundred such calls at once leave an unrelated Function answering at once.
 /// - `X-Forwarded-For` gets the caller's address appended, as Envoy at the edge does: the
 ///   authorizer and the Function see what the caller wrote, then the peer the gateway saw.
+/// - A denial the gateway cannot read (a 401 with 150 `Set-Cookie`, a 500 KB header, a
+///   malformed header line) is a denial, answered `statusOnError` (403) with `failOpen` too: it
+///   used to be taken for "could not be asked", and `failOpen` let the call through (200).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_authorizers_answer_is_its_status_and_the_rules_timeout_bounds_it() {
     let (port, forwarded) = serve_awkward_authorizer().await;
+    let unreadable_port = serve_unreadable_authorizer().await;
     let providers = eddy_model::ext_authz::ExtensionProviders::parse(&format!(
         r#"
 extensionProviders:
@@ -1301,6 +1305,8 @@ extensionProviders:
     envoyExtAuthzHttp: {{service: 127.0.0.1, port: {port}, pathPrefix: /big, failOpen: true}}
   - name: slow
     envoyExtAuthzHttp: {{service: 127.0.0.1, port: {port}, pathPrefix: /slow}}
+  - name: unreadable
+    envoyExtAuthzHttp: {{service: 127.0.0.1, port: {unreadable_port}, failOpen: true}}
 "#
     ))
     .unwrap();
@@ -1334,6 +1340,9 @@ spec:
     - path: /open
       methods: [GET]
       noAuth: true
+    - path: /unreadable/{*}
+      methods: [GET]
+      extAuth: {authorizers: [unreadable]}
 "#,
         )
         .await;
@@ -1381,6 +1390,26 @@ spec:
         .unwrap();
     assert_eq!(open["xff"], "203.0.113.9, 127.0.0.1");
 
+    // A denial that cannot be read is a denial, failOpen or not.
+    for kind in ["cookies", "huge", "malformed"] {
+        let denied = client
+            .get(format!("{base}/unreadable/{kind}"))
+            .send()
+            .await
+            .unwrap();
+        let status = denied.status().as_u16();
+        let text = denied.text().await.unwrap();
+        assert_eq!(status, 403, "{kind}: {text}");
+        assert!(!text.contains("xff"), "{kind} reached the Function: {text}");
+    }
+    // The same authorizer's readable allow still lets a call through.
+    let allowed = client
+        .get(format!("{base}/unreadable/allow"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(allowed.status().as_u16(), 200);
+
     // The rule's timeout covers the authorizer: 504 after 3 s, not 200 after 20 s.
     let started = std::time::Instant::now();
     let slow = client.get(format!("{base}/slow")).send().await.unwrap();
@@ -1416,6 +1445,50 @@ spec:
     for call in held {
         assert_eq!(call.await.unwrap().unwrap(), 504);
     }
+}
+
+/// An authorizer on a raw socket whose denials the gateway cannot read, by the check's path:
+/// `/unreadable/cookies` a 401 with 150 `Set-Cookie`, `/unreadable/huge` a 401 with a 500 KB
+/// header, `/unreadable/malformed` a 401 with a header line without a colon; any other path
+/// an allowing 200. Returns its port.
+async fn serve_unreadable_authorizer() -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => head.extend_from_slice(&buffer[..read]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let mut answer = String::from("HTTP/1.1 401 Unauthorized\r\n");
+                if line.contains("/unreadable/cookies") {
+                    for n in 0..150 {
+                        answer.push_str(&format!("Set-Cookie: c{n}=v\r\n"));
+                    }
+                } else if line.contains("/unreadable/huge") {
+                    answer.push_str(&format!("X-Big: {}\r\n", "a".repeat(500 * 1024)));
+                } else if line.contains("/unreadable/malformed") {
+                    answer.push_str("this line is no header\r\n");
+                } else {
+                    answer = String::from("HTTP/1.1 200 OK\r\n");
+                }
+                answer.push_str("Content-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
 }
 
 /// Every file under `dir` that holds `needle`.

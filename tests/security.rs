@@ -241,6 +241,23 @@ async fn gateway_paths_and_headers_cannot_reach_another_function_or_break_the_ga
     let (status, text) = raw(&gateway, &get("/default/back/ok")).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains(r#""function":"back""#));
+    // A caller's own X-Forwarded-Client-Cert never reaches a Function: in the mesh, its
+    // sidecar appends the gateway's identity after whatever came, and a Function reading the
+    // first entry would take the caller for the dispatcher.
+    let headers = "module.exports = { main: (event) => ({ xfcc: event.extensions.request.headers['x-forwarded-client-cert'] || null }) };";
+    platform
+        .deploy(
+            "headers",
+            json!({"runtime": "nodejs20", "source": {"inline": {"source": headers}}}),
+        )
+        .await;
+    let (status, text) = raw(
+        &gateway,
+        b"GET /default/headers/ HTTP/1.1\r\nHost: localhost\r\nX-Forwarded-Client-Cert: By=spiffe://cluster.local/ns/x/sa/y;URI=spiffe://cluster.local/ns/eddy-system/sa/eddy-dispatcher\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#"{"xfcc":null}"#), "{text}");
 }
 
 const GUARDED: &str = r#"
@@ -853,7 +870,8 @@ spec:
 /// got it decoded). Istio's gateway normalises the path before it matches a route (RFC 3986:
 /// dot segments, merged slashes, escapes of unreserved characters decoded), and so does eddy's,
 /// on an APIRule's host and on the Function's own path alike; the Function then gets the path
-/// the rule was matched on. An encoded `/` is refused (400): it cannot be normalised. The JWT
+/// the rule was matched on. An encoded `/` and a `\`, raw or encoded, are refused (400): they
+/// cannot be normalised for every reader alike. The JWT
 /// rule's `authorizations` ask for every audience they list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn percent_encoding_does_not_walk_around_a_jwt_rule() {
@@ -946,5 +964,116 @@ spec:
         let (status, text) = ask(host, format!("{prefix}/admin%2Fusers"), None).await;
         assert_eq!(status, 400, "{host}: {text}");
         assert!(text.contains("encoded '/'"), "{host}: {text}");
+        // The probe's third finding: `/x\..\admin/users` was matched by `/{**}` (noAuth) as one
+        // segment and reached the Function, whose `new URL(req.originalUrl)` read `\` as `/`
+        // (200 where `/admin/users` got 403). A raw `\` is refused as `%5C` is.
+        for admin in [
+            "/x\\..\\admin/users",
+            "/public\\..\\admin/users",
+            "/admin\\users",
+        ] {
+            let path = format!("{prefix}{admin}");
+            let (status, text) = ask(host, path.clone(), None).await;
+            assert_eq!(status, 400, "{host} {path}: {text}");
+            assert!(
+                text.contains("which some readers take for '/'"),
+                "{host} {path}: {text}"
+            );
+            assert!(!text.contains(r#""function""#), "{host} {path}: {text}");
+        }
     }
+}
+
+/// A Node.js handler whose module never finishes loading (it blocks its only thread, without
+/// burning it, for an hour): its instance never becomes ready.
+const NEVER_READY: &str = r#"
+Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 3600e3);
+module.exports = { main: () => "never" };
+"#;
+
+/// The probe's fourth finding: held calls were bounded in time but not in memory (two hundred
+/// 2 MB calls to a Function at zero that never became ready held about 500 MB in eddy). Calls
+/// waiting for an instance now hold at most `--max-held-bytes` of bodies over every Function,
+/// and one Function at most its share (`--held-share-per-function`): past it a call is
+/// answered 503 with `Retry-After` at once, naming the bound, and another Function's call
+/// that has to wait for its instance still finds room and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_for_an_instance_hold_a_bounded_number_of_bytes_per_function() {
+    const BODY: usize = 2 * 1024 * 1024;
+    let platform = Platform::start_with(support::Options {
+        dispatcher: false,
+        scale_to_zero_after: Duration::from_secs(2),
+        scale_down_window: Duration::from_millis(500),
+        activation_timeout: Duration::from_secs(60),
+        hold: eddy_platform::flags::HoldArgs {
+            max_held_calls: 1000,
+            max_held_bytes: bytesize::ByteSize::b(4 * BODY as u64),
+            held_share_percent: 50,
+        },
+        ..support::Options::default()
+    })
+    .await;
+    let scale = json!({"minReplicas": 0, "maxReplicas": 1});
+    let spec = |source: &str| json!({"runtime": "nodejs22", "source": {"inline": {"source": source}}, "scaleConfig": scale});
+    platform.deploy("sleepy", spec(ECHO)).await;
+    let (status, body) = platform.put_function("stuck", spec(NEVER_READY)).await;
+    assert!(status == 200 || status == 201, "{status}: {body}");
+    eventually(
+        "sleepy at zero, stuck built",
+        Duration::from_secs(60),
+        || async {
+            let stuck = platform.function_at("default", "stuck").await;
+            platform.pids("sleepy").is_empty()
+                && support::condition_of(&stuck, "BuildReady").0 == "True"
+        },
+    )
+    .await
+    .unwrap();
+
+    // Twenty 2 MiB calls to the Function that never starts: two fit its half of the 8 MiB,
+    // the other eighteen are answered at once.
+    let body = bytes::Bytes::from(vec![b'x'; BODY]);
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..20 {
+        let call = platform.invoke("stuck", "/").body(body.clone());
+        let answers = answers.clone();
+        tokio::spawn(async move {
+            let Ok(response) = call.send().await else {
+                return;
+            };
+            let retry_after = response.headers().contains_key("retry-after");
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            let _ = answers.send((status, retry_after, text));
+        });
+    }
+    for _ in 0..18 {
+        let (status, retry_after, text) =
+            tokio::time::timeout(Duration::from_secs(20), answered.recv())
+                .await
+                .expect("eighteen calls answered at once")
+                .unwrap();
+        assert_eq!(status, 503, "{text}");
+        assert!(retry_after, "{text}");
+        assert!(text.contains("--held-share-per-function"), "{text}");
+    }
+    assert!(
+        answered.try_recv().is_err(),
+        "two calls are held, not answered"
+    );
+
+    // The other Function's wake-up still has room: its call waits for its instance and is
+    // answered by it.
+    // (512 KiB: Kyma's runtime takes bodies up to 1 MB.)
+    let woken = platform
+        .invoke("sleepy", "/")
+        .json(&json!({"padding": "x".repeat(512 * 1024)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(woken.status(), 200, "{:?}", woken.text().await);
+    assert!(
+        answered.try_recv().is_err(),
+        "the two calls to the stuck Function are still held"
+    );
 }

@@ -294,6 +294,10 @@ pub struct FunctionArgs {
     /// Longest a request waits for an instance to start.
     #[arg(long = "activation-timeout", env = "EDDY_ACTIVATION_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub activation_timeout: Duration,
+    /// What the requests waiting for an instance to start may hold in the gateway: calls and
+    /// bytes, in all and per Function (503 with `Retry-After` past a bound).
+    #[command(flatten)]
+    pub hold: eddy_platform::flags::HoldArgs,
     /// Warm spares kept of each runtime in use (its server started, libraries loaded), which new
     /// instances start from: a first call from zero skips the libraries' load. 0 turns them off.
     #[arg(long = "warm-spares", env = "EDDY_WARM_SPARES", default_value_t = 1)]

@@ -16,8 +16,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use axum::response::{IntoResponse as _, Response};
 use eddy_model::apirule::{
     APIRule, ApiRuleSpec, CorsPolicy, DEFAULT_TIMEOUT_SECONDS, HostClaim, JwtAuthorization,
-    JwtConfig, JwtHeader, NotHonoured, PathTemplate, award_hosts, host_suffixes, request_host,
-    select_rule, wildcard_suffix,
+    JwtConfig, JwtHeader, NotHonoured, PathTemplate, award_hosts, host_suffixes, reads_as_address,
+    request_host, select_rule, wildcard_suffix,
 };
 use eddy_model::ext_authz::UnusableAuthorizer;
 use eddy_model::resources::JwtAccess;
@@ -838,7 +838,9 @@ impl Exposures {
             .and_then(|h| h.to_str().ok())
             .or_else(|| uri.authority().map(http::uri::Authority::as_str))?;
         let host = request_host(host);
-        if host.parse::<std::net::IpAddr>().is_ok() {
+        // An address, in any form a client's parser reads as one (`127.0.0.0x1`), is the
+        // gateway's own: routed by the path.
+        if reads_as_address(&host) {
             return None;
         }
         table.find(&host).cloned()

@@ -4,7 +4,9 @@
 //! the call through, with the answer's headers the provider lists set on the request to the
 //! Function; any other answer goes back to the caller as the authorizer gave it. An authorizer
 //! that cannot be asked (down, too slow) answers `statusOnError` (403), or lets the call through
-//! when the provider says `failOpen`.
+//! when the provider says `failOpen`. An answer that started but cannot be read (too many or
+//! too large headers, a malformed line) is a denial, answered `statusOnError` whatever
+//! `failOpen` says: the authorizer was asked, and what it said may well have been no.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -129,6 +131,13 @@ impl Authorizer {
         };
         let answer = match asked {
             Ok(answer) => answer,
+            Err(why @ Unasked::Unreadable { .. }) => {
+                tracing::warn!(
+                    authorizer = %self.spec.name, %why,
+                    "the external authorizer's answer could not be read: the call is denied"
+                );
+                return Err(self.status_on_error().into_response());
+            }
             // The call's own time ran out (the rule's timeout), not the authorizer's.
             Err(_) if deadline <= own_deadline && tokio::time::Instant::now() >= deadline => {
                 tracing::warn!(
@@ -146,9 +155,7 @@ impl Authorizer {
                 if self.spec.fail_open {
                     return Ok(());
                 }
-                let status = StatusCode::from_u16(self.spec.status_on_error)
-                    .unwrap_or(StatusCode::FORBIDDEN);
-                return Err(status.into_response());
+                return Err(self.status_on_error().into_response());
             }
         };
         let (parts, body) = answer.into_parts();
@@ -182,6 +189,11 @@ impl Authorizer {
         Err(denial)
     }
 
+    /// What a call gets when the authorizer could not be asked, or its answer not read.
+    fn status_on_error(&self) -> StatusCode {
+        StatusCode::from_u16(self.spec.status_on_error).unwrap_or(StatusCode::FORBIDDEN)
+    }
+
     /// The check request's answer, its status and headers read by `deadline`, or why there
     /// is none.
     async fn ask(
@@ -211,6 +223,7 @@ impl Authorizer {
         sent.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(source)) if answer_started(&source) => Err(Unasked::Unreadable { uri, source }),
             Ok(Err(source)) => Err(Unasked::Failed { uri, source }),
             Err(_) => Err(Unasked::NoAnswer { uri }),
         }
@@ -235,6 +248,28 @@ enum Unasked {
     },
     #[error("{uri}: no answer in time")]
     NoAnswer { uri: String },
+    /// It answered, and the answer's head could not be read: never "could not be asked".
+    #[error("{uri}: an answer that cannot be read: {}", with_causes(.source))]
+    Unreadable {
+        uri: String,
+        source: hyper_util::client::legacy::Error,
+    },
+}
+
+/// Whether a failed check got an answer's first bytes: hyper could not parse its head (a
+/// malformed line, more headers than it keeps, a head over its buffer).
+fn answer_started(error: &hyper_util::client::legacy::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
+    while let Some(each) = cause {
+        if each
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_parse)
+        {
+            return true;
+        }
+        cause = each.source();
+    }
+    false
 }
 
 /// The first `limit` bytes of `body`: what arrived of it by `deadline`, or before it broke

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use eddy_model::{apirule::APIRule, resources::Function};
 use eddy_platform::{
     errors::ErrorResponse,
+    flags::HoldArgs,
     function_metrics::{FunctionMetrics, FunctionSeries},
     shutdown::CancellationToken,
 };
@@ -37,6 +38,7 @@ use crate::{
     Access, Destination, Found, FunctionKey, Gateway, Result, Upstreams,
     apirules::{Exposures, Target},
     forward_headers,
+    hold::{Held, HoldBudget},
 };
 
 /// Flags of `eddy gateway`.
@@ -76,14 +78,10 @@ pub struct GatewayArgs {
     /// (then 503 with `Retry-After`).
     #[arg(long = "wake-timeout", env = "EDDY_WAKE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub wake_timeout: Duration,
-    /// Most calls held at once, over every Function, while their Functions wake (503 with
-    /// `Retry-After` above it).
-    #[arg(
-        long = "max-held-calls",
-        env = "EDDY_MAX_HELD_CALLS",
-        default_value_t = 1000
-    )]
-    pub max_held_calls: usize,
+    /// What calls held while their Functions wake may take: calls and bytes, in all and per
+    /// Function (503 with `Retry-After` past a bound).
+    #[command(flatten)]
+    pub hold: eddy_platform::flags::HoldArgs,
     /// Largest request body forwarded (413 above it).
     #[arg(
         long = "max-request-size",
@@ -231,7 +229,7 @@ pub struct Services {
 pub struct Waking {
     kube: Option<kube::Client>,
     timeout: Duration,
-    held: Arc<tokio::sync::Semaphore>,
+    held: Arc<HoldBudget>,
     /// When each Function was last asked to wake (a wake-up per Function at most every
     /// [`WAKE_EVERY`], however many calls wait).
     asked: parking_lot::Mutex<HashMap<FunctionKey, std::time::Instant>>,
@@ -250,12 +248,12 @@ const HELD_RETRY: Duration = Duration::from_millis(100);
 
 impl Waking {
     /// Wakes through `kube` (`None`: never, as in tests without a cluster); holds calls up to
-    /// `timeout`, at most `max_held` at once.
-    pub fn new(kube: Option<kube::Client>, timeout: Duration, max_held: usize) -> Self {
+    /// `timeout`, within the budget `hold` sets.
+    pub fn new(kube: Option<kube::Client>, timeout: Duration, hold: &HoldArgs) -> Self {
         Self {
             kube,
             timeout,
-            held: Arc::new(tokio::sync::Semaphore::new(max_held)),
+            held: Arc::new(HoldBudget::new(hold)),
             asked: parking_lot::Mutex::default(),
             called: parking_lot::Mutex::default(),
         }
@@ -374,7 +372,7 @@ impl Services {
 
 impl Services {
     /// Sends a call to a Function that scales to zero: while its Service routes to no pod, the
-    /// call is held (bounded by `--max-held-calls` and `--wake-timeout`), the Function woken,
+    /// call is held (bounded by the hold budget and `--wake-timeout`), the Function woken,
     /// and the call tried again. A try that was not routed never reached a Function, so trying
     /// again cannot run it twice.
     async fn send_waking(
@@ -392,16 +390,13 @@ impl Services {
     > {
         let (namespace, function) = key;
         let metrics = self.routes.get(key).map(|route| route.metrics);
-        let mut held: Option<(tokio::sync::OwnedSemaphorePermit, std::time::Instant)> = None;
+        let mut held: Option<(Held, std::time::Instant)> = None;
         let mut asleep = sleep.asleep;
         loop {
             if asleep {
                 if held.is_none() {
-                    let permit = self.waking.held.clone().try_acquire_owned().map_err(|_| {
-                        starting(format!(
-                            "too many calls are waiting for Functions to start; function {namespace}/{function} has no ready pod"
-                        ))
-                    })?;
+                    let bytes = http_body::Body::size_hint(request.body()).lower();
+                    let permit = self.waking.held.hold(key, bytes)?;
                     held = Some((permit, std::time::Instant::now()));
                 }
                 if let Some(metrics) = &metrics {
@@ -646,7 +641,7 @@ pub async fn serve_on(
     let waking = Arc::new(Waking::new(
         Some(client.clone()),
         args.wake_timeout,
-        args.max_held_calls,
+        &args.hold,
     ));
     let app = router(
         routes.clone(),

@@ -8,6 +8,7 @@
 
 pub mod apirules;
 pub mod ext_authz;
+pub mod hold;
 pub mod jwt;
 pub mod kubernetes;
 pub mod local;
@@ -338,6 +339,10 @@ impl<U: Upstreams> Gateway<U> {
             Ok(read) => read,
             Err(refused) => return refused.into_response(),
         };
+        // Mesh identity is the sidecars' to state: a caller's own `X-Forwarded-Client-Cert`
+        // would reach a Function ahead of the one its sidecar appends (Istio's default), and a
+        // Function reading the first entry would take the caller for whom it wrote.
+        parts.headers.remove(FORWARDED_CLIENT_CERT);
         if let Some(chosen) = &call.rule {
             chosen.decorate(&mut parts.headers);
         }
@@ -370,6 +375,9 @@ impl<U: Upstreams> Gateway<U> {
         answer
     }
 }
+
+/// The header in which Envoy states a mesh peer's identity.
+const FORWARDED_CLIENT_CERT: HeaderName = HeaderName::from_static("x-forwarded-client-cert");
 
 /// An instant no call reaches (a call without any timeout).
 fn far_future() -> tokio::time::Instant {
@@ -496,6 +504,9 @@ async fn trace_call(request: Request, next: axum::middleware::Next) -> Response 
 pub enum PathRefusal {
     /// `%2F` or `%5C`: a separator to some readers and text to others.
     EncodedSeparator,
+    /// A raw `\`: text to the rules, a `/` to WHATWG URL parsers (Node's `new URL`), so
+    /// `/x\..\admin` would be matched as one path and served as `/admin`.
+    Backslash,
     /// A `%` not followed by two hex digits, or an escape of a NUL or a control character.
     BadEscape,
     /// The normalised path does not make a request target.
@@ -509,6 +520,10 @@ impl IntoResponse for PathRefusal {
                 "the path has an encoded '/' or '\\' (%2F, %5C); send the separator as it is, or \
                  encode it in the query"
             }
+            Self::Backslash => {
+                "the path has a '\\', which some readers take for '/'; send '/' or encode the \
+                 '\\' in the query"
+            }
             Self::BadEscape => {
                 "the path has a '%' that escapes no character, or escapes a control character"
             }
@@ -521,10 +536,13 @@ impl IntoResponse for PathRefusal {
 /// A request path as Istio's gateway normalises it before matching routes (RFC 3986 section
 /// 6): escapes of unreserved characters decoded (`%61` is `a`, `%2E` is `.`) and the others
 /// upper-cased, runs of `/` merged, and `.` and `..` segments resolved (never above the root).
-/// Borrowed when the path is normal already (the common case costs a scan). An encoded `/` or
-/// `\` and a broken or control-character escape are refused. Pure.
+/// Borrowed when the path is normal already (the common case costs a scan). A `\`, raw or
+/// encoded, an encoded `/` and a broken or control-character escape are refused. Pure.
 pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathRefusal> {
     let bytes = path.as_bytes();
+    if bytes.contains(&b'\\') {
+        return Err(PathRefusal::Backslash);
+    }
     let suspicious = path.contains('%')
         || path.contains("//")
         || path
@@ -815,6 +833,8 @@ mod tests {
             ("/a%2Fb", PathRefusal::EncodedSeparator),
             ("/a%2fb", PathRefusal::EncodedSeparator),
             ("/a%5Cb", PathRefusal::EncodedSeparator),
+            ("/x\\..\\admin/users", PathRefusal::Backslash),
+            ("/a\\b", PathRefusal::Backslash),
             ("/a%", PathRefusal::BadEscape),
             ("/a%4", PathRefusal::BadEscape),
             ("/a%zz", PathRefusal::BadEscape),

@@ -24,7 +24,9 @@ use http_body_util::Full;
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use parking_lot::RwLock;
 
-use crate::{Access, Destination, Found, FunctionKey, Upstreams, forward_headers};
+use crate::{
+    Access, Destination, Found, FunctionKey, Upstreams, forward_headers, hold::HoldBudget,
+};
 
 /// The local supervisor's pools, as the gateway's upstreams.
 pub struct LocalPools {
@@ -36,13 +38,21 @@ pub struct LocalPools {
     access: Arc<RwLock<HashMap<usize, CompiledAccess>>>,
     activation_timeout: Duration,
     request_timeout: Duration,
+    /// What the calls waiting for an instance may hold.
+    held: Arc<HoldBudget>,
 }
 
 impl LocalPools {
-    /// Calls go to `pools`; one waits up to `activation_timeout` for an instance, and an
-    /// answer never takes longer than `request_timeout`.
-    pub fn new(pools: Pools, activation_timeout: Duration, request_timeout: Duration) -> Self {
+    /// Calls go to `pools`; one waits up to `activation_timeout` for an instance, within the
+    /// `held` budget, and an answer never takes longer than `request_timeout`.
+    pub fn new(
+        pools: Pools,
+        activation_timeout: Duration,
+        request_timeout: Duration,
+        held: Arc<HoldBudget>,
+    ) -> Self {
         Self {
+            held,
             pools,
             client: eddy_platform::net::pooled_client(
                 Duration::from_secs(30),
@@ -157,10 +167,15 @@ async fn forward(
     let answer_timeout = destination.timeout;
     let (parts, body) = request.into_parts();
     let deadline = Instant::now() + upstreams.activation_timeout;
+    let waiting = Waiting {
+        budget: &upstreams.held,
+        key: destination.key,
+        bytes: http_body::Body::size_hint(&body).lower(),
+    };
     // Instances that refused the connection: not picked again for this request.
     let mut refused: Vec<u64> = Vec::new();
     loop {
-        let lease = acquire(pool, deadline, &refused).await?;
+        let lease = acquire(pool, deadline, &refused, &waiting).await?;
         let uri = format!(
             "http://127.0.0.1:{}{}",
             lease.instance.port, destination.path_and_query
@@ -215,16 +230,25 @@ async fn forward(
     }
 }
 
+/// A call that may have to wait for an instance: what it holds while it does.
+struct Waiting<'a> {
+    budget: &'a Arc<HoldBudget>,
+    key: &'a FunctionKey,
+    bytes: u64,
+}
+
 /// A ready instance other than `avoid`, waiting (and asking for one to be started) up to
-/// `deadline`.
+/// `deadline`, when the hold budget has room for the call.
 async fn acquire(
     pool: &Arc<Pool>,
     deadline: Instant,
     avoid: &[u64],
+    waiting: &Waiting<'_>,
 ) -> Result<Lease, ErrorResponse> {
     if let Some(lease) = pool.pick(avoid) {
         return Ok(lease);
     }
+    let _held = waiting.budget.hold(waiting.key, waiting.bytes)?;
     let _waiting = pool.wait_guard();
     let since = Instant::now();
     let acquired = wait_for_instance(pool, deadline, avoid).await;
@@ -344,6 +368,7 @@ mod tests {
             pools.clone(),
             Duration::from_secs(1),
             Duration::from_secs(1),
+            Arc::new(HoldBudget::new(&eddy_platform::flags::defaults())),
         );
 
         assert!(matches!(

@@ -51,6 +51,36 @@ pub struct PlatformTokenArgs {
     pub platform_token: Option<String>,
 }
 
+/// What calls waiting for their Function to start (scale from zero) may hold in the gateway:
+/// past any bound a call is answered 503 with `Retry-After` at once.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HoldArgs {
+    /// Most calls held at once, over every Function, while their Functions start.
+    #[arg(
+        long = "max-held-calls",
+        env = "EDDY_MAX_HELD_CALLS",
+        default_value_t = 1000
+    )]
+    pub max_held_calls: usize,
+    /// Most request-body bytes those calls hold at once, over every Function (each held call
+    /// keeps its whole body in memory until its Function takes it).
+    #[arg(
+        long = "max-held-bytes",
+        env = "EDDY_MAX_HELD_BYTES",
+        default_value = "64MiB"
+    )]
+    pub max_held_bytes: bytesize::ByteSize,
+    /// The part of either bound, in percent, that one Function's held calls may take, so
+    /// that a burst to one Function leaves room for the others' wake-ups.
+    #[arg(
+        long = "held-share-per-function",
+        env = "EDDY_HELD_SHARE_PER_FUNCTION",
+        default_value_t = 25,
+        value_parser = clap::value_parser!(u8).range(1..=100)
+    )]
+    pub held_share_percent: u8,
+}
+
 /// How Kyma's APIRules are served, for the controller (their status says whether they are
 /// honoured, and the URL) and the gateways (they route by them) alike.
 #[derive(Debug, Clone, clap::Args)]

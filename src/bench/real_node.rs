@@ -19,7 +19,7 @@ use anyhow::{Context as _, bail};
 use eddy_controller::kubernetes::render::FUNCTION_PORT;
 use eddy_model::resources::{ConditionStatus, Function, Subscription, consumer_name};
 use futures::TryStreamExt as _;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, PartialObjectMeta, PostParams},
@@ -203,10 +203,23 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     };
     let url = format!("http://{}/publish", cluster_ip("eddy-event-bus").await?);
     // The backlog is read from NATS itself (its pods have no sidecar; kube-proxy serves the
-    // ClusterIP on the host).
-    let nats = async_nats::connect(format!("nats://{}:4222", cluster_ip("eddy-nats").await?))
+    // ClusterIP on the host), as the chart's admin user: its NATS takes no anonymous client.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.system_namespace);
+    let admin_password = secrets
+        .get("eddy-nats-auth")
         .await
-        .context("connecting to the chart's NATS")?;
+        .context("the chart's NATS users (Secret eddy-nats-auth)")?
+        .data
+        .and_then(|mut data| data.remove("admin"))
+        .and_then(|password| String::from_utf8(password.0).ok())
+        .context("the admin password in Secret eddy-nats-auth")?;
+    let nats = async_nats::ConnectOptions::with_user_and_password(
+        crate::nats_auth::Component::Admin.user().to_owned(),
+        admin_password,
+    )
+    .connect(format!("nats://{}:4222", cluster_ip("eddy-nats").await?))
+    .await
+    .context("connecting to the chart's NATS")?;
     let js = async_nats::jetstream::new(nats);
     // The events of earlier runs go: a search stores hundreds of thousands, and a stream at its
     // `maxBytes` refuses new ones (503) rather than dropping old ones. Only the bench's own

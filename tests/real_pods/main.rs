@@ -25,6 +25,7 @@ mod mesh;
 #[path = "../support/registry.rs"]
 mod registry;
 mod scale;
+mod security;
 mod tally;
 
 const RELEASE: &str = "eddy";

@@ -6,7 +6,7 @@ use super::*;
 
 /// A pod of its own in `namespace`, running the python312 runtime image idle, with or without
 /// Istio's sidecar; ready once `kubectl wait` says so (its proxy too, when it has one).
-fn client_pod(plane: &ControlPlane, namespace: &str, meshed: bool) -> Result<String> {
+pub(super) fn client_pod(plane: &ControlPlane, namespace: &str, meshed: bool) -> Result<String> {
     let name = format!("client-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
     let image = format!(
         "localhost/eddy-runtime-python312:{}",
@@ -41,7 +41,12 @@ fn client_pod(plane: &ControlPlane, namespace: &str, meshed: bool) -> Result<Str
 
 /// POSTs `{}` to `url` from inside `pod` (its container named as the pod): the status and the
 /// start of the body, or `refused: …` when no HTTP answer came.
-fn post_from_pod(plane: &ControlPlane, namespace: &str, pod: &str, url: &str) -> Result<String> {
+pub(super) fn post_from_pod(
+    plane: &ControlPlane,
+    namespace: &str,
+    pod: &str,
+    url: &str,
+) -> Result<String> {
     let script = format!(
         r#"
 import urllib.request, urllib.error

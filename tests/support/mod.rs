@@ -57,6 +57,9 @@ pub struct Options {
     pub bus_tokens: Vec<String>,
     /// The gateway's external authorizers (`--extension-providers`).
     pub extension_providers: Option<eddy_model::ext_authz::ExtensionProviders>,
+    /// What calls waiting for an instance may hold (`--max-held-calls`, `--max-held-bytes`,
+    /// `--held-share-per-function`).
+    pub hold: eddy_platform::flags::HoldArgs,
 }
 
 impl Default for Options {
@@ -77,6 +80,7 @@ impl Default for Options {
             max_function_tasks: 512,
             bus_tokens: Vec::new(),
             extension_providers: None,
+            hold: eddy_platform::flags::defaults(),
         }
     }
 }
@@ -135,6 +139,7 @@ impl Platform {
                 warm_spares: options.warm_spares,
                 isolation: options.isolation,
                 max_function_tasks: options.max_function_tasks,
+                hold: options.hold.clone(),
                 exposure: eddy_platform::flags::ApiRuleArgs {
                     extension_providers: options.extension_providers.clone(),
                     ..eddy_platform::flags::defaults()

@@ -28,6 +28,11 @@ nats://{{ .Release.Name }}-nats.{{ .Release.Namespace }}.svc.cluster.local:4222
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret holding the dispatcher's admin token (key `token`). */}}
+{{- define "eddy.dispatcherAdminSecret" -}}
+{{- .Values.dispatcher.admin.tokenSecret | default (printf "%s-dispatcher-admin" (include "eddy.fullname" .)) -}}
+{{- end -}}
+
 {{/* SPIFFE identity of a component's service account. */}}
 {{- define "eddy.principal" -}}
 cluster.local/ns/{{ .root.Release.Namespace }}/sa/{{ include "eddy.fullname" .root }}-{{ .component }}
@@ -45,6 +50,30 @@ allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 privileged: false
 capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{/*
+The chart's own NATS: the component's user, its password from the Secret <release>-nats-auth
+(its own key only) and its inbox prefix (replies to it alone), as files/nats-users.json says.
+Called with (dict "root" $ "key" "event-bus").
+*/}}
+{{- define "eddy.natsUserEnv" -}}
+{{- if .root.Values.nats.enabled }}
+{{- $key := .key }}
+{{- range (.root.Files.Get "files/nats-users.json" | fromJson).users }}
+{{- if eq .secretKey $key }}
+- {name: EDDY_NATS_USER, value: {{ .user | quote }}}
+- name: EDDY_NATS_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ printf "%s-nats-auth" $.root.Release.Name }}, key: {{ $key }}}}
+- {name: EDDY_NATS_INBOX_PREFIX, value: {{ .inboxPrefix | quote }}}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A list of NATS subjects in nats.conf's syntax (toJson would escape `>`). */}}
+{{- define "eddy.natsSubjects" -}}
+[{{ range $i, $subject := . }}{{ if $i }}, {{ end }}{{ $subject | quote }}{{ end }}]
 {{- end -}}
 
 {{/* NATS credentials, mounted when configured. */}}

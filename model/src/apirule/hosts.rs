@@ -83,9 +83,10 @@ pub fn award_hosts<'a>(
 }
 
 /// Whether `host` is a name Kyma takes: one lower-case DNS label, or at least two. Never an
-/// address: a name of two labels or more, or a wildcard, may not end in an all-digit label
-/// (RFC 3696 section 2: no top-level domain is all-numeric), so neither an IPv4 literal
-/// (`127.0.0.1`) nor a wildcard that could match one (`*.0.0.1`, `*.1`) is a host. Pure.
+/// address: a name of two labels or more, or a wildcard, may not end in a numeric label (see
+/// [`ends_in_number`]), so neither an IPv4 literal in any form a common parser reads
+/// (`127.0.0.1`, `127.0.0.0x1`, `0x7f.1`) nor a wildcard that could match one (`*.0.0.1`,
+/// `*.1`, `*.0x1`) is a host. Pure.
 pub(super) fn is_host(host: &str) -> bool {
     // A wildcard (`*.example.com`, or `*` under the gateway's domain) as Kyma takes it.
     let named = match host.strip_prefix('*') {
@@ -99,12 +100,36 @@ pub(super) fn is_host(host: &str) -> bool {
     // One label alone is prefixed to the gateway's domain; a wildcard's or a full name's last
     // label is the name's end.
     let ends_named = named.contains('.') || host.starts_with('*');
-    let numeric_top = ends_named
-        && named
-            .rsplit('.')
-            .next()
-            .is_some_and(|top| top.bytes().all(|b| b.is_ascii_digit()));
-    host.len() <= 255 && named.split('.').all(is_dns1123_label) && !numeric_top
+    host.len() <= 255
+        && named.split('.').all(is_dns1123_label)
+        && !(ends_named && ends_in_number(named))
+}
+
+/// Whether some common parser reads `host` (lower case, without its port) as an IP address
+/// rather than a name: an IPv6 or dotted-decimal IPv4 literal, or any name whose last label is
+/// a number in the bases inet_aton takes (`1`, `017`, `0x1f`, `0x`). inet_aton (Python's
+/// urllib, wget, curl's older builds) reads `127.0.0.0x1`, `0x7f.1` and `2130706433` as
+/// 127.0.0.1, and the WHATWG URL parser (browsers, Node's `new URL`) takes any host that ends
+/// in such a label for an IPv4 address (RFC 3696 section 2: no top-level domain is numeric, so
+/// no real name does). Pure.
+pub fn reads_as_address(host: &str) -> bool {
+    host.parse::<std::net::IpAddr>().is_ok() || ends_in_number(host)
+}
+
+/// Whether the last label of `name` (a trailing dot ignored) is a number to inet_aton:
+/// decimal or octal digits, or `0x` followed by hex digits (none counts). Pure.
+fn ends_in_number(name: &str) -> bool {
+    let last = name
+        .trim_end_matches('.')
+        .rsplit('.')
+        .next()
+        .unwrap_or_default();
+    let last = last.as_bytes();
+    match last {
+        [] => false,
+        [b'0', b'x' | b'X', hex @ ..] => hex.iter().all(u8::is_ascii_hexdigit),
+        digits => digits.iter().all(u8::is_ascii_digit),
+    }
 }
 
 /// Whether an APIRule's full host (see [`full_host`]) takes `reserved`: names it, or is a

@@ -285,8 +285,41 @@ mod tests {
             "10.0.0.42",
             "::1",
             "[::1]",
+            // inet_aton's forms (Python's urllib, wget): each of these is 127.0.0.1 to it,
+            // and a name ending in a number is an IPv4 address to the WHATWG URL parser.
+            "127.0.0.0x1",
+            "0x7f.0.0.0x1",
+            "0x7f.1",
+            "127.1",
+            "0177.0.0.01",
+            "*.0x1",
+            "*.0X7F",
+            "*.0x",
+            "shop.example.0x1f",
         ] {
             assert!(!is_host(bad), "{bad}");
+        }
+        // A label that only starts like a number is a name.
+        for good in [
+            "shop.0xcafe-store.com",
+            "0x1.example.com",
+            "api.x0x1",
+            "0x1",
+        ] {
+            assert!(is_host(good), "{good}");
+        }
+        for address in [
+            "127.0.0.1",
+            "::1",
+            "127.0.0.0x1",
+            "0x7f.1",
+            "2130706433",
+            "a.0x",
+        ] {
+            assert!(reads_as_address(address), "{address}");
+        }
+        for name in ["localhost", "shop.example.com", "0x1.example.com", "x.0xg"] {
+            assert!(!reads_as_address(name), "{name}");
         }
         assert_eq!(full_host("*", "localhost"), "*.localhost");
         assert_eq!(wildcard_suffix("*.example.com"), Some(".example.com"));

@@ -26,7 +26,8 @@ pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {
                 format!(
                     "{host:?} is not a host: one lower-case DNS label (prefixed to the gateway's \
                      domain) or a fully qualified name such as shop.example.com, either may \
-                     start with a wildcard (*.example.com); never an IP address"
+                     start with a wildcard (*.example.com); never an IP address, nor a name ending in a \
+                     number that parsers read as one (127.0.0.0x1)"
                 ),
             );
         }
