@@ -66,18 +66,29 @@ impl HoldBudget {
         }
     }
 
-    /// Holds a call to `key` with a body of `bytes`, or says why it cannot be held (503 with
-    /// `Retry-After`, naming the bound).
+    /// Holds a call to `key` with a body of `bytes` (more may be added as it arrives, see
+    /// [`Held::grow`]), or says why it cannot be held (503 with `Retry-After`, naming the
+    /// bound).
     pub fn hold(self: &Arc<Self>, key: &FunctionKey, bytes: u64) -> Result<Held, ErrorResponse> {
+        self.take(key, 1, bytes)?;
+        Ok(Held {
+            budget: self.clone(),
+            key: key.clone(),
+            bytes,
+        })
+    }
+
+    /// Takes `calls` and `bytes` more for `key`, when every bound has room for them.
+    fn take(&self, key: &FunctionKey, calls: usize, bytes: u64) -> Result<(), ErrorResponse> {
         let limits = self.limits;
         let mut held = self.held.lock();
         let (function_calls, function_bytes) =
             held.by_function.get(key).copied().unwrap_or_default();
-        let refusal = if held.calls >= limits.calls {
+        let refusal = if held.calls + calls > limits.calls {
             Some(Refusal::Calls)
         } else if held.bytes + bytes > limits.bytes {
             Some(Refusal::Bytes)
-        } else if function_calls >= limits.calls_per_function
+        } else if function_calls + calls > limits.calls_per_function
             || function_bytes + bytes > limits.bytes_per_function
         {
             Some(Refusal::Share)
@@ -95,16 +106,12 @@ impl HoldBudget {
                 ),
             ));
         }
-        held.calls += 1;
+        held.calls += calls;
         held.bytes += bytes;
         let entry = held.by_function.entry(key.clone()).or_default();
-        entry.0 += 1;
+        entry.0 += calls;
         entry.1 += bytes;
-        Ok(Held {
-            budget: self.clone(),
-            key: key.clone(),
-            bytes,
-        })
+        Ok(())
     }
 
     /// Calls and bytes held now, over every Function.
@@ -135,6 +142,16 @@ impl Refusal {
                  (--held-share-per-function)"
             }
         }
+    }
+}
+
+impl Held {
+    /// Adds `bytes` more of the call's body as they arrive, or says why they do not fit: the
+    /// call is then refused before the rest of its body is read.
+    pub fn grow(&mut self, bytes: u64) -> Result<(), ErrorResponse> {
+        self.budget.take(&self.key, 0, bytes)?;
+        self.bytes += bytes;
+        Ok(())
     }
 }
 
@@ -200,6 +217,23 @@ mod tests {
         drop(a2);
         assert_eq!(budget.usage(), (0, 0));
         assert!(budget.held.lock().by_function.is_empty());
+    }
+
+    #[test]
+    fn a_body_is_charged_as_it_arrives() {
+        let budget = budget(100, 10_000, 50);
+        let mut held = budget.hold(&key("a"), 0).unwrap();
+        held.grow(3_000).unwrap();
+        held.grow(2_000).unwrap();
+        let refused = held.grow(1).unwrap_err();
+        assert!(
+            said(&refused).contains("--held-share-per-function"),
+            "{refused:?}"
+        );
+        // What did not fit was not taken.
+        assert_eq!(budget.usage(), (1, 5_000));
+        drop(held);
+        assert_eq!(budget.usage(), (0, 0));
     }
 
     #[test]

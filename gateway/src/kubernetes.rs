@@ -381,6 +381,7 @@ impl Services {
         sleep: Sleep,
         request: http::Request<Full<Bytes>>,
         answer_within: Duration,
+        held_already: Option<Held>,
     ) -> Result<
         Result<
             Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
@@ -390,7 +391,9 @@ impl Services {
     > {
         let (namespace, function) = key;
         let metrics = self.routes.get(key).map(|route| route.metrics);
-        let mut held: Option<(Held, std::time::Instant)> = None;
+        // Taken while the body arrived, when the Function was known to be asleep.
+        let mut held: Option<(Held, std::time::Instant)> =
+            held_already.map(|held| (held, std::time::Instant::now()));
         let mut asleep = sleep.asleep;
         loop {
             if asleep {
@@ -449,6 +452,10 @@ impl Upstreams for Services {
         true
     }
 
+    fn waits_for_start(&self, sleep: &Sleep) -> Option<&Arc<HoldBudget>> {
+        (sleep.from_zero && sleep.asleep).then_some(&self.waking.held)
+    }
+
     async fn send(
         &self,
         destination: Destination<'_, Sleep>,
@@ -479,8 +486,14 @@ impl Upstreams for Services {
             }
         }
         let answer = if sleep.from_zero {
-            self.send_waking(destination.key, sleep, request, answer_within)
-                .await?
+            self.send_waking(
+                destination.key,
+                sleep,
+                request,
+                answer_within,
+                destination.held,
+            )
+            .await?
         } else {
             tokio::time::timeout(answer_within, self.client.request(request)).await
         };

@@ -129,6 +129,9 @@ pub struct Destination<'a, F> {
     pub path_and_query: &'a str,
     /// How long its answer may take.
     pub timeout: Duration,
+    /// Its part of the hold budget, taken while its body arrived, when it was known to wait
+    /// for its Function to start.
+    pub held: Option<hold::Held>,
 }
 
 /// Where the gateway's calls go: the local supervisor's pools or the cluster's Services.
@@ -142,6 +145,11 @@ pub trait Upstreams: Send + Sync + 'static {
     /// Whether an APIRule may send calls to a Service that is no Function here (a cluster's
     /// Services: yes; the local pools: no).
     fn reaches_services(&self) -> bool;
+
+    /// The hold budget, when a call to `function` will wait for it to start (it is asleep, or
+    /// has no ready instance): such a call's body is charged to the budget as it arrives, so
+    /// that a burst of large calls is refused before the gateway holds their bodies.
+    fn waits_for_start(&self, function: &Self::Function) -> Option<&Arc<hold::HoldBudget>>;
 
     /// Sends a call and streams its answer back, or says why not (502, 503, 504).
     fn send(
@@ -334,11 +342,20 @@ impl<U: Upstreams> Gateway<U> {
             }
             None => Granted::default(),
         };
-        let (mut parts, body) = match read_request(self.max_body, request, call.platform_call).await
-        {
-            Ok(read) => read,
-            Err(refused) => return refused.into_response(),
+        let mut held = match call.found.as_ref().and_then(|found| {
+            self.upstreams
+                .waits_for_start(&found.function)
+                .map(|budget| budget.hold(&call.key, 0))
+        }) {
+            Some(Ok(held)) => Some(held),
+            Some(Err(refused)) => return refused.into_response(),
+            None => None,
         };
+        let (mut parts, body) =
+            match read_request(self.max_body, request, call.platform_call, held.as_mut()).await {
+                Ok(read) => read,
+                Err(refused) => return refused.into_response(),
+            };
         // Mesh identity is the sidecars' to state: a caller's own `X-Forwarded-Client-Cert`
         // would reach a Function ahead of the one its sidecar appends (Istio's default), and a
         // Function reading the first entry would take the caller for whom it wrote.
@@ -363,6 +380,7 @@ impl<U: Upstreams> Gateway<U> {
             service: by_host.map(|chosen| &chosen.rule().target),
             path_and_query: &call.path_and_query,
             timeout,
+            held,
         };
         let mut answer = self
             .upstreams
@@ -728,13 +746,24 @@ pub async fn read_request(
     max_body: usize,
     request: Request,
     platform_call: bool,
+    held: Option<&mut hold::Held>,
 ) -> Result<(http::request::Parts, Bytes), ErrorResponse> {
     let (mut parts, body) = request.into_parts();
     if platform_call {
         parts.headers.remove(header::AUTHORIZATION);
     }
     // However slowly it arrives, the body is read within the gateway's request timeout.
-    let collected = tokio::time::timeout(BODY_TIMEOUT, read_limited(body, max_body)).await;
+    let collected = match held {
+        None => tokio::time::timeout(BODY_TIMEOUT, read_limited(body, max_body)).await,
+        Some(held) => {
+            match tokio::time::timeout(BODY_TIMEOUT, read_charged(body, max_body, held)).await {
+                Ok(Err(Charged::Refused(refused))) => return Err(refused),
+                Ok(Err(Charged::Body(error))) => Ok(Err(error)),
+                Ok(Ok(body)) => Ok(Ok(body)),
+                Err(elapsed) => Err(elapsed),
+            }
+        }
+    };
     let body = match collected {
         Ok(Ok(body)) => body,
         Err(_) | Ok(Err(BodyError::Stalled)) => {
@@ -778,6 +807,62 @@ pub async fn read_request(
         traces::inject_http(&tracing::Span::current(), &mut parts.headers);
     }
     Ok((parts, body))
+}
+
+/// Why a charged body was not read whole.
+enum Charged {
+    /// The hold budget has no room for it (503).
+    Refused(ErrorResponse),
+    /// It could not be read.
+    Body(BodyError),
+}
+
+/// Reads a whole body as [`read_limited`] does, charging each piece to `held` as it arrives.
+async fn read_charged(
+    mut body: axum::body::Body,
+    limit: usize,
+    held: &mut hold::Held,
+) -> Result<Bytes, Charged> {
+    use http_body_util::BodyExt as _;
+    let mut collected = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| {
+            Charged::Body(if eddy_platform::net::is_stalled(&error) {
+                BodyError::Stalled
+            } else {
+                BodyError::Unreadable(error.to_string())
+            })
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if collected.len() + data.len() > limit {
+            return Err(Charged::Body(BodyError::TooLarge));
+        }
+        if let Err(refused) = held.grow(data.len() as u64) {
+            // The rest is read and dropped, nothing kept: answering before the request is read
+            // whole makes the server close the connection with data unread, which resets it,
+            // and a proxy in front (the sidecar) then answers its own 503 instead of this one.
+            let room = limit - collected.len() - data.len();
+            drop(collected);
+            discard(body, room).await;
+            return Err(Charged::Refused(refused));
+        }
+        collected.extend_from_slice(&data);
+    }
+    Ok(collected.freeze())
+}
+
+/// Reads what is left of `body`, at most `limit` bytes more, keeping none of it.
+async fn discard(mut body: axum::body::Body, limit: usize) {
+    use http_body_util::BodyExt as _;
+    let mut read = 0;
+    while read <= limit {
+        let Some(Ok(frame)) = body.frame().await else {
+            return;
+        };
+        read += frame.data_ref().map_or(0, Bytes::len);
+    }
 }
 
 #[cfg(test)]

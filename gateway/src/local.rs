@@ -25,7 +25,8 @@ use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use parking_lot::RwLock;
 
 use crate::{
-    Access, Destination, Found, FunctionKey, Upstreams, forward_headers, hold::HoldBudget,
+    Access, Destination, Found, FunctionKey, Upstreams, forward_headers,
+    hold::{Held, HoldBudget},
 };
 
 /// The local supervisor's pools, as the gateway's upstreams.
@@ -143,15 +144,20 @@ impl Upstreams for LocalPools {
         false
     }
 
+    fn waits_for_start(&self, pool: &Arc<Pool>) -> Option<&Arc<HoldBudget>> {
+        (!pool.has_ready()).then_some(&self.held)
+    }
+
     async fn send(
         &self,
-        destination: Destination<'_, Arc<Pool>>,
+        mut destination: Destination<'_, Arc<Pool>>,
         request: http::Request<Full<Bytes>>,
     ) -> Result<Response, ErrorResponse> {
         let pool = destination.function.ok_or_else(|| {
             ErrorResponse::message(StatusCode::SERVICE_UNAVAILABLE, "no such function here")
         })?;
-        forward(self, pool, &destination, request).await
+        let held = destination.held.take();
+        forward(self, pool, &destination, request, held).await
     }
 }
 
@@ -163,19 +169,21 @@ async fn forward(
     pool: &Arc<Pool>,
     destination: &Destination<'_, Arc<Pool>>,
     request: http::Request<Full<Bytes>>,
+    held: Option<Held>,
 ) -> Result<Response, ErrorResponse> {
     let answer_timeout = destination.timeout;
     let (parts, body) = request.into_parts();
     let deadline = Instant::now() + upstreams.activation_timeout;
-    let waiting = Waiting {
+    let mut waiting = Waiting {
         budget: &upstreams.held,
         key: destination.key,
         bytes: http_body::Body::size_hint(&body).lower(),
+        held,
     };
     // Instances that refused the connection: not picked again for this request.
     let mut refused: Vec<u64> = Vec::new();
     loop {
-        let lease = acquire(pool, deadline, &refused, &waiting).await?;
+        let lease = acquire(pool, deadline, &refused, &mut waiting).await?;
         let uri = format!(
             "http://127.0.0.1:{}{}",
             lease.instance.port, destination.path_and_query
@@ -235,6 +243,8 @@ struct Waiting<'a> {
     budget: &'a Arc<HoldBudget>,
     key: &'a FunctionKey,
     bytes: u64,
+    /// Taken while its body arrived (no instance was ready then), kept until it is sent.
+    held: Option<Held>,
 }
 
 /// A ready instance other than `avoid`, waiting (and asking for one to be started) up to
@@ -243,12 +253,17 @@ async fn acquire(
     pool: &Arc<Pool>,
     deadline: Instant,
     avoid: &[u64],
-    waiting: &Waiting<'_>,
+    waiting: &mut Waiting<'_>,
 ) -> Result<Lease, ErrorResponse> {
     if let Some(lease) = pool.pick(avoid) {
+        // An instance became ready while the body arrived: nothing is held any longer.
+        waiting.held = None;
         return Ok(lease);
     }
-    let _held = waiting.budget.hold(waiting.key, waiting.bytes)?;
+    let _held = match waiting.held.take() {
+        Some(held) => held,
+        None => waiting.budget.hold(waiting.key, waiting.bytes)?,
+    };
     let _waiting = pool.wait_guard();
     let since = Instant::now();
     let acquired = wait_for_instance(pool, deadline, avoid).await;

@@ -308,6 +308,11 @@ impl FunctionSeries {
         self.instances.set(i64::try_from(ready).unwrap_or(i64::MAX));
     }
 
+    /// The ready instances last set (an atomic read: the gateway asks it on every call).
+    pub fn ready_instances(&self) -> i64 {
+        self.instances.get()
+    }
+
     /// A call waited `seconds` for an instance.
     pub fn waited(&self, seconds: f64) {
         self.queue_wait.observe(seconds);

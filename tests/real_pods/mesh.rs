@@ -47,10 +47,28 @@ pub(super) fn post_from_pod(
     pod: &str,
     url: &str,
 ) -> Result<String> {
+    request_from_pod(plane, namespace, pod, "POST", url, None)
+}
+
+/// A request from inside `pod` with `method` (a POST carries `{}` as JSON) and an optional
+/// bearer `token`: the status and the start of the body, or `refused: …` when no HTTP answer
+/// came.
+pub(super) fn request_from_pod(
+    plane: &ControlPlane,
+    namespace: &str,
+    pod: &str,
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+) -> Result<String> {
+    let authorization = token.map_or(String::new(), |token| format!("Bearer {token}"));
     let script = format!(
         r#"
 import urllib.request, urllib.error
-request = urllib.request.Request({url:?}, data=b"{{}}", method="POST", headers={{"content-type": "application/json"}})
+headers = {{"content-type": "application/json"}} if {method:?} == "POST" else {{}}
+if {authorization:?}:
+    headers["authorization"] = {authorization:?}
+request = urllib.request.Request({url:?}, data=b"{{}}" if {method:?} == "POST" else None, method={method:?}, headers=headers)
 try:
     answer = urllib.request.urlopen(request, timeout=10)
     print(answer.status, answer.read()[:200].decode())
@@ -60,6 +78,17 @@ except Exception as error:
     print("refused:", repr(error))
 "#
     );
+    python_in_pod(plane, namespace, pod, &script)
+}
+
+/// Runs `script` with python3 inside `pod` (its container named as the pod); its output,
+/// trimmed.
+pub(super) fn python_in_pod(
+    plane: &ControlPlane,
+    namespace: &str,
+    pod: &str,
+    script: &str,
+) -> Result<String> {
     let output = run(plane
         .kubectl()?
         .args([

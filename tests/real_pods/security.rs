@@ -1,12 +1,13 @@
 //! The attack probe's cluster findings, replayed in real pods: the chart's NATS takes no client
-//! without its password (a Function's pod, a bare pod in another namespace), and the
-//! dispatcher's admin API (dead letters, redrive, replay) answers only its token, and in the
-//! mesh only the workloads the chart names.
+//! without its password (a Function's pod, a bare pod in another namespace); the dispatcher's
+//! admin API (dead letters, redrive, replay) answers only its token, and in the mesh only the
+//! workloads the chart names; the gateway holds a bounded number of bytes for a Function that
+//! never starts.
 
-use std::io::{BufRead as _, BufReader};
+use std::time::Instant;
 
 use super::*;
-use crate::mesh::{client_pod, post_from_pod};
+use crate::mesh::{client_pod, post_from_pod, python_in_pod, request_from_pod};
 
 /// A Python script that speaks NATS's client protocol to `host:port`: it reads the server's
 /// `INFO`, sends `CONNECT` (with the user and password given, or none), a publish to the events'
@@ -31,17 +32,6 @@ except Exception as error:
     print("refused:", repr(error))
 "#
     )
-}
-
-/// Runs `script` with python3 inside `pod`; its output, trimmed.
-fn python_in_pod(plane: &ControlPlane, namespace: &str, pod: &str, script: &str) -> Result<String> {
-    let output = run(plane
-        .kubectl()?
-        .args([
-            "exec", "-n", namespace, pod, "-c", pod, "--", "python3", "-c",
-        ])
-        .arg(script))?;
-    Ok(output.trim().to_owned())
 }
 
 /// The key `key` of Secret `name` in eddy's namespace, decoded.
@@ -124,50 +114,13 @@ async fn the_chart_s_nats_takes_no_client_without_its_password() -> Result<()> {
     Ok(())
 }
 
-/// `kubectl port-forward` to a Deployment's port, stopped when dropped: the operator's way to
-/// the dispatcher's admin API.
-struct PortForward {
-    child: std::process::Child,
-    /// `http://127.0.0.1:<port>`.
-    url: String,
-}
-
-impl PortForward {
-    fn start(plane: &ControlPlane, target: &str, port: u16) -> Result<Self> {
-        let mut child = plane
-            .kubectl()?
-            .args(["port-forward", "-n", SYSTEM, target, &format!(":{port}")])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()?;
-        let stdout = child.stdout.take().context("port-forward's output")?;
-        // "Forwarding from 127.0.0.1:40123 -> 8083"
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let local = line
-            .split_whitespace()
-            .nth(2)
-            .filter(|address| address.starts_with("127.0.0.1:"))
-            .with_context(|| format!("port-forward said {line:?}"))?;
-        Ok(Self {
-            url: format!("http://{local}"),
-            child,
-        })
-    }
-}
-
-impl Drop for PortForward {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The probe's second finding: a tenant's unauthenticated `POST /subscriptions/<ns>/<sub>/replay`
 /// to the dispatcher re-ran another tenant's side effects. Now, in the mesh, a meshed pod of
 /// another namespace gets Istio's 403 and a caller without a sidecar (the host, through the
-/// Service) too; and through `kubectl port-forward`, around the mesh, the API asks for the
-/// chart's token (401 naming it), and answers with it.
+/// Service) too. With the mesh path opened to that namespace (the policy
+/// `dispatcher.admin.allowedNamespaces` renders, added here beside the chart's), the API
+/// itself asks for the chart's token: 401 naming it without one or with a guessed one, the
+/// answer with it.
 #[tokio::test]
 async fn the_dispatcher_s_admin_api_answers_only_its_token_and_the_workloads_named() -> Result<()> {
     let plane = installed()?;
@@ -196,30 +149,217 @@ async fn the_dispatcher_s_admin_api_answers_only_its_token_and_the_workloads_nam
         "a caller without a sidecar: {status} {body}"
     );
 
+    let opened = format!("test-admin-from-{tenant}");
+    run_with_input(
+        plane.kubectl()?.args(["apply", "-f", "-"]),
+        &serde_json::json!({
+            "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": opened, "namespace": SYSTEM},
+            "spec": {
+                "selector": {"matchLabels": {
+                    "app.kubernetes.io/instance": RELEASE,
+                    "app.kubernetes.io/component": "dispatcher",
+                }},
+                "action": "ALLOW",
+                "rules": [{"from": [{"source": {"namespaces": [&*tenant]}}]}],
+            },
+        })
+        .to_string(),
+    )?;
     let token = secret_value(plane, &format!("{RELEASE}-dispatcher-admin"), "token")?;
-    let forward = PortForward::start(plane, &format!("deployment/{RELEASE}-dispatcher"), 8083)?;
-    for headers in [vec![], vec!["authorization: Bearer guessed".to_owned()]] {
-        let (status, body) = curl_as(
-            Some("POST"),
-            &format!("{}/subscriptions/other-tenant/orders/replay", forward.url),
-            &headers,
-            Some("{}"),
-        )?;
-        ensure!(
-            status == 401 && body.contains("bearer token"),
-            "the admin API without its token ({headers:?}): {status} {body}"
-        );
+    let replay = format!("{service}/subscriptions/other-tenant/orders/replay");
+    let mut answer = String::new();
+    let asked = eventually(
+        "the opened mesh path reaching the API",
+        Duration::from_secs(60),
+        || {
+            answer = request_from_pod(plane, &tenant, &meshed, "POST", &replay, None)
+                .unwrap_or_default();
+            let reached = answer.starts_with("401");
+            async move { reached }
+        },
+    )
+    .await;
+    asked.with_context(|| format!("the last answer: {answer}"))?;
+    ensure!(
+        answer.contains("bearer token"),
+        "without the token: {answer}"
+    );
+    let answer = request_from_pod(plane, &tenant, &meshed, "POST", &replay, Some("guessed"))?;
+    ensure!(answer.starts_with("401"), "with a guessed token: {answer}");
+    let answer = request_from_pod(
+        plane,
+        &tenant,
+        &meshed,
+        "GET",
+        &format!("{service}/dead-letters"),
+        Some(&token),
+    )?;
+    ensure!(answer.starts_with("200"), "with the token: {answer}");
+    run(plane
+        .kubectl()?
+        .args(["delete", "authorizationpolicy", &opened, "-n", SYSTEM]))?;
+    delete_namespace(plane, &tenant)?;
+    Ok(())
+}
+
+/// A Node.js handler whose module never finishes loading (it blocks its only thread, without
+/// burning it): its pod never becomes ready.
+const NEVER_READY: &str = "Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 3600e3);\nmodule.exports = { main: () => 'never' };";
+
+/// The probe's fourth finding in the chart's gateway (a 128 MiB limit; 32 MiB of held bodies,
+/// a quarter of it per Function): two hundred 2 MiB calls at once to a Function that scales to
+/// zero and whose pod never becomes ready. Held whole, as before, they are 400 MiB: the
+/// gateway's container is killed. Now each body is charged to the hold budget as it arrives:
+/// four are held and the others are answered 503 with `Retry-After` at once, naming the bound;
+/// the gateway's container is never restarted, and it still answers.
+#[tokio::test]
+async fn the_gateway_pod_holds_a_bounded_number_of_bytes_for_a_function_that_never_starts()
+-> Result<()> {
+    let plane = installed()?;
+    let tenant = namespace(plane, "held")?;
+    let source = NEVER_READY.replace('\n', "\n        ");
+    apply(
+        plane,
+        &tenant,
+        &format!(
+            r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: stuck}}
+spec:
+  runtime: nodejs22
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  scaleConfig: {{minReplicas: 0, maxReplicas: 1}}
+  source:
+    inline:
+      source: |
+        {source}
+"#
+        ),
+    )?;
+    // Reconciled, with no ready pod (nor ever will it have one): the gateway takes it for
+    // asleep, and charges each call's body to the hold budget as it arrives.
+    wait_for_function(
+        plane,
+        "functions.eddy.dev",
+        &tenant,
+        "stuck",
+        Duration::from_secs(120),
+        |function| {
+            condition(function, "ConfigurationReady").is_some_and(|(s, _, _)| s == "True")
+                && function["status"]["replicas"].as_i64().unwrap_or(0) == 0
+        },
+    )
+    .await?;
+    let restarts = |pods: &Value| -> i64 {
+        pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|pod| {
+                pod["status"]["containerStatuses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+            })
+            .filter_map(|container| container["restartCount"].as_i64())
+            .sum()
+    };
+    let gateway_pods = || {
+        kubectl_json(
+            plane,
+            &[
+                "get",
+                "pods",
+                "-n",
+                SYSTEM,
+                "-l",
+                "app.kubernetes.io/component=gateway",
+            ],
+        )
+    };
+    let restarts_before = restarts(&gateway_pods()?);
+    let url = format!(
+        "{}/{tenant}/stuck/",
+        service_url(plane, SYSTEM, &format!("{RELEASE}-gateway"))?
+    );
+    let client = reqwest::Client::new();
+    let body = bytes::Bytes::from(vec![b'x'; 2 * 1024 * 1024]);
+    let started = Instant::now();
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    let calls: Vec<_> = (0..200)
+        .map(|_| {
+            let call = client.post(&url).body(body.clone());
+            let answers = answers.clone();
+            tokio::spawn(async move {
+                let answer = match call.send().await {
+                    Ok(response) => {
+                        let retry_after = response.headers().contains_key("retry-after");
+                        let status = response.status().as_u16();
+                        (
+                            status,
+                            retry_after,
+                            response.text().await.unwrap_or_default(),
+                        )
+                    }
+                    Err(error) => (0, false, error.to_string()),
+                };
+                let _ = answers.send(answer);
+            })
+        })
+        .collect();
+    // Every answer within 30 s, by what it was. Besides the budget's refusals, the gateway's
+    // sidecar may answer a call it sent on a pooled connection the gateway had just closed
+    // as idle (Envoy's own 503, "reset before headers"): that is the connection, not the
+    // budget, and it is counted apart. Anything else fails the test.
+    let mut tally: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    let (mut refused, mut stale, mut other) = (0, 0, 0);
+    while let Ok(Some((status, retry_after, text))) =
+        tokio::time::timeout(Duration::from_secs(30), answered.recv()).await
+    {
+        if status == 503 && retry_after && text.contains("held-share-per-function") {
+            refused += 1;
+        } else if status == 503 && text.contains("reset before headers") {
+            stale += 1;
+        } else {
+            other += 1;
+        }
+        let text: String = text.chars().take(80).collect();
+        *tally
+            .entry(format!("{status} retry-after={retry_after} {text}"))
+            .or_default() += 1;
+        if refused + stale >= 196 {
+            break;
+        }
     }
+    let took = started.elapsed();
+    for call in calls {
+        call.abort();
+    }
+    let pods = gateway_pods()?;
+    ensure!(
+        refused + stale >= 196 && stale <= 8 && other == 0 && restarts(&pods) == restarts_before,
+        "{refused} of 200 calls refused by the hold budget in {took:?}: {tally:#?}; the \
+         gateway's containers: {}",
+        pods["items"][0]["status"]["containerStatuses"]
+    );
+    eprintln!(
+        "{refused} of 200 calls of 2 MiB refused in {:.1} s: {tally:?}",
+        took.as_secs_f64()
+    );
     let (status, body) = curl(
-        &format!("{}/dead-letters", forward.url),
-        &[format!("authorization: Bearer {token}")],
+        &format!(
+            "{}/readyz",
+            service_url(plane, SYSTEM, &format!("{RELEASE}-gateway"))?
+        ),
+        &[],
         None,
     )?;
     ensure!(
         status == 200,
-        "the admin API with its token: {status} {body}"
+        "the gateway after the burst: {status} {body}"
     );
-    drop(forward);
     delete_namespace(plane, &tenant)?;
     Ok(())
 }

@@ -352,6 +352,12 @@ impl Pool {
         })
     }
 
+    /// Whether an instance was ready when the pool last published its status: the gateway's
+    /// guess, without the pool's lock, whether a call will wait for a start.
+    pub fn has_ready(&self) -> bool {
+        self.metrics.ready_instances() > 0
+    }
+
     /// Marks a request as waiting for an instance (scale from zero) until the guard drops.
     pub fn wait_guard(self: &Arc<Self>) -> WaitGuard {
         self.waiting.fetch_add(1, Ordering::AcqRel);
