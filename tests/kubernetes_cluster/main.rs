@@ -29,7 +29,7 @@ use k8s_openapi::api::{
     autoscaling::v2::HorizontalPodAutoscaler,
     batch::v1::Job,
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Service},
+    core::v1::{ConfigMap, Secret, Service},
 };
 use kube::{
     Api, Client,
@@ -152,17 +152,75 @@ impl Component {
             .context("the chart names a ServiceAccount")?;
         let container = &pod.containers[0];
         let identity = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+        let dir = tempfile::tempdir()?;
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), SYSTEM);
+        let secret_key = async |secret: &str, key: &str| -> Result<String> {
+            let data = secrets
+                .get(secret)
+                .await
+                .with_context(|| format!("Secret {secret}"))?
+                .data
+                .unwrap_or_default();
+            let value = data
+                .get(key)
+                .with_context(|| format!("Secret {secret} has no {key}"))?;
+            Ok(String::from_utf8(value.0.clone())?)
+        };
+        // The pod's Secret and ConfigMap mounts, as files of the process's own: a path under
+        // a mount in the env points there instead.
+        let mut mounts: Vec<(String, PathBuf)> = Vec::new();
+        for mount in container.volume_mounts.iter().flatten() {
+            let Some(volume) = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|volume| volume.name == mount.name)
+            else {
+                continue;
+            };
+            let files: BTreeMap<String, String> = if let Some(secret) = &volume.secret {
+                let secret_name = secret.secret_name.clone().unwrap_or_default();
+                let data = secrets.get(&secret_name).await?.data.unwrap_or_default();
+                data.into_iter()
+                    .map(|(key, value)| (key, String::from_utf8_lossy(&value.0).into_owned()))
+                    .collect()
+            } else if let Some(config_map) = &volume.config_map {
+                let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), SYSTEM);
+                config_maps
+                    .get(&config_map.name)
+                    .await?
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect()
+            } else {
+                continue;
+            };
+            let local = dir.path().join("mounts").join(&mount.name);
+            std::fs::create_dir_all(&local)?;
+            for (key, text) in files {
+                std::fs::write(local.join(key), text)?;
+            }
+            mounts.push((mount.mount_path.clone(), local));
+        }
         let mut env = BTreeMap::new();
         for var in container.env.iter().flatten() {
             let value = match (&var.value, &var.value_from) {
-                (Some(value), _) => value.clone(),
-                (None, Some(from)) => {
-                    match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
-                        Some("metadata.namespace") => SYSTEM.to_owned(),
-                        Some("metadata.name") => identity.clone(),
-                        other => panic!("{name}: env {} from {other:?}", var.name),
+                (Some(value), _) => mounts
+                    .iter()
+                    .find_map(|(path, local)| {
+                        let rest = value.strip_prefix(path.as_str())?.trim_start_matches('/');
+                        Some(local.join(rest).to_string_lossy().into_owned())
+                    })
+                    .unwrap_or_else(|| value.clone()),
+                (None, Some(from)) => match (&from.field_ref, &from.secret_key_ref) {
+                    (Some(field), _) if field.field_path == "metadata.namespace" => {
+                        SYSTEM.to_owned()
                     }
-                }
+                    (Some(field), _) if field.field_path == "metadata.name" => identity.clone(),
+                    (None, Some(key)) => secret_key(&key.name, &key.key).await?,
+                    other => panic!("{name}: env {} from {other:?}", var.name),
+                },
                 (None, None) => String::new(),
             };
             env.insert(var.name.clone(), value);
@@ -170,7 +228,6 @@ impl Component {
         for (key, value) in overrides {
             env.insert((*key).to_owned(), (*value).to_owned());
         }
-        let dir = tempfile::tempdir()?;
         let kubeconfig = plane
             .service_account_kubeconfig(admin, SYSTEM, &account, &dir.path().join("kubeconfig"))
             .await?;
