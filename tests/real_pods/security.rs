@@ -310,9 +310,11 @@ spec:
         })
         .collect();
     // Every answer within 30 s, by what it was. Besides the budget's refusals, the gateway's
-    // sidecar may answer a call it sent on a pooled connection the gateway had just closed
-    // as idle (Envoy's own 503, "reset before headers"): that is the connection, not the
-    // budget, and it is counted apart. Anything else fails the test.
+    // sidecar answers some of a 200-connection burst with its own 503 ("reset before
+    // headers": a pooled connection the gateway had closed as idle, or a connection to it
+    // that failed; 0 to 93 of 200 in our runs): that is the mesh's connection, not the
+    // budget, and it is counted apart. Some (at least 20) must be the budget's; anything else
+    // fails the test. (With the hole open, none is the budget's and the container is killed.)
     let mut tally: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     let (mut refused, mut stale, mut other) = (0, 0, 0);
     while let Ok(Some((status, retry_after, text))) =
@@ -339,7 +341,7 @@ spec:
     }
     let pods = gateway_pods()?;
     ensure!(
-        refused + stale >= 196 && stale <= 8 && other == 0 && restarts(&pods) == restarts_before,
+        refused >= 20 && refused + stale >= 196 && other == 0 && restarts(&pods) == restarts_before,
         "{refused} of 200 calls refused by the hold budget in {took:?}: {tally:#?}; the \
          gateway's containers: {}",
         pods["items"][0]["status"]["containerStatuses"]
@@ -348,18 +350,39 @@ spec:
         "{refused} of 200 calls of 2 MiB refused in {:.1} s: {tally:?}",
         took.as_secs_f64()
     );
-    let (status, body) = curl(
-        &format!(
-            "{}/readyz",
-            service_url(plane, SYSTEM, &format!("{RELEASE}-gateway"))?
-        ),
-        &[],
-        None,
-    )?;
-    ensure!(
-        status == 200,
-        "the gateway after the burst: {status} {body}"
+    // And it answers again (in the runs so far its sidecar could not reach it for a moment
+    // after such a burst).
+    let readyz = format!(
+        "{}/readyz",
+        service_url(plane, SYSTEM, &format!("{RELEASE}-gateway"))?
     );
+    let mut last = (0, String::new());
+    let answered_again = eventually(
+        "the gateway answering after the burst",
+        Duration::from_secs(60),
+        || {
+            last = curl(&readyz, &[], None).unwrap_or_default();
+            let ready = last.0 == 200;
+            async move { ready }
+        },
+    )
+    .await;
+    answered_again.with_context(|| format!("the gateway after the burst: {last:?}"))?;
+    eprintln!(
+        "the gateway answered again {:.1} s after the burst began",
+        started.elapsed().as_secs_f64()
+    );
+    // Its blocked thread never runs the runtime's SIGTERM handler: without force, the pod
+    // would take its whole grace period to go.
+    run(plane.kubectl()?.args([
+        "delete",
+        "pods",
+        "--all",
+        "-n",
+        &tenant,
+        "--grace-period=0",
+        "--force",
+    ]))?;
     delete_namespace(plane, &tenant)?;
     Ok(())
 }
