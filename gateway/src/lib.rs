@@ -357,8 +357,8 @@ impl<U: Upstreams> Gateway<U> {
                 Err(refused) => return refused.into_response(),
             };
         // Mesh identity is the sidecars' to state: a caller's own `X-Forwarded-Client-Cert`
-        // would reach a Function ahead of the one its sidecar appends (Istio's default), and a
-        // Function reading the first entry would take the caller for whom it wrote.
+        // would reach a Function ahead of the entry its sidecar appends (Istio's default), and
+        // a Function reading the first entry would believe whatever the caller wrote there.
         parts.headers.remove(FORWARDED_CLIENT_CERT);
         if let Some(chosen) = &call.rule {
             chosen.decorate(&mut parts.headers);

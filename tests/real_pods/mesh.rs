@@ -78,21 +78,21 @@ except Exception as error:
     print("refused:", repr(error))
 "#
     );
-    python_in_pod(plane, namespace, pod, &script)
+    python_in_pod(plane, namespace, pod, pod, &script)
 }
 
-/// Runs `script` with python3 inside `pod` (its container named as the pod); its output,
-/// trimmed.
+/// Runs `script` with python3 in `container` of `pod`; its output, trimmed.
 pub(super) fn python_in_pod(
     plane: &ControlPlane,
     namespace: &str,
     pod: &str,
+    container: &str,
     script: &str,
 ) -> Result<String> {
     let output = run(plane
         .kubectl()?
         .args([
-            "exec", "-n", namespace, pod, "-c", pod, "--", "python3", "-c",
+            "exec", "-n", namespace, pod, "-c", container, "--", "python3", "-c",
         ])
         .arg(script))?;
     Ok(output.trim().to_owned())

@@ -51,7 +51,7 @@ fn secret_value(plane: &ControlPlane, name: &str, key: &str) -> Result<String> {
 
 /// The probe's first finding: an anonymous client created `EDDY_EVENTS`, published a forged
 /// event and deleted the stream from any pod. Now the chart's NATS takes only eddy's users:
-/// from a pod in a Function namespace with a sidecar (as a Function's own pod) and from a bare
+/// from a Function's own pod (in the mesh, in one of the chart's Function namespaces) and from a bare
 /// pod in another namespace, a client without a password, or with a guessed one, is refused
 /// before it can publish, subscribe or call JetStream's API; the cluster's route port refuses a
 /// route without the route user's password. The admin password from the chart's Secret gets
@@ -63,10 +63,66 @@ async fn the_chart_s_nats_takes_no_client_without_its_password() -> Result<()> {
     let admin = secret_value(plane, "eddy-nats-auth", "admin")?;
     let client = format!("{RELEASE}-nats.{SYSTEM}.svc.cluster.local");
     let route = format!("{RELEASE}-nats-0.{RELEASE}-nats-headless.{SYSTEM}.svc.cluster.local");
+    // A Function of the mesh's Function namespace (python312: the probe is Python), and a bare
+    // pod of another namespace.
+    let function = format!(
+        "nats-probe-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
+    apply(
+        plane,
+        MESH_FUNCTIONS,
+        &format!(
+            r#"
+apiVersion: eddy.dev/v1alpha1
+kind: Function
+metadata: {{name: {function}}}
+spec:
+  runtime: python312
+  resourceConfiguration: {{function: {{profile: XS}}}}
+  source:
+    inline:
+      source: |
+        def main(event, context):
+            return "ok"
+"#
+        ),
+    )?;
+    running(plane, MESH_FUNCTIONS, &function, Duration::from_secs(120)).await?;
+    let pods = kubectl_json(
+        plane,
+        &[
+            "get",
+            "pods",
+            "-n",
+            MESH_FUNCTIONS,
+            "-l",
+            &format!("eddy.dev/function={function}"),
+        ],
+    )?;
+    let function_pod = pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .context("the Function's pod")?
+        .to_owned();
+    let function_container = pods["items"][0]["spec"]["containers"][0]["name"]
+        .as_str()
+        .context("the Function's container")?
+        .to_owned();
     let outside = namespace(plane, "nats-probe")?;
-    let function_like = client_pod(plane, MESH_FUNCTIONS, true)?;
     let bare = client_pod(plane, &outside, false)?;
-    for (namespace, pod) in [(MESH_FUNCTIONS, &function_like), (&*outside, &bare)] {
+    for (namespace, pod, container) in [
+        (MESH_FUNCTIONS, &function_pod, &function_container),
+        (&*outside, &bare, &bare),
+    ] {
+        let probe = |host: &str, port: u16, credentials: Option<(&str, &str)>| {
+            python_in_pod(
+                plane,
+                namespace,
+                pod,
+                container,
+                &nats_probe(host, port, credentials),
+            )
+        };
         for (what, credentials) in [
             ("no password", None),
             ("a guessed password", Some(("eddy-admin", "eddy-admin"))),
@@ -75,41 +131,27 @@ async fn the_chart_s_nats_takes_no_client_without_its_password() -> Result<()> {
                 Some(("eddy-event-bus", "")),
             ),
         ] {
-            let answer = python_in_pod(
-                plane,
-                namespace,
-                pod,
-                &nats_probe(&client, 4222, credentials),
-            )?;
+            let answer = probe(&client, 4222, credentials)?;
             ensure!(
                 answer.contains("Authorization Violation"),
                 "{namespace}/{pod} with {what}: {answer}"
             );
         }
-        let answer = python_in_pod(plane, namespace, pod, &nats_probe(&route, 6222, None))?;
+        let answer = probe(&route, 6222, None)?;
         ensure!(
             answer != "PONG" && !answer.starts_with("refused:"),
             "{namespace}/{pod} on the route port without its password: {answer}"
         );
-        let answer = python_in_pod(
-            plane,
-            namespace,
-            pod,
-            &nats_probe(&client, 4222, Some(("eddy-admin", &admin))),
-        )?;
+        let answer = probe(&client, 4222, Some(("eddy-admin", &admin)))?;
         ensure!(
             answer == "PONG",
             "{namespace}/{pod} with the admin password: {answer}"
         );
     }
-    run(plane.kubectl()?.args([
-        "delete",
-        "pod",
-        &function_like,
-        "-n",
-        MESH_FUNCTIONS,
-        "--wait=false",
-    ]))?;
+    run(plane
+        .kubectl()?
+        .args(["delete", "-n", MESH_FUNCTIONS, "--wait=false"])
+        .arg(format!("function.eddy.dev/{function}")))?;
     delete_namespace(plane, &outside)?;
     Ok(())
 }
