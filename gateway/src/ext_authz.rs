@@ -259,17 +259,18 @@ enum Unasked {
 /// Whether a failed check got an answer's first bytes: hyper could not parse its head (a
 /// malformed line, more headers than it keeps, a head over its buffer).
 fn answer_started(error: &hyper_util::client::legacy::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
-    while let Some(each) = cause {
-        if each
+    causes(error).any(|cause| {
+        cause
             .downcast_ref::<hyper::Error>()
             .is_some_and(hyper::Error::is_parse)
-        {
-            return true;
-        }
-        cause = each.source();
-    }
-    false
+    })
+}
+
+/// The errors behind `error`, nearest first.
+fn causes<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(error.source(), |cause| cause.source())
 }
 
 /// The first `limit` bytes of `body`: what arrived of it by `deadline`, or before it broke
@@ -294,11 +295,9 @@ where
 /// An error with its causes, `: `-separated (hyper's own text says only "client error").
 fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(each) = cause {
+    for cause in causes(error) {
         text.push_str(": ");
-        text.push_str(&each.to_string());
-        cause = each.source();
+        text.push_str(&cause.to_string());
     }
     text
 }

@@ -50,17 +50,16 @@ pub struct Held {
 impl HoldBudget {
     /// The budget `args` sets.
     pub fn new(args: &HoldArgs) -> Self {
-        let share = u64::from(args.held_share_percent.clamp(1, 100));
+        let share = args.held_share_percent.clamp(1, 100);
         let calls = args.max_held_calls.max(1);
         let bytes = args.max_held_bytes.as_u64().max(1);
-        let calls_share = usize::try_from(share).unwrap_or(100);
         Self {
             limits: Limits {
                 calls,
                 bytes,
-                // At least one call and one maximal body per Function, whatever the share.
-                calls_per_function: (calls * calls_share / 100).max(1),
-                bytes_per_function: (bytes * share / 100).max(1),
+                // At least one call and one byte per Function, whatever the share.
+                calls_per_function: (calls * usize::from(share) / 100).max(1),
+                bytes_per_function: (bytes * u64::from(share) / 100).max(1),
             },
             held: Mutex::default(),
         }
@@ -115,7 +114,8 @@ impl HoldBudget {
     }
 
     /// Calls and bytes held now, over every Function.
-    pub fn usage(&self) -> (usize, u64) {
+    #[cfg(test)]
+    fn usage(&self) -> (usize, u64) {
         let held = self.held.lock();
         (held.calls, held.bytes)
     }
@@ -253,17 +253,12 @@ mod tests {
     }
 
     #[test]
-    fn a_whole_share_is_one_function_may_take_everything() {
-        let budget = budget(10, 1_000, 100);
-        let all = budget.hold(&key("a"), 1_000).unwrap();
-        assert!(budget.hold(&key("b"), 1).is_err());
+    fn a_whole_share_lets_one_function_take_everything_and_a_tiny_one_still_a_call() {
+        let whole = budget(10, 1_000, 100);
+        let all = whole.hold(&key("a"), 1_000).unwrap();
+        assert!(whole.hold(&key("b"), 1).is_err());
         drop(all);
-        // A tiny share still lets one call of each Function through.
-        let budget = budget_with_tiny_share();
-        assert!(budget.hold(&key("a"), 0).is_ok());
-    }
-
-    fn budget_with_tiny_share() -> Arc<HoldBudget> {
-        budget(3, 100, 1)
+        let tiny = budget(3, 100, 1);
+        assert!(tiny.hold(&key("a"), 0).is_ok());
     }
 }

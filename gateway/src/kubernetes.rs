@@ -81,7 +81,7 @@ pub struct GatewayArgs {
     /// What calls held while their Functions wake may take: calls and bytes, in all and per
     /// Function (503 with `Retry-After` past a bound).
     #[command(flatten)]
-    pub hold: eddy_platform::flags::HoldArgs,
+    pub hold: HoldArgs,
     /// Largest request body forwarded (413 above it).
     #[arg(
         long = "max-request-size",

@@ -187,6 +187,33 @@ fn namespace(plane: &'static ControlPlane, prefix: &str) -> Result<TestNamespace
     Ok(TestNamespace { name, plane })
 }
 
+/// A pod of Function `function` in `namespace`, as the API server shows it.
+fn function_pod(plane: &ControlPlane, namespace: &str, function: &str) -> Result<Value> {
+    let pods = kubectl_json(
+        plane,
+        &[
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "-l",
+            &format!("eddy.dev/function={function}"),
+        ],
+    )?;
+    pods["items"]
+        .get(0)
+        .cloned()
+        .with_context(|| format!("no pod of Function {namespace}/{function}"))
+}
+
+/// An object's `metadata.name`.
+fn name_of(object: &Value) -> Result<String> {
+    object["metadata"]["name"]
+        .as_str()
+        .map(str::to_owned)
+        .context("an object without a name")
+}
+
 fn apply(plane: &ControlPlane, namespace: &str, manifest: &str) -> Result<()> {
     run_with_input(
         plane.kubectl()?.args(["apply", "-n", namespace, "-f", "-"]),
@@ -691,21 +718,7 @@ spec:
 "#,
     )?;
     running(plane, &namespace, "plain", Duration::from_secs(120)).await?;
-    let pods = kubectl_json(
-        plane,
-        &[
-            "get",
-            "pods",
-            "-n",
-            &namespace,
-            "-l",
-            "eddy.dev/function=plain",
-        ],
-    )?;
-    let pod = pods["items"][0]["metadata"]["name"]
-        .as_str()
-        .context("the function's pod")?
-        .to_owned();
+    let pod = name_of(&function_pod(plane, &namespace, "plain")?)?;
     let id = run(plane
         .kubectl()?
         .args(["exec", "-n", &namespace, &pod, "--", "id", "-u"]))?;
@@ -1738,21 +1751,7 @@ spec:
     );
     // Neither the configuration nor its variables are in the function's container.
     for (namespace, name) in [(&namespace, "greet"), (&analytics, "count")] {
-        let pods = kubectl_json(
-            plane,
-            &[
-                "get",
-                "pods",
-                "-n",
-                namespace,
-                "-l",
-                &format!("eddy.dev/function={name}"),
-            ],
-        )?;
-        let pod = pods["items"][0]["metadata"]["name"]
-            .as_str()
-            .context("the function's pod")?
-            .to_owned();
+        let pod = name_of(&function_pod(plane, namespace, name)?)?;
         let seen = run(plane.kubectl()?.args([
             "exec",
             "-n",

@@ -89,22 +89,9 @@ spec:
         ),
     )?;
     running(plane, MESH_FUNCTIONS, &function, Duration::from_secs(120)).await?;
-    let pods = kubectl_json(
-        plane,
-        &[
-            "get",
-            "pods",
-            "-n",
-            MESH_FUNCTIONS,
-            "-l",
-            &format!("eddy.dev/function={function}"),
-        ],
-    )?;
-    let function_pod = pods["items"][0]["metadata"]["name"]
-        .as_str()
-        .context("the Function's pod")?
-        .to_owned();
-    let function_container = pods["items"][0]["spec"]["containers"][0]["name"]
+    let pod = function_pod(plane, MESH_FUNCTIONS, &function)?;
+    let function_pod = name_of(&pod)?;
+    let function_container = pod["spec"]["containers"][0]["name"]
         .as_str()
         .context("the Function's container")?
         .to_owned();
