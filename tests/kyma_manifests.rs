@@ -657,6 +657,11 @@ spec:
   source: ""
   types: [order.created.v1]
   typeMatching: exact
+# As Kyma's Go client serialises a Subscription it creates: with its zero status, which the
+# API server ignores on create, and so does eddy.
+status:
+  ready: false
+  backend: {{}}
 ---
 apiVersion: eventing.kyma-project.io/v1alpha2
 kind: Subscription
@@ -713,6 +718,19 @@ spec:
     let mut ids = exact.ids();
     ids.sort();
     assert_eq!(ids, ["from-crm", "from-shop"], "exact: any source");
+    // Kyma's publisher proxy sets `originaltype` (the type as published) on every event it
+    // builds, and Kyma's dispatcher delivers it: Kyma's e2e suite checks it on every event.
+    for received in exact.received() {
+        assert_eq!(
+            received
+                .headers
+                .get("ce-originaltype")
+                .map(|v| v.as_bytes()),
+            Some(&b"order.created.v1"[..]),
+            "{:?}",
+            received.headers
+        );
+    }
     let mut ids = exact_with_source.ids();
     ids.sort();
     assert_eq!(
@@ -743,6 +761,23 @@ spec:
     let status = platform.subscription("exact-source-ignored").await;
     let (_, _, message) = condition_of(&status, "Ready");
     assert!(message.contains("spec.source is ignored"), "{message}");
+    // Kyma's conditions, which Kyma's tools wait for (eventing-manager's JetStream backend:
+    // type "Subscription active", reason "NATS Subscription active").
+    let (state, reason, _) = condition_of(&status, "Subscription active");
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("True", "NATS Subscription active")
+    );
+    let (state, reason, _) = condition_of(&status, "Subscription spec valid");
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("True", "Subscription spec has no validation errors")
+    );
+    assert_eq!(
+        platform.subscription("exact-any-source").await["status"]["backend"]["type"],
+        "nats-jetstream",
+        "the status eddy wrote, not the one applied"
+    );
     assert_eq!(
         status["status"]["types"][0]["cleanType"],
         "order.created.v1"
@@ -1062,6 +1097,39 @@ spec:
         - GET
       path: /*
 ---
+apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: keyless
+spec:
+  runtime: nodejs22
+  source:
+    inline:
+      source: |
+        module.exports = {{ main: function (event, context) {{ return "never"; }} }}
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: keyless
+  namespace: default
+spec:
+  hosts:
+    - keyless.example.com
+  service:
+    name: keyless
+    namespace: default
+    port: 80
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - jwt:
+        authentications:
+          - issuer: {ISSUER}
+            jwksUri: http://127.0.0.1:1/jwks
+      methods:
+        - GET
+      path: /*
+---
 apiVersion: gateway.kyma-project.io/v2alpha1
 kind: APIRule
 metadata:
@@ -1092,7 +1160,7 @@ spec:
         stdout.contains("apirule.gateway.kyma-project.io/hello created"),
         "{stdout}"
     );
-    for name in ["hello", "secured"] {
+    for name in ["hello", "secured", "keyless"] {
         platform.wait_running_at("default", name).await;
     }
     let port = platform.gateway.rsplit(':').next().unwrap().to_owned();
@@ -1101,7 +1169,7 @@ spec:
         Duration::from_secs(30),
         || async {
             let mut ready = true;
-            for name in ["hello", "secured", "hello-alpha"] {
+            for name in ["hello", "secured", "keyless", "hello-alpha"] {
                 ready &= platform.apirule_state("default", name).await.0 == "Ready";
             }
             ready
@@ -1116,6 +1184,7 @@ spec:
     let hosts = platform.host_client(&[
         "hello.localhost",
         "secured.example.com",
+        "keyless.example.com",
         "hello-alpha.example.com",
     ]);
     let get = |url: String, token: Option<String>| {
@@ -1157,7 +1226,25 @@ spec:
         get(secured.clone(), Some(forged)).await,
         (401, "Jwt verification fails".to_owned())
     );
+    // A token of an issuer the rule does not name: Envoy's JWT filter answers 401 "Jwt
+    // issuer is not configured" (its status for a token whose `iss` no provider has).
+    let stranger = jwt(
+        ISSUER_KEY,
+        "key-1",
+        json!({"iss": "https://stranger.example.com"}),
+    );
+    assert_eq!(
+        get(secured.clone(), Some(stranger)).await,
+        (401, "Jwt issuer is not configured".to_owned())
+    );
+    // An issuer whose JWKS cannot be fetched: Istio gives Envoy a key no token is signed with
+    // (istiod's fallback JWKS), so a valid token gets 401 "Jwt verification fails".
     let token = jwt(ISSUER_KEY, "key-1", json!({}));
+    let keyless = format!("http://keyless.example.com:{port}/");
+    assert_eq!(
+        get(keyless, Some(token.clone())).await,
+        (401, "Jwt verification fails".to_owned())
+    );
     assert_eq!(
         get(secured.clone(), Some(token.clone())).await,
         (200, "secret".to_owned())

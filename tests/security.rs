@@ -1030,9 +1030,9 @@ async fn calls_waiting_for_an_instance_hold_a_bounded_number_of_bytes_per_functi
     .await
     .unwrap();
 
-    // Twenty 2 MiB calls to the Function that never starts: at most two fit its half of the
-    // 8 MiB, and at least the other eighteen are answered at once (each body is charged as it
-    // arrives, so interleaved uploads may leave fewer than two held, never more).
+    // Twenty 2 MiB calls to the Function that never starts: two fit its half of the 8 MiB,
+    // and the other eighteen are answered at once (a body's declared length is charged before
+    // any of it is kept, so the first two to come take the room whole).
     let body = bytes::Bytes::from(vec![b'x'; BODY]);
     let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..20 {
@@ -1078,6 +1078,7 @@ async fn calls_waiting_for_an_instance_hold_a_bounded_number_of_bytes_per_functi
         .await
         .unwrap();
     assert_eq!(woken.status(), 200, "{:?}", woken.text().await);
+    assert_eq!(held, 2, "two calls of 2 MiB fit the Function's 4 MiB");
     assert!(
         answered.try_recv().is_err(),
         "the {held} held calls to the stuck Function are still held"

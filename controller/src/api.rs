@@ -328,9 +328,13 @@ pub fn decode_resource<R: ApiResource>(body: &[u8]) -> Result<(R, &'static str),
     let Some(api_version) = api_version.filter(|_| errors.is_empty()) else {
         return Err(errors);
     };
-    // The typed resources carry their own apiVersion; the one given was checked above.
+    // The typed resources carry their own apiVersion; the one given was checked above. A
+    // written `status` is dropped, whatever it holds, as the Kubernetes API server drops it
+    // from a resource with a status subresource: the controllers write it. (Kyma's Go client
+    // sends a Subscription with its zero status, `backend: {}` among it.)
     if let Some(object) = value.as_object_mut() {
         object.insert("apiVersion".into(), Value::from(R::API_VERSION));
+        object.remove("status");
     }
     serde_path_to_error::deserialize::<_, R>(value)
         .map(|resource| (resource, api_version))

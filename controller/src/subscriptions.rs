@@ -70,6 +70,9 @@ pub fn desired_status(
     } else {
         format!("{message}; {}", ignored.join("; "))
     };
+    if subscription.is_kyma() {
+        set_kyma_conditions(&mut status.conditions, readiness, &message, now);
+    }
     set_condition(
         &mut status.conditions,
         condition_at(
@@ -81,6 +84,45 @@ pub fn desired_status(
         ),
     );
     status
+}
+
+/// The conditions Kyma's JetStream backend gives a Subscription, which Kyma's tools and tests
+/// wait for: `Subscription spec valid` and `Subscription active`, with Kyma's reasons (the
+/// message is eddy's, from `Ready`, where one does not hold).
+pub fn set_kyma_conditions(
+    conditions: &mut Vec<eddy_model::resources::Condition>,
+    readiness: Readiness,
+    message: &str,
+    now: &str,
+) {
+    let valid = readiness != Readiness::Invalid;
+    let active = readiness == Readiness::Ready;
+    for (type_, ok, reason) in [
+        (
+            ConditionType::KymaSubscriptionSpecValid,
+            valid,
+            if valid {
+                Reason::KymaSpecHasNoValidationErrors
+            } else {
+                Reason::KymaSpecHasValidationErrors
+            },
+        ),
+        (
+            ConditionType::KymaSubscriptionActive,
+            active,
+            if active {
+                Reason::KymaNatsSubscriptionActive
+            } else {
+                Reason::KymaNatsSubscriptionNotActive
+            },
+        ),
+    ] {
+        let message = if ok { "" } else { message };
+        set_condition(
+            conditions,
+            condition_at(type_, Some(ok), reason, message, now.to_owned()),
+        );
+    }
 }
 
 type Statuses = Arc<Mutex<HashMap<(String, String), (Subscription, Option<SubscriptionStatus>)>>>;
@@ -273,6 +315,77 @@ mod tests {
             status.conditions[0].status,
             eddy_model::resources::ConditionStatus::True
         );
+    }
+
+    /// A Subscription applied in Kyma's form carries the conditions Kyma's JetStream backend
+    /// writes (eventing-manager's `makeSubscriptionActiveCondition`: type "Subscription
+    /// active", reason "NATS Subscription active", or "NATS Subscription not active" with the
+    /// error as message), which Kyma's e2e suite waits for; eddy's own `Ready` stays beside.
+    #[test]
+    fn kyma_subscriptions_carry_kymas_conditions() {
+        let mut kyma = subscription();
+        kyma.metadata.annotations = Some(
+            [(
+                eddy_model::resources::APPLIED_AS_ANNOTATION.to_owned(),
+                eddy_model::resources::KYMA_SUBSCRIPTION_API_VERSION.to_owned(),
+            )]
+            .into(),
+        );
+        let find = |status: &SubscriptionStatus, type_: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == type_)
+                .map(|c| (c.status.to_string(), c.reason.clone(), c.message.clone()))
+        };
+        let waiting = desired_status(
+            &kyma,
+            None,
+            Readiness::ConsumerNotReady,
+            "no consumer yet".into(),
+            "t1",
+        );
+        assert_eq!(
+            find(&waiting, "Subscription active"),
+            Some((
+                "False".into(),
+                "NATS Subscription not active".into(),
+                "no consumer yet".into()
+            ))
+        );
+        assert_eq!(
+            find(&waiting, "Subscription spec valid"),
+            Some((
+                "True".into(),
+                "Subscription spec has no validation errors".into(),
+                String::new()
+            ))
+        );
+        let active = desired_status(&kyma, Some(&waiting), Readiness::Ready, "ok".into(), "t2");
+        assert_eq!(
+            find(&active, "Subscription active"),
+            Some((
+                "True".into(),
+                "NATS Subscription active".into(),
+                String::new()
+            ))
+        );
+        assert_eq!(
+            find(&active, "Ready").map(|c| c.1),
+            Some("ConsumerReady".into())
+        );
+        let invalid = desired_status(&kyma, None, Readiness::Invalid, "bad sink".into(), "t3");
+        assert_eq!(
+            find(&invalid, "Subscription spec valid"),
+            Some((
+                "False".into(),
+                "Subscription spec has validation errors".into(),
+                "bad sink".into()
+            ))
+        );
+        // eddy's own Subscriptions keep eddy's one condition.
+        let own = desired_status(&subscription(), None, Readiness::Ready, "ok".into(), "t1");
+        assert_eq!(own.conditions.len(), 1);
     }
 
     #[test]

@@ -37,8 +37,13 @@ pub const RBAC_DENIED: &str = "RBAC: access denied";
 /// What eddy's gateway answers a call on an APIRule's host that no rule has a route for (Kyma's
 /// gateway, Envoy, answers 404 with no body): 404 with these words.
 pub const NO_ROUTE: &str = "no rule of this host's APIRule lists this method and path";
-/// What Kyma's gateway (Envoy's JWT filter) answers a token that fails verification: 401.
+/// What Kyma's gateway (Envoy's JWT filter) answers a token that fails verification: 401. It
+/// answers so too when the issuer's keys could not be fetched: Istio then gives Envoy a key
+/// no token is signed with.
 pub const JWT_VERIFICATION_FAILS: &str = "Jwt verification fails";
+/// What Kyma's gateway (Envoy's JWT filter) answers a token whose `iss` is none of the rule's
+/// issuers: 401.
+pub const JWT_ISSUER_NOT_CONFIGURED: &str = "Jwt issuer is not configured";
 
 /// Why the gateway does not serve an APIRule: not honoured (the controller's status says the
 /// same), or what it names cannot be built here.
@@ -198,9 +203,10 @@ impl Chosen {
         } = check;
         let exposure = &self.exposure;
         // As Kyma's gateway (Istio) answers: no token, or a token the rule does not authorize,
-        // is 403 `RBAC: access denied`; a token that fails verification is 401 `Jwt
-        // verification fails` (with `WWW-Authenticate: Bearer`). Why is logged, not said. Keys
-        // that cannot be fetched stay eddy's 503, which says so.
+        // is 403 `RBAC: access denied`; a token that fails verification, or whose issuer's
+        // keys cannot be fetched, is 401 `Jwt verification fails` (with `WWW-Authenticate:
+        // Bearer`). Why is logged, not said: the keys that cannot be fetched as a warning
+        // (the verifier's), the caller's fault at debug.
         let refused = |refusal: Refusal| {
             tracing::debug!(
                 apirule = %format_args!("{}/{}", exposure.namespace, exposure.name),
@@ -208,17 +214,8 @@ impl Chosen {
                 "APIRule refused a call"
             );
             match refusal.status {
-                StatusCode::UNAUTHORIZED => {
-                    ErrorResponse::text(StatusCode::UNAUTHORIZED, JWT_VERIFICATION_FAILS)
-                }
                 StatusCode::FORBIDDEN => ErrorResponse::text(StatusCode::FORBIDDEN, RBAC_DENIED),
-                status => ErrorResponse::message(
-                    status,
-                    format!(
-                        "APIRule {}/{}: {}",
-                        exposure.namespace, exposure.name, refusal.message
-                    ),
-                ),
+                _ => ErrorResponse::text(StatusCode::UNAUTHORIZED, JWT_VERIFICATION_FAILS),
             }
             .into_response()
         };
@@ -232,12 +229,22 @@ impl Chosen {
                 message: "a bearer JWT is required".to_owned(),
             }));
         };
-        // The issuer is told by the token's `iss` (read unverified only to pick the keys).
-        let claimed = unverified_issuer(&token);
-        let issuer = issuers
-            .iter()
-            .find(|issuer| Some(issuer.verifier.spec().issuer.as_str()) == claimed.as_deref())
-            .unwrap_or(first);
+        // The issuer is told by the token's `iss` (read unverified only to pick the keys); a
+        // token without one is checked against the first issuer, whose `iss` it then lacks.
+        let issuer = match unverified_issuer(&token) {
+            None => first,
+            Some(claimed) => issuers
+                .iter()
+                .find(|issuer| issuer.verifier.spec().issuer == claimed)
+                .ok_or_else(|| {
+                    tracing::debug!(
+                        apirule = %format_args!("{}/{}", exposure.namespace, exposure.name),
+                        "APIRule refused a token of an issuer it does not name"
+                    );
+                    ErrorResponse::text(StatusCode::UNAUTHORIZED, JWT_ISSUER_NOT_CONFIGURED)
+                        .into_response()
+                })?,
+        };
         let claims = issuer.verifier.check_token(&token).await.map_err(refused)?;
         if authorizations.is_empty() || authorizations.iter().any(|a| authorized(&claims, a)) {
             Ok(())

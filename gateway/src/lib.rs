@@ -817,14 +817,31 @@ enum Charged {
     Body(BodyError),
 }
 
-/// Reads a whole body as [`read_limited`] does, charging each piece to `held` as it arrives.
+/// Reads a whole body as [`read_limited`] does, charging `held` for the memory it takes
+/// before taking it: a declared length at once (a body over the room left is refused before a
+/// byte of it is kept), a chunked body's buffer as it grows.
 async fn read_charged(
     mut body: axum::body::Body,
     limit: usize,
     held: &mut hold::Held,
 ) -> Result<Bytes, Charged> {
+    use http_body::Body as _;
     use http_body_util::BodyExt as _;
+    let declared = body
+        .size_hint()
+        .exact()
+        .and_then(|length| usize::try_from(length).ok());
     let mut collected = bytes::BytesMut::new();
+    if let Some(length) = declared {
+        if length > limit {
+            return Err(Charged::Body(BodyError::TooLarge));
+        }
+        if let Err(refused) = held.grow(length as u64) {
+            discard(body, length).await;
+            return Err(Charged::Refused(refused));
+        }
+        collected.reserve(length);
+    }
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|error| {
             Charged::Body(if eddy_platform::net::is_stalled(&error) {
@@ -836,17 +853,25 @@ async fn read_charged(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if collected.len() + data.len() > limit {
+        let needed = collected.len() + data.len();
+        if needed > limit {
             return Err(Charged::Body(BodyError::TooLarge));
         }
-        if let Err(refused) = held.grow(data.len() as u64) {
-            // The rest is read and dropped, nothing kept: answering before the request is read
-            // whole makes the server close the connection with data unread, which resets it,
-            // and a proxy in front (the sidecar) then answers its own 503 instead of this one.
-            let room = limit - collected.len() - data.len();
-            drop(collected);
-            discard(body, room).await;
-            return Err(Charged::Refused(refused));
+        if needed > collected.capacity() {
+            // What a Vec's growth allocates (twice what it had, or what is needed), charged
+            // before it is allocated.
+            let grown = needed.max(collected.capacity() * 2);
+            if let Err(refused) = held.grow((grown - collected.capacity()) as u64) {
+                // The rest is read and dropped, nothing kept: answering before the request
+                // is read whole makes the server close the connection with data unread,
+                // which resets it, and a proxy in front (the sidecar) then answers its own
+                // 503 instead of this one.
+                let room = limit - needed;
+                drop(collected);
+                discard(body, room).await;
+                return Err(Charged::Refused(refused));
+            }
+            collected.reserve(grown - collected.len());
         }
         collected.extend_from_slice(&data);
     }

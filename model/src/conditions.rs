@@ -12,6 +12,11 @@ pub enum ConditionType {
     Running,
     /// A Subscription delivers.
     Ready,
+    /// Kyma's condition that a Subscription's consumers deliver (`Subscription active`), set
+    /// on Subscriptions applied in Kyma's form beside `Ready`: Kyma's tools wait for it.
+    KymaSubscriptionActive,
+    /// Kyma's condition that a Subscription's spec is valid (`Subscription spec valid`).
+    KymaSubscriptionSpecValid,
 }
 
 impl ConditionType {
@@ -22,6 +27,8 @@ impl ConditionType {
             Self::BuildReady => "BuildReady",
             Self::Running => "Running",
             Self::Ready => "Ready",
+            Self::KymaSubscriptionActive => "Subscription active",
+            Self::KymaSubscriptionSpecValid => "Subscription spec valid",
         }
     }
 }
@@ -91,6 +98,15 @@ pub enum Reason {
     ConsumerNotReady,
     /// The sink names a function that does not exist or has no address yet.
     SinkNotFound,
+    // Kyma's Subscription conditions, in Kyma's words (its JetStream backend's).
+    /// `Subscription active` holds.
+    KymaNatsSubscriptionActive,
+    /// `Subscription active` does not hold (the message says why).
+    KymaNatsSubscriptionNotActive,
+    /// `Subscription spec valid` holds.
+    KymaSpecHasNoValidationErrors,
+    /// `Subscription spec valid` does not hold (the message names the fields).
+    KymaSpecHasValidationErrors,
 }
 
 impl Reason {
@@ -124,6 +140,10 @@ impl Reason {
             Self::Invalid => "Invalid",
             Self::ConsumerNotReady => "ConsumerNotReady",
             Self::SinkNotFound => "SinkNotFound",
+            Self::KymaNatsSubscriptionActive => "NATS Subscription active",
+            Self::KymaNatsSubscriptionNotActive => "NATS Subscription not active",
+            Self::KymaSpecHasNoValidationErrors => "Subscription spec has no validation errors",
+            Self::KymaSpecHasValidationErrors => "Subscription spec has validation errors",
         }
     }
 }

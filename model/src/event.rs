@@ -434,10 +434,14 @@ fn check_required(name: &'static str, value: Option<&str>) -> Result<(), EventEr
     match value {
         None => Err(EventError::invalid(name, "required attribute is missing")),
         Some("") => Err(EventError::invalid(name, "must not be empty")),
-        Some(version) if name == "specversion" && version != "1.0" => Err(EventError::invalid(
-            name,
-            format!("unsupported specversion `{version}`; eddy accepts 1.0"),
-        )),
+        Some(version) if name == "specversion" && version != SPEC_VERSION => {
+            Err(EventError::invalid(
+                name,
+                format!(
+                    "unsupported specversion `{version}`; eddy accepts 1.0 (and 0.3, stored as 1.0)"
+                ),
+            ))
+        }
         Some(_) => Ok(()),
     }
 }
@@ -451,10 +455,13 @@ fn subject_of(source: &str, ty: &str) -> Result<String, EventError> {
 }
 
 fn finish(
-    builder: HeaderBuilder,
+    mut builder: HeaderBuilder,
     payload: Bytes,
     limits: &Limits,
 ) -> Result<OutgoingEvent, EventError> {
+    if let Some(ty) = builder.headers.get("ce-type").map(str::to_owned) {
+        set_original_type(&mut builder.headers, ty);
+    }
     let size = builder.headers.encoded_size() + payload.len();
     if size > limits.max_event_size {
         return Err(EventError::too_large(size, limits.max_event_size));
@@ -482,6 +489,60 @@ fn finish(
     })
 }
 
+/// Sets `originaltype` as Kyma's publisher proxy does (its `GenericBuilder`): to the type as
+/// published, over any value the publisher gave. That proxy skips events whose type is
+/// already in its legacy form (`sap.kyma.custom.…`); eddy sets it on every event, which is what
+/// Kyma's eventing e2e suite checks of every delivered event (eddy never rewrites a type, so
+/// `originaltype` is always the type delivered).
+pub(crate) fn set_original_type(headers: &mut EventHeaders, ty: String) {
+    headers.set(names::ORIGINAL_TYPE, ty);
+}
+
+/// The text of a binary-mode attribute header. The HTTP binding percent-encodes what is not
+/// printable ASCII, and such a value is decoded. A value with bytes past ASCII was not encoded
+/// (CloudEvents' Go SDK, and with it Kyma's publisher proxy, writes UTF-8 as it is and reads it
+/// so): it is taken as the UTF-8 text it is, `%` included.
+fn header_text<'a>(
+    attribute: &str,
+    value: &'a http::HeaderValue,
+) -> Result<Cow<'a, str>, EventError> {
+    if value.as_bytes().is_ascii() {
+        return percent_encoding::percent_decode(value.as_bytes())
+            .decode_utf8()
+            .map_err(|_| {
+                EventError::invalid(
+                    attribute.to_owned(),
+                    "value is not UTF-8 once percent-decoded",
+                )
+            });
+    }
+    std::str::from_utf8(value.as_bytes())
+        .map(Cow::Borrowed)
+        .map_err(|_| {
+            EventError::invalid(
+                attribute.to_owned(),
+                "header value must be percent-encoded ASCII or UTF-8",
+            )
+        })
+}
+
+/// The CloudEvents version eddy stores.
+const SPEC_VERSION: &str = "1.0";
+/// The earlier version eddy reads and stores as 1.0, as CloudEvents' Go SDK converts it:
+/// `schemaurl` becomes `dataschema`, a structured event's base64 `data`
+/// (`datacontentencoding: base64`) becomes its data's bytes, other attributes stay.
+const SPEC_VERSION_03: &str = "0.3";
+
+/// 0.3's `schemaurl` may be relative; 1.0's `dataschema`, which it becomes, may not.
+fn check_schemaurl(text: &str) -> Result<(), EventError> {
+    url::Url::parse(text).map(drop).map_err(|error| {
+        EventError::invalid(
+            "schemaurl",
+            format!("must be an absolute URI to be stored as 1.0's dataschema: {error}"),
+        )
+    })
+}
+
 /// A binary-mode event: attributes in `ce-*` headers, the body as data. Header values are
 /// percent-decoded as the HTTP binding says, so JetStream holds the attribute values themselves;
 /// typed attributes (time, dataschema) are checked as decoded, with the same parsers the
@@ -493,27 +554,30 @@ pub fn from_binary(
     limits: &Limits,
 ) -> Result<OutgoingEvent, EventError> {
     let mut builder = HeaderBuilder::new();
+    let v03 = headers
+        .get("ce-specversion")
+        .is_some_and(|version| version.as_bytes() == SPEC_VERSION_03.as_bytes());
     for (name, value) in headers {
         let Some(attribute) = name.as_str().strip_prefix(names::CE_PREFIX) else {
             continue;
         };
         check_attribute_name(attribute)?;
-        if value.to_str().is_err() {
-            // The HTTP binding carries other characters percent-encoded.
-            return Err(EventError::invalid(
-                attribute.to_owned(),
-                "header value must be printable ASCII; percent-encode other characters",
-            ));
-        }
-        let decoded = percent_encoding::percent_decode(value.as_bytes())
-            .decode_utf8()
-            .map_err(|_| {
-                EventError::invalid(
-                    attribute.to_owned(),
-                    "value is not UTF-8 once percent-decoded",
-                )
-            })?;
+        let decoded = header_text(attribute, value)?;
         check_text(attribute, &decoded)?;
+        if v03 {
+            match attribute {
+                "specversion" => {
+                    builder.insert(attribute, name.as_str().to_owned(), SPEC_VERSION)?;
+                    continue;
+                }
+                "schemaurl" => {
+                    check_schemaurl(&decoded)?;
+                    builder.insert(attribute, "ce-dataschema", &decoded)?;
+                    continue;
+                }
+                _ => {}
+            }
+        }
         check_typed_attribute(attribute, &decoded)?;
         builder.insert(attribute, name.as_str().to_owned(), &decoded)?;
     }
@@ -608,14 +672,14 @@ pub fn from_raw(
             .map_err(|error| EventError::malformed(format!("invalid CloudEvent: {error}")))?;
         map.insert(name, value);
     }
-    let data = data.filter(|data| data.get() != "null");
+    let mut data = data.filter(|data| data.get() != "null");
     if data.is_some() && map.get("data_base64").is_some_and(|v| !v.is_null()) {
         return Err(EventError::invalid(
             "data_base64",
             "an event has `data` or `data_base64`, not both",
         ));
     }
-    check_structured(&mut map)?;
+    check_structured(&mut map, &mut data)?;
     // The SDK checks the attributes (and decodes `data_base64`); `data` stays out of it.
     let mut event: Event =
         serde_json::from_value(Value::Object(map)).map_err(|error| sdk_json_error(&error))?;
@@ -676,8 +740,14 @@ fn is_json_content_type(content_type: &str) -> bool {
 
 /// Checks names and value types of a structured event before the SDK sees it. JSON `null`
 /// attributes count as absent, as the JSON event format says.
-fn check_structured(map: &mut Map<String, Value>) -> Result<(), EventError> {
+fn check_structured(
+    map: &mut Map<String, Value>,
+    data: &mut Option<&RawValue>,
+) -> Result<(), EventError> {
     map.retain(|_, value| !value.is_null());
+    if map.get("specversion").and_then(Value::as_str) == Some(SPEC_VERSION_03) {
+        upgrade_v03(map, data)?;
+    }
     // `data` was taken out by `from_raw` (which refuses it beside `data_base64`).
     for (name, value) in map.iter() {
         if name == "data_base64" {
@@ -721,6 +791,46 @@ fn check_structured(map: &mut Map<String, Value>) -> Result<(), EventError> {
     }
     for required in REQUIRED {
         check_required(required, map.get(required).and_then(Value::as_str))?;
+    }
+    Ok(())
+}
+
+/// A 0.3 structured event as 1.0 (see [`SPEC_VERSION_03`]).
+fn upgrade_v03(
+    map: &mut Map<String, Value>,
+    data: &mut Option<&RawValue>,
+) -> Result<(), EventError> {
+    map.insert("specversion".to_owned(), Value::from(SPEC_VERSION));
+    if let Some(schemaurl) = map.remove("schemaurl") {
+        let text = schemaurl
+            .as_str()
+            .ok_or_else(|| EventError::invalid("schemaurl", "must be a string"))?;
+        check_schemaurl(text)?;
+        map.insert("dataschema".to_owned(), schemaurl);
+    }
+    match map.remove("datacontentencoding") {
+        None => {}
+        Some(Value::String(encoding)) if encoding.eq_ignore_ascii_case("base64") => {
+            let text = data
+                .take()
+                .map(|raw| serde_json::from_str::<String>(raw.get()))
+                .transpose()
+                .ok()
+                .flatten()
+                .ok_or_else(|| {
+                    EventError::invalid(
+                        "data",
+                        "with datacontentencoding base64, data must be a base64 string",
+                    )
+                })?;
+            map.insert("data_base64".to_owned(), Value::String(text));
+        }
+        Some(_) => {
+            return Err(EventError::invalid(
+                "datacontentencoding",
+                "the only encoding CloudEvents 0.3 defines is base64",
+            ));
+        }
     }
     Ok(())
 }
@@ -937,7 +1047,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(error.field.as_deref(), Some("id"));
-        // Typed attributes are checked as decoded; raw bytes past ASCII must be percent-encoded.
+        // Typed attributes are checked as decoded.
         let required = [
             ("ce-specversion", "1.0"),
             ("ce-id", "1"),
@@ -954,11 +1064,142 @@ mod tests {
         for (name, value, field) in [
             ("ce-time", &b"2026-11-25T10%3A00"[..], "time"),
             ("ce-dataschema", b"not a uri", "dataschema"),
-            ("ce-subject", "ü".as_bytes(), "subject"),
         ] {
             let error = with(name, value).unwrap_err();
             assert_eq!(error.field.as_deref(), Some(field), "{error:?}");
         }
+    }
+
+    /// Kyma's publisher proxy (`GenericBuilder.Build`): "ceEvent.SetExtension(
+    /// OriginalTypeHeaderName, event.Type())", `originaltype` over whatever the publisher set;
+    /// Kyma's eventing e2e suite checks every delivered event for it, equal to the type.
+    #[test]
+    fn every_event_carries_its_type_as_originaltype() {
+        let binary = from_binary(
+            &headers(&[
+                ("ce-specversion", "1.0"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "order.created.v1"),
+                ("ce-originaltype", "forged"),
+            ]),
+            Bytes::new(),
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(
+            binary.headers.get(names::ORIGINAL_TYPE),
+            Some("order.created.v1")
+        );
+        let structured = from_structured(
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"Order-$.third.R-e-c-e-i-v-e-d.v1"}"#,
+            &TraceContext::default(),
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(
+            structured.headers.get(names::ORIGINAL_TYPE),
+            Some("Order-$.third.R-e-c-e-i-v-e-d.v1")
+        );
+        // Kyma's legacy form too: Kyma's e2e suite publishes it to exact Subscriptions and
+        // checks "expected originaltype header to have value" equal to the type.
+        let legacy_form = from_structured(
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"sap.kyma.custom.app.order.created.v1"}"#,
+            &TraceContext::default(),
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(
+            legacy_form.headers.get(names::ORIGINAL_TYPE),
+            Some("sap.kyma.custom.app.order.created.v1")
+        );
+    }
+
+    /// CloudEvents' Go SDK (so Kyma's publisher proxy) writes and reads binary-mode values as
+    /// they are, UTF-8 included: such a value is stored unchanged, `%` included; a value in
+    /// ASCII is percent-decoded as the HTTP binding says.
+    #[test]
+    fn raw_utf8_header_values_are_stored_as_they_are() {
+        let mut map = headers(&[
+            ("ce-specversion", "1.0"),
+            ("ce-id", "1"),
+            ("ce-source", "s"),
+        ]);
+        map.insert(
+            "ce-type",
+            http::HeaderValue::from_bytes("commande.créée.v1".as_bytes()).unwrap(),
+        );
+        map.insert(
+            "ce-subject",
+            http::HeaderValue::from_bytes("100% über".as_bytes()).unwrap(),
+        );
+        let event = from_binary(&map, Bytes::new(), &LIMITS).unwrap();
+        assert_eq!(event.headers.get("ce-type"), Some("commande.créée.v1"));
+        assert_eq!(event.headers.get("ce-subject"), Some("100% über"));
+        event.check_invariants(&LIMITS).unwrap();
+        // Bytes that are not UTF-8 are refused, naming the attribute.
+        map.insert(
+            "ce-subject",
+            http::HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
+        );
+        let error = from_binary(&map, Bytes::new(), &LIMITS).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("subject"), "{error:?}");
+    }
+
+    /// CloudEvents 0.3, which Kyma's publisher proxy (sdk-go) reads, is stored as 1.0 the way
+    /// sdk-go's `EventContextV03.AsV1` converts it: "ret.DataSchema = &types.URI{URL:
+    /// ec.SchemaURL.URL}", other attributes kept; a 0.3 structured event's base64 data
+    /// (`datacontentencoding: base64`) becomes its bytes.
+    #[test]
+    fn specversion_0_3_is_stored_as_1_0() {
+        let binary = from_binary(
+            &headers(&[
+                ("ce-specversion", "0.3"),
+                ("ce-id", "1"),
+                ("ce-source", "s"),
+                ("ce-type", "t"),
+                ("ce-schemaurl", "https://example.com/schema"),
+            ]),
+            Bytes::from_static(b"x"),
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(binary.headers.get("ce-specversion"), Some("1.0"));
+        assert_eq!(
+            binary.headers.get("ce-dataschema"),
+            Some("https://example.com/schema")
+        );
+        assert_eq!(binary.headers.get("ce-schemaurl"), None);
+        let structured = from_structured(
+            br#"{"specversion":"0.3","id":"1","source":"s","type":"t",
+                 "schemaurl":"https://example.com/schema","datacontenttype":"text/plain",
+                 "datacontentencoding":"base64","data":"aGVsbG8="}"#,
+            &TraceContext::default(),
+            &LIMITS,
+        )
+        .unwrap();
+        assert_eq!(structured.headers.get("ce-specversion"), Some("1.0"));
+        assert_eq!(
+            structured.headers.get("ce-dataschema"),
+            Some("https://example.com/schema")
+        );
+        assert_eq!(&structured.payload[..], b"hello");
+        structured.check_invariants(&LIMITS).unwrap();
+        // 0.3's schemaurl may be relative, 1.0's dataschema not: refused, naming it.
+        let error = from_structured(
+            br#"{"specversion":"0.3","id":"1","source":"s","type":"t","schemaurl":"/schema"}"#,
+            &TraceContext::default(),
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("schemaurl"), "{error:?}");
+        let error = from_structured(
+            br#"{"specversion":"0.2","id":"1","source":"s","type":"t"}"#,
+            &TraceContext::default(),
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("specversion"), "{error:?}");
     }
 
     #[test]

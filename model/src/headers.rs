@@ -8,6 +8,11 @@ pub const CONTENT_TYPE: &str = "content-type";
 pub const TRACEPARENT: &str = "traceparent";
 /// W3C trace context vendor state.
 pub const TRACESTATE: &str = "tracestate";
+/// The `originaltype` extension Kyma's publisher proxy sets on every event it builds: the type
+/// as the publisher wrote it (Kyma's dispatcher delivers it back as the type).
+pub const ORIGINAL_TYPE: &str = "ce-originaltype";
+/// The `eventtypeversion` extension of an event converted from Kyma's legacy format.
+pub const EVENT_TYPE_VERSION: &str = "ce-eventtypeversion";
 /// Media type of a structured CloudEvent.
 pub const CLOUDEVENTS_JSON: &str = "application/cloudevents+json";
 /// Media type of a batch of structured CloudEvents.

@@ -170,6 +170,8 @@ pub fn from_legacy(
         ("ce-type", ty.as_str()),
         ("ce-time", time),
         (names::CONTENT_TYPE, "application/json"),
+        // As Kyma's legacy conversion sets it.
+        (names::EVENT_TYPE_VERSION, version),
     ] {
         // Every value was checked for control characters above; check rather than assume.
         if value.contains(['\r', '\n']) {
@@ -180,6 +182,7 @@ pub fn from_legacy(
         }
         headers.push(Cow::Borrowed(name), value.to_owned());
     }
+    crate::event::set_original_type(&mut headers, ty.clone());
     // Counted as the other modes count it: the NATS header preamble, each header, the data.
     let size = headers.encoded_size() + payload.len();
     if size > limits.max_event_size {
@@ -288,6 +291,14 @@ mod tests {
         );
         assert_eq!(&event.payload[..], br#"{"b":1,"a":2}"#);
         assert_eq!(event.msg_id, message_id("shop", "e1"));
+        // Kyma's legacy conversion: "event.SetExtension(eventTypeVersionExtensionKey,
+        // eventTypeVersion)"; its publisher proxy's builder then sets `originaltype`.
+        assert_eq!(event.headers.get("ce-eventtypeversion"), Some("v1"));
+        assert_eq!(
+            event.headers.get("ce-originaltype"),
+            Some("order.created.v1")
+        );
+        event.check_invariants(&LIMITS).unwrap();
     }
 
     #[test]

@@ -239,6 +239,12 @@ async fn sniff(stream: &TcpStream, within: Duration) -> Option<Protocol> {
     tokio::time::timeout(within, sniffing).await.ok().flatten()
 }
 
+/// The most one HTTP/1.1 connection buffers of what it reads: a request's head must fit
+/// (larger is answered 431, as Envoy refuses a head over 60 KiB), and a body streams through
+/// it. hyper's own bound (408 KiB) let two hundred connections sending large bodies at once
+/// take 80 MiB of buffers, more than the chart gives the gateway besides what it holds.
+pub const HTTP1_MAX_BUFFER: usize = 64 * 1024;
+
 /// Requests in flight at once on one HTTP/2 connection (each connection counts once against
 /// `--max-connections`).
 pub const HTTP2_MAX_STREAMS: u32 = 256;
@@ -280,7 +286,8 @@ where
     http.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(None)
-        .keep_alive(true);
+        .keep_alive(true)
+        .max_buf_size(HTTP1_MAX_BUFFER);
     http.http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(HTTP2_MAX_STREAMS)

@@ -69,14 +69,23 @@ pub async fn reconcile_kyma_subscription(
     match eddy_model::kyma::native_subscription(value) {
         Ok(subscription) => reconcile_subscription(Arc::new(subscription), context).await,
         Err(errors) => {
+            let message = describe_errors(&errors);
+            let mut conditions = Vec::new();
+            crate::subscriptions::set_kyma_conditions(
+                &mut conditions,
+                crate::subscriptions::Readiness::Invalid,
+                &message,
+                &crate::status::now(),
+            );
+            conditions.push(condition(
+                ConditionType::Ready,
+                Some(false),
+                Reason::Invalid,
+                message,
+            ));
             let status = SubscriptionStatus {
                 ready: false,
-                conditions: vec![condition(
-                    ConditionType::Ready,
-                    Some(false),
-                    Reason::Invalid,
-                    describe_errors(&errors),
-                )],
+                conditions,
                 ..SubscriptionStatus::default()
             };
             let kyma = eddy_model::kyma::subscription_resource();
