@@ -784,6 +784,110 @@ spec:
     );
 }
 
+/// Kyma's publisher proxy publishes a legacy event twice (`publishLegacyEventsAsCE`): as a
+/// CloudEvent of the application, and in Kyma's legacy form
+/// `sap.kyma.custom.<app>.<event>.<version>` (`WriteLegacyRequestsToCE`), which the exact
+/// Subscriptions of Kyma's eventing e2e suite name (`sap.kyma.custom.commerce.order.created.v1`,
+/// source `commerce`, checked for id, type, source, data and `originaltype`). eddy stores
+/// both; a Subscription that takes both forms gets the event once, in its own form.
+#[tokio::test(flavor = "multi_thread")]
+async fn legacy_events_reach_subscriptions_in_kymas_legacy_form_once() {
+    let platform = Platform::start().await;
+    let exact = support::Sink::ok().await;
+    let standard = support::Sink::ok().await;
+    let both = support::Sink::ok().await;
+    let manifest = format!(
+        r#"apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata:
+  name: legacy-exact
+spec:
+  sink: {exact}
+  source: commerce
+  types: [sap.kyma.custom.commerce.order.created.v1]
+  typeMatching: exact
+---
+apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata:
+  name: legacy-standard
+spec:
+  sink: {standard}
+  source: commerce
+  types: [order.created.v1]
+---
+apiVersion: eventing.kyma-project.io/v1alpha2
+kind: Subscription
+metadata:
+  name: legacy-both
+spec:
+  sink: {both}
+  source: ""
+  types: [order.created.v1, sap.kyma.custom.commerce.order.created.v1]
+  typeMatching: exact
+"#,
+        exact = exact.url,
+        standard = standard.url,
+        both = both.url,
+    );
+    let (ok, stdout, stderr) = platform.apply_text(&manifest).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    for name in ["legacy-exact", "legacy-standard", "legacy-both"] {
+        platform.wait_subscription_ready(name).await;
+    }
+    let response = platform
+        .http
+        .post(format!("{}/commerce/v1/events", platform.bus))
+        .json(
+            &json!({"event-type": "order.created", "event-type-version": "v1",
+            "event-id": "legacy-1", "event-time": "2020-04-02T21:37:00Z",
+            "data": "{\"app\":\"commerce\",\"mode\":\"legacy\"}"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    exact.wait_for(1).await;
+    standard.wait_for(1).await;
+    both.wait_for(1).await;
+    for name in ["legacy-exact", "legacy-standard", "legacy-both"] {
+        platform.wait_settled(name).await;
+    }
+    let only = |sink: &support::Sink| {
+        let received = sink.received();
+        assert_eq!(received.len(), 1, "{:?}", sink.ids());
+        let event = &received[0];
+        (
+            event.header("ce-id").to_owned(),
+            event.header("ce-type").to_owned(),
+            event.header("ce-source").to_owned(),
+            event.header("ce-originaltype").to_owned(),
+            event.body.clone(),
+        )
+    };
+    let data = bytes::Bytes::from_static(br#""{\"app\":\"commerce\",\"mode\":\"legacy\"}""#);
+    let kyma_form = "sap.kyma.custom.commerce.order.created.v1";
+    assert_eq!(
+        only(&exact),
+        (
+            "legacy-1".into(),
+            kyma_form.into(),
+            "commerce".into(),
+            kyma_form.into(),
+            data.clone()
+        )
+    );
+    let own_form = (
+        "legacy-1".to_owned(),
+        "order.created.v1".to_owned(),
+        "commerce".to_owned(),
+        "order.created.v1".to_owned(),
+        data,
+    );
+    assert_eq!(only(&standard), own_form);
+    assert_eq!(only(&both), own_form, "once, in its own form");
+}
+
 /// What Kyma's samples write that Kubernetes allows: env names with `-` and `.` (`API-KEY`),
 /// `fieldRef` and `resourceFieldRef` (locally: the Function's name, namespace and labels, its
 /// profile's resources), Kyma's current body limit `FUNC_BODY_MB_LIMIT` in both runtimes, and

@@ -313,6 +313,7 @@ mod tests {
                 },
                 timeout: Duration::from_secs(1),
             },
+            filter_subjects: Vec::new(),
         };
         let headers =
             dead_letter_headers(Some(&original), &target, Failure::Http5xx, Some(500), 3, 42);

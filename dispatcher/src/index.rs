@@ -149,9 +149,10 @@ pub fn plan_for(
     let (namespace, name) = subscription.key();
     let policy = subscription.spec.delivery_policy()?;
     let types = subscription.type_subjects()?;
+    let filter_subjects: Vec<String> = types.into_iter().map(|t| t.subject).collect();
     let plan = ConsumerPlan {
         name: consumer_name(&namespace, &name),
-        filter_subjects: types.into_iter().map(|t| t.subject).collect(),
+        filter_subjects: filter_subjects.clone(),
         policy,
         ack_wait,
         deliver_from: subscription
@@ -168,6 +169,7 @@ pub fn plan_for(
         name,
         sink: subscription.spec.sink.clone(),
         policy,
+        filter_subjects,
     };
     Ok((target, plan))
 }

@@ -72,6 +72,7 @@ pub struct Metrics {
     in_flight: Family<SubscriptionLabel, Gauge>,
     stream_breaks: Family<ReasonLabels, Counter>,
     scaled: Family<ScaleLabels, Counter>,
+    skipped: Family<SubscriptionLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -134,9 +135,17 @@ impl Metrics {
             "Replica changes of Functions that scale to zero, by direction (wake, out, in, zero)",
             scaled.clone(),
         );
+        let skipped = Family::<SubscriptionLabel, Counter>::default();
+        registry.register(
+            "skipped",
+            "Events taken without delivery: a legacy event's copy in Kyma's legacy form, where \
+             the Subscription takes the event itself",
+            skipped.clone(),
+        );
         Self {
             registry,
             scaled,
+            skipped,
             delivered,
             retried,
             dead_lettered,
@@ -157,6 +166,12 @@ impl Metrics {
                 direction,
             })
             .inc();
+    }
+
+    /// A legacy event's copy in Kyma's form was taken without delivery: the Subscription
+    /// takes the event itself.
+    pub fn skipped(&self, subscription: &str) {
+        self.skipped.get_or_create(&Self::label(subscription)).inc();
     }
 
     /// A subscription's message stream ended for `reason` (a fixed vocabulary) and is rebuilt.

@@ -128,6 +128,26 @@ pub struct Target {
     pub sink: String,
     /// Delivery settings.
     pub policy: DeliveryPolicy,
+    /// The subjects its consumer takes (one per type).
+    pub filter_subjects: Vec<String>,
+}
+
+impl Target {
+    /// Whether `message` is a legacy event's copy in Kyma's legacy form whose event this
+    /// Subscription takes too: it is taken without delivery, so that no Subscription gets one
+    /// legacy event twice.
+    fn takes_the_original_of(&self, message: &jetstream::Message) -> bool {
+        let Some(original) = message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(eddy_model::legacy::KYMA_FORM_OF))
+        else {
+            return false;
+        };
+        self.filter_subjects
+            .iter()
+            .any(|filter| eddy_model::subject::filter_matches(filter, original.as_str()))
+    }
 }
 
 /// Runs the live consumer of a Subscription until `cancel`: keeps the consumer in place and
@@ -311,6 +331,14 @@ pub async fn consume(
             message = messages.next(), if running.len() < max_in_flight => match message {
                 Some(Ok(message)) => {
                     delivered = true;
+                    if target.takes_the_original_of(&message) {
+                        shared.metrics.skipped(&target.label);
+                        tracing::debug!(reason = "delivered_as_the_original", "a legacy event's copy in Kyma's form taken without delivery");
+                        if let Err(error) = message.ack().await {
+                            tracing::warn!(%error, "ack failed; the copy will come again and be taken again");
+                        }
+                        continue;
+                    }
                     let resolved = sink.get(&shared.sinks, &target.sink);
                     running.push(handle(shared, target, &series, &recent, resolved, gate.as_ref(), message));
                 }

@@ -100,6 +100,7 @@ fn target() -> Target {
             backoff: Backoff::exponential(Duration::from_secs(1), Duration::from_secs(10)),
             timeout: Duration::from_secs(5),
         },
+        filter_subjects: Vec::new(),
     }
 }
 

@@ -807,7 +807,22 @@ async fn publish_legacy(
         }
     };
     let id = event.id.clone();
-    match state.publisher.publish(event).await {
+    // Stored twice, as Kyma's publisher proxy publishes it: as eddy's CloudEvent and in Kyma's
+    // legacy form, which exact Subscriptions written for Kyma take (the dispatcher delivers
+    // the copy only where the event itself is not delivered). Answered when both are stored.
+    let copy = legacy::kyma_form(&application, &event);
+    let stored = match copy {
+        None => state.publisher.publish(event).await,
+        Some(copy) => {
+            let mut results = store_in_order(&state, vec![event, copy]).await.into_iter();
+            match (results.next(), results.next()) {
+                (Some(Ok(stored)), Some(Ok(_))) => Ok(stored),
+                (Some(Err(failure)), _) | (_, Some(Err(failure))) => Err(failure),
+                _ => Err(PublishFailure::Unavailable),
+            }
+        }
+    };
+    match stored {
         Ok(stored) => {
             state
                 .metrics

@@ -572,13 +572,45 @@ async fn legacy_events_are_stored_as_cloudevents() {
         response.json::<Value>().await.unwrap(),
         json!({"event-id": "leg-1"})
     );
-    let stored = bus.last_stored().await;
+    // Stored twice, as Kyma's publisher proxy publishes it: as a CloudEvent, then in Kyma's
+    // legacy form (its JetStream sender's `sap.kyma.custom.<app>.<event>.<version>`).
+    assert_eq!(bus.stored_count().await, 2);
+    let stored = bus.stored(1).await;
     assert_eq!(stored.subject.as_str(), "eddy.events.shop.order.created.v1");
     assert_eq!(header(&stored, "ce-type"), Some("order.created.v1"));
     assert_eq!(header(&stored, "ce-source"), Some("shop"));
     assert_eq!(header(&stored, "ce-time"), Some("2024-05-01T08:00:00Z"));
     assert_eq!(header(&stored, "content-type"), Some("application/json"));
+    assert_eq!(header(&stored, "ce-eventtypeversion"), Some("v1"));
+    assert_eq!(header(&stored, "ce-originaltype"), Some("order.created.v1"));
     assert_eq!(&stored.payload[..], br#"{"sku":"A-1"}"#);
+    let copy = bus.stored(2).await;
+    assert_eq!(
+        copy.subject.as_str(),
+        "eddy.events.shop.sap.kyma.custom.shop.order.created.v1"
+    );
+    assert_eq!(
+        header(&copy, "ce-type"),
+        Some("sap.kyma.custom.shop.order.created.v1")
+    );
+    assert_eq!(header(&copy, "ce-id"), Some("leg-1"));
+    assert_eq!(
+        header(&copy, "eddy-kyma-form-of"),
+        Some("eddy.events.shop.order.created.v1")
+    );
+    assert_eq!(&copy.payload[..], br#"{"sku":"A-1"}"#);
+    // A retried publish is stored once, both forms.
+    let again = bus
+        .post("/shop/v1/events")
+        .json(
+            &json!({"event-type": "order.created", "event-type-version": "v1", "event-id": "leg-1",
+            "event-time": "2024-05-01T08:00:00Z", "data": {"sku": "A-1"}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(bus.stored_count().await, 2);
 
     // Without an id, one is generated and returned.
     let response = bus

@@ -209,6 +209,71 @@ pub fn from_legacy(
 /// application's event as `<prefix>.<application>.<event>.<version>`.
 pub const KYMA_EVENT_TYPE_PREFIX: &str = "sap.kyma.custom";
 
+/// Header of a legacy event's copy in Kyma's legacy form ([`kyma_form`]): the subject of the
+/// event it copies. The dispatcher delivers the copy only to a Subscription that does not
+/// also take that subject, so no Subscription gets one legacy event twice.
+pub const KYMA_FORM_OF: &str = "eddy-kyma-form-of";
+
+/// The copy of a legacy event that Kyma's publisher proxy also publishes (its JetStream
+/// sender, `WriteLegacyRequestsToCE`): the type `sap.kyma.custom.<app>.<event>.<version>`, with
+/// the application cleaned to letters and digits and the event name to two segments
+/// (`Account.Order.Created` becomes `AccountOrder.Created`, characters other than letters,
+/// digits and dots removed), so exact Subscriptions written for Kyma's legacy form receive it.
+/// It keeps the event's id, source, time, data and `eventtypeversion`; its `originaltype` is
+/// its own type (what Kyma's eventing e2e suite checks), [`KYMA_FORM_OF`] names `event`'s
+/// subject, and its message id is its own (JetStream would take it for a repeat of `event`).
+/// `None` when cleaning leaves an empty segment, where Kyma's proxy would refuse the event.
+pub fn kyma_form(application: &str, event: &OutgoingEvent) -> Option<OutgoingEvent> {
+    let version = event.headers.get(names::EVENT_TYPE_VERSION)?;
+    let event_type = event
+        .headers
+        .get("ce-type")?
+        .strip_suffix(version)?
+        .strip_suffix('.')?;
+    let clean_application: String = application
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    let clean_event: String = event_type
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
+        .collect();
+    let (object, operation) = match clean_event.rsplit_once('.') {
+        Some((object, operation)) => (object.replace('.', ""), operation),
+        None => (String::new(), clean_event.as_str()),
+    };
+    let mut ty = format!("{KYMA_EVENT_TYPE_PREFIX}.{clean_application}.");
+    if clean_event.contains('.') {
+        ty.push_str(&object);
+        ty.push('.');
+    }
+    ty.push_str(operation);
+    ty.push('.');
+    ty.push_str(version);
+    let subject = subject::event_subject(application, &ty).ok()?;
+    let mut headers = EventHeaders::default();
+    for (name, value) in event.headers.iter() {
+        let value = match name {
+            "ce-type" | names::ORIGINAL_TYPE => ty.clone(),
+            _ => value.to_owned(),
+        };
+        headers.push(Cow::Owned(name.to_owned()), value);
+    }
+    headers.set(KYMA_FORM_OF, event.subject.clone());
+    Some(OutgoingEvent {
+        subject,
+        // A source no event can have (a newline), so the id never meets a real event's.
+        msg_id: message_id(
+            &format!("{KYMA_EVENT_TYPE_PREFIX}\n{application}"),
+            &event.id,
+        ),
+        headers,
+        payload: event.payload.clone(),
+        id: event.id.clone(),
+        source: event.source.clone(),
+    })
+}
+
 /// One event type subscribed for an application, as Kyma's publisher proxy lists it under
 /// `GET /{application}/v1/events/subscribed`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -299,6 +364,55 @@ mod tests {
             Some("order.created.v1")
         );
         event.check_invariants(&LIMITS).unwrap();
+    }
+
+    /// Kyma's publisher proxy publishes a legacy event a second time, in the legacy form
+    /// (`convertPublishRequestToCloudEvent`: "eventName :=
+    /// combineEventNameSegments(removeNonAlphanumeric(...EventType))", the application cleaned
+    /// by `GetCleanName`), which Kyma's e2e suite's exact Subscriptions
+    /// (`sap.kyma.custom.commerce.order.created.v1`) receive.
+    #[test]
+    fn the_kyma_form_is_kymas_legacy_type() {
+        let form = |application: &str, event_type: &str| {
+            let body = format!(
+                r#"{{"event-type":"{event_type}","event-type-version":"v1","event-id":"e1",
+                    "event-time":"2024-01-01T00:00:00Z","data":{{"a":1}}}}"#
+            );
+            let event =
+                from_legacy(application, body.as_bytes(), &LIMITS, || "x".to_owned()).unwrap();
+            kyma_form(application, &event).map(|copy| (event, copy))
+        };
+        let (event, copy) = form("commerce", "order.created").unwrap();
+        assert_eq!(
+            copy.headers.get("ce-type"),
+            Some("sap.kyma.custom.commerce.order.created.v1")
+        );
+        assert_eq!(
+            copy.headers.get("ce-originaltype"),
+            Some("sap.kyma.custom.commerce.order.created.v1")
+        );
+        assert_eq!(
+            copy.subject,
+            "eddy.events.commerce.sap.kyma.custom.commerce.order.created.v1"
+        );
+        assert_eq!(copy.headers.get(KYMA_FORM_OF), Some(event.subject.as_str()));
+        assert_eq!(copy.headers.get("ce-id"), Some("e1"));
+        assert_eq!(copy.headers.get("ce-source"), Some("commerce"));
+        assert_eq!(copy.headers.get("ce-eventtypeversion"), Some("v1"));
+        assert_eq!(copy.payload, event.payload);
+        assert_ne!(copy.msg_id, event.msg_id);
+        let (_, copy) = form("my-app", "Account.Order-Item.Created").unwrap();
+        assert_eq!(
+            copy.headers.get("ce-type"),
+            Some("sap.kyma.custom.myapp.AccountOrderItem.Created.v1")
+        );
+        let (_, copy) = form("app", "created").unwrap();
+        assert_eq!(
+            copy.headers.get("ce-type"),
+            Some("sap.kyma.custom.app.created.v1")
+        );
+        // Nothing left of the application: no legacy form.
+        assert!(form("--", "order.created").is_none());
     }
 
     #[test]

@@ -179,10 +179,65 @@ pub fn message_id(source: &str, id: &str) -> String {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// Whether a NATS subject `filter` (`*` one token, `>` one or more at the end) takes
+/// `subject`, as the server decides it for a consumer's filter subjects. Pure.
+pub fn filter_matches(filter: &str, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for wanted in filter.split('.') {
+        if wanted == ">" {
+            return tokens.next().is_some();
+        }
+        match tokens.next() {
+            Some(token) if wanted == "*" || wanted == token => {}
+            _ => return false,
+        }
+    }
+    tokens.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn filters_match_as_nats_matches_them() {
+        for (filter, subject, matches) in [
+            (
+                "eddy.events.shop.order.created",
+                "eddy.events.shop.order.created",
+                true,
+            ),
+            (
+                "eddy.events.*.order.created",
+                "eddy.events.crm.order.created",
+                true,
+            ),
+            (
+                "eddy.events.shop.order.>",
+                "eddy.events.shop.order.created.v1",
+                true,
+            ),
+            ("eddy.events.shop.order.>", "eddy.events.shop.order", false),
+            (
+                "eddy.events.*.order",
+                "eddy.events.shop.order.created",
+                false,
+            ),
+            (
+                "eddy.events.shop.order.created",
+                "eddy.events.shop.order",
+                false,
+            ),
+            ("eddy.events.*.>", "eddy.events.shop.a", true),
+        ] {
+            assert_eq!(
+                filter_matches(filter, subject),
+                matches,
+                "{filter} {subject}"
+            );
+        }
+    }
 
     #[test]
     fn plain_names_stay_readable() {
