@@ -133,6 +133,25 @@ async fn check_runtime(platform: &Platform, name: &str, runtime: &str, source: &
     assert_eq!(body["source"], "shop");
     assert_eq!(body["id"], "e-1");
     assert_eq!(body["subject"], "a b", "ce-* values are percent-decoded");
+    // As a Subscription in Kyma's form delivers it (CloudEvents' Go SDK's way): raw UTF-8, read
+    // as it is, its `%` kept.
+    let raw = platform
+        .invoke(name, "/")
+        .header("ce-specversion", "1.0")
+        .header("ce-type", "order.created.v1")
+        .header("ce-source", "shop")
+        .header("ce-id", "e-2")
+        .header(
+            "ce-subject",
+            reqwest::header::HeaderValue::from_bytes("100% über".as_bytes()).unwrap(),
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 200);
+    let raw: Value = raw.json().await.unwrap();
+    assert_eq!(raw["subject"], "100% über", "raw UTF-8 is read as it is");
     assert_eq!(body["method"], "POST");
     assert_eq!(body["path"], "/orders/7");
     assert_eq!(body["query"], "?x=1");

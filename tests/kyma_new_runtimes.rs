@@ -196,6 +196,21 @@ module.exports = {
     );
     let plain = json_answer(platform.invoke("reader", "/").json(&json!({"x": 1}))).await;
     assert_eq!(plain["event"], Value::Null);
+    // Raw UTF-8, as a Subscription in Kyma's form delivers it (CloudEvents' Go SDK's way).
+    let raw = json_answer(
+        platform
+            .invoke("reader", "/")
+            .header("ce-specversion", "1.0")
+            .header(
+                "ce-type",
+                reqwest::header::HeaderValue::from_bytes("commande.créée.v1".as_bytes()).unwrap(),
+            )
+            .header("ce-source", "boutique")
+            .header("ce-id", "r-1")
+            .json(&json!({})),
+    )
+    .await;
+    assert_eq!(raw["event"]["type"], "commande.créée.v1", "{raw}");
 }
 
 /// `sdk.emitCloudEvent` (an ES module handler importing the sdk) publishes through the

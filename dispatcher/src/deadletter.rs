@@ -314,6 +314,7 @@ mod tests {
                 timeout: Duration::from_secs(1),
             },
             filter_subjects: Vec::new(),
+            encoding: Default::default(),
         };
         let headers =
             dead_letter_headers(Some(&original), &target, Failure::Http5xx, Some(500), 3, 42);

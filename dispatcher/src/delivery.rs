@@ -152,9 +152,22 @@ pub fn classify_error(error: &hyper_util::client::legacy::Error) -> Verdict {
     }
 }
 
+/// How `ce-*` values are written on a binary-mode delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttributeEncoding {
+    /// Percent-encoded as the CloudEvents HTTP binding says (space, `"`, `%` and everything
+    /// outside printable ASCII): eddy's own Subscriptions.
+    #[default]
+    Binding,
+    /// As they are, UTF-8 included, as Kyma's dispatcher (CloudEvents' Go SDK) writes them and
+    /// a sink built on that SDK reads them: Subscriptions applied in Kyma's form. The values
+    /// hold no control characters (refused on publish), so each is a valid header value.
+    Raw,
+}
+
 /// Turns the stored NATS headers into HTTP headers for a binary-mode request: `ce-*` values
-/// percent-encoded as the HTTP binding says, `content-type` and trace context as they are.
-pub fn http_headers(stored: &NatsHeaders) -> http::HeaderMap {
+/// written as `encoding` says, `content-type` and trace context as they are.
+pub fn http_headers(stored: &NatsHeaders, encoding: AttributeEncoding) -> http::HeaderMap {
     let mut headers = http::HeaderMap::with_capacity(12);
     for (name, values) in stored.iter() {
         let name: &str = name.as_ref();
@@ -163,7 +176,10 @@ pub fn http_headers(stored: &NatsHeaders) -> http::HeaderMap {
         };
         let value = value.as_str();
         let encoded: Cow<'_, str> = if name.starts_with(names::CE_PREFIX) {
-            utf8_percent_encode(value, CE_VALUE).into()
+            match encoding {
+                AttributeEncoding::Binding => utf8_percent_encode(value, CE_VALUE).into(),
+                AttributeEncoding::Raw => Cow::Borrowed(value),
+            }
         } else if name == names::CONTENT_TYPE
             || name == names::TRACEPARENT
             || name == names::TRACESTATE
@@ -174,7 +190,7 @@ pub fn http_headers(stored: &NatsHeaders) -> http::HeaderMap {
         };
         if let (Ok(name), Ok(value)) = (
             http::HeaderName::from_bytes(name.as_bytes()),
-            http::HeaderValue::from_str(&encoded),
+            http::HeaderValue::from_bytes(encoded.as_bytes()),
         ) {
             headers.insert(name, value);
         }
@@ -250,12 +266,16 @@ mod tests {
         stored.insert("content-type", "application/json; charset=utf-8");
         stored.insert("traceparent", "00-abc-def-01");
         stored.insert("Nats-Msg-Id", "digest");
-        let headers = http_headers(&stored);
+        let headers = http_headers(&stored, AttributeEncoding::Binding);
         assert_eq!(headers["ce-id"], "1");
         assert_eq!(headers["ce-subject"], "a%20b%25%22%C3%BC");
         assert_eq!(headers["content-type"], "application/json; charset=utf-8");
         assert_eq!(headers["traceparent"], "00-abc-def-01");
         assert!(!headers.contains_key("nats-msg-id"));
+        // Kyma's form: as sdk-go writes them, UTF-8 bytes as they are.
+        let raw = http_headers(&stored, AttributeEncoding::Raw);
+        assert_eq!(raw["ce-subject"].as_bytes(), "a b%\"ü".as_bytes());
+        assert_eq!(raw["content-type"], "application/json; charset=utf-8");
     }
 
     #[test]

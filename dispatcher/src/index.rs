@@ -170,6 +170,11 @@ pub fn plan_for(
         sink: subscription.spec.sink.clone(),
         policy,
         filter_subjects,
+        encoding: if subscription.is_kyma() {
+            crate::delivery::AttributeEncoding::Raw
+        } else {
+            crate::delivery::AttributeEncoding::Binding
+        },
     };
     Ok((target, plan))
 }

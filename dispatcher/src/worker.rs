@@ -130,6 +130,8 @@ pub struct Target {
     pub policy: DeliveryPolicy,
     /// The subjects its consumer takes (one per type).
     pub filter_subjects: Vec<String>,
+    /// How its deliveries write `ce-*` values: raw for a Subscription applied in Kyma's form.
+    pub encoding: delivery::AttributeEncoding,
 }
 
 impl Target {
@@ -642,7 +644,7 @@ pub async fn deliver(
     progress: Option<&jetstream::Message>,
 ) -> Verdict {
     let mut headers = stored_headers
-        .map(delivery::http_headers)
+        .map(|stored| delivery::http_headers(stored, target.encoding))
         .unwrap_or_default();
     if let Some(authorization) = &sink.authorization {
         headers.insert(http::header::AUTHORIZATION, authorization.clone());

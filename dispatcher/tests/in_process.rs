@@ -101,6 +101,7 @@ fn target() -> Target {
             timeout: Duration::from_secs(5),
         },
         filter_subjects: Vec::new(),
+        encoding: Default::default(),
     }
 }
 

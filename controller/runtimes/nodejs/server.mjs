@@ -267,6 +267,16 @@ const functionContext = Object.freeze({
   "body-size-limit": bodyLimitMb,
 });
 
+/**
+ * A binary-mode attribute header's value. Past ASCII it came as raw UTF-8 (a Subscription in
+ * Kyma's form is delivered so, as CloudEvents' Go SDK writes it), which Node reads as Latin-1:
+ * read back as UTF-8, not percent-decoded. Otherwise percent-decoded (the HTTP binding).
+ */
+function headerAttribute(value) {
+  if (typeof value === "string" && /[\u0080-\u00ff]/.test(value)) return Buffer.from(value, "latin1").toString("utf8");
+  return decodeAttribute(value);
+}
+
 /** Percent-decodes a binary-mode attribute (the HTTP binding encodes them). */
 function decodeAttribute(value) {
   if (typeof value !== "string" || !value.includes("%")) return value;
@@ -304,7 +314,7 @@ function buildEvent(req, res) {
     // type as datacontenttype, the body as body-parser parsed it as data. The SDK does not
     // validate binary-mode events either.
     for (const name in req.headers) {
-      if (name.startsWith("ce-")) event[name] = decodeAttribute(req.headers[name]);
+      if (name.startsWith("ce-")) event[name] = headerAttribute(req.headers[name]);
     }
     const time = new Date(event["ce-time"]);
     if (event["ce-time"] !== undefined && !Number.isNaN(time.getTime())) event["ce-time"] = time.toISOString();

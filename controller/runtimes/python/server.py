@@ -190,6 +190,20 @@ def is_cloud_event(request, media):
     )
 
 
+def header_attribute(value):
+    """A binary-mode attribute's value. Past ASCII it came as raw UTF-8 (a Subscription in
+    Kyma's form is delivered so, as CloudEvents' Go SDK writes it), which WSGI reads as
+    Latin-1: read back as UTF-8. Otherwise percent-decoded (the HTTP binding)."""
+    if not isinstance(value, str):
+        return value
+    if not value.isascii():
+        try:
+            return value.encode("latin-1").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            return value
+    return unquote(value) if "%" in value else value
+
+
 class Event(dict):
     """What a function receives: a dict (`event['data']`, `event['ce-type']`, …) with Kyma's
     helpers. `event.ceHeaders` is the dict itself."""
@@ -204,9 +218,12 @@ class Event(dict):
             from cloudevents.http import from_http
 
             cloud_event = from_http(dict(request.headers), request.body.read())
+            binary = "ce-specversion" in request.headers
             for name, value in cloud_event.get_attributes().items():
-                # Binary-mode attributes arrive percent-encoded (the HTTP binding).
-                self["ce-" + name] = unquote(value) if isinstance(value, str) and "%" in value else value
+                if binary:
+                    self["ce-" + name] = header_attribute(value)
+                else:
+                    self["ce-" + name] = unquote(value) if isinstance(value, str) and "%" in value else value
             self["data"] = cloud_event.get_data()
         elif media == "application/json":
             self["data"] = request.json

@@ -108,8 +108,20 @@ def get_cloud_event():
     structured = "application/cloudevents+json" in [part.strip() for part in content_type.split(";")]
     if not structured and not ("ce-type" in request.headers and "ce-source" in request.headers):
         return None
-    headers = {name.lower(): value for name, value in request.headers.items()}
+    headers = {name.lower(): utf8_header(value) for name, value in request.headers.items()}
     return from_http_event(HTTPMessage(headers=headers, body=request.get_data()))
+
+
+def utf8_header(value):
+    """A header value as its UTF-8 text: past ASCII it came as raw UTF-8 (a Subscription in
+    Kyma's form is delivered so, as CloudEvents' Go SDK writes it), which WSGI reads as
+    Latin-1."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
 
 
 def emit_cloud_event(type, source, data, optional_attributes=None):  # noqa: A002 - Kyma's name
