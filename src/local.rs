@@ -6,10 +6,12 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use axum::Router;
-use eddy_gateway::{Gateway, apirules::Exposures, hold::HoldBudget, local::LocalPools};
+use eddy_gateway::{
+    Gateway, apirules::Exposures, hold::HoldBudget, local::LocalPools, ratelimit::RateLimits,
+};
 use eddy_platform::{
     net::{Browsers, serve},
-    shutdown::CancellationToken,
+    shutdown::{CancellationToken, essentials_ended, spawn_essential},
 };
 use tokio::net::TcpListener;
 
@@ -23,6 +25,9 @@ pub struct Controller {
     gateway: Router,
     /// The APIRules the gateway honours (their hosts pass its loopback host check).
     exposures: Arc<Exposures>,
+    /// The gateway's followers of APIRules and RateLimits: without them it would go on
+    /// serving what it last knew, so one that ends stops the process.
+    followers: [tokio::task::JoinHandle<Result<(), &'static str>>; 2],
     serve: eddy_platform::net::ServeArgs,
     drain_timeout: Duration,
     shutdown: CancellationToken,
@@ -45,11 +50,27 @@ impl Controller {
             eddy_controller::Controller::new(args, gateway_url.clone(), shutdown.clone()).await?;
 
         let exposures = Arc::new(Exposures::new(&functions.exposure));
-        tokio::spawn(eddy_gateway::apirules::follow_store(
-            controller.store.clone(),
-            exposures.clone(),
-            shutdown.child_token(),
-        ));
+        let rate_limits = Arc::new(RateLimits::default());
+        let followers = [
+            spawn_essential(
+                "the gateway's APIRules follower",
+                shutdown.clone(),
+                eddy_gateway::apirules::follow_store(
+                    controller.store.clone(),
+                    exposures.clone(),
+                    shutdown.child_token(),
+                ),
+            ),
+            spawn_essential(
+                "the gateway's RateLimits follower",
+                shutdown.clone(),
+                eddy_gateway::ratelimit::follow_store(
+                    controller.store.clone(),
+                    rate_limits.clone(),
+                    shutdown.child_token(),
+                ),
+            ),
+        ];
         let max_body = usize::try_from(functions.max_request_size.as_u64()).unwrap_or(usize::MAX);
         let upstreams = LocalPools::new(
             controller.pools.clone(),
@@ -64,7 +85,8 @@ impl Controller {
                 exposures.clone(),
                 max_body,
             )
-            .with_bypass_token(local.platform.platform_token.as_deref()),
+            .with_bypass_token(local.platform.platform_token.as_deref())
+            .with_rate_limits(rate_limits),
         );
 
         let console = Arc::new(eddy_console::DashboardState::new(
@@ -97,6 +119,7 @@ impl Controller {
             api,
             gateway: gateway.router(),
             exposures,
+            followers,
             serve,
             drain_timeout,
             shutdown,
@@ -146,8 +169,13 @@ impl Controller {
             .context("HTTP server failed");
         // The backend stops every instance once shutdown is signalled; wait for it.
         let stopped = self.controller.stopped().await;
+        let (follower_ended, _) = essentials_ended(self.followers, Duration::from_secs(20)).await;
         served?;
-        Ok(stopped?)
+        stopped?;
+        match follower_ended {
+            Some(task) => Err(anyhow::anyhow!("{task} ended before shutdown")),
+            None => Ok(()),
+        }
     }
 }
 

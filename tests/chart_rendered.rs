@@ -374,9 +374,9 @@ fn the_chart_renders_valid_objects_for_one_real_node() {
 #[test]
 fn the_chart_renders_valid_objects_serving_kyma_s_api_groups() {
     let kinds = render_chart(Some("kyma-compatibility-values.yaml"), &[]);
-    // Kyma's Function, Subscription and APIRule CRDs beside eddy's, the kyma-system namespace
-    // and Kyma's two publisher addresses in it.
-    assert_eq!(count(&kinds, "customresourcedefinition"), 5, "{kinds:?}");
+    // Kyma's Function, Subscription, APIRule and RateLimit CRDs beside eddy's, the kyma-system
+    // namespace and Kyma's two publisher addresses in it.
+    assert_eq!(count(&kinds, "customresourcedefinition"), 6, "{kinds:?}");
     assert_eq!(count(&kinds, "namespace"), 1, "{kinds:?}");
     assert_eq!(count(&kinds, "service"), 5, "{kinds:?}");
     let defaults = render_chart(None, &[]);

@@ -1741,3 +1741,235 @@ async fn apirule_statuses_follow_their_functions_and_the_hosts_freed() {
     .await
     .unwrap();
 }
+
+/// Kyma's RateLimit, with the samples of Kyma's docs (api-gateway's "Configuring Local Rate
+/// Limiting") applied as written but for the namespace, on a Kyma Function labelled as the
+/// docs' workload (`app: httpbin`). "If you send the request with the header to a different
+/// endpoint, the token from the default bucket is still used" (429 `local_rate_limited`, with
+/// `x-ratelimit-limit: 1` and `x-ratelimit-remaining: 0`); a second RateLimit selecting the
+/// same pods is a Warning ("Each Pod must match only one RateLimit CR") until the first goes;
+/// the fill interval rules are refused in Kyma's words.
+#[tokio::test(flavor = "multi_thread")]
+async fn kyma_ratelimits_limit_calls_as_kymas_docs_show() {
+    let platform = Platform::start_with(Options {
+        dispatcher: false,
+        ..Options::default()
+    })
+    .await;
+    let (ok, _, stderr) = platform
+        .apply_text(
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata: {name: httpbin}\nspec:\n  runtime: nodejs22\n  labels: {app: httpbin}\n  source:\n    inline:\n      source: |\n        module.exports = { main: () => 'ok' };\n",
+        )
+        .await;
+    assert!(ok, "{stderr}");
+    let path_and_header = "apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata:
+  labels:
+    app: httpbin
+  name: ratelimit-path-header-sample
+spec:
+  selectorLabels:
+    app: httpbin
+  enableResponseHeaders: true
+  local:
+    defaultBucket:
+      maxTokens: 1
+      tokensPerFill: 1
+      fillInterval: 30s
+    buckets:
+      - headers:
+          X-Rate-Limited: \"true\"
+        path: /headers
+        bucket:
+          maxTokens: 10
+          tokensPerFill: 5
+          fillInterval: 30s
+";
+    let (ok, stdout, stderr) = platform.apply_text(path_and_header).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("ratelimit.gateway.kyma-project.io/ratelimit-path-header-sample created"),
+        "{stdout}"
+    );
+    let state = |name: &'static str| {
+        let platform = &platform;
+        async move {
+            let limit = platform
+                .get_json(&format!(
+                    "{}/apis/gateway.kyma-project.io/v1alpha1/namespaces/default/ratelimits/{name}",
+                    platform.api
+                ))
+                .await;
+            (
+                limit["status"]["state"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                limit["status"]["description"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        }
+    };
+    eventually("the RateLimit Ready", Duration::from_secs(30), || async {
+        state("ratelimit-path-header-sample").await
+            == ("Ready".to_owned(), "Finished reconciliation".to_owned())
+    })
+    .await
+    .unwrap();
+    let url = |path: &str| format!("{}/default/httpbin{path}", platform.gateway);
+    let get = |path: &'static str, flagged: bool| {
+        let (http, url) = (platform.http.clone(), url(path));
+        async move {
+            let mut request = http.get(url);
+            if flagged {
+                request = request.header("X-Rate-Limited", "true");
+            }
+            let response = request.send().await.unwrap();
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let limits = (header("x-ratelimit-limit"), header("x-ratelimit-remaining"));
+            let (status, content_type) = (response.status().as_u16(), header("content-type"));
+            (status, limits, content_type, response.text().await.unwrap())
+        }
+    };
+    // The bucket of ten: the header, on /headers. Its first token may go to a call the gateway
+    // answered before it knew the RateLimit; each later one is counted.
+    let left = std::sync::atomic::AtomicU32::new(0);
+    eventually(
+        "the gateway to keep the buckets",
+        Duration::from_secs(30),
+        || async {
+            let (status, limits, _, _) = get("/headers", true).await;
+            assert_eq!(status, 200);
+            left.store(
+                limits.1.parse().unwrap_or(0),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            limits.0 == "10"
+        },
+    )
+    .await
+    .unwrap();
+    let remaining = left.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(remaining >= 8, "{remaining}");
+    // Kyma's docs: "This call uses tokens from the default bucket".
+    let (status, limits, _, body) = get("/headers", false).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert_eq!(limits, ("1".to_owned(), "0".to_owned()));
+    let (status, limits, _, _) = get("/headers", true).await;
+    assert_eq!(status, 200);
+    assert_eq!(limits, ("10".to_owned(), (remaining - 1).to_string()));
+    // "You get the HTTP/2 429 status code, which confirms that the rate limit has been exceeded".
+    let (status, limits, content_type, body) = get("/ip", true).await;
+    assert_eq!(
+        (status, body.as_str(), content_type.as_str()),
+        (429, "local_rate_limited", "text/plain")
+    );
+    assert_eq!(limits, ("1".to_owned(), "0".to_owned()));
+
+    // The path sample, selecting the same pods: the older RateLimit keeps them.
+    let path_sample = "apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata:
+  labels:
+    app: httpbin
+  name: ratelimit-path-sample
+spec:
+  selectorLabels:
+    app: httpbin
+  enableResponseHeaders: true
+  local:
+    defaultBucket:
+      maxTokens: 5
+      tokensPerFill: 5
+      fillInterval: 60s
+    buckets:
+      - path: /ip
+        bucket:
+          maxTokens: 10
+          tokensPerFill: 5
+          fillInterval: 60m
+";
+    let (ok, _, stderr) = platform.apply_text(path_sample).await;
+    assert!(ok, "{stderr}");
+    eventually(
+        "the newer RateLimit a Warning",
+        Duration::from_secs(30),
+        || async {
+            state("ratelimit-path-sample").await
+                == (
+                    "Warning".to_owned(),
+                    "conflicting with the following RateLimit CRs: ratelimit-path-header-sample"
+                        .to_owned(),
+                )
+        },
+    )
+    .await
+    .unwrap();
+    let (status, _, _, _) = get("/ip", true).await;
+    assert_eq!(status, 429, "the older RateLimit still holds the Function");
+    let (ok, _, stderr) = platform
+        .eddy(&[
+            "delete",
+            "ratelimit",
+            "ratelimit-path-header-sample",
+            "-n",
+            "default",
+        ])
+        .await;
+    assert!(ok, "{stderr}");
+    eventually("the path sample Ready", Duration::from_secs(30), || async {
+        state("ratelimit-path-sample").await.0 == "Ready"
+    })
+    .await
+    .unwrap();
+    // Kyma's docs: `curl .../ip` answers `x-ratelimit-limit: 10`, `x-ratelimit-remaining: 9`.
+    eventually(
+        "the path sample in force",
+        Duration::from_secs(30),
+        || async {
+            let (status, limits, _, _) = get("/ip", false).await;
+            status == 200 && limits == ("10".to_owned(), "9".to_owned())
+        },
+    )
+    .await
+    .unwrap();
+    let (ok, stdout, stderr) = platform.eddy(&["get", "ratelimits"]).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("ratelimit-path-sample") && stdout.contains("Ready"),
+        "{stdout}"
+    );
+
+    // Kyma's interval rules, refused by field in Kyma's words.
+    let broken = path_sample
+        .replace("name: ratelimit-path-sample", "name: broken")
+        .replace("fillInterval: 60m", "fillInterval: 90s");
+    let (ok, _, stderr) = platform.apply_text(&broken).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("spec.local.buckets[0].bucket.fillInterval")
+            && stderr.contains(
+                "bucket '[0]': fillInterval must be a multiple of defaultBucket fillInterval"
+            ),
+        "{stderr}"
+    );
+    let broken = path_sample
+        .replace("name: ratelimit-path-sample", "name: broken")
+        .replace("fillInterval: 60s", "fillInterval: 10ms");
+    let (ok, _, stderr) = platform.apply_text(&broken).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("defaultBucket: fillInterval must be greater or equal 50ms"),
+        "{stderr}"
+    );
+}

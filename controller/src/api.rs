@@ -14,6 +14,7 @@ use axum::{
 };
 use eddy_model::apirule::{self, APIRule};
 use eddy_model::istio::{self, Istio};
+use eddy_model::ratelimit::{self, RateLimit};
 use eddy_model::resources::{
     self, API_VERSION, APPLIED_AS_ANNOTATION, FieldError, Function, KYMA_FUNCTION_API_VERSION,
     KYMA_SUBSCRIPTION_API_VERSION, SinkPolicy, Subscription, describe_errors, is_config_key,
@@ -136,7 +137,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
                 .put(apply::<Subscription>)
                 .delete(remove::<Subscription>),
         );
-    istio_routes(apirule_routes(router)).with_state(state)
+    ratelimit_routes(istio_routes(apirule_routes(router))).with_state(state)
 }
 
 /// A Kubernetes `Status` failure.
@@ -180,6 +181,23 @@ fn invalid<R: ApiResource>(name: &str, errors: &[FieldError]) -> Response {
         ),
         Some(json!({"name": name, "group": R::GROUP, "kind": R::KIND, "causes": causes})),
     )
+}
+
+/// Kyma's RateLimit (the gateway keeps its buckets).
+fn ratelimit_routes(router: Router<Arc<ApiState>>) -> Router<Arc<ApiState>> {
+    let base = format!("/apis/{}", ratelimit::API_VERSION);
+    router
+        .route(&format!("{base}/ratelimits"), get(list_all::<RateLimit>))
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/ratelimits"),
+            get(list::<RateLimit>),
+        )
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/ratelimits/{{name}}"),
+            get(read::<RateLimit>)
+                .put(apply::<RateLimit>)
+                .delete(remove::<RateLimit>),
+        )
 }
 
 /// Kyma's Istio resource (its authorizers are the gateway's too).
@@ -583,6 +601,20 @@ impl ApiResource for ConfigMap {
             .map(|(k, v)| (k, v.0.len()));
         validate_data("data", text.chain(binary), &mut errors);
         errors
+    }
+
+    fn prepare(&mut self, _applied_as: &str) {}
+}
+
+impl ApiResource for RateLimit {
+    const API_VERSION: &'static str = ratelimit::API_VERSION;
+    const API_VERSIONS: &'static [&'static str] = &[ratelimit::API_VERSION];
+    const GROUP: &'static str = ratelimit::GROUP;
+
+    /// Refused where Kyma's status would say `Error` (its fill intervals, in its words): on
+    /// eddy an apply answers at once.
+    fn validate(&self, _policy: &Policy) -> Vec<FieldError> {
+        self.spec.validate()
     }
 
     fn prepare(&mut self, _applied_as: &str) {}

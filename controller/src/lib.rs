@@ -12,6 +12,7 @@ pub mod kubernetes;
 pub mod local;
 pub mod package_registry;
 mod path_lock;
+pub mod ratelimits;
 pub mod runtimes;
 pub mod status;
 pub mod subscriptions;
@@ -411,7 +412,7 @@ pub struct Controller {
     /// The JetStream context it opened.
     pub js: async_nats::jetstream::Context,
     backend_task: tokio::task::JoinHandle<Result<(), &'static str>>,
-    followers: [tokio::task::JoinHandle<Result<(), &'static str>>; 2],
+    followers: [tokio::task::JoinHandle<Result<(), &'static str>>; 3],
 }
 
 /// The nearest `.tools` above the working directory (a checkout's, filled by `scripts/setup`),
@@ -506,6 +507,11 @@ impl Controller {
                 shutdown.child_token(),
             ),
         );
+        let ratelimits_follower = spawn_essential(
+            "the RateLimits follower",
+            shutdown.clone(),
+            ratelimits::follow_local(store.clone(), shutdown.child_token()),
+        );
         configure_presets(functions.function_presets.as_ref())?;
         let backend = Arc::new(local::LocalController::new(
             store.clone(),
@@ -540,7 +546,11 @@ impl Controller {
             store,
             js,
             backend_task,
-            followers: [subscriptions_follower, apirules_follower],
+            followers: [
+                subscriptions_follower,
+                apirules_follower,
+                ratelimits_follower,
+            ],
         })
     }
 

@@ -167,7 +167,7 @@ fn delivered(
     state: &AdminState,
     namespace: &str,
     name: &str,
-) -> Result<Arc<crate::worker::Target>, ErrorResponse> {
+) -> Result<Arc<crate::worker::LiveSubscription>, ErrorResponse> {
     state.manager.target(namespace, name).ok_or_else(|| {
         ErrorResponse::message(
             StatusCode::NOT_FOUND,

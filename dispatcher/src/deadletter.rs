@@ -18,7 +18,7 @@ use async_nats::{HeaderMap as NatsHeaders, HeaderName, HeaderValue, jetstream::A
 use crate::{
     Error, Result,
     delivery::{Failure, Verdict},
-    worker::{self, Shared, Target},
+    worker::{self, LiveSubscription, Shared},
 };
 
 fn summarize(sequence: u64, headers: &async_nats::HeaderMap, time: String) -> DeadLetter {
@@ -134,7 +134,7 @@ pub async fn list(
 }
 
 /// Delivers every dead letter of `target` once more; delivered ones leave dead letters.
-pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
+pub async fn redrive(shared: &Shared, target: &LiveSubscription) -> Result<Redriven> {
     let letters = read(
         &shared.js,
         &filter(Some((&target.namespace, &target.name))),
@@ -203,7 +203,7 @@ pub async fn redrive(shared: &Shared, target: &Target) -> Result<Redriven> {
 /// written the event is nak'ed, so it stays in `EDDY_EVENTS` and comes back.
 pub(crate) async fn write(
     shared: &Shared,
-    target: &Target,
+    target: &LiveSubscription,
     message: &jetstream::Message,
     reason: Failure,
     status: Option<u16>,
@@ -253,7 +253,7 @@ pub(crate) async fn write(
 /// The original headers (without its message id) plus why it is here.
 pub fn dead_letter_headers(
     original: Option<&NatsHeaders>,
-    target: &Target,
+    target: &LiveSubscription,
     reason: Failure,
     status: Option<u16>,
     attempt: u32,
@@ -298,7 +298,7 @@ mod tests {
         let mut original = NatsHeaders::new();
         original.insert("ce-id", "1");
         original.insert("Nats-Msg-Id", "abc");
-        let target = Target {
+        let target = LiveSubscription {
             namespace: "default".into(),
             name: "s".into(),
             label: "default/s".into(),

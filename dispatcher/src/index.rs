@@ -13,7 +13,7 @@ use eddy_model::resources::{
 };
 use eddy_platform::store::StoredResource as _;
 
-use crate::{consumer::ConsumerPlan, worker::Target};
+use crate::{consumer::ConsumerPlan, worker::LiveSubscription};
 
 /// A Subscription's namespace and name.
 pub type Key = (String, String);
@@ -25,7 +25,7 @@ pub enum Action {
     /// one runs with other settings (its consumer is updated in place).
     Start {
         /// Where to deliver.
-        target: Arc<Target>,
+        target: Arc<LiveSubscription>,
         /// Its consumer.
         plan: ConsumerPlan,
     },
@@ -59,7 +59,7 @@ pub struct SubscriptionIndex {
     /// Every Subscription that exists, valid or not (their consumers are kept).
     known: HashSet<Key>,
     /// The valid ones, with their settings.
-    delivering: BTreeMap<Key, (Arc<Target>, ConsumerPlan)>,
+    delivering: BTreeMap<Key, (Arc<LiveSubscription>, ConsumerPlan)>,
     synced: bool,
 }
 
@@ -129,7 +129,7 @@ impl SubscriptionIndex {
     }
 
     /// The Subscriptions delivered for, by key.
-    pub fn targets(&self) -> impl Iterator<Item = (&Key, &Arc<Target>)> {
+    pub fn targets(&self) -> impl Iterator<Item = (&Key, &Arc<LiveSubscription>)> {
         self.delivering
             .iter()
             .map(|(key, (target, _))| (key, target))
@@ -141,7 +141,7 @@ pub fn plan_for(
     subscription: &Subscription,
     sinks: &SinkPolicy,
     ack_wait: Duration,
-) -> Result<(Target, ConsumerPlan), Vec<FieldError>> {
+) -> Result<(LiveSubscription, ConsumerPlan), Vec<FieldError>> {
     let errors = validate_subscription(subscription, sinks);
     if !errors.is_empty() {
         return Err(errors);
@@ -163,7 +163,7 @@ pub fn plan_for(
                 time::OffsetDateTime::from_unix_timestamp_nanos(created.0.as_nanosecond()).ok()
             }),
     };
-    let target = Target {
+    let target = LiveSubscription {
         label: format!("{namespace}/{name}"),
         namespace,
         name,

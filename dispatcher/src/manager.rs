@@ -32,7 +32,7 @@ use crate::{
     Error, Result,
     consumer::{ConsumerPlan, consumer_config},
     index::{Action, Key, SubscriptionIndex},
-    worker::{self, Shared, Target},
+    worker::{self, LiveSubscription, Shared},
 };
 
 /// Where the dispatcher learns about Subscriptions.
@@ -69,12 +69,12 @@ pub struct ManagerHandle {
 /// The manager's state as last published.
 #[derive(Debug, Clone, Default)]
 struct View {
-    targets: Arc<BTreeMap<Key, Arc<Target>>>,
+    targets: Arc<BTreeMap<Key, Arc<LiveSubscription>>>,
     synced: bool,
 }
 
 struct ReplayRequest {
-    target: Arc<Target>,
+    target: Arc<LiveSubscription>,
     from: ReplayFrom,
     answer: oneshot::Sender<Result<u64>>,
 }
@@ -99,14 +99,14 @@ impl ManagerHandle {
     }
 
     /// The Subscriptions this dispatcher delivers for, by label.
-    pub fn targets(&self) -> Vec<Arc<Target>> {
+    pub fn targets(&self) -> Vec<Arc<LiveSubscription>> {
         let mut targets: Vec<_> = self.view.borrow().targets.values().cloned().collect();
         targets.sort_by(|a, b| a.label.cmp(&b.label));
         targets
     }
 
     /// One Subscription's target.
-    pub fn target(&self, namespace: &str, name: &str) -> Option<Arc<Target>> {
+    pub fn target(&self, namespace: &str, name: &str) -> Option<Arc<LiveSubscription>> {
         self.view
             .borrow()
             .targets
@@ -116,7 +116,7 @@ impl ManagerHandle {
 
     /// Starts redelivering stored events to one Subscription, touching no other. Returns how
     /// many events the replay covers.
-    pub async fn replay(&self, target: Arc<Target>, from: ReplayFrom) -> Result<u64> {
+    pub async fn replay(&self, target: Arc<LiveSubscription>, from: ReplayFrom) -> Result<u64> {
         let shutting_down = |label: &str| Error::Consumer {
             consumer: format!("replay of {label}"),
             operation: "start",
@@ -521,7 +521,7 @@ impl Manager {
 
     /// Starts redelivering stored events to one Subscription through a consumer of its own,
     /// replacing a replay of it that still runs.
-    async fn replay(&mut self, target: Arc<Target>, from: ReplayFrom) -> Result<u64> {
+    async fn replay(&mut self, target: Arc<LiveSubscription>, from: ReplayFrom) -> Result<u64> {
         let key = (target.namespace.clone(), target.name.clone());
         let replay_name = format!("replay_{}_{}", target.namespace, target.name);
         let stream = self

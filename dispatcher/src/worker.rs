@@ -117,7 +117,7 @@ pub fn sink_client(pool_idle_timeout: Duration) -> crate::Result<SinkClient> {
 
 /// One Subscription, as the worker sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct LiveSubscription {
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -134,7 +134,7 @@ pub struct Target {
     pub encoding: delivery::AttributeEncoding,
 }
 
-impl Target {
+impl LiveSubscription {
     /// Whether `message` is a legacy event's copy in Kyma's legacy form whose event this
     /// Subscription takes too: it is taken without delivery, so that no Subscription gets one
     /// legacy event twice.
@@ -156,7 +156,7 @@ impl Target {
 /// rebuilds the message stream with capped backoff when it breaks.
 pub async fn run(
     shared: Arc<Shared>,
-    target: Arc<Target>,
+    target: Arc<LiveSubscription>,
     plan: ConsumerPlan,
     cancel: CancellationToken,
 ) {
@@ -285,7 +285,7 @@ fn stream_break(
 /// as tasks of their own, so the work spreads over the runtime's threads.
 pub async fn consume(
     shared: &Arc<Shared>,
-    target: &Arc<Target>,
+    target: &Arc<LiveSubscription>,
     consumer: PullConsumer,
     until_caught_up: bool,
     acked: &mut Option<u64>,
@@ -403,7 +403,7 @@ impl SinkCache {
 /// Delivers one event and settles it with JetStream.
 async fn handle(
     shared: &Shared,
-    target: &Target,
+    target: &LiveSubscription,
     series: &SubscriptionMetrics,
     recent: &Recent,
     sink: Result<Arc<Resolved>, Verdict>,
@@ -544,7 +544,7 @@ async fn handle(
 /// The trace span of one delivery attempt, continuing the trace the stored event carries (the
 /// span that stored it).
 fn delivery_span(
-    target: &Target,
+    target: &LiveSubscription,
     message: &jetstream::Message,
     attempt: u32,
     stream_sequence: u64,
@@ -637,7 +637,7 @@ struct Answer {
 /// in-progress acks for it while it runs. One timer per delivery serves both.
 pub async fn deliver(
     shared: &Shared,
-    target: &Target,
+    target: &LiveSubscription,
     sink: &Resolved,
     stored_headers: Option<&NatsHeaders>,
     payload: &Bytes,
@@ -697,7 +697,11 @@ pub async fn deliver(
 
 /// Sends the request (over HTTP, or to the gateway of this process) and reads a 2xx answer's
 /// body (a possible reply event).
-async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<Bytes>>) -> Answer {
+async fn exchange(
+    shared: &Shared,
+    target: &LiveSubscription,
+    request: http::Request<Full<Bytes>>,
+) -> Answer {
     if let Some(gateway) = shared.deliveries.in_process(request.uri()) {
         use tower::ServiceExt as _;
         // The router's error type is `Infallible`: every failure is an answer.
@@ -717,7 +721,11 @@ async fn exchange(shared: &Shared, target: &Target, request: http::Request<Full<
 }
 
 /// What the sink's `response` means, with the reply event a 2xx answer carries.
-async fn answer<B>(shared: &Shared, target: &Target, response: http::Response<B>) -> Answer
+async fn answer<B>(
+    shared: &Shared,
+    target: &LiveSubscription,
+    response: http::Response<B>,
+) -> Answer
 where
     B: http_body::Body,
     B::Error: Into<axum::BoxError>,
@@ -754,7 +762,7 @@ where
 /// reply not stored is retried with the delivery.
 async fn publish_reply(
     shared: &Shared,
-    target: &Target,
+    target: &LiveSubscription,
     stored_headers: Option<&NatsHeaders>,
     reply: delivery::Reply,
 ) -> Result<(), Failure> {

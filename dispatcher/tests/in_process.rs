@@ -15,7 +15,7 @@ use eddy_dispatcher::{
     journal::Journal,
     metrics::Metrics,
     sinks::{Resolution, Resolved, Sinks},
-    worker::{Deliveries, InProcessGateway, Shared, Target, deliver, sink_client},
+    worker::{Deliveries, InProcessGateway, LiveSubscription, Shared, deliver, sink_client},
 };
 use eddy_model::{
     backoff::Backoff,
@@ -88,8 +88,8 @@ async fn shared(nats: &NatsServer, gateway: Option<InProcessGateway>) -> Shared 
     }
 }
 
-fn target() -> Target {
-    Target {
+fn target() -> LiveSubscription {
+    LiveSubscription {
         namespace: "shop".into(),
         name: "reserve".into(),
         label: "shop/reserve".into(),

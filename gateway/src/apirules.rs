@@ -79,7 +79,7 @@ pub enum NotServed {
 
 /// Where a rule sends its calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct RuleService {
     /// The Service's (Function's) namespace.
     pub namespace: String,
     /// The Service's (Function's) name.
@@ -114,7 +114,7 @@ enum RuleAccess {
 /// One rule, ready to decide calls.
 pub struct Rule {
     /// Where its calls go.
-    pub target: Target,
+    pub target: RuleService,
     /// How long a call under it may take.
     pub timeout: Duration,
     access: RuleAccess,
@@ -522,7 +522,7 @@ pub fn compile(
         let service = spec
             .service_of(each)
             .ok_or(NotServed::NoService { index })?;
-        let target = Target {
+        let target = RuleService {
             namespace: service
                 .namespace
                 .clone()

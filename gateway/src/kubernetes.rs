@@ -7,12 +7,19 @@
 //! gateway or a Gateway API HTTPRoute.
 //!
 //! With `--apirules` it also follows Kyma's APIRules: a call for a host one names goes to the
-//! rule's Service (`--service-url`) when the rule lets its caller in (crate::apirules).
+//! rule's Service (`--service-url`) when the rule lets its caller in (crate::apirules); and
+//! Kyma's RateLimits, with the labels of eddy's and Kyma's Functions they select
+//! (crate::ratelimit).
 //!
 //! The cluster's Services are this gateway's [`Upstreams`] ([`Services`]); the proxy itself is
 //! the crate's [`Gateway`], the one `eddy up` runs too.
 
-use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::SocketAddr,
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{
     body::Body,
@@ -21,7 +28,11 @@ use axum::{
     response::Response,
 };
 use bytes::Bytes;
-use eddy_model::{apirule::APIRule, resources::Function};
+use eddy_model::{
+    apirule::APIRule,
+    ratelimit::{RateLimit, function_pod_labels},
+    resources::Function,
+};
 use eddy_platform::{
     errors::ErrorResponse,
     flags::HoldArgs,
@@ -36,9 +47,10 @@ use parking_lot::RwLock;
 
 use crate::{
     Access, Destination, Found, FunctionKey, Gateway, Result, Upstreams,
-    apirules::{Exposures, Target},
+    apirules::{Exposures, RuleService},
     forward_headers,
     hold::{Held, HoldBudget},
+    ratelimit::RateLimits,
 };
 
 /// Flags of `eddy gateway`.
@@ -581,7 +593,7 @@ async fn watch_all<K>(
 
 /// The upstream URI of an APIRule's call: the Service's URL from `template` and the path.
 /// `None` when they do not make a URI. Pure.
-pub fn service_uri(template: &str, target: &Target, path_and_query: &str) -> Option<Uri> {
+pub fn service_uri(template: &str, target: &RuleService, path_and_query: &str) -> Option<Uri> {
     let base = template
         .replace("{namespace}", &target.namespace)
         .replace("{service}", &target.name)
@@ -591,9 +603,128 @@ pub fn service_uri(template: &str, target: &Target, path_and_query: &str) -> Opt
         .ok()
 }
 
-/// Follows Function objects into `routes` until `shutdown`.
-pub async fn follow(client: kube::Client, routes: Arc<Routes>, shutdown: CancellationToken) {
-    watch_all(client, "Functions", shutdown, |event| routes.apply(event)).await;
+/// Follows Function objects into `routes`, and their pods' labels into `rate_limits`, until
+/// `shutdown`.
+pub async fn follow(
+    client: kube::Client,
+    routes: Arc<Routes>,
+    rate_limits: Arc<RateLimits>,
+    shutdown: CancellationToken,
+) {
+    let mut labels = LabelFeed::new(rate_limits);
+    watch_all(client, "Functions", shutdown, |event| {
+        labels.follow(&event, |function: &Function| {
+            let uid = function.uid().unwrap_or_default();
+            Some((key_of(function), function_pod_labels(function, &uid)))
+        });
+        routes.apply(event);
+    })
+    .await;
+}
+
+/// Follows RateLimits into `rate_limits` (a relist replaces what it knows), and the pods'
+/// labels of Kyma's Functions, until `shutdown`.
+pub async fn follow_rate_limits(
+    client: kube::Client,
+    rate_limits: Arc<RateLimits>,
+    shutdown: CancellationToken,
+) {
+    let mut relisting: Option<Vec<RateLimit>> = None;
+    let limits = watch_all(
+        client.clone(),
+        "RateLimits",
+        shutdown.clone(),
+        |event| match event {
+            watcher::Event::Init => relisting = Some(Vec::new()),
+            watcher::Event::InitApply(limit) => relisting.get_or_insert_with(Vec::new).push(limit),
+            watcher::Event::InitDone => {
+                rate_limits.replace_all(relisting.take().unwrap_or_default())
+            }
+            watcher::Event::Apply(limit) => rate_limits.apply(&limit),
+            watcher::Event::Delete(limit) => {
+                rate_limits.remove(&limit.namespace().unwrap_or_default(), &limit.name_any());
+            }
+        },
+    );
+    let kyma = eddy_model::kyma::function_resource();
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &kyma);
+    let events = eddy_platform::watch::backed_off(watcher(api, watcher::Config::default()));
+    let mut labels = LabelFeed::new(rate_limits.clone());
+    let kyma_functions = async {
+        let mut events = std::pin::pin!(events);
+        loop {
+            let event = tokio::select! {
+                event = events.next() => event,
+                () = shutdown.cancelled() => return,
+            };
+            match event {
+                None => return,
+                Some(Ok(event)) => labels.follow(&event, |object| {
+                    let uid = object.uid().unwrap_or_default();
+                    let value = serde_json::to_value(object).ok()?;
+                    let function = eddy_model::kyma::native_function(value).ok()?;
+                    Some((key_of(&function), function_pod_labels(&function, &uid)))
+                }),
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "watching Kyma's Functions failed; retrying with backoff");
+                }
+            }
+        }
+    };
+    tokio::join!(limits, kyma_functions);
+}
+
+/// One watch's Functions, handed to the RateLimits with their pods' labels; those a relist no
+/// longer lists are forgotten.
+struct LabelFeed {
+    rate_limits: Arc<RateLimits>,
+    known: HashSet<FunctionKey>,
+    relisted: Option<HashSet<FunctionKey>>,
+}
+
+impl LabelFeed {
+    fn new(rate_limits: Arc<RateLimits>) -> Self {
+        Self {
+            rate_limits,
+            known: HashSet::new(),
+            relisted: None,
+        }
+    }
+
+    /// Follows one event; `labels_of` reads an object's key and its pods' labels.
+    fn follow<K>(
+        &mut self,
+        event: &watcher::Event<K>,
+        labels_of: impl Fn(&K) -> Option<(FunctionKey, BTreeMap<String, String>)>,
+    ) {
+        match event {
+            watcher::Event::Init => self.relisted = Some(HashSet::new()),
+            watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
+                let Some((key, labels)) = labels_of(object) else {
+                    return;
+                };
+                if let (watcher::Event::InitApply(_), Some(relisted)) = (event, &mut self.relisted)
+                {
+                    relisted.insert(key.clone());
+                }
+                self.known.insert(key.clone());
+                self.rate_limits.set_function(key, Some(labels));
+            }
+            watcher::Event::InitDone => {
+                let relisted = self.relisted.take().unwrap_or_default();
+                for gone in self.known.difference(&relisted) {
+                    self.rate_limits.set_function(gone.clone(), None);
+                }
+                self.known = relisted;
+            }
+            watcher::Event::Delete(object) => {
+                if let Some((key, _)) = labels_of(object) {
+                    self.known.remove(&key);
+                    self.rate_limits.set_function(key, None);
+                }
+            }
+        }
+    }
 }
 
 /// The gateway's routes: probes, `/metrics`, then every path as a function call.
@@ -604,10 +735,13 @@ pub fn router(
     service_url: String,
     max_body: usize,
     waking: Arc<Waking>,
+    rate_limits: Arc<RateLimits>,
 ) -> axum::Router {
     let metrics = routes.metrics.clone();
     let services = Services::new(routes.clone(), function_url, service_url, waking);
-    let gateway = Arc::new(Gateway::new(services, metrics, exposures, max_body));
+    let gateway = Arc::new(
+        Gateway::new(services, metrics, exposures, max_body).with_rate_limits(rate_limits),
+    );
     let probes = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route(
@@ -650,6 +784,7 @@ pub async fn serve_on(
 ) -> Result<()> {
     let routes = Arc::new(Routes::default());
     let exposures = Arc::new(Exposures::new(&args.exposure));
+    let rate_limits = Arc::new(RateLimits::default());
     let max_body = usize::try_from(args.max_request_size.as_u64()).unwrap_or(usize::MAX);
     let waking = Arc::new(Waking::new(
         Some(client.clone()),
@@ -663,6 +798,7 @@ pub async fn serve_on(
         args.service_url.clone(),
         max_body,
         waking.clone(),
+        rate_limits.clone(),
     );
     let addr = listener.local_addr().map_err(eddy_platform::Error::Serve)?;
     eddy_platform::output::say(format!(
@@ -694,12 +830,18 @@ pub async fn serve_on(
                     shutdown.clone()
                 ),
                 exposures.follow_authorizers(shutdown.clone()),
+                follow_rate_limits(client.clone(), rate_limits.clone(), shutdown.clone()),
             );
         }
     };
     let (served, (), (), ()) = tokio::join!(
         server,
-        follow(client.clone(), routes, shutdown.clone()),
+        follow(
+            client.clone(),
+            routes,
+            rate_limits.clone(),
+            shutdown.clone()
+        ),
         apirules,
         waking.stamp_calls(shutdown.clone()),
     );

@@ -12,6 +12,7 @@ pub mod hold;
 pub mod jwt;
 pub mod kubernetes;
 pub mod local;
+pub mod ratelimit;
 
 use std::{
     borrow::Cow,
@@ -37,8 +38,9 @@ use eddy_platform::{
 use http_body_util::Full;
 use tracing::Instrument as _;
 
-use crate::apirules::{Chosen, Exposure, Exposures, Target};
+use crate::apirules::{Chosen, Exposure, Exposures, RuleService};
 use crate::ext_authz::Granted;
+use crate::ratelimit::RateLimits;
 
 /// Errors that stop a gateway.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +125,7 @@ pub struct Destination<'a, F> {
     /// The Function, when it is one here.
     pub function: Option<&'a F>,
     /// The APIRule rule's Service, for a call on an APIRule's host.
-    pub service: Option<&'a Target>,
+    pub service: Option<&'a RuleService>,
     /// The path and query it sees: the rest after `/{namespace}/{function}`, or an APIRule
     /// host's whole path.
     pub path_and_query: &'a str,
@@ -166,6 +168,8 @@ pub struct Gateway<U> {
     metrics: Arc<FunctionMetrics>,
     /// The APIRules it honours.
     exposures: Arc<Exposures>,
+    /// The RateLimits it keeps.
+    rate_limits: Arc<RateLimits>,
     /// The platform's own token (the dispatcher's), accepted by every function.
     bypass: Option<eddy_platform::auth::Tokens>,
     max_body: usize,
@@ -184,9 +188,16 @@ impl<U: Upstreams> Gateway<U> {
             upstreams,
             metrics,
             exposures,
+            rate_limits: Arc::default(),
             bypass: None,
             max_body,
         }
+    }
+
+    /// Keeps the RateLimits of `rate_limits` (none otherwise).
+    pub fn with_rate_limits(mut self, rate_limits: Arc<RateLimits>) -> Self {
+        self.rate_limits = rate_limits;
+        self
     }
 
     /// Accepts `token` for every function, whatever its access (the dispatcher delivers with
@@ -292,9 +303,33 @@ impl<U: Upstreams> Gateway<U> {
         })
     }
 
-    /// A routed call: the Function's access and its APIRule rule checked, its body read, then
-    /// sent.
+    /// A routed call: its RateLimit's token taken (before anything else, as Envoy's filter
+    /// runs first), then [`Self::admit_and_send`]; the RateLimit's headers on any answer. The
+    /// platform's deliveries take no token.
     async fn call(&self, call: &Call<U::Function>, request: Request) -> Response {
+        let limiter = if call.platform_call {
+            None
+        } else {
+            self.rate_limits.of(&call.key)
+        };
+        let Some(limiter) = limiter else {
+            return self.admit_and_send(call, request).await;
+        };
+        let path = call
+            .path_and_query
+            .split_once('?')
+            .map_or(call.path_and_query.as_str(), |(path, _)| path);
+        let verdict = limiter.take(path, request.headers());
+        if verdict.refused {
+            return verdict.refusal();
+        }
+        let mut answer = self.admit_and_send(call, request).await;
+        verdict.decorate(answer.headers_mut());
+        answer
+    }
+
+    /// The Function's access and its APIRule rule checked, its body read, then sent.
+    async fn admit_and_send(&self, call: &Call<U::Function>, request: Request) -> Response {
         // The call's whole time, from here: the authorizers, then the Function's answer.
         let mut timeout = call.found.as_ref().map_or(Duration::MAX, |f| f.timeout);
         if let Some(chosen) = &call.rule {

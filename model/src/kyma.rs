@@ -183,7 +183,7 @@ pub fn crds()
         }
         crd
     })
-    .chain(std::iter::once(crate::apirule::crd()))
+    .chain([crate::apirule::crd(), crate::ratelimit::crd()])
     .collect()
 }
 

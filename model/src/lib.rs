@@ -15,5 +15,6 @@ pub mod headers;
 pub mod istio;
 pub mod kyma;
 pub mod legacy;
+pub mod ratelimit;
 pub mod resources;
 pub mod subject;

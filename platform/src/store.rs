@@ -130,6 +130,13 @@ with_spec_and_status!(
 );
 
 with_spec_and_status!(
+    eddy_model::ratelimit::RateLimit,
+    eddy_model::ratelimit::RateLimitStatus,
+    "ratelimits",
+    "RateLimit"
+);
+
+with_spec_and_status!(
     eddy_model::istio::Istio,
     eddy_model::istio::IstioStatus,
     "istios",

@@ -79,6 +79,9 @@ pub enum Kind {
     /// Kyma's Istio resource: the external authorizers APIRules may name.
     #[value(alias = "istio")]
     Istios,
+    /// Kyma's RateLimits: token buckets for the calls to the Functions they select.
+    #[value(alias = "ratelimit")]
+    Ratelimits,
     /// The running instances of one function (name the function).
     #[value(alias = "instance", alias = "pods")]
     Instances,
@@ -93,6 +96,7 @@ impl Kind {
             Self::Configmaps => "configmaps",
             Self::Apirules => "apirules",
             Self::Istios => "istios",
+            Self::Ratelimits => "ratelimits",
             Self::Instances => "instances",
         }
     }
@@ -106,6 +110,7 @@ impl Kind {
             Self::Configmaps => format!("configmap/{name}"),
             Self::Apirules => format!("apirule.gateway.kyma-project.io/{name}"),
             Self::Istios => format!("istio.operator.kyma-project.io/{name}"),
+            Self::Ratelimits => format!("ratelimit.gateway.kyma-project.io/{name}"),
             Self::Instances => format!("instances of {name}"),
         }
     }
@@ -117,6 +122,7 @@ impl Kind {
             Self::Secrets | Self::Configmaps => "api/v1",
             Self::Apirules => "apis/gateway.kyma-project.io/v2",
             Self::Istios => "apis/operator.kyma-project.io/v1alpha2",
+            Self::Ratelimits => "apis/gateway.kyma-project.io/v1alpha1",
         }
     }
 
@@ -128,6 +134,7 @@ impl Kind {
             "ConfigMap" => Some(Self::Configmaps),
             "APIRule" => Some(Self::Apirules),
             "Istio" => Some(Self::Istios),
+            "RateLimit" => Some(Self::Ratelimits),
             _ => None,
         }
     }
@@ -304,8 +311,8 @@ fn identify(manifest: &Value, default_namespace: &str) -> anyhow::Result<(Kind, 
     let kind_text = manifest["kind"].as_str().unwrap_or_default();
     let kind = Kind::from_manifest(kind_text).with_context(|| {
         format!(
-            "unknown kind {kind_text:?}: eddy knows Function, Subscription, APIRule, Istio, \
-             Secret and ConfigMap"
+            "unknown kind {kind_text:?}: eddy knows Function, Subscription, APIRule, \
+             RateLimit, Istio, Secret and ConfigMap"
         )
     })?;
     let name = manifest["metadata"]["name"]
@@ -748,6 +755,32 @@ fn table_rows(kind: Kind, body: Value) -> anyhow::Result<Vec<Vec<String>>> {
                     text(&istio.metadata.name),
                     status.state,
                     names.join(","),
+                    status.description.unwrap_or_default(),
+                ]);
+            }
+        }
+        Kind::Ratelimits => {
+            rows.push(
+                ["NAMESPACE", "NAME", "STATUS", "SELECTOR", "DESCRIPTION"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            let rate_limits: OneOrList<eddy_model::ratelimit::RateLimit> =
+                serde_json::from_value(body)
+                    .context("the API answered something else than RateLimits")?;
+            for rate_limit in rate_limits.into_items() {
+                let status = rate_limit.status.unwrap_or_default();
+                let selector: Vec<String> = rate_limit
+                    .spec
+                    .selector_labels
+                    .iter()
+                    .map(|(name, value)| format!("{name}={value}"))
+                    .collect();
+                rows.push(vec![
+                    text(&rate_limit.metadata.namespace),
+                    text(&rate_limit.metadata.name),
+                    status.state,
+                    selector.join(","),
                     status.description.unwrap_or_default(),
                 ]);
             }

@@ -314,6 +314,214 @@ spec:
     cluster.finish().await;
 }
 
+/// Kyma's RateLimit on the real API server, under the chart's RBAC: the CRD takes Kyma's
+/// samples as written; the controller reports Kyma's states (`Ready` "Finished
+/// reconciliation"; `Warning` for one selecting pods an older one holds, and for one selecting
+/// none, in Kyma's words; `Error` for a fill interval under 50ms); the gateway keeps the
+/// buckets of the RateLimit holding a Kyma Function by its `spec.labels`, called through its
+/// APIRule (429 `local_rate_limited` past them, `x-ratelimit-*` headers).
+#[tokio::test]
+async fn ratelimits_are_reported_by_the_controller_and_kept_by_the_gateway() {
+    let _serial = serial().await;
+    let cluster = Cluster::new("ratelimits").await;
+    let ns = cluster.namespace.clone();
+    install_kyma_istio_crd(&cluster);
+    let controller = cluster.controller().await;
+    let services = function_services().await;
+    let function_url = format!("{services}/fn/{{namespace}}/{{function}}");
+    let service_url = format!("{services}/svc/{{namespace}}/{{service}}/{{port}}");
+    let gateway = cluster
+        .component(
+            "gateway",
+            &[
+                ("EDDY_GATEWAY_ADDR", "127.0.0.1:0"),
+                ("EDDY_FUNCTION_URL", &function_url),
+                ("EDDY_SERVICE_URL", &service_url),
+            ],
+        )
+        .await;
+    let url = gateway.url().await;
+    // Kyma's "Path and header-based rate limit configuration" sample, on a Kyma Function
+    // labelled as the docs' workload and exposed as the docs expose it (an APIRule).
+    let yaml = format!(
+        r#"apiVersion: serverless.kyma-project.io/v1alpha2
+kind: Function
+metadata:
+  name: httpbin
+  namespace: {ns}
+spec:
+  runtime: nodejs22
+  labels:
+    app: httpbin
+  source:
+    inline:
+      source: |
+        module.exports = {{ main: () => 'ok' }};
+---
+apiVersion: gateway.kyma-project.io/v2
+kind: APIRule
+metadata:
+  name: httpbin
+  namespace: {ns}
+spec:
+  hosts: [httpbin]
+  gateway: kyma-system/kyma-gateway
+  rules:
+    - path: /*
+      service: {{name: httpbin, port: 80}}
+      methods: ["GET", "POST"]
+      noAuth: true
+---
+apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata:
+  labels:
+    app: httpbin
+  name: ratelimit-path-header-sample
+  namespace: {ns}
+spec:
+  selectorLabels:
+    app: httpbin
+  enableResponseHeaders: true
+  local:
+    defaultBucket:
+      maxTokens: 1
+      tokensPerFill: 1
+      fillInterval: 30s
+    buckets:
+      - headers:
+          X-Rate-Limited: "true"
+        path: /headers
+        bucket:
+          maxTokens: 10
+          tokensPerFill: 5
+          fillInterval: 30s
+"#
+    );
+    cluster.kubectl_apply(&yaml).unwrap();
+    let limits = cluster.dynamic("gateway.kyma-project.io/v1alpha1", "RateLimit");
+    let state_of = |name: &'static str| {
+        let limits = limits.clone();
+        async move {
+            let limit = limits.get(name).await.ok()?;
+            let status = limit.data.get("status")?.clone();
+            Some((
+                status["state"].as_str()?.to_owned(),
+                status["description"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            ))
+        }
+    };
+    eventually("the RateLimit Ready", Duration::from_secs(60), || async {
+        state_of("ratelimit-path-header-sample").await
+            == Some(("Ready".to_owned(), "Finished reconciliation".to_owned()))
+    })
+    .await
+    .unwrap();
+    let more = format!(
+        r#"apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata: {{name: second, namespace: {ns}}}
+spec:
+  selectorLabels: {{app: httpbin}}
+  local: {{defaultBucket: {{maxTokens: 5, tokensPerFill: 5, fillInterval: 60s}}}}
+---
+apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata: {{name: nobody, namespace: {ns}}}
+spec:
+  selectorLabels: {{app: nobody}}
+  local: {{defaultBucket: {{maxTokens: 5, tokensPerFill: 5, fillInterval: 60s}}}}
+---
+apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata: {{name: hasty, namespace: {ns}}}
+spec:
+  selectorLabels: {{app: hasty}}
+  local: {{defaultBucket: {{maxTokens: 5, tokensPerFill: 5, fillInterval: 10ms}}}}
+"#
+    );
+    cluster.kubectl_apply(&more).unwrap();
+    eventually("the others' states", Duration::from_secs(60), || async {
+        state_of("second").await
+            == Some((
+                "Warning".to_owned(),
+                "conflicting with the following RateLimit CRs: ratelimit-path-header-sample"
+                    .to_owned(),
+            ))
+            && state_of("nobody").await
+                == Some((
+                    "Warning".to_owned(),
+                    format!(
+                        "no pods found with the given selectors: map[app:nobody] in namespace {ns}"
+                    ),
+                ))
+            && state_of("hasty").await
+                == Some((
+                    "Error".to_owned(),
+                    "defaultBucket: fillInterval must be greater or equal 50ms".to_owned(),
+                ))
+    })
+    .await
+    .unwrap();
+
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let http = reqwest::Client::builder()
+        .resolve("httpbin.localhost", addr)
+        .build()
+        .unwrap();
+    let port = addr.port();
+    let get = |path: &'static str, flagged: bool| {
+        let (http, url) = (
+            http.clone(),
+            format!("http://httpbin.localhost:{port}{path}"),
+        );
+        async move {
+            let mut request = http.get(url);
+            if flagged {
+                request = request.header("X-Rate-Limited", "true");
+            }
+            let response = request.send().await.unwrap();
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let limits = (header("x-ratelimit-limit"), header("x-ratelimit-remaining"));
+            (
+                response.status().as_u16(),
+                limits,
+                response.text().await.unwrap(),
+            )
+        }
+    };
+    eventually(
+        "the gateway to keep the buckets",
+        Duration::from_secs(30),
+        || async { get("/headers", true).await.1.0 == "10" },
+    )
+    .await
+    .unwrap();
+    let (status, limits, body) = get("/headers", false).await;
+    assert_eq!(
+        (status, body),
+        (200, format!("/svc/{ns}/httpbin/80/headers"))
+    );
+    assert_eq!(limits, ("1".to_owned(), "0".to_owned()));
+    let (status, limits, body) = get("/ip", true).await;
+    assert_eq!((status, body.as_str()), (429, "local_rate_limited"));
+    assert_eq!(limits, ("1".to_owned(), "0".to_owned()));
+    cluster.assert_no_rbac_refusal();
+    drop(gateway);
+    drop(controller);
+    cluster.finish().await;
+}
+
 /// A stand-in for Kyma's Istio CRD (`istios.operator.kyma-project.io`, the Istio module's),
 /// and the `kyma-system` namespace the Istio resource lives in.
 pub(crate) fn install_kyma_istio_crd(cluster: &Cluster) {

@@ -238,7 +238,7 @@ globalThis[Symbol.for("eddy.runtime")] = Object.freeze({
   getCloudEvent: (req) => {
     if (!isCloudEvent(req)) return null;
     try {
-      return HTTP.toEvent({ headers: req.headers, body: req.body });
+      return HTTP.toEvent({ headers: utf8Attributes(req.headers), body: req.body });
     } catch {
       return null;
     }
@@ -275,6 +275,21 @@ const functionContext = Object.freeze({
 function headerAttribute(value) {
   if (typeof value === "string" && /[\u0080-\u00ff]/.test(value)) return Buffer.from(value, "latin1").toString("utf8");
   return decodeAttribute(value);
+}
+
+/**
+ * `headers` with raw UTF-8 `ce-*` values (Node reads them as Latin-1) read back as UTF-8, for
+ * the CloudEvents SDK, which takes header values as they come; the rest as they are.
+ */
+function utf8Attributes(headers) {
+  let copy;
+  for (const [name, value] of Object.entries(headers)) {
+    if (name.startsWith("ce-") && typeof value === "string" && /[\u0080-\u00ff]/.test(value)) {
+      copy ??= { ...headers };
+      copy[name] = Buffer.from(value, "latin1").toString("utf8");
+    }
+  }
+  return copy ?? headers;
 }
 
 /** Percent-decodes a binary-mode attribute (the HTTP binding encodes them). */
@@ -323,7 +338,7 @@ function buildEvent(req, res) {
     return event;
   }
   const body = Buffer.isBuffer(req.body) ? req.body : req.body === undefined ? "" : req.body;
-  const cloudEvent = HTTP.toEvent({ headers: req.headers, body });
+  const cloudEvent = HTTP.toEvent({ headers: utf8Attributes(req.headers), body });
   for (const [name, value] of Object.entries(cloudEvent)) {
     if (name !== "data" && name !== "data_base64") event[`ce-${name}`] = decodeAttribute(value);
   }

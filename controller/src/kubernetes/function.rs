@@ -148,7 +148,7 @@ pub(super) async fn reconcile_function_once(
         );
         status.commit = commit;
         status.url = Some(render::function_url(&namespace, &name));
-        let target = Target {
+        let target = Rollout {
             client,
             written: &context.written,
             namespace: &namespace,
@@ -196,7 +196,7 @@ pub(super) async fn reconcile_function_once(
 }
 
 /// One valid Function's rendered objects, and where they go.
-pub(super) struct Target<'a> {
+pub(super) struct Rollout<'a> {
     client: &'a Client,
     /// What was written lately (not sent again).
     written: &'a Written,
@@ -207,7 +207,7 @@ pub(super) struct Target<'a> {
     buildless: bool,
 }
 
-impl Target<'_> {
+impl Rollout<'_> {
     /// Buildless: the sources' ConfigMap, then the Deployment on the runtime image (its pods
     /// install the dependencies when they start).
     async fn deploy_buildless(

@@ -208,6 +208,11 @@ pub(super) async fn run_kyma(client: Client, context: Arc<Context>, shutdown: Ca
     tokio::join!(
         function_controller,
         subscription_controller,
-        run_apirules(client, context_for_apirules, shutdown_for_apirules)
+        run_apirules(
+            client.clone(),
+            context_for_apirules.clone(),
+            shutdown_for_apirules.clone()
+        ),
+        super::ratelimit::run_ratelimits(client, context_for_apirules, shutdown_for_apirules)
     );
 }

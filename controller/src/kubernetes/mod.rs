@@ -14,6 +14,7 @@ mod function;
 mod kyma;
 pub mod leader;
 mod progress;
+mod ratelimit;
 pub mod render;
 mod subscription;
 

@@ -385,6 +385,11 @@ fn the_chart_grants_the_controller_what_its_requests_need_and_no_more() {
         "eventing.kyma-project.io/subscriptions:watch",
         "gateway.kyma-project.io/apirules:list",
         "gateway.kyma-project.io/apirules:watch",
+        // Kyma's RateLimits, reported on (tests/kubernetes_cluster/ proves it on the real
+        // API server).
+        "gateway.kyma-project.io/ratelimits:list",
+        "gateway.kyma-project.io/ratelimits:watch",
+        "gateway.kyma-project.io/ratelimits/status:patch",
         // Kyma's Istio resource, watched for its authorizers (tests/kubernetes_cluster/).
         "operator.kyma-project.io/istios:list",
         "operator.kyma-project.io/istios:watch",
