@@ -175,7 +175,7 @@ pub struct Platform {
     pub platform_token: String,
     /// The gateway, called in this process by the dispatcher started beside it (and by any other
     /// started in this process): deliveries to functions skip a loopback HTTP exchange.
-    pub gateway_in_process: Option<eddy_dispatcher::worker::InProcessGateway>,
+    pub gateway_in_process: Option<eddy_dispatcher::InProcessGateway>,
     components: Vec<Component>,
     token: CancellationToken,
     nats: Option<NatsChild>,
@@ -330,7 +330,7 @@ impl Platform {
         .await?;
         self.local_controller = Some(controller.backend());
         self.gateway_in_process =
-            eddy_dispatcher::worker::InProcessGateway::new(gateway_local, controller.gateway());
+            eddy_dispatcher::InProcessGateway::new(gateway_local, controller.gateway());
         self.platform_token.clone_from(&platform_token);
         self.components.push((
             "controller",

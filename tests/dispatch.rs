@@ -1597,7 +1597,7 @@ async fn a_consumer_created_again_resumes_after_its_ack_floor() {
     }))
     .unwrap();
     let first_sequence = |resume_after: Option<u64>, name: &'static str| {
-        let plan = eddy_dispatcher::consumer::ConsumerPlan {
+        let plan = eddy_dispatcher::ConsumerPlan {
             name: name.to_owned(),
             filter_subjects: vec!["eddy.events.shop.order.created.v1".to_owned()],
             policy: subscription.spec.delivery_policy().unwrap(),
@@ -1606,7 +1606,7 @@ async fn a_consumer_created_again_resumes_after_its_ack_floor() {
         };
         let stream = stream.clone();
         async move {
-            let consumer = eddy_dispatcher::consumer::ensure(&stream, &plan, resume_after)
+            let consumer = eddy_dispatcher::ensure_consumer(&stream, &plan, resume_after)
                 .await
                 .unwrap();
             let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();

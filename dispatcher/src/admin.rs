@@ -21,7 +21,7 @@ use tracing::Instrument as _;
 use crate::{
     deadletter,
     manager::{ManagerHandle, ReplayFrom},
-    worker::Shared,
+    send::Shared,
 };
 
 /// What the admin handlers share.
@@ -167,7 +167,7 @@ fn delivered(
     state: &AdminState,
     namespace: &str,
     name: &str,
-) -> Result<Arc<crate::worker::LiveSubscription>, ErrorResponse> {
+) -> Result<Arc<crate::index::LiveSubscription>, ErrorResponse> {
     state.manager.target(namespace, name).ok_or_else(|| {
         ErrorResponse::message(
             StatusCode::NOT_FOUND,

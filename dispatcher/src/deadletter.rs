@@ -18,7 +18,8 @@ use async_nats::{HeaderMap as NatsHeaders, HeaderName, HeaderValue, jetstream::A
 use crate::{
     Error, Result,
     delivery::{Failure, Verdict},
-    worker::{self, LiveSubscription, Shared},
+    index::LiveSubscription,
+    send::{self, Shared},
 };
 
 fn summarize(sequence: u64, headers: &async_nats::HeaderMap, time: String) -> DeadLetter {
@@ -153,7 +154,7 @@ pub async fn redrive(shared: &Shared, target: &LiveSubscription) -> Result<Redri
         let started = std::time::Instant::now();
         let verdict = match shared.sinks.resolve(&target.sink) {
             Ok(sink) => {
-                worker::deliver(
+                send::deliver(
                     shared,
                     target,
                     &sink,

@@ -9,14 +9,57 @@ use std::{
 };
 
 use eddy_model::resources::{
-    FieldError, SinkPolicy, Subscription, consumer_name, describe_errors, validate_subscription,
+    DeliveryPolicy, FieldError, SinkPolicy, Subscription, consumer_name, describe_errors,
+    validate_subscription,
 };
 use eddy_platform::store::StoredResource as _;
 
-use crate::{consumer::ConsumerPlan, worker::LiveSubscription};
+use async_nats::jetstream;
+
+use crate::{consumer::ConsumerPlan, delivery};
 
 /// A Subscription's namespace and name.
 pub type Key = (String, String);
+
+/// The Subscriptions delivered for, by key, as the manager last published them.
+pub type Delivering = Arc<BTreeMap<Key, Arc<LiveSubscription>>>;
+
+/// One Subscription, as the worker sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveSubscription {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `namespace/name`: the metrics label and the dead-letter header.
+    pub label: String,
+    /// The sink as written.
+    pub sink: String,
+    /// Delivery settings.
+    pub policy: DeliveryPolicy,
+    /// The subjects its consumer takes (one per type).
+    pub filter_subjects: Vec<String>,
+    /// How its deliveries write `ce-*` values: raw for a Subscription applied in Kyma's form.
+    pub encoding: delivery::AttributeEncoding,
+}
+
+impl LiveSubscription {
+    /// Whether `message` is a legacy event's copy in Kyma's legacy form whose event this
+    /// Subscription takes too: it is taken without delivery, so that no Subscription gets one
+    /// legacy event twice.
+    pub fn takes_the_original_of(&self, message: &jetstream::Message) -> bool {
+        let Some(original) = message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(eddy_model::legacy::KYMA_FORM_OF))
+        else {
+            return false;
+        };
+        self.filter_subjects
+            .iter()
+            .any(|filter| eddy_model::subject::filter_matches(filter, original.as_str()))
+    }
+}
 
 /// What the manager must do to follow a change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,9 +214,9 @@ pub fn plan_for(
         policy,
         filter_subjects,
         encoding: if subscription.is_kyma() {
-            crate::delivery::AttributeEncoding::Raw
+            delivery::AttributeEncoding::Raw
         } else {
-            crate::delivery::AttributeEncoding::Binding
+            delivery::AttributeEncoding::Binding
         },
     };
     Ok((target, plan))

@@ -4,18 +4,36 @@
 //!
 //! Any number of dispatcher processes can run against one NATS: they share each consumer, and
 //! JetStream hands an event to one of them at a time.
+//!
+//! The modules, each importing only ones before it (`scripts/check-imports` refuses a circle):
+//! `delivery` (what a sink's answer means), `consumer` (a Subscription's JetStream consumer),
+//! `journal` (recent attempts); `index` (which Subscriptions are delivered for: pure), `sinks`
+//! (where a sink is), `metrics`; `scaler` (Functions woken from zero, on Kubernetes); `send` (one
+//! attempt); `deadletter`; `worker` (one Subscription's loop: gate, hold, attempt, settle);
+//! `manager` (a worker per Subscription); `admin` (the admin API). The public surface is the
+//! `pub use` list below.
 
-pub mod admin;
-pub mod consumer;
-pub mod deadletter;
-pub mod delivery;
-pub mod index;
-pub mod journal;
-pub mod manager;
-pub mod metrics;
-pub mod scaler;
-pub mod sinks;
-pub mod worker;
+mod admin;
+mod consumer;
+mod deadletter;
+mod delivery;
+mod index;
+mod journal;
+mod manager;
+mod metrics;
+mod scaler;
+mod send;
+mod sinks;
+mod worker;
+
+pub use consumer::{ConsumerPlan, ensure as ensure_consumer};
+pub use delivery::{Failure, Verdict};
+pub use index::LiveSubscription;
+pub use journal::Journal;
+pub use metrics::Metrics;
+pub use scaler::ScaleArgs;
+pub use send::{Deliveries, InProcessGateway, Shared, SinkClient, deliver, sink_client};
+pub use sinks::{Resolution, Resolved, Sinks};
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -158,7 +176,7 @@ pub struct Args {
     /// The function gateway of this process, when one runs beside the dispatcher (`eddy up`):
     /// deliveries to its address are handed to it directly instead of over loopback HTTP.
     #[arg(skip)]
-    pub gateway: Option<worker::InProcessGateway>,
+    pub gateway: Option<InProcessGateway>,
 }
 
 impl Args {
@@ -262,12 +280,9 @@ impl Dispatcher {
                 max_in_flight: REPLY_ACKS_IN_FLIGHT,
             },
         );
-        let shared = Arc::new(worker::Shared {
+        let shared = Arc::new(Shared {
             js,
-            deliveries: worker::Deliveries::new(
-                worker::sink_client(Duration::from_secs(60))?,
-                gateway,
-            ),
+            deliveries: Deliveries::new(sink_client(Duration::from_secs(60))?, gateway),
             replies,
             sinks,
             metrics: metrics::Metrics::new(),
@@ -293,7 +308,12 @@ impl Dispatcher {
             essentials.push(eddy_platform::shutdown::spawn_essential(
                 "the scaler",
                 shutdown.clone(),
-                scaler.run(shared.clone(), manager.clone(), shutdown.child_token()),
+                scaler.run(
+                    shared.js.clone(),
+                    manager.delivering(),
+                    shared.metrics.scalings(),
+                    shutdown.child_token(),
+                ),
             ));
         }
         let router = eddy_platform::auth::protect(

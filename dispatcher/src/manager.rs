@@ -7,7 +7,7 @@
 //! API reads a snapshot the task publishes after each change.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -31,8 +31,9 @@ use tracing::Instrument as _;
 use crate::{
     Error, Result,
     consumer::{ConsumerPlan, consumer_config},
-    index::{Action, Key, SubscriptionIndex},
-    worker::{self, LiveSubscription, Shared},
+    index::{Action, Delivering, Key, LiveSubscription, SubscriptionIndex},
+    send::Shared,
+    worker,
 };
 
 /// Where the dispatcher learns about Subscriptions.
@@ -63,13 +64,14 @@ pub enum ReplayFrom {
 #[derive(Clone)]
 pub struct ManagerHandle {
     view: watch::Receiver<View>,
+    delivering: watch::Receiver<Delivering>,
     requests: mpsc::Sender<Request>,
 }
 
 /// The manager's state as last published.
 #[derive(Debug, Clone, Default)]
 struct View {
-    targets: Arc<BTreeMap<Key, Arc<LiveSubscription>>>,
+    targets: Delivering,
     synced: bool,
 }
 
@@ -103,6 +105,11 @@ impl ManagerHandle {
         let mut targets: Vec<_> = self.view.borrow().targets.values().cloned().collect();
         targets.sort_by(|a, b| a.label.cmp(&b.label));
         targets
+    }
+
+    /// The Subscriptions delivered for, as they change (the scaler reads their backlogs).
+    pub fn delivering(&self) -> watch::Receiver<Delivering> {
+        self.delivering.clone()
     }
 
     /// One Subscription's target.
@@ -153,6 +160,7 @@ struct Manager {
     replays: HashMap<Key, (u64, CancellationToken)>,
     replay_generation: u64,
     view: watch::Sender<View>,
+    delivering: watch::Sender<Delivering>,
     messages: mpsc::Sender<Message>,
     shutdown: CancellationToken,
 }
@@ -171,6 +179,7 @@ pub fn start(
     stop: CancellationToken,
 ) -> (ManagerHandle, [JoinHandle<Result<(), &'static str>>; 2]) {
     let (view, view_reader) = watch::channel(View::default());
+    let (delivering, delivering_reader) = watch::channel(Delivering::default());
     let (requests, request_reader) = mpsc::channel(16);
     let (messages, message_reader) = mpsc::channel(256);
     let follower = spawn_essential(
@@ -187,6 +196,7 @@ pub fn start(
         replays: HashMap::new(),
         replay_generation: 0,
         view,
+        delivering,
         messages,
         shutdown,
     };
@@ -195,6 +205,7 @@ pub fn start(
     });
     let handle = ManagerHandle {
         view: view_reader,
+        delivering: delivering_reader,
         requests,
     };
     (handle, [task, follower])
@@ -407,13 +418,15 @@ impl Manager {
         for action in actions {
             self.act(action).await;
         }
-        let targets = self
-            .index
-            .targets()
-            .map(|(key, target)| (key.clone(), target.clone()))
-            .collect();
+        let targets: Delivering = Arc::new(
+            self.index
+                .targets()
+                .map(|(key, target)| (key.clone(), target.clone()))
+                .collect(),
+        );
+        self.delivering.send_replace(targets.clone());
         self.view.send_replace(View {
-            targets: Arc::new(targets),
+            targets,
             synced: self.index.is_synced(),
         });
     }

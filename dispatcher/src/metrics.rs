@@ -60,6 +60,23 @@ impl SubscriptionMetrics {
     }
 }
 
+/// `eddy_dispatcher_function_scaled_total`, by Function and direction.
+#[derive(Clone)]
+pub struct Scalings(Family<ScaleLabels, Counter>);
+
+impl Scalings {
+    /// The dispatcher changed the replicas of `function` (`namespace/name`): `direction` is
+    /// `wake`, `out`, `in` or `zero`.
+    pub fn scaled(&self, function: &str, direction: &'static str) {
+        self.0
+            .get_or_create(&ScaleLabels {
+                function: function.to_owned(),
+                direction,
+            })
+            .inc();
+    }
+}
+
 /// The dispatcher metrics.
 pub struct Metrics {
     registry: Registry,
@@ -157,15 +174,9 @@ impl Metrics {
         }
     }
 
-    /// The dispatcher changed the replicas of `function` (`namespace/name`): `direction` is
-    /// `wake`, `out`, `in` or `zero`.
-    pub fn scaled(&self, function: &str, direction: &'static str) {
-        self.scaled
-            .get_or_create(&ScaleLabels {
-                function: function.to_owned(),
-                direction,
-            })
-            .inc();
+    /// The scaler's counter, as a handle of its own (the scaler needs nothing else of these).
+    pub fn scalings(&self) -> Scalings {
+        Scalings(self.scaled.clone())
     }
 
     /// A legacy event's copy in Kyma's form was taken without delivery: the Subscription

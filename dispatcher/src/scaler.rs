@@ -34,7 +34,7 @@ use kube::{Api, ResourceExt as _, runtime::watcher};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
-use crate::{manager::ManagerHandle, metrics::Metrics, worker::Shared};
+use crate::{index::Delivering, metrics::Scalings};
 
 /// How often scaling is decided.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -123,6 +123,48 @@ pub fn decide(
     (wanted.max(1) < observed.replicas && low_for >= args.idle_after).then_some(wanted.max(1))
 }
 
+/// What one tick saw of a Function's Subscriptions and calls.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// Events pending or being delivered over its Subscriptions.
+    pending: u64,
+    /// When one of its Subscriptions last delivered (unix seconds).
+    last_event: Option<u64>,
+    /// When the gateway last forwarded it a call (unix seconds).
+    last_call: Option<u64>,
+    /// Every Subscription's backlog was read.
+    known: bool,
+}
+
+impl Seen {
+    /// [`decide`]'s inputs besides the backlog: how long the Function has been idle (no event,
+    /// no call, no change of replicas), how long its backlog has called for fewer pods than
+    /// run, and whether a wake-up is asked for. Marks it busy when its backlog calls for the
+    /// pods it has or more. A backlog not read is no reason to scale in: both durations are
+    /// zero then. Pure but for `tracked`.
+    fn inputs(
+        self,
+        tracked: &mut Tracked,
+        observed: Observed,
+        now: Instant,
+        unix_now: u64,
+        args: &ScaleArgs,
+    ) -> (Duration, Duration, bool) {
+        let wanted =
+            i32::try_from(self.pending.div_ceil(args.events_per_replica)).unwrap_or(i32::MAX);
+        if wanted >= observed.replicas {
+            tracked.busy_at = now;
+        }
+        let last_active = self.last_event.max(self.last_call).unwrap_or(0);
+        let since_active = Duration::from_secs(unix_now.saturating_sub(last_active));
+        let idle_for = since_active.min(now - tracked.changed_at);
+        if !self.known {
+            return (Duration::ZERO, Duration::ZERO, tracked.wake_requested);
+        }
+        (idle_for, now - tracked.busy_at, tracked.wake_requested)
+    }
+}
+
 /// One Function's state in the scaler.
 struct Tracked {
     observed: Observed,
@@ -176,14 +218,16 @@ impl Scaler {
     }
 
     /// Follows the labelled Deployments and decides until `shutdown`, for the Subscriptions
-    /// `manager` delivers (their consumers and the metrics are `shared`'s).
+    /// `delivering` names (their consumers' backlogs, read through `js`); each scaling is
+    /// counted in `scalings`.
     pub async fn run(
         self,
-        shared: Arc<Shared>,
-        manager: ManagerHandle,
+        js: async_nats::jetstream::Context,
+        delivering: watch::Receiver<Delivering>,
+        scalings: Scalings,
         shutdown: CancellationToken,
     ) {
-        let metrics = &shared.metrics;
+        let metrics = &scalings;
         let Some(mut wakes) = self.wakes.lock().take() else {
             return;
         };
@@ -215,7 +259,10 @@ impl Scaler {
                     None => return,
                 },
                 Some(key) = wakes.recv() => self.wake(&key, metrics).await,
-                _ = tick.tick() => self.decide_all(&manager, &shared.js, metrics).await,
+                _ = tick.tick() => {
+                    let targets = delivering.borrow().clone();
+                    self.decide_all(&targets, &js, metrics).await;
+                }
             }
         }
     }
@@ -266,7 +313,7 @@ impl Scaler {
         }
     }
 
-    async fn wake(&self, key: &Arc<FunctionKey>, metrics: &Metrics) {
+    async fn wake(&self, key: &Arc<FunctionKey>, metrics: &Scalings) {
         let asleep = {
             let mut functions = self.functions.lock();
             match functions.get_mut(key) {
@@ -289,7 +336,7 @@ impl Scaler {
         from: i32,
         to: i32,
         direction: &'static str,
-        metrics: &Metrics,
+        metrics: &Scalings,
     ) {
         let (namespace, name) = key;
         match scale_deployment_if(&self.client, namespace, name, |now| now == from, to).await {
@@ -307,11 +354,12 @@ impl Scaler {
         }
     }
 
+    /// Decides every Function eddy scales, from its Subscriptions' backlogs in `targets`.
     async fn decide_all(
         &self,
-        manager: &ManagerHandle,
+        targets: &Delivering,
         js: &async_nats::jetstream::Context,
-        metrics: &Metrics,
+        metrics: &Scalings,
     ) {
         let watched: Vec<(Arc<FunctionKey>, Observed)> = self
             .functions
@@ -326,12 +374,11 @@ impl Scaler {
         let Ok(stream) = js.get_stream(eddy_platform::nats::EVENTS_STREAM).await else {
             return;
         };
-        let targets = manager.targets();
         for (key, observed) in watched {
             let mut pending = 0u64;
             let mut last_event: Option<u64> = None;
             let mut known = true;
-            for target in targets.iter().filter(|target| {
+            for target in targets.values().filter(|target| {
                 parse_function_sink(&target.sink)
                     .is_some_and(|sink| sink.namespace == key.0 && sink.function == key.1)
             }) {
@@ -350,30 +397,19 @@ impl Scaler {
                     Err(_) => known = false,
                 }
             }
-            let now = Instant::now();
             let (idle_for, low_for, wake_requested) = {
                 let mut functions = self.functions.lock();
                 let Some(tracked) = functions.get_mut(&key) else {
                     continue;
                 };
-                let wanted = i32::try_from(pending.div_ceil(self.args.events_per_replica))
-                    .unwrap_or(i32::MAX);
-                if wanted >= observed.replicas {
-                    tracked.busy_at = now;
-                }
                 let last_call = self.last_calls.lock().get(&*key).copied().flatten();
-                let last_active = last_event.max(last_call).unwrap_or(0);
-                let since_active = Duration::from_secs(unix_now().saturating_sub(last_active));
-                let idle_for = since_active.min(now - tracked.changed_at);
-                (
-                    if known { idle_for } else { Duration::ZERO },
-                    if known {
-                        now - tracked.busy_at
-                    } else {
-                        Duration::ZERO
-                    },
-                    tracked.wake_requested,
-                )
+                let seen = Seen {
+                    pending,
+                    last_event,
+                    last_call,
+                    known,
+                };
+                seen.inputs(tracked, observed, Instant::now(), unix_now(), &self.args)
             };
             if let Some(to) = decide(
                 observed,
@@ -452,6 +488,54 @@ fn observed(deployment: &Deployment) -> Observed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn seen(pending: u64, last_event: Option<u64>, last_call: Option<u64>) -> Seen {
+        Seen {
+            pending,
+            last_event,
+            last_call,
+            known: true,
+        }
+    }
+
+    /// decide_all's inputs: idle since the later of the last event and the last call, but
+    /// never longer than since the replicas changed; low since the backlog last called for
+    /// the pods that run; nothing read, nothing idle.
+    #[test]
+    fn a_function_is_idle_since_its_last_event_call_or_change() {
+        let start = Instant::now();
+        let mut tracked = Tracked::new(Some(at(2)));
+        tracked.changed_at = start;
+        tracked.busy_at = start;
+        let now = start + Duration::from_secs(600);
+        // Last event at unix 1000, last call at 1500, now 1600: idle 100 s.
+        let (idle, low, wake) =
+            seen(0, Some(1000), Some(1500)).inputs(&mut tracked, at(2), now, 1600, &args());
+        assert_eq!(
+            (idle, low, wake),
+            (Duration::from_secs(100), Duration::from_secs(600), false)
+        );
+        // Never idle longer than since its replicas changed (300 s ago).
+        tracked.changed_at = start + Duration::from_secs(300);
+        let (idle, _, _) = seen(0, None, None).inputs(&mut tracked, at(2), now, 1600, &args());
+        assert_eq!(idle, Duration::from_secs(300));
+        // A backlog calling for the pods that run (200 events, 100 per replica, 2 replicas)
+        // makes it busy now: low for nothing.
+        let (_, low, _) = seen(200, None, None).inputs(&mut tracked, at(2), now, 1600, &args());
+        assert_eq!(low, Duration::ZERO);
+        assert_eq!(tracked.busy_at, now);
+        // A backlog not read: neither idle nor low, the wake-up request still told.
+        tracked.wake_requested = true;
+        let unknown = Seen {
+            known: false,
+            ..seen(0, None, None)
+        };
+        let later = now + Duration::from_secs(600);
+        assert_eq!(
+            unknown.inputs(&mut tracked, at(2), later, 2200, &args()),
+            (Duration::ZERO, Duration::ZERO, true)
+        );
+    }
 
     fn args() -> ScaleArgs {
         ScaleArgs {

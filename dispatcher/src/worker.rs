@@ -6,151 +6,27 @@
 //! attempts are used up. The dispatcher never retries in a loop of its own: every retry is a
 //! JetStream redelivery, so a crash loses nothing and several dispatchers share the work.
 
-use eddy_model::admin::Outcome as Recorded;
 use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use async_nats::{
-    HeaderMap as NatsHeaders,
-    jetstream::{self, AckKind, consumer::PullConsumer},
-};
-use bytes::Bytes;
-use eddy_model::event::{self, Limits};
-use eddy_model::{backoff::Backoff, headers as names, resources::DeliveryPolicy};
-use eddy_platform::{
-    publisher::{PublishFailure, Publisher},
-    shutdown::CancellationToken,
-    traces,
-};
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
+use eddy_model::{admin::Outcome as Recorded, backoff::Backoff, resources::DeliveryPolicy};
+use eddy_platform::{shutdown::CancellationToken, traces};
 use futures::{StreamExt as _, stream::FuturesUnordered};
-use http_body_util::Full;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use tracing::Instrument as _;
 
 use crate::{
     consumer::{self, ConsumerPlan},
-    delivery::{self, Failure, Verdict},
-    journal::{Journal, Recent},
-    metrics::{Metrics, SubscriptionMetrics},
-    scaler::{Gate, Scaler},
+    delivery::{Failure, Verdict},
+    index::LiveSubscription,
+    journal::Recent,
+    metrics::SubscriptionMetrics,
+    scaler::Gate,
+    send::{self, Shared},
     sinks::{Resolved, Sinks},
 };
-
-/// What every delivery needs.
-pub struct Shared {
-    /// JetStream (dead letters, consumers).
-    pub js: jetstream::Context,
-    /// How deliveries reach sinks.
-    pub deliveries: Deliveries,
-    /// Sink resolution.
-    pub sinks: Sinks,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// Stores sinks' reply events in `EDDY_EVENTS`.
-    pub replies: Publisher,
-    /// Limits of a reply event (its size is `--max-reply-size`).
-    pub reply_limits: Limits,
-    /// How often to send in-progress acks while a delivery runs.
-    pub progress_every: Duration,
-    /// Recent attempts and reply types, for the dashboard.
-    pub journal: Journal,
-    /// Scaling from zero on Kubernetes: events for a Function with no ready pod wait for it.
-    pub scaler: Option<Scaler>,
-}
-
-/// The client deliveries go through.
-pub type SinkClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// How deliveries reach sinks: over HTTP, except those to a gateway running in this process.
-#[derive(Debug, Clone)]
-pub struct Deliveries {
-    /// HTTP client for sinks: hyper's pooled client, no redirects (a sink cannot bounce us
-    /// elsewhere), the request built from the pre-parsed sink URI.
-    client: SinkClient,
-    gateway: Option<InProcessGateway>,
-}
-
-impl Deliveries {
-    /// Deliveries over HTTP through `client`, except those to `gateway`'s address, which are
-    /// handed to it in this process.
-    pub fn new(client: SinkClient, gateway: Option<InProcessGateway>) -> Self {
-        Self { client, gateway }
-    }
-
-    /// The in-process gateway, when `uri` points at it.
-    fn in_process(&self, uri: &http::Uri) -> Option<&InProcessGateway> {
-        self.gateway
-            .as_ref()
-            .filter(|gateway| uri.authority() == Some(&gateway.authority))
-    }
-}
-
-/// The function gateway of this process (`eddy up` runs it beside the dispatcher), called
-/// directly: a delivery to a function behind it skips a loopback HTTP exchange (a write and a
-/// read at each end, and two connection tasks woken) and gets the same routing, access checks
-/// and answers as over HTTP.
-#[derive(Debug, Clone)]
-pub struct InProcessGateway {
-    /// The gateway's listening address, as sink URLs name it.
-    authority: http::uri::Authority,
-    service: axum::Router,
-}
-
-impl InProcessGateway {
-    /// The gateway `service`, listening at `addr`.
-    pub fn new(addr: std::net::SocketAddr, service: axum::Router) -> Option<Self> {
-        let authority = http::uri::Authority::try_from(addr.to_string()).ok()?;
-        Some(Self { authority, service })
-    }
-}
-
-/// A pooled HTTP/1 client for sinks, over HTTP and HTTPS.
-pub fn sink_client(pool_idle_timeout: Duration) -> crate::Result<SinkClient> {
-    // No connect timeout of its own: the Subscription's delivery timeout bounds the whole try.
-    Ok(eddy_platform::net::pooled_tls_client(
-        pool_idle_timeout,
-        None,
-    )?)
-}
-
-/// One Subscription, as the worker sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveSubscription {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// `namespace/name`: the metrics label and the dead-letter header.
-    pub label: String,
-    /// The sink as written.
-    pub sink: String,
-    /// Delivery settings.
-    pub policy: DeliveryPolicy,
-    /// The subjects its consumer takes (one per type).
-    pub filter_subjects: Vec<String>,
-    /// How its deliveries write `ce-*` values: raw for a Subscription applied in Kyma's form.
-    pub encoding: delivery::AttributeEncoding,
-}
-
-impl LiveSubscription {
-    /// Whether `message` is a legacy event's copy in Kyma's legacy form whose event this
-    /// Subscription takes too: it is taken without delivery, so that no Subscription gets one
-    /// legacy event twice.
-    fn takes_the_original_of(&self, message: &jetstream::Message) -> bool {
-        let Some(original) = message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get(eddy_model::legacy::KYMA_FORM_OF))
-        else {
-            return false;
-        };
-        self.filter_subjects
-            .iter()
-            .any(|filter| eddy_model::subject::filter_matches(filter, original.as_str()))
-    }
-}
 
 /// Runs the live consumer of a Subscription until `cancel`: keeps the consumer in place and
 /// rebuilds the message stream with capped backoff when it breaks.
@@ -311,6 +187,12 @@ pub async fn consume(
     };
     let series = shared.metrics.subscription(&target.label);
     let recent = shared.journal.subscription(&target.label);
+    let worker = Worker {
+        shared,
+        target,
+        series: &series,
+        recent: &recent,
+    };
     let mut sink = SinkCache::default();
     let gate = shared
         .scaler
@@ -342,7 +224,7 @@ pub async fn consume(
                         continue;
                     }
                     let resolved = sink.get(&shared.sinks, &target.sink);
-                    running.push(handle(shared, target, &series, &recent, resolved, gate.as_ref(), message));
+                    running.push(handle(&worker, resolved, gate.as_ref(), message));
                 }
                 Some(Err(error)) => match stream_break(error.kind()) {
                     None => tracing::debug!("missed heartbeat; the stream recovers on its own"),
@@ -400,17 +282,200 @@ impl SinkCache {
     }
 }
 
-/// Delivers one event and settles it with JetStream.
+/// One Subscription's worker, as each of its deliveries sees it.
+struct Worker<'a> {
+    shared: &'a Shared,
+    target: &'a LiveSubscription,
+    series: &'a SubscriptionMetrics,
+    recent: &'a Recent,
+}
+
+/// How an event starts, before any attempt (the gate).
+#[derive(Debug)]
+enum Start {
+    /// Settled without an attempt: past its last attempt (its dispatcher died during that
+    /// one), or its sink does not resolve.
+    Settled(Verdict),
+    /// Its Function has no ready pod: wake it and hold the event, then attempt it.
+    Hold(Arc<Resolved>),
+    /// Attempted now.
+    Now(Arc<Resolved>),
+}
+
+/// The gate: how delivery `attempt` (1 for the first) of an event starts, its sink resolved
+/// (or not), its Function `asleep` (scaled to zero, no ready pod). Pure.
+fn start(
+    attempt: u32,
+    max_attempts: u32,
+    sink: Result<Arc<Resolved>, Verdict>,
+    asleep: bool,
+) -> Start {
+    if attempt > max_attempts {
+        // The last delivery after a crash during the final attempt: hand it to dead letters.
+        return Start::Settled(Verdict::Dead {
+            reason: Failure::MaxAttempts,
+            status: None,
+        });
+    }
+    match sink {
+        Err(verdict) => Start::Settled(verdict),
+        Ok(sink) if asleep => Start::Hold(sink),
+        Ok(sink) => Start::Now(sink),
+    }
+}
+
+/// Whether an attempt just after a wake-up was refused because the Function's Service does not
+/// route to the new pod yet (endpoints and proxies follow the pod's readiness by a moment):
+/// such a try never reached the Function, so it is made again rather than spent. Pure.
+fn not_routed_yet(verdict: &Verdict) -> bool {
+    matches!(
+        verdict,
+        Verdict::Retry {
+            reason: Failure::ConnectError,
+            ..
+        } | Verdict::Retry {
+            status: Some(503),
+            ..
+        }
+    )
+}
+
+/// One attempt: the event sent to its sink, with in-progress acks for it while it runs.
+async fn attempt(worker: &Worker<'_>, sink: &Resolved, message: &jetstream::Message) -> Verdict {
+    send::deliver(
+        worker.shared,
+        worker.target,
+        sink,
+        message.headers.as_ref(),
+        &message.payload,
+        Some(message),
+    )
+    .await
+}
+
+/// The hold: wakes the Function and keeps the event (alive with in-progress acks, so it is not
+/// redelivered meanwhile) until it has a ready pod, then attempts it, again while its Service
+/// does not route to the pod yet, for at most [`ROUTING_GRACE`].
+async fn hold_then_attempt(
+    worker: &Worker<'_>,
+    sink: &Resolved,
+    gate: &Gate,
+    message: &jetstream::Message,
+) -> Verdict {
+    let mut gate = gate.clone();
+    hold(worker.shared, &mut gate, message).await;
+    let opened = Instant::now();
+    loop {
+        let verdict = attempt(worker, sink, message).await;
+        if !not_routed_yet(&verdict) || opened.elapsed() > ROUTING_GRACE {
+            return verdict;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What settling an event does with JetStream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settlement {
+    /// The sink took it: ack.
+    Ack,
+    /// It may succeed later: nak, redelivered after this delay.
+    Nak(Duration),
+    /// It will not: dead-letter it (then ack). `attempted`: the attempt was made (not one
+    /// past the last).
+    DeadLetter {
+        /// An attempt was made and failed for good.
+        attempted: bool,
+    },
+}
+
+/// How delivery `attempt` of an event with `verdict` is settled under `policy`. Pure.
+fn settlement(verdict: &Verdict, attempt: u32, policy: &DeliveryPolicy) -> Settlement {
+    match verdict {
+        Verdict::Delivered { .. } => Settlement::Ack,
+        Verdict::Retry { .. } if attempt < policy.max_attempts => {
+            Settlement::Nak(policy.retry_delay(attempt))
+        }
+        Verdict::Retry { .. } | Verdict::Dead { .. } => Settlement::DeadLetter {
+            attempted: attempt <= policy.max_attempts,
+        },
+    }
+}
+
+/// Settles an event as [`settlement`] says, and records what became of the attempt: the
+/// Subscription's metrics and recent attempts, the span, the log.
+async fn settle(
+    worker: &Worker<'_>,
+    span: Option<&tracing::Span>,
+    message: &jetstream::Message,
+    verdict: Verdict,
+    tried: Attempt,
+) {
+    let Worker {
+        shared,
+        target,
+        series,
+        recent,
+    } = worker;
+    let (status, reason) = match verdict {
+        Verdict::Delivered { status } => (Some(status), None),
+        Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
+            (status, Some(reason))
+        }
+    };
+    let tried = Attempt { status, ..tried };
+    match (settlement(&verdict, tried.number, &target.policy), reason) {
+        (Settlement::Ack, _) | (_, None) => {
+            if let Err(error) = message.ack().await {
+                // The event will come again: at-least-once, never lost.
+                tracing::warn!(%error, "ack failed; the event will be redelivered");
+            }
+            series.delivered(tried.seconds);
+            tracing::debug!(status, attempt = tried.number, "delivered");
+            record_outcome(span, recent, tried, Outcome::Delivered);
+        }
+        (Settlement::Nak(delay), Some(reason)) => {
+            record_outcome(span, recent, tried, Outcome::Retry(reason));
+            shared.metrics.retried(&target.label, reason, tried.seconds);
+            tracing::warn!(
+                %reason, status, attempt = tried.number,
+                max_attempts = target.policy.max_attempts, retry_in = ?delay,
+                stream_sequence = tried.sequence,
+                "delivery failed; will retry"
+            );
+            if let Err(error) = message.ack_with(AckKind::Nak(Some(delay))).await {
+                tracing::warn!(%error, "nak failed; the event will be redelivered after ack wait");
+            }
+        }
+        (Settlement::DeadLetter { attempted }, Some(reason)) => {
+            // Past the last attempt (its dispatcher died during it) nothing was sent.
+            if attempted {
+                series.failed_for_good(tried.seconds);
+            }
+            record_outcome(span, recent, tried, Outcome::DeadLetter(reason));
+            crate::deadletter::write(
+                shared,
+                target,
+                message,
+                reason,
+                status,
+                tried.number,
+                tried.sequence,
+            )
+            .await;
+        }
+    }
+}
+
+/// Delivers one event and settles it with JetStream: the gate ([`start`]), the hold when its
+/// Function sleeps ([`hold_then_attempt`]), the attempt ([`attempt`]), then [`settle`].
 async fn handle(
-    shared: &Shared,
-    target: &LiveSubscription,
-    series: &SubscriptionMetrics,
-    recent: &Recent,
+    worker: &Worker<'_>,
     sink: Result<Arc<Resolved>, Verdict>,
     gate: Option<&Gate>,
     message: jetstream::Message,
 ) {
-    let (attempt, stream_sequence) = match message.info() {
+    let (number, sequence) = match message.info() {
         Ok(info) => (
             u32::try_from(info.delivered).unwrap_or(u32::MAX),
             info.stream_sequence,
@@ -418,127 +483,33 @@ async fn handle(
         Err(_) => (1, 0),
     };
     let started = Instant::now();
-    series.add_in_flight(1);
+    worker.series.add_in_flight(1);
+    let asleep = gate.is_some_and(|gate| !gate.is_open());
     let delivery = async {
-        if attempt > target.policy.max_attempts {
-            // The last delivery after a crash during the final attempt: hand it to dead letters.
-            return Verdict::Dead {
-                reason: Failure::MaxAttempts,
-                status: None,
-            };
-        }
-        let sink = match sink {
-            Ok(sink) => sink,
-            Err(verdict) => return verdict,
-        };
-        let Some(gate) = gate.filter(|gate| !gate.is_open()) else {
-            return deliver(
-                shared,
-                target,
-                &sink,
-                message.headers.as_ref(),
-                &message.payload,
-                Some(&message),
-            )
-            .await;
-        };
-        // The Function has no ready pod: wake it, hold the event (kept alive with in-progress
-        // acks, so it is not redelivered meanwhile), then deliver. Until its Service routes to
-        // the new pod (endpoints and proxies follow the pod's readiness by a moment), a refused
-        // connection is tried again here rather than spent as an attempt.
-        let mut gate = gate.clone();
-        hold(shared, &mut gate, &message).await;
-        let opened = Instant::now();
-        loop {
-            let verdict = deliver(
-                shared,
-                target,
-                &sink,
-                message.headers.as_ref(),
-                &message.payload,
-                Some(&message),
-            )
-            .await;
-            let not_routed_yet = matches!(
-                verdict,
-                Verdict::Retry {
-                    reason: Failure::ConnectError,
-                    ..
-                } | Verdict::Retry {
-                    status: Some(503),
-                    ..
-                }
-            );
-            if !not_routed_yet || opened.elapsed() > ROUTING_GRACE {
-                return verdict;
+        match (
+            start(number, worker.target.policy.max_attempts, sink, asleep),
+            gate,
+        ) {
+            (Start::Settled(verdict), _) => verdict,
+            (Start::Hold(sink), Some(gate)) => {
+                hold_then_attempt(worker, &sink, gate, &message).await
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            (Start::Hold(sink) | Start::Now(sink), _) => attempt(worker, &sink, &message).await,
         }
     };
-    let span = traces::enabled().then(|| delivery_span(target, &message, attempt, stream_sequence));
+    let span = traces::enabled().then(|| delivery_span(worker.target, &message, number, sequence));
     let verdict = match &span {
         Some(span) => delivery.instrument(span.clone()).await,
         None => delivery.await,
     };
-    let seconds = started.elapsed().as_secs_f64();
-    let tried = |status| Attempt {
-        sequence: stream_sequence,
-        number: attempt,
-        status,
-        seconds,
+    let tried = Attempt {
+        sequence,
+        number,
+        status: None,
+        seconds: started.elapsed().as_secs_f64(),
     };
-    match verdict {
-        Verdict::Delivered { status } => {
-            if let Err(error) = message.ack().await {
-                // The event will come again: at-least-once, never lost.
-                tracing::warn!(%error, "ack failed; the event will be redelivered");
-            }
-            series.delivered(seconds);
-            tracing::debug!(status, attempt, "delivered");
-            record_outcome(
-                span.as_ref(),
-                recent,
-                tried(Some(status)),
-                Outcome::Delivered,
-            );
-        }
-        Verdict::Retry { reason, status } if attempt < target.policy.max_attempts => {
-            record_outcome(span.as_ref(), recent, tried(status), Outcome::Retry(reason));
-            let delay = target.policy.retry_delay(attempt);
-            shared.metrics.retried(&target.label, reason, seconds);
-            tracing::warn!(
-                %reason, status, attempt,
-                max_attempts = target.policy.max_attempts, retry_in = ?delay, stream_sequence,
-                "delivery failed; will retry"
-            );
-            if let Err(error) = message.ack_with(AckKind::Nak(Some(delay))).await {
-                tracing::warn!(%error, "nak failed; the event will be redelivered after ack wait");
-            }
-        }
-        Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
-            // Past the last attempt (its dispatcher died during it) nothing was sent.
-            if attempt <= target.policy.max_attempts {
-                series.failed_for_good(seconds);
-            }
-            record_outcome(
-                span.as_ref(),
-                recent,
-                tried(status),
-                Outcome::DeadLetter(reason),
-            );
-            crate::deadletter::write(
-                shared,
-                target,
-                &message,
-                reason,
-                status,
-                attempt,
-                stream_sequence,
-            )
-            .await;
-        }
-    }
-    series.add_in_flight(-1);
+    settle(worker, span.as_ref(), &message, verdict, tried).await;
+    worker.series.add_in_flight(-1);
 }
 
 /// The trace span of one delivery attempt, continuing the trace the stored event carries (the
@@ -626,198 +597,115 @@ fn record_outcome(
     }
 }
 
-/// What a sink answered that matters after the exchange.
-struct Answer {
-    verdict: Verdict,
-    /// A reply event, when the sink's 2xx answer carried one.
-    reply: Option<delivery::Reply>,
-}
-
-/// POSTs an event to the sink within the Subscription's timeout; with `progress`, sends
-/// in-progress acks for it while it runs. One timer per delivery serves both.
-pub async fn deliver(
-    shared: &Shared,
-    target: &LiveSubscription,
-    sink: &Resolved,
-    stored_headers: Option<&NatsHeaders>,
-    payload: &Bytes,
-    progress: Option<&jetstream::Message>,
-) -> Verdict {
-    let mut headers = stored_headers
-        .map(|stored| delivery::http_headers(stored, target.encoding))
-        .unwrap_or_default();
-    if let Some(authorization) = &sink.authorization {
-        headers.insert(http::header::AUTHORIZATION, authorization.clone());
-    }
-    if traces::enabled() {
-        // The sink's spans are children of this attempt's.
-        traces::inject_http(&tracing::Span::current(), &mut headers);
-    }
-    let mut request = http::Request::new(Full::new(payload.clone()));
-    *request.method_mut() = http::Method::POST;
-    *request.uri_mut() = sink.uri.clone();
-    *request.headers_mut() = headers;
-    let exchange = exchange(shared, target, request);
-    let mut exchange = std::pin::pin!(exchange);
-    let now = tokio::time::Instant::now();
-    let deadline = now + target.policy.timeout;
-    let mut next_progress = now + shared.progress_every;
-    let timer = tokio::time::sleep_until(deadline.min(next_progress));
-    let mut timer = std::pin::pin!(timer);
-    let answer = loop {
-        tokio::select! {
-            answer = &mut exchange => break answer,
-            () = &mut timer => {
-                if tokio::time::Instant::now() >= deadline {
-                    return Verdict::Retry { reason: Failure::Timeout, status: None };
-                }
-                if let Some(message) = progress
-                    && let Err(error) = message.ack_with(AckKind::Progress).await {
-                        tracing::debug!(%error, "in-progress ack failed");
-                    }
-                next_progress += shared.progress_every;
-                timer.as_mut().reset(deadline.min(next_progress));
-            }
-        }
-    };
-    match answer {
-        Answer {
-            verdict,
-            reply: Some(reply),
-        } => match publish_reply(shared, target, stored_headers, reply).await {
-            Ok(()) => verdict,
-            Err(reason) => Verdict::Retry {
-                reason,
-                status: None,
-            },
-        },
-        Answer { verdict, .. } => verdict,
-    }
-}
-
-/// Sends the request (over HTTP, or to the gateway of this process) and reads a 2xx answer's
-/// body (a possible reply event).
-async fn exchange(
-    shared: &Shared,
-    target: &LiveSubscription,
-    request: http::Request<Full<Bytes>>,
-) -> Answer {
-    if let Some(gateway) = shared.deliveries.in_process(request.uri()) {
-        use tower::ServiceExt as _;
-        // The router's error type is `Infallible`: every failure is an answer.
-        let Ok(response) = gateway.service.clone().oneshot(request).await;
-        return answer(shared, target, response).await;
-    }
-    match shared.deliveries.client.request(request).await {
-        Ok(response) => answer(shared, target, response).await,
-        Err(error) => {
-            tracing::debug!(%error, "delivery failed in transport");
-            Answer {
-                verdict: delivery::classify_error(&error),
-                reply: None,
-            }
-        }
-    }
-}
-
-/// What the sink's `response` means, with the reply event a 2xx answer carries.
-async fn answer<B>(
-    shared: &Shared,
-    target: &LiveSubscription,
-    response: http::Response<B>,
-) -> Answer
-where
-    B: http_body::Body,
-    B::Error: Into<axum::BoxError>,
-{
-    let verdict = delivery::classify_status(response.status().as_u16());
-    if !matches!(verdict, Verdict::Delivered { .. }) {
-        return Answer {
-            verdict,
-            reply: None,
-        };
-    }
-    // Only an answer that looks like an event needs its headers kept; any body is read so the
-    // connection goes back to the pool.
-    let (parts, body) = response.into_parts();
-    let reply_headers = delivery::may_carry_reply(&parts.headers).then_some(parts.headers);
-    let body = eddy_platform::net::read_limited(body, shared.reply_limits.max_event_size).await;
-    let reply = match (reply_headers, body) {
-        (Some(headers), Ok(body)) => delivery::reply_event(&headers, body),
-        (Some(_), Err(_)) => {
-            shared
-                .metrics
-                .failure(&target.label, Failure::ReplyTooLarge);
-            tracing::warn!("the sink's answer is too large (or broken) to be a reply; ignored");
-            None
-        }
-        (None, _) => None,
-    };
-    Answer { verdict, reply }
-}
-
-/// Stores a sink's reply event in JetStream, parsed by the event-bus's own code (the stored
-/// event is the same, byte for byte) with the trace context of the event it answers. A reply
-/// that is not a valid event is logged and counted: retrying the delivery will not mend it. A
-/// reply not stored is retried with the delivery.
-async fn publish_reply(
-    shared: &Shared,
-    target: &LiveSubscription,
-    stored_headers: Option<&NatsHeaders>,
-    reply: delivery::Reply,
-) -> Result<(), Failure> {
-    let mut headers = reply.headers;
-    if let Some(traceparent) = stored_headers
-        .and_then(|h| h.get(names::TRACEPARENT))
-        .and_then(|value| http::HeaderValue::from_str(value.as_str()).ok())
-    {
-        headers.insert(names::TRACEPARENT, traceparent);
-    }
-    let parsed = event::content_mode(&headers)
-        .and_then(|mode| event::from_single(mode, &headers, reply.body, &shared.reply_limits));
-    let event = match parsed {
-        Ok(event) => event,
-        Err(error) => {
-            shared.metrics.failure(&target.label, Failure::ReplyRefused);
-            tracing::warn!(reason = %error.message, "the sink's reply is not a valid event; dropped");
-            return Ok(());
-        }
-    };
-    // The flow map shows what the sink answers with, stored or not.
-    if let Some(ty) = event.headers.get("ce-type") {
-        shared.journal.replied(&target.label, ty);
-    }
-    let stored = if traces::enabled() {
-        let span = tracing::info_span!(
-            target: traces::TARGET,
-            "reply",
-            eddy.subscription = %target.label,
-        );
-        shared.replies.publish(event).instrument(span).await
-    } else {
-        shared.replies.publish(event).await
-    };
-    match stored {
-        Ok(_) => Ok(()),
-        Err(PublishFailure::TooLarge) => {
-            shared.metrics.failure(&target.label, Failure::ReplyRefused);
-            tracing::warn!("the sink's reply is larger than NATS accepts; dropped");
-            Ok(())
-        }
-        Err(failure) => {
-            tracing::warn!(
-                reason = failure.label(),
-                "reply not stored; will retry the delivery"
-            );
-            Err(Failure::ReplyNotStored)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eddy_model::resources::SinkPolicy;
+    use eddy_model::{
+        backoff::{Backoff, BackoffShape},
+        resources::SinkPolicy,
+    };
+
+    fn resolved() -> Arc<Resolved> {
+        let sinks = Sinks::new(crate::sinks::Resolution::Direct, SinkPolicy::default());
+        Arc::new(
+            sinks
+                .resolve("http://stock.shop.svc.cluster.local/hook")
+                .unwrap(),
+        )
+    }
+
+    fn policy(max_attempts: u32) -> DeliveryPolicy {
+        DeliveryPolicy {
+            max_in_flight: 1,
+            max_attempts,
+            backoff: Backoff {
+                shape: BackoffShape::Exponential,
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+            },
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    const UNRESOLVED: Verdict = Verdict::Retry {
+        reason: Failure::SinkUnresolved,
+        status: None,
+    };
+
+    /// The gate: past the last attempt, dead without a try; a sink that does not resolve,
+    /// settled by its verdict; a sleeping Function's event held; else attempted now.
+    #[test]
+    fn the_gate_settles_holds_or_attempts() {
+        assert!(matches!(
+            start(4, 3, Ok(resolved()), false),
+            Start::Settled(Verdict::Dead {
+                reason: Failure::MaxAttempts,
+                status: None
+            })
+        ));
+        assert!(matches!(
+            start(1, 3, Err(UNRESOLVED), true),
+            Start::Settled(UNRESOLVED)
+        ));
+        assert!(matches!(start(3, 3, Ok(resolved()), true), Start::Hold(_)));
+        assert!(matches!(start(1, 3, Ok(resolved()), false), Start::Now(_)));
+    }
+
+    /// The hold tries again (rather than spend an attempt) only what never reached the
+    /// Function: a refused connection, the mesh's 503.
+    #[test]
+    fn only_refusals_before_routing_are_tried_again_after_a_wake_up() {
+        let retry = |reason, status| Verdict::Retry { reason, status };
+        assert!(not_routed_yet(&retry(Failure::ConnectError, None)));
+        assert!(not_routed_yet(&retry(Failure::Http5xx, Some(503))));
+        assert!(!not_routed_yet(&retry(Failure::Http5xx, Some(500))));
+        assert!(!not_routed_yet(&retry(Failure::Timeout, None)));
+        assert!(!not_routed_yet(&Verdict::Delivered { status: 200 }));
+    }
+
+    /// Settling: ack on delivery; nak with the Subscription's backoff while attempts remain;
+    /// dead letters after the last, or at once for what will never succeed; one past the last
+    /// (its dispatcher died during it) is dead-lettered as not attempted.
+    #[test]
+    fn settling_acks_naks_with_backoff_or_dead_letters() {
+        let policy = policy(3);
+        assert_eq!(
+            settlement(&Verdict::Delivered { status: 204 }, 1, &policy),
+            Settlement::Ack
+        );
+        let failed = Verdict::Retry {
+            reason: Failure::Http5xx,
+            status: Some(500),
+        };
+        assert_eq!(
+            settlement(&failed, 1, &policy),
+            Settlement::Nak(Duration::from_secs(1))
+        );
+        assert_eq!(
+            settlement(&failed, 2, &policy),
+            Settlement::Nak(Duration::from_secs(2))
+        );
+        assert_eq!(
+            settlement(&failed, 3, &policy),
+            Settlement::DeadLetter { attempted: true }
+        );
+        let refused = Verdict::Dead {
+            reason: Failure::Http4xx,
+            status: Some(400),
+        };
+        assert_eq!(
+            settlement(&refused, 1, &policy),
+            Settlement::DeadLetter { attempted: true }
+        );
+        let past_the_last = Verdict::Dead {
+            reason: Failure::MaxAttempts,
+            status: None,
+        };
+        assert_eq!(
+            settlement(&past_the_last, 4, &policy),
+            Settlement::DeadLetter { attempted: false }
+        );
+    }
 
     #[test]
     fn the_sink_cache_follows_function_url_changes() {

@@ -11,11 +11,8 @@ use std::{
 use axum::{Router, extract::Request, http::StatusCode, response::IntoResponse};
 use bytes::Bytes;
 use eddy_dispatcher::{
-    delivery::{Failure, Verdict},
-    journal::Journal,
-    metrics::Metrics,
-    sinks::{Resolution, Resolved, Sinks},
-    worker::{Deliveries, InProcessGateway, LiveSubscription, Shared, deliver, sink_client},
+    Deliveries, Failure, InProcessGateway, Journal, LiveSubscription, Metrics, Resolution,
+    Resolved, Shared, Sinks, Verdict, deliver, sink_client,
 };
 use eddy_model::{
     backoff::Backoff,

@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use async_nats::jetstream::{self, consumer::pull};
 use bytes::Bytes;
-use eddy_dispatcher::worker::sink_client;
+use eddy_dispatcher::sink_client;
 use futures::StreamExt as _;
 use http::HeaderValue;
 use http_body_util::{BodyExt as _, Full};
