@@ -15,7 +15,7 @@ use eddy_platform::{
 };
 use tokio::{net::TcpListener, sync::Notify};
 
-pub use routes::{AppState, Service, router, service};
+pub use routes::{AppState, Service, service};
 
 /// Errors that stop the event-bus.
 #[derive(Debug, thiserror::Error)]

@@ -398,6 +398,41 @@ async fn malformed_structured_events_get_400_naming_the_attribute() {
     assert_eq!(bus.stored_count().await, 0);
 }
 
+/// `/publish` takes POST only: any other method is 405 naming POST, as any route answers a
+/// method it does not take; the other paths are the router's.
+#[tokio::test]
+async fn publish_takes_post_only() {
+    let bus = Bus::start().await;
+    for method in [
+        reqwest::Method::GET,
+        reqwest::Method::PUT,
+        reqwest::Method::DELETE,
+    ] {
+        let response = bus
+            .http
+            .request(method.clone(), format!("{}/publish", bus.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{method}");
+        assert_eq!(response.headers()["allow"], "POST", "{method}");
+    }
+    let other = bus
+        .http
+        .get(format!("{}/healthz", bus.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+    let unknown = bus
+        .http
+        .get(format!("{}/publisher", bus.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+}
+
 #[tokio::test]
 async fn unknown_content_modes_get_415() {
     let bus = Bus::start().await;
