@@ -1,7 +1,11 @@
 //! `coldstart`: apply → first answer for each runtime, from a spare and cold, beside the bare
 //! runtime's own start.
 
-use super::*;
+use super::{
+    CancellationToken, Condition, ConditionStatus, ConditionType, Duration, Function, Instant,
+    PathBuf, Platform, Reason, Runtime, Summary, Value, bail, json, local, summarize, up,
+};
+use anyhow::Context as _;
 
 pub(super) fn handler(runtime: &str, run: usize) -> anyhow::Result<String> {
     // A comment with the run number makes every deploy a fresh build.

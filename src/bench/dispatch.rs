@@ -1,6 +1,6 @@
 //! `dispatch`: the dispatcher alone, draining a stored backlog into a no-op sink.
 
-use super::*;
+use super::{LoadFlags, json, load, print_rates, show_spread, spread, write_json};
 
 pub(super) async fn dispatch(
     flags: &LoadFlags,

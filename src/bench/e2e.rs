@@ -10,7 +10,8 @@
 //! cores are shared between publishing and draining, not a rate the path keeps up with, and it
 //! moved 4.7k–9.9k run to run while the path fell behind at ¾ of it.
 
-use super::*;
+use super::{CancellationToken, LoadFlags, bench_platform_args, e2e, write_json};
+use anyhow::Context as _;
 
 use std::{
     path::Path,

@@ -1,7 +1,7 @@
 //! `ingest`: the event-bus against a minimal hyper + async-nats forwarder, in one run, over
 //! HTTP/1.1 and h2c: what eddy's publish path costs beyond storing the event.
 
-use super::*;
+use super::{LoadFlags, json, load, print_rates, show_spread, spread, write_json};
 
 pub(super) async fn ingest(flags: &LoadFlags, batch: usize) -> anyhow::Result<()> {
     let (rounds, rss) = load::ingest(&flags.load_args(), batch).await?;

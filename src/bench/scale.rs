@@ -4,7 +4,8 @@
 //! per busy core; and NATS alone (one stream, R1 and a three-server R3 cluster) for where the
 //! stream becomes the limit.
 
-use super::*;
+use super::{json, scale, write_json};
+use anyhow::Context as _;
 
 use std::{
     path::{Path, PathBuf},

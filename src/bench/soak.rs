@@ -5,7 +5,8 @@
 //! nats-server and of each function instance; at the end it checks that every published event
 //! reached `second` exactly once and none was dead-lettered.
 
-use super::*;
+use super::{CancellationToken, PathBuf, bench_platform_args, soak, write_json};
+use anyhow::Context as _;
 
 use std::{
     path::Path,

@@ -1,7 +1,12 @@
 //! Kyma's APIRules: the controller reports on them (the gateway honours them), judging each
 //! among all the others and again when the authorizers change.
 
-use super::*;
+use super::{
+    APIRule, Action, Api, Arc, CancellationToken, Client, Context, Controller, Duration, Error,
+    Patch, RETRY, Result, apply_params, watcher,
+};
+use futures::StreamExt as _;
+use kube::ResourceExt as _;
 
 /// How often an APIRule that is not honoured is looked at again (a host it names may have
 /// been freed).

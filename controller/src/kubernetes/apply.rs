@@ -1,7 +1,12 @@
 //! How the reconcilers write: server-side apply under one field manager, status patches, and
 //! deleting what a newer version superseded.
 
-use super::*;
+use super::{
+    Api, Client, ConfigMap, DeleteParams, Deployment, Duration, Error, HashMap, Job, ListParams,
+    Mutex, Patch, PatchParams, PropagationPolicy, RESYNC, Resource, Result, render,
+    write_kyma_status,
+};
+use kube::ResourceExt as _;
 
 pub(super) fn key_of<K: Resource>(object: &K) -> String
 where

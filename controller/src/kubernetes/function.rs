@@ -2,7 +2,18 @@
 //! and HPA brought in line with its spec, the package registry Secret its install reads, and
 //! its status.
 
-use super::*;
+use super::{
+    Action, Api, Arc, BuildMode, BuildState, Client, ConditionType, Context, DeleteParams,
+    Duration, Error, Function, FunctionStatus, GitCredentials, HorizontalPodAutoscaler,
+    INSTALL_CHECK, Job, ListParams, Pod, PropagationPolicy, REPORT_RETRIES_AFTER, RESYNC, Reason,
+    Rendered, Resource, Result, Secret, Timestamp, Written, apply, apply_unless_written,
+    build_attempt, build_log_tail, build_retry_at, build_state, condition, delete_superseded,
+    delete_unless_written, describe_errors, ignore_not_found, install_failure,
+    is_namespace_terminating, is_permanent, key_of, render, render_with, replace_publisher_alias,
+    rolled_out, running_condition, set_condition, unschedulable, validate_function, watcher,
+    with_build_attempt, write_status,
+};
+use kube::ResourceExt as _;
 
 /// Brings a Function's objects in line with its spec and reports in its status.
 pub async fn reconcile_function(function: Arc<Function>, context: Arc<Context>) -> Result<Action> {

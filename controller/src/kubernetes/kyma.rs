@@ -2,7 +2,14 @@
 //! controllers, the same reconcilers behind a conversion, their status written back in Kyma's
 //! form, and the publisher proxy's names a Function may take over.
 
-use super::*;
+use super::{
+    Action, Api, Arc, CancellationToken, Client, ConditionType, Context, Controller, DeleteParams,
+    Deployment, DynamicObject, Error, FunctionStatus, Job, Patch, RETRY, Reason, Result, Secret,
+    Service, StatusPatch, SubscriptionStatus, apply_params, condition, describe_errors,
+    ignore_not_found, reached_by_registry, reconcile_function, reconcile_subscription,
+    registry_secrets, run_apirules, set_condition, watcher,
+};
+use futures::StreamExt as _;
 
 /// Writes `status` to the Kyma object `meta` names (`kymaCompatibility`).
 pub(super) async fn write_kyma_status<S: serde::Serialize + std::fmt::Debug>(

@@ -39,7 +39,7 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{
-    Api, Client, Resource, ResourceExt as _,
+    Api, Client, Resource,
     api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PropagationPolicy},
     runtime::{Controller, controller::Action, watcher},
 };

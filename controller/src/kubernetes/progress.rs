@@ -1,7 +1,8 @@
 //! Where a Function's build, install and rollout stand: pure decisions over its Job, its
 //! pods and its Deployment, which the reconciler turns into conditions.
 
-use super::*;
+use super::{Backoff, Deployment, Duration, Job, Pod, Reason, Scaling, SignedDuration, Timestamp};
+use kube::ResourceExt as _;
 
 /// Where a build stands.
 #[derive(Debug, Clone, PartialEq, Eq)]

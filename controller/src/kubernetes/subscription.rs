@@ -1,7 +1,12 @@
 //! A Subscription's reconcile: its sink checked and its status written (the dispatcher
 //! consumes it).
 
-use super::*;
+use super::{
+    Action, Api, Arc, Context, Duration, Error, RESYNC, Readiness, Result, Service, Subscription,
+    SubscriptionStatus, describe_errors, desired_status, key_of, now, parse_function_sink,
+    validate_subscription, write_status,
+};
+use kube::ResourceExt as _;
 
 /// Validates a Subscription (its sink must be a Service in its namespace, or an allowed URL)
 /// and reports the subjects its types resolve to.

@@ -1,7 +1,7 @@
 //! APIRule hosts: what a short name means, which APIRule keeps a host several name, and the
 //! names no APIRule may take (addresses, the gateway's own).
 
-use super::*;
+use super::{APIRule, BTreeMap, FieldError, is_dns1123_label};
 
 /// The host a request names (`Host` or `:authority`) as an APIRule host is compared with: lower
 /// case, without its port. Pure.

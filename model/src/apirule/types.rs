@@ -1,7 +1,10 @@
 //! The APIRule resource: its spec (hosts, Service, rules, CORS, JWT and extAuth access) and
 //! status, and what its spec says at a glance (full hosts, targets, hidden rules, warnings).
 
-use super::*;
+use super::{
+    BTreeMap, CustomResource, Deserialize, JsonSchema, PathTemplate, Serialize, VERSION_ALPHA,
+    full_host,
+};
 
 /// An APIRule: the host a Service (on eddy, a Function) is exposed on, and its access rules.
 #[derive(CustomResource, JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]

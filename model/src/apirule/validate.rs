@@ -1,6 +1,9 @@
 //! Whether an APIRule is valid, and whether it stays within its namespace.
 
-use super::*;
+use super::{
+    APIRule, ApiRuleService, FieldError, MAX_TIMEOUT_SECONDS, METHODS, PathTemplate,
+    is_dns1123_label, is_host,
+};
 
 /// Every problem with an APIRule, each naming its field. Pure.
 pub fn validate_api_rule(rule: &APIRule) -> Vec<FieldError> {

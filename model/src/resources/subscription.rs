@@ -1,7 +1,11 @@
 //! Subscription: types and their matching, delivery settings, sinks, status, and its
 //! validation.
 
-use super::*;
+use super::{
+    APPLIED_AS_ANNOTATION, BTreeMap, Backoff, BackoffShape, Condition, CustomResource, Deserialize,
+    Duration, EVENTS_SUBJECT_PREFIX, FieldError, JsonSchema, KYMA_SUBSCRIPTION_API_VERSION,
+    KubeSchema, Serialize, is_dns1035_label, is_dns1123_label, subject, validate_metadata,
+};
 
 /// How `spec.types` are matched.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -1,7 +1,14 @@
 //! The build: the context ConfigMap, the Job that builds and pushes the Function's image, and
 //! the Git fetch that gives it (or the buildless pod) a repository's sources.
 
-use super::*;
+use super::{
+    BTreeMap, ConfigMap, ConfigMapVolumeSource, Container, EGRESS_CA_DIR, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, Function, GitRepositorySource, Job, JobSpec, KeyToPath, ObjectMeta,
+    Owned, PodSecurityContext, PodSpec, PodTemplateSpec, Quantity, RenderConfig,
+    RepositoryAuthType, ResourceRequirements, Resources, Runtime, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, Source, Volume, VolumeMount, config_map_name,
+    git_base_dir, hardened_container, job_name, labels, quantities, runtimes,
+};
 
 /// The ConfigMap with the build context: Dockerfile, runtime server and, for inline code,
 /// handler and dependencies (a Git source's come from the repository).

@@ -1,7 +1,7 @@
 //! The Pod Security Standards a Function's pod template is held to: which of its settings
 //! each level (`baseline`, `restricted`) refuses, checked before anything is applied.
 
-use super::*;
+use super::{PodSecurityContext, SecurityContext};
 
 /// The Pod Security Standards level a Function's own security contexts (`podSecurityContext`,
 /// `containerSecurityContext`) must meet: what the operator lets Function authors ask for.

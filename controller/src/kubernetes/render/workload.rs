@@ -1,7 +1,20 @@
 //! What serves a Function: its Deployment (built image, or the runtime image with the
 //! buildless `install` init container), its Service and its HPA.
 
-use super::*;
+use super::{
+    BTreeMap, BUILD_HASH_LABEL, BUILDLESS_INSTALL_SCRIPT, BUILDLESS_SOURCES, BuildMode,
+    Capabilities, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
+    CrossVersionObjectReference, DEFAULT_TIMEOUT_SECONDS, Deployment, DeploymentSpec,
+    DeploymentStrategy, EGRESS_CA_DIR, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    FUNC_TIMEOUT_ENV, FUNCTION_DIR, FUNCTION_LABEL, FUNCTION_PORT, Function, HTTPGetAction,
+    HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec, IntOrString, KeyToPath, LabelSelector,
+    Lifecycle, LifecycleHandler, LocalObjectReference, MetricSpec, MetricTarget, ObjectMeta, Owned,
+    PUBLISHER_PROXY_ADDRESS, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Quantity,
+    RenderConfig, ResourceMetricSource, ResourceRequirements, RollingUpdateDeployment, Scaling,
+    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort,
+    ServiceSpec, Source, Volume, VolumeMount, WORKSPACE, config_map_name, git_fetch_container,
+    git_volumes, labels, over_defaults, runtimes,
+};
 use eddy_platform::scale::{
     MAX_REPLICAS_ANNOTATION, MIN_REPLICAS_ANNOTATION, SCALE_TO_ZERO_LABEL, SCALED_BY_EDDY,
     SCALED_BY_LABEL,

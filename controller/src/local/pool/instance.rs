@@ -1,7 +1,11 @@
 //! One instance: its state, its process (spawned from a spare or cold, with its secrets on
 //! stdin, its cgroup and its environment), its health check, and its exit and restart.
 
-use super::*;
+use super::{
+    Arc, AtomicU8, AtomicU64, AtomicUsize, CancellationToken, Cgroup, Duration, Inner, Instant,
+    Ordering, OsString, PUBLISHER_PROXY_ADDRESS, Pool, RESTART, Revision, SpareKey, Stdio, process,
+    spares,
+};
 use crate::local::start::StartError;
 
 /// An instance's cgroup, if any; dropped (everything left in it killed, then removed) on a

@@ -1,7 +1,7 @@
 //! The autoscaler's decisions: how many instances the load calls for, from the requests in
 //! flight and waiting over the scale-down window. Pure but for reading the pool's counters.
 
-use super::*;
+use super::{Duration, Inner, Instant, Ordering, Pool, VecDeque};
 
 /// Inputs of the autoscaler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,10 @@
 //! Function: its runtimes, source, access, env, resources, status, and its validation.
 
-use super::*;
+use super::{
+    BTreeMap, Condition, CustomResource, Deserialize, Duration, ENV_NAME_MESSAGE, FieldError,
+    GIT_URL_MESSAGE, IntOrString, JsonSchema, KubeSchema, Quantity, Serialize, is_config_key,
+    is_dns1123_subdomain, is_env_name, is_qualified_name_part, presets, validate_metadata,
+};
 
 mod quantity;
 mod runtime;

@@ -1,6 +1,6 @@
 //! Resource quantities and the profiles (presets) that name them.
 
-use super::*;
+use super::{Quantity, Resources};
 
 /// The profile of a Function that names none (Kyma's default).
 pub const DEFAULT_PROFILE: &str = "L";

@@ -1,6 +1,6 @@
 //! The runtimes a Function runs on, and the environment each gives its handler.
 
-use super::*;
+use super::{Deserialize, FUNC_TIMEOUT_ENV, JsonSchema, Serialize};
 
 /// Function runtimes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

@@ -1,6 +1,10 @@
 //! What a Function is: its source, access, env, secret mounts, scaling and resources.
 
-use super::*;
+use super::{
+    BTreeMap, CustomResource, Deserialize, Duration, ENV_NAME_MESSAGE, FunctionStatus,
+    GIT_URL_MESSAGE, IntOrString, JsonSchema, KubeSchema, PROFILES, Quantity, Runtime, Serialize,
+    preset_resources, quantity_bytes, quantity_value,
+};
 
 /// A Function: user code run on demand behind an HTTP address.
 #[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,6 @@
 //! What a Function's status reports.
 
-use super::*;
+use super::{BTreeMap, Condition, Deserialize, FunctionSpec, JsonSchema, Serialize};
 
 /// Observed state of a Function.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]

@@ -1,6 +1,13 @@
 //! Whether a Function is valid: every problem, each naming its field.
 
-use super::*;
+use super::{
+    AccessMode, BTreeMap, CONTAINER_RESOURCES, ENV_NAME_MESSAGE, EnvVar, FIELD_PATH_MESSAGE,
+    FUNC_BODY_MB_LIMIT_ENV, FUNC_TIMEOUT_ENV, FieldError, Function, FunctionSpec, GIT_URL_MESSAGE,
+    GitRepositorySource, KeySource, POD_FIELDS, PROFILES, REQ_MB_LIMIT_ENV, RESERVED_ENV,
+    RESOURCE_MESSAGE, SCALE_ON_ANNOTATION, SCALE_ON_BACKLOG, SCALE_ON_CPU, SecretMount,
+    VALUE_FROM_MESSAGE, is_allowed_jwks_uri, is_config_key, is_dns1123_subdomain, is_env_name,
+    is_qualified_name_part, parse_digest, quantity_value, validate_metadata,
+};
 
 /// Checks a Function; every problem is reported.
 pub fn validate_function(function: &Function) -> Vec<FieldError> {
