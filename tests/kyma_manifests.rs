@@ -1823,22 +1823,13 @@ spec:
     let get = |path: &'static str, flagged: bool| {
         let (http, url) = (platform.http.clone(), url(path));
         async move {
-            let mut request = http.get(url);
-            if flagged {
-                request = request.header("X-Rate-Limited", "true");
-            }
-            let response = request.send().await.unwrap();
-            let header = |name: &str| {
-                response
-                    .headers()
-                    .get(name)
-                    .and_then(|value| value.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let limits = (header("x-ratelimit-limit"), header("x-ratelimit-remaining"));
-            let (status, content_type) = (response.status().as_u16(), header("content-type"));
-            (status, limits, content_type, response.text().await.unwrap())
+            let answer = support::rate_limited_get(&http, url, flagged).await;
+            (
+                answer.status,
+                answer.limits,
+                answer.content_type,
+                answer.body,
+            )
         }
     };
     // The bucket of ten: the header, on /headers. Its first token may go to a call the gateway

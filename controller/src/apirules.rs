@@ -209,15 +209,9 @@ pub async fn follow_local(
     });
     // One permit at most: a burst of changes wakes the judge once.
     let changed = Arc::new(tokio::sync::Notify::new());
-    let judge = async {
-        loop {
-            tokio::select! {
-                () = changed.notified() => {}
-                () = shutdown.cancelled() => return,
-            }
-            follower.settle_all().await;
-        }
-    };
+    let judge = eddy_platform::shutdown::on_each_notification(&changed, &shutdown, || {
+        follower.settle_all()
+    });
     let rules = store.follow::<APIRule, _, _>(&shutdown, |change| {
         let (store, follower, changed) = (store.clone(), follower.clone(), changed.clone());
         async move {

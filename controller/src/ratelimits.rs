@@ -62,18 +62,12 @@ async fn write(store: &Store, (namespace, name): &RateLimitKey, status: &RateLim
 pub async fn follow_local(store: Store, shutdown: eddy_platform::shutdown::CancellationToken) {
     let known = Arc::new(parking_lot::Mutex::new(Known::default()));
     let changed = Arc::new(tokio::sync::Notify::new());
-    let judge = async {
-        loop {
-            tokio::select! {
-                () = changed.notified() => {}
-                () = shutdown.cancelled() => return,
-            }
-            let statuses = known.lock().statuses();
-            for (key, status) in &statuses {
-                write(&store, key, status).await;
-            }
+    let judge = eddy_platform::shutdown::on_each_notification(&changed, &shutdown, || async {
+        let statuses = known.lock().statuses();
+        for (key, status) in &statuses {
+            write(&store, key, status).await;
         }
-    };
+    });
     let rate_limits = store.follow::<RateLimit, _, _>(&shutdown, |change| {
         let (store, known, changed) = (store.clone(), known.clone(), changed.clone());
         async move {

@@ -564,7 +564,7 @@ async fn watch_all<K>(
     client: kube::Client,
     kind: &str,
     shutdown: CancellationToken,
-    mut on_event: impl FnMut(watcher::Event<K>),
+    on_event: impl FnMut(watcher::Event<K>),
 ) where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -573,7 +573,19 @@ async fn watch_all<K>(
         + Send
         + 'static,
 {
-    let api: Api<K> = Api::all(client);
+    watch_api(Api::all(client), kind, shutdown, on_event).await;
+}
+
+/// [`watch_all`] through `api` (a kind known at run time, as Kyma's Functions are).
+async fn watch_api<K>(
+    api: Api<K>,
+    kind: &str,
+    shutdown: CancellationToken,
+    mut on_event: impl FnMut(watcher::Event<K>),
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Clone + std::hash::Hash + Eq,
+{
     let events = eddy_platform::watch::backed_off(watcher(api, watcher::Config::default()));
     let mut events = std::pin::pin!(events);
     loop {
@@ -647,30 +659,20 @@ pub async fn follow_rate_limits(
         },
     );
     let kyma = eddy_model::kyma::function_resource();
-    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &kyma);
-    let events = eddy_platform::watch::backed_off(watcher(api, watcher::Config::default()));
     let mut labels = LabelFeed::new(rate_limits.clone());
-    let kyma_functions = async {
-        let mut events = std::pin::pin!(events);
-        loop {
-            let event = tokio::select! {
-                event = events.next() => event,
-                () = shutdown.cancelled() => return,
-            };
-            match event {
-                None => return,
-                Some(Ok(event)) => labels.follow(&event, |object| {
-                    let uid = object.uid().unwrap_or_default();
-                    let value = serde_json::to_value(object).ok()?;
-                    let function = eddy_model::kyma::native_function(value).ok()?;
-                    Some((key_of(&function), function_pod_labels(&function, &uid)))
-                }),
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "watching Kyma's Functions failed; retrying with backoff");
-                }
-            }
-        }
-    };
+    let kyma_functions = watch_api(
+        Api::<kube::api::DynamicObject>::all_with(client, &kyma),
+        "Kyma's Functions",
+        shutdown,
+        |event| {
+            labels.follow(&event, |object| {
+                let uid = object.uid().unwrap_or_default();
+                let value = serde_json::to_value(object).ok()?;
+                let function = eddy_model::kyma::native_function(value).ok()?;
+                Some((key_of(&function), function_pod_labels(&function, &uid)))
+            });
+        },
+    );
     tokio::join!(limits, kyma_functions);
 }
 

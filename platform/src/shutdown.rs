@@ -17,6 +17,25 @@ pub fn on_signal() -> CancellationToken {
     token
 }
 
+/// Runs `run` each time `changed` is notified, until `shutdown`. A `Notify` keeps one permit, so
+/// the changes that come while `run` runs are taken together by the next run.
+pub async fn on_each_notification<F, Fut>(
+    changed: &tokio::sync::Notify,
+    shutdown: &CancellationToken,
+    mut run: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        tokio::select! {
+            () = changed.notified() => {}
+            () = shutdown.cancelled() => return,
+        }
+        run().await;
+    }
+}
+
 /// Spawns a task the process cannot do its work without (a dispatcher's subscription manager,
 /// its scaler). Should it end before `stop` is cancelled, because it returned or panicked,
 /// that is logged as an error naming it and `stop` is cancelled: the process shuts down and

@@ -479,25 +479,8 @@ spec:
             format!("http://httpbin.localhost:{port}{path}"),
         );
         async move {
-            let mut request = http.get(url);
-            if flagged {
-                request = request.header("X-Rate-Limited", "true");
-            }
-            let response = request.send().await.unwrap();
-            let header = |name: &str| {
-                response
-                    .headers()
-                    .get(name)
-                    .and_then(|value| value.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let limits = (header("x-ratelimit-limit"), header("x-ratelimit-remaining"));
-            (
-                response.status().as_u16(),
-                limits,
-                response.text().await.unwrap(),
-            )
+            let answer = support::rate_limited_get(&http, url, flagged).await;
+            (answer.status, answer.limits, answer.body)
         }
     };
     eventually(

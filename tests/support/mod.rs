@@ -858,3 +858,40 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {series} in\n{metrics}"))
 }
+
+/// What a call answered that a RateLimit decides: its status, `x-ratelimit-limit` and
+/// `x-ratelimit-remaining` (empty when absent), its `content-type` and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimited {
+    pub status: u16,
+    pub limits: (String, String),
+    pub content_type: String,
+    pub body: String,
+}
+
+/// `GET url`, with `X-Rate-Limited: true` when `flagged` (the header of Kyma's RateLimit
+/// samples), and what a RateLimit decided of it.
+#[allow(dead_code)]
+pub async fn rate_limited_get(http: &reqwest::Client, url: String, flagged: bool) -> RateLimited {
+    let mut request = http.get(url);
+    if flagged {
+        request = request.header("X-Rate-Limited", "true");
+    }
+    let response = request.send().await.unwrap();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let limits = (header("x-ratelimit-limit"), header("x-ratelimit-remaining"));
+    let content_type = header("content-type");
+    RateLimited {
+        status: response.status().as_u16(),
+        limits,
+        content_type,
+        body: response.text().await.unwrap(),
+    }
+}
