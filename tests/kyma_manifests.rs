@@ -1941,6 +1941,57 @@ spec:
         "{stdout}"
     );
 
+    // The header sample ("Deploying Header-Based Rate Limit Configuration"), in its place.
+    let (ok, _, stderr) = platform
+        .eddy(&[
+            "delete",
+            "ratelimit",
+            "ratelimit-path-sample",
+            "-n",
+            "default",
+        ])
+        .await;
+    assert!(ok, "{stderr}");
+    let header_sample = "apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata:
+  labels:
+    app: httpbin
+  name: ratelimit-header-sample
+spec:
+  selectorLabels:
+    app: httpbin
+  enableResponseHeaders: true
+  local:
+    defaultBucket:
+      maxTokens: 1
+      tokensPerFill: 1
+      fillInterval: 30s
+    buckets:
+      - headers:
+          X-Rate-Limited: \"true\"
+        bucket:
+          maxTokens: 10
+          tokensPerFill: 5
+          fillInterval: 30s
+";
+    let (ok, _, stderr) = platform.apply_text(header_sample).await;
+    assert!(ok, "{stderr}");
+    // Kyma's docs: `curl .../headers` answers 1 and 0; with `X-Rate-Limited: true`, 10 and 9.
+    eventually(
+        "the header sample in force",
+        Duration::from_secs(30),
+        || async {
+            let (status, limits, _, _) = get("/headers", false).await;
+            status == 200 && limits == ("1".to_owned(), "0".to_owned())
+        },
+    )
+    .await
+    .unwrap();
+    let (status, limits, _, _) = get("/headers", true).await;
+    assert_eq!(status, 200);
+    assert_eq!(limits, ("10".to_owned(), "9".to_owned()));
+
     // Kyma's interval rules, refused by field in Kyma's words.
     let broken = path_sample
         .replace("name: ratelimit-path-sample", "name: broken")
