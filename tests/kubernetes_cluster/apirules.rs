@@ -15,23 +15,7 @@ async fn apirules_are_reported_by_the_controller_and_honoured_by_the_gateway() {
     let cluster = Cluster::new("apirules").await;
     let ns = cluster.namespace.clone();
     let (jwks_uri, _) = serve_jwks().await;
-    // A Kyma cluster has Kyma's Istio CRD (the Istio module's); this one gets a stand-in.
-    install_kyma_istio_crd(&cluster);
-    let controller = cluster.controller().await;
-    let services = function_services().await;
-    let service_url = format!("{services}/svc/{{namespace}}/{{service}}/{{port}}");
-    let function_url = format!("{services}/fn/{{namespace}}/{{function}}");
-    let gateway = cluster
-        .component(
-            "gateway",
-            &[
-                ("EDDY_GATEWAY_ADDR", "127.0.0.1:0"),
-                ("EDDY_FUNCTION_URL", &function_url),
-                ("EDDY_SERVICE_URL", &service_url),
-            ],
-        )
-        .await;
-    let url = gateway.url().await;
+    let (controller, gateway, url) = kyma_controller_and_gateway(&cluster).await;
     let yaml = format!(
         r#"apiVersion: gateway.kyma-project.io/v2
 kind: APIRule
@@ -325,22 +309,7 @@ async fn ratelimits_are_reported_by_the_controller_and_kept_by_the_gateway() {
     let _serial = serial().await;
     let cluster = Cluster::new("ratelimits").await;
     let ns = cluster.namespace.clone();
-    install_kyma_istio_crd(&cluster);
-    let controller = cluster.controller().await;
-    let services = function_services().await;
-    let function_url = format!("{services}/fn/{{namespace}}/{{function}}");
-    let service_url = format!("{services}/svc/{{namespace}}/{{service}}/{{port}}");
-    let gateway = cluster
-        .component(
-            "gateway",
-            &[
-                ("EDDY_GATEWAY_ADDR", "127.0.0.1:0"),
-                ("EDDY_FUNCTION_URL", &function_url),
-                ("EDDY_SERVICE_URL", &service_url),
-            ],
-        )
-        .await;
-    let url = gateway.url().await;
+    let (controller, gateway, url) = kyma_controller_and_gateway(&cluster).await;
     // Kyma's "Path and header-based rate limit configuration" sample, on a Kyma Function
     // labelled as the docs' workload and exposed as the docs expose it (an APIRule).
     let yaml = format!(
@@ -503,6 +472,30 @@ spec:
     drop(gateway);
     drop(controller);
     cluster.finish().await;
+}
+
+/// The chart's controller and gateway as processes (Kyma's Istio CRD stood in for, as a Kyma
+/// cluster has it from its Istio module), the gateway's calls answered by
+/// [`function_services`] (`/fn/<namespace>/<function>/...`, `/svc/<namespace>/<service>/<port>/...`);
+/// and the gateway's URL.
+async fn kyma_controller_and_gateway(cluster: &Cluster) -> (Component, Component, String) {
+    install_kyma_istio_crd(cluster);
+    let controller = cluster.controller().await;
+    let services = function_services().await;
+    let function_url = format!("{services}/fn/{{namespace}}/{{function}}");
+    let service_url = format!("{services}/svc/{{namespace}}/{{service}}/{{port}}");
+    let gateway = cluster
+        .component(
+            "gateway",
+            &[
+                ("EDDY_GATEWAY_ADDR", "127.0.0.1:0"),
+                ("EDDY_FUNCTION_URL", &function_url),
+                ("EDDY_SERVICE_URL", &service_url),
+            ],
+        )
+        .await;
+    let url = gateway.url().await;
+    (controller, gateway, url)
 }
 
 /// A stand-in for Kyma's Istio CRD (`istios.operator.kyma-project.io`, the Istio module's),
