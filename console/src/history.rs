@@ -24,6 +24,9 @@ pub struct DeliveryTotals {
 pub struct Sample {
     /// By `namespace/name`.
     pub subscriptions: HashMap<String, DeliveryTotals>,
+    /// The dispatcher did not answer in time: its counters are unknown at this sample (a gap in
+    /// the charts), not gone.
+    pub subscriptions_unknown: bool,
     /// By `namespace/name`.
     pub functions: HashMap<String, CallTotals>,
 }
@@ -102,11 +105,19 @@ impl History {
             return charts;
         };
         let pairs = || self.samples.iter().zip(self.samples.iter().skip(1));
+        // The Subscriptions of the latest sample the dispatcher answered: one slow answer leaves
+        // a gap, not a chart gone.
+        let known = self
+            .samples
+            .iter()
+            .rev()
+            .find(|sample| !sample.subscriptions_unknown)
+            .unwrap_or(latest);
         let rate = |now: u64, before: u64| {
             let added = if now >= before { now - before } else { now };
             added as f64 / interval_seconds
         };
-        for name in latest.subscriptions.keys() {
+        for name in known.subscriptions.keys() {
             let mut rates = DeliveryRates::default();
             for (before, now) in pairs() {
                 match (before.subscriptions.get(name), now.subscriptions.get(name)) {
@@ -238,6 +249,22 @@ mod tests {
         assert_eq!(p99_millis(&before, &calls(100, 0, 98, 2)), Some(250.0));
         assert_eq!(p99_millis(&before, &calls(100, 0, 99, 1)), Some(2.5));
         assert_eq!(p99_millis(&before, &before), None);
+    }
+
+    #[test]
+    fn a_sample_the_dispatcher_did_not_answer_is_a_gap_not_a_chart_gone() {
+        let mut history = History::new(4);
+        history.push(sample(0, 0, None));
+        history.push(sample(20, 0, None));
+        history.push(Sample {
+            subscriptions_unknown: true,
+            ..Sample::default()
+        });
+        let charts = history.charts(2.0);
+        assert_eq!(
+            charts.subscriptions["shop/orders"].delivered,
+            vec![Some(10.0), None]
+        );
     }
 
     #[test]

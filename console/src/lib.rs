@@ -173,8 +173,11 @@ impl DashboardState {
     /// Takes one sample of every counter the charts draw, keeping the dispatcher's items for
     /// the page.
     async fn sample(&self) -> Sample {
-        let mut sample = Sample::default();
         let dispatcher = self.dispatcher_subscriptions().await;
+        let mut sample = Sample {
+            subscriptions_unknown: self.dispatcher_url.is_some() && dispatcher.is_none(),
+            ..Sample::default()
+        };
         for item in dispatcher.iter().flatten() {
             sample.subscriptions.insert(
                 format!("{}/{}", item.namespace, item.name),
