@@ -1762,30 +1762,7 @@ async fn kyma_ratelimits_limit_calls_as_kymas_docs_show() {
         )
         .await;
     assert!(ok, "{stderr}");
-    let path_and_header = "apiVersion: gateway.kyma-project.io/v1alpha1
-kind: RateLimit
-metadata:
-  labels:
-    app: httpbin
-  name: ratelimit-path-header-sample
-spec:
-  selectorLabels:
-    app: httpbin
-  enableResponseHeaders: true
-  local:
-    defaultBucket:
-      maxTokens: 1
-      tokensPerFill: 1
-      fillInterval: 30s
-    buckets:
-      - headers:
-          X-Rate-Limited: \"true\"
-        path: /headers
-        bucket:
-          maxTokens: 10
-          tokensPerFill: 5
-          fillInterval: 30s
-";
+    let path_and_header = support::kyma::RATELIMIT_PATH_HEADER_SAMPLE;
     let (ok, stdout, stderr) = platform.apply_text(path_and_header).await;
     assert!(ok, "{stderr}");
     assert!(

@@ -12,7 +12,7 @@ use eddy_model::{
     ratelimit::{RateLimit, RateLimitKey, RateLimitStatus, function_pod_labels, key_of, status_of},
     resources::Function,
 };
-use eddy_platform::store::{Change, Store};
+use eddy_platform::store::{Change, Store, StoredResource as _};
 use kube::ResourceExt as _;
 
 /// What the local follower knows: every RateLimit and every Function's pod labels.
@@ -23,18 +23,27 @@ struct Known {
 }
 
 impl Known {
+    /// The status `rate_limit` (one of those known) should show now.
+    fn status_of(&self, rate_limit: &RateLimit, all: &[&RateLimit]) -> RateLimitStatus {
+        let functions = self
+            .functions
+            .iter()
+            .map(|((namespace, name), labels)| (namespace.as_str(), name.as_str(), labels));
+        status_of(rate_limit, all, functions)
+    }
+
     /// Every RateLimit's status as it should read now.
     fn statuses(&self) -> Vec<(RateLimitKey, RateLimitStatus)> {
         let all: Vec<&RateLimit> = self.rate_limits.values().collect();
         all.iter()
-            .map(|rate_limit| {
-                let functions = self
-                    .functions
-                    .iter()
-                    .map(|((namespace, name), labels)| (namespace.as_str(), name.as_str(), labels));
-                (key_of(rate_limit), status_of(rate_limit, &all, functions))
-            })
+            .map(|rate_limit| (key_of(rate_limit), self.status_of(rate_limit, &all)))
             .collect()
+    }
+
+    /// One RateLimit's status as it should read now, if it is known.
+    fn status(&self, key: &RateLimitKey) -> Option<RateLimitStatus> {
+        let all: Vec<&RateLimit> = self.rate_limits.values().collect();
+        Some(self.status_of(self.rate_limits.get(key)?, &all))
     }
 }
 
@@ -76,12 +85,8 @@ pub async fn follow_local(store: Store, shutdown: eddy_platform::shutdown::Cance
                     let key = key_of(&rate_limit);
                     known.lock().rate_limits.insert(key.clone(), rate_limit);
                     // This one at once (`eddy apply` reads its status next); the others with it.
-                    let status = known
-                        .lock()
-                        .statuses()
-                        .into_iter()
-                        .find(|(each, _)| *each == key);
-                    if let Some((key, status)) = status {
+                    let status = known.lock().status(&key);
+                    if let Some(status) = status {
                         write(&store, &key, &status).await;
                     }
                 }
@@ -103,10 +108,7 @@ pub async fn follow_local(store: Store, shutdown: eddy_platform::shutdown::Cance
         let (known, changed) = (known.clone(), changed.clone());
         match change {
             Change::Applied(function) => {
-                let key = (
-                    function.namespace().unwrap_or_else(|| "default".to_owned()),
-                    function.name_any(),
-                );
+                let key = function.key();
                 let labels = function_pod_labels(&function, &function.uid().unwrap_or_default());
                 let mut known = known.lock();
                 let before = known.functions.insert(key, labels.clone());

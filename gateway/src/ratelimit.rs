@@ -177,21 +177,35 @@ struct Table {
 }
 
 impl Table {
+    /// `rate_limit` as an entry: the buckets of its known version when its spec is unchanged
+    /// (they keep their tokens), else new ones (none when it is invalid).
+    fn entry(&self, rate_limit: RateLimit) -> Entry {
+        let limiter = match self.entries.get(&key_of(&rate_limit)) {
+            Some(known) if known.rate_limit.spec == rate_limit.spec => known.limiter.clone(),
+            _ => Limiter::compile(&rate_limit, Instant::now()).map(Arc::new),
+        };
+        Entry {
+            rate_limit,
+            limiter,
+        }
+    }
+
     fn rebuild(&mut self) {
-        let rate_limits: Vec<&RateLimit> = self.entries.values().map(|e| &e.rate_limit).collect();
+        // The valid ones, with their buckets: only those hold a Function.
+        let valid: Vec<(&RateLimit, &Arc<Limiter>)> = self
+            .entries
+            .values()
+            .filter_map(|entry| Some((&entry.rate_limit, entry.limiter.as_ref()?)))
+            .collect();
         let mut held = HashMap::new();
-        if !rate_limits.is_empty() {
-            for ((namespace, name), labels) in &self.functions {
-                let Some(holder) = holder(rate_limits.iter().copied(), namespace, labels) else {
-                    continue;
-                };
-                if let Some(limiter) = self
-                    .entries
-                    .get(&key_of(holder))
-                    .and_then(|entry| entry.limiter.clone())
-                {
-                    held.insert((namespace.clone(), name.clone()), limiter);
-                }
+        for ((namespace, name), labels) in self.functions.iter().filter(|_| !valid.is_empty()) {
+            let rate_limits = valid.iter().map(|(rate_limit, _)| *rate_limit);
+            if let Some(holder) = holder(rate_limits, namespace, labels)
+                && let Some((_, limiter)) = valid
+                    .iter()
+                    .find(|(rate_limit, _)| std::ptr::eq(*rate_limit, holder))
+            {
+                held.insert((namespace.clone(), name.clone()), Arc::clone(limiter));
             }
         }
         self.held = held;
@@ -217,18 +231,8 @@ impl RateLimits {
     /// Takes a RateLimit (replacing its earlier version; an unchanged spec keeps its buckets).
     pub fn apply(&self, rate_limit: &RateLimit) {
         let mut table = self.table.write();
-        let key = key_of(rate_limit);
-        let limiter = match table.entries.get(&key) {
-            Some(known) if known.rate_limit.spec == rate_limit.spec => known.limiter.clone(),
-            _ => Limiter::compile(rate_limit, Instant::now()).map(Arc::new),
-        };
-        table.entries.insert(
-            key,
-            Entry {
-                rate_limit: rate_limit.clone(),
-                limiter,
-            },
-        );
+        let entry = table.entry(rate_limit.clone());
+        table.entries.insert(key_of(rate_limit), entry);
         table.rebuild();
     }
 
@@ -247,21 +251,10 @@ impl RateLimits {
     /// Takes every RateLimit there is, forgetting the rest (a relist).
     pub fn replace_all(&self, rate_limits: Vec<RateLimit>) {
         let mut table = self.table.write();
-        let mut entries = HashMap::with_capacity(rate_limits.len());
-        for rate_limit in rate_limits {
-            let key = key_of(&rate_limit);
-            let limiter = match table.entries.get(&key) {
-                Some(known) if known.rate_limit.spec == rate_limit.spec => known.limiter.clone(),
-                _ => Limiter::compile(&rate_limit, Instant::now()).map(Arc::new),
-            };
-            entries.insert(
-                key,
-                Entry {
-                    rate_limit,
-                    limiter,
-                },
-            );
-        }
+        let entries = rate_limits
+            .into_iter()
+            .map(|rate_limit| (key_of(&rate_limit), table.entry(rate_limit)))
+            .collect();
         table.entries = entries;
         table.rebuild();
     }
@@ -277,13 +270,6 @@ impl RateLimits {
             table.rebuild();
         }
     }
-
-    /// Takes every Function there is, with its pod labels (a relist).
-    pub fn replace_functions(&self, functions: HashMap<FunctionKey, BTreeMap<String, String>>) {
-        let mut table = self.table.write();
-        table.functions = functions;
-        table.rebuild();
-    }
 }
 
 /// Follows the RateLimits and the Functions of the local store into `rate_limits` until
@@ -294,7 +280,7 @@ pub async fn follow_store(
     shutdown: eddy_platform::shutdown::CancellationToken,
 ) {
     use eddy_model::resources::Function;
-    use eddy_platform::store::Change;
+    use eddy_platform::store::{Change, StoredResource as _};
     use kube::ResourceExt as _;
     let limits = store.follow::<RateLimit, _, _>(&shutdown, |change| {
         let rate_limits = rate_limits.clone();
@@ -313,11 +299,7 @@ pub async fn follow_store(
                 Change::Applied(function) => {
                     let uid = function.uid().unwrap_or_default();
                     let labels = eddy_model::ratelimit::function_pod_labels(&function, &uid);
-                    let key = (
-                        function.namespace().unwrap_or_else(|| "default".to_owned()),
-                        function.name_any(),
-                    );
-                    rate_limits.set_function(key, Some(labels));
+                    rate_limits.set_function(function.key(), Some(labels));
                 }
                 Change::Deleted { namespace, name } => {
                     rate_limits.set_function((namespace, name), None);

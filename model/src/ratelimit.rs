@@ -295,16 +295,17 @@ pub fn key_of(rate_limit: &RateLimit) -> RateLimitKey {
     )
 }
 
-/// Which of `all` holds a pod of `namespace` with `labels`: the oldest valid one of its
-/// namespace that selects it (by creation time, then name), as the others' status says. Pure.
+/// Which of `valid` (RateLimits without a problem: an invalid one holds nothing) holds a pod
+/// of `namespace` with `labels`: the oldest of its namespace that selects it (by creation time,
+/// then name), as the others' status says. Pure.
 pub fn holder<'a>(
-    all: impl IntoIterator<Item = &'a RateLimit>,
+    valid: impl IntoIterator<Item = &'a RateLimit>,
     namespace: &str,
     labels: &BTreeMap<String, String>,
 ) -> Option<&'a RateLimit> {
-    all.into_iter()
-        .filter(|each| key_of(each).0 == namespace)
-        .filter(|each| each.spec.selects(labels) && each.spec.validate().is_empty())
+    valid
+        .into_iter()
+        .filter(|each| key_of(each).0 == namespace && each.spec.selects(labels))
         .min_by(|a, b| age_order(a).cmp(&age_order(b)))
 }
 
@@ -343,10 +344,14 @@ pub fn status_of<'a>(
         };
     }
     let own = key_of(rate_limit);
-    let others: Vec<&RateLimit> = all
+    // Validated once, not for every Function.
+    let valid_others: Vec<&RateLimit> = all
         .iter()
         .copied()
-        .filter(|other| key_of(other) != own)
+        .filter(|other| {
+            let key = key_of(other);
+            key != own && key.0 == own.0 && other.spec.validate().is_empty()
+        })
         .collect();
     let mut selected = false;
     let mut conflicting: Vec<String> = Vec::new();
@@ -355,7 +360,10 @@ pub fn status_of<'a>(
             continue;
         }
         selected = true;
-        let candidates = others.iter().copied().chain(std::iter::once(rate_limit));
+        let candidates = valid_others
+            .iter()
+            .copied()
+            .chain(std::iter::once(rate_limit));
         if let Some(holder) = holder(candidates, namespace, labels)
             && key_of(holder) != own
             && !conflicting.contains(&holder.name_any())

@@ -341,31 +341,8 @@ spec:
       methods: ["GET", "POST"]
       noAuth: true
 ---
-apiVersion: gateway.kyma-project.io/v1alpha1
-kind: RateLimit
-metadata:
-  labels:
-    app: httpbin
-  name: ratelimit-path-header-sample
-  namespace: {ns}
-spec:
-  selectorLabels:
-    app: httpbin
-  enableResponseHeaders: true
-  local:
-    defaultBucket:
-      maxTokens: 1
-      tokensPerFill: 1
-      fillInterval: 30s
-    buckets:
-      - headers:
-          X-Rate-Limited: "true"
-        path: /headers
-        bucket:
-          maxTokens: 10
-          tokensPerFill: 5
-          fillInterval: 30s
-"#
+{}"#,
+        support::kyma::RATELIMIT_PATH_HEADER_SAMPLE
     );
     cluster.kubectl_apply(&yaml).unwrap();
     let limits = cluster.dynamic("gateway.kyma-project.io/v1alpha1", "RateLimit");

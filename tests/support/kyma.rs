@@ -36,3 +36,32 @@ pub async fn json_answer(request: reqwest::RequestBuilder) -> Value {
     assert!(status.is_success(), "{status}: {body}");
     serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"))
 }
+
+/// Kyma's RateLimit sample of "Path and header-based rate limit configuration" (api-gateway's
+/// docs, "Configuring Local Rate Limiting"), as written but for the namespace, which the apply
+/// gives.
+#[allow(dead_code)]
+pub const RATELIMIT_PATH_HEADER_SAMPLE: &str = "apiVersion: gateway.kyma-project.io/v1alpha1
+kind: RateLimit
+metadata:
+  labels:
+    app: httpbin
+  name: ratelimit-path-header-sample
+spec:
+  selectorLabels:
+    app: httpbin
+  enableResponseHeaders: true
+  local:
+    defaultBucket:
+      maxTokens: 1
+      tokensPerFill: 1
+      fillInterval: 30s
+    buckets:
+      - headers:
+          X-Rate-Limited: \"true\"
+        path: /headers
+        bucket:
+          maxTokens: 10
+          tokensPerFill: 5
+          fillInterval: 30s
+";

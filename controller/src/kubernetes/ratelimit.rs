@@ -8,7 +8,7 @@ use eddy_model::{
     ratelimit::{self, RateLimit, function_pod_labels, status_of},
     resources::Function,
 };
-use eddy_platform::shutdown::CancellationToken;
+use eddy_platform::{shutdown::CancellationToken, store::StoredResource as _};
 use futures::StreamExt as _;
 use kube::{
     Api, Client, ResourceExt as _,
@@ -88,21 +88,15 @@ fn pod_labels(
     functions: &Store<Function>,
     kyma_functions: &Store<DynamicObject>,
 ) -> Vec<((String, String), BTreeMap<String, String>)> {
-    let key_of = |function: &Function| {
-        (
-            function.namespace().unwrap_or_else(|| "default".to_owned()),
-            function.name_any(),
-        )
-    };
     let eddy = functions.state().into_iter().map(|function| {
         let uid = function.uid().unwrap_or_default();
-        (key_of(&function), function_pod_labels(&function, &uid))
+        (function.key(), function_pod_labels(&function, &uid))
     });
     let kyma = kyma_functions.state().into_iter().filter_map(|object| {
         let uid = object.uid().unwrap_or_default();
         let function =
             eddy_model::kyma::native_function(serde_json::to_value(object.as_ref()).ok()?).ok()?;
-        Some((key_of(&function), function_pod_labels(&function, &uid)))
+        Some((function.key(), function_pod_labels(&function, &uid)))
     });
     eddy.chain(kyma).collect()
 }
