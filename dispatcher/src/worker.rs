@@ -379,25 +379,33 @@ async fn hold_then_attempt(
 enum Settlement {
     /// The sink took it: ack.
     Ack,
-    /// It may succeed later: nak, redelivered after this delay.
-    Nak(Duration),
-    /// It will not: dead-letter it (then ack). `attempted`: the attempt was made (not one
-    /// past the last).
+    /// It may succeed later: nak, redelivered after `delay`.
+    Nak {
+        /// When JetStream hands it out again.
+        delay: Duration,
+        /// Why the attempt failed.
+        reason: Failure,
+    },
+    /// It will not: dead-letter it (then ack).
     DeadLetter {
-        /// An attempt was made and failed for good.
+        /// An attempt was made and failed for good (not one past the last).
         attempted: bool,
+        /// Why.
+        reason: Failure,
     },
 }
 
 /// How delivery `attempt` of an event with `verdict` is settled under `policy`. Pure.
 fn settlement(verdict: &Verdict, attempt: u32, policy: &DeliveryPolicy) -> Settlement {
-    match verdict {
+    match *verdict {
         Verdict::Delivered { .. } => Settlement::Ack,
-        Verdict::Retry { .. } if attempt < policy.max_attempts => {
-            Settlement::Nak(policy.retry_delay(attempt))
-        }
-        Verdict::Retry { .. } | Verdict::Dead { .. } => Settlement::DeadLetter {
+        Verdict::Retry { reason, .. } if attempt < policy.max_attempts => Settlement::Nak {
+            delay: policy.retry_delay(attempt),
+            reason,
+        },
+        Verdict::Retry { reason, .. } | Verdict::Dead { reason, .. } => Settlement::DeadLetter {
             attempted: attempt <= policy.max_attempts,
+            reason,
         },
     }
 }
@@ -417,15 +425,13 @@ async fn settle(
         series,
         recent,
     } = worker;
-    let (status, reason) = match verdict {
-        Verdict::Delivered { status } => (Some(status), None),
-        Verdict::Retry { reason, status } | Verdict::Dead { reason, status } => {
-            (status, Some(reason))
-        }
+    let status = match verdict {
+        Verdict::Delivered { status } => Some(status),
+        Verdict::Retry { status, .. } | Verdict::Dead { status, .. } => status,
     };
     let tried = Attempt { status, ..tried };
-    match (settlement(&verdict, tried.number, &target.policy), reason) {
-        (Settlement::Ack, _) | (_, None) => {
+    match settlement(&verdict, tried.number, &target.policy) {
+        Settlement::Ack => {
             if let Err(error) = message.ack().await {
                 // The event will come again: at-least-once, never lost.
                 tracing::warn!(%error, "ack failed; the event will be redelivered");
@@ -434,7 +440,7 @@ async fn settle(
             tracing::debug!(status, attempt = tried.number, "delivered");
             record_outcome(span, recent, tried, Outcome::Delivered);
         }
-        (Settlement::Nak(delay), Some(reason)) => {
+        Settlement::Nak { delay, reason } => {
             record_outcome(span, recent, tried, Outcome::Retry(reason));
             shared.metrics.retried(&target.label, reason, tried.seconds);
             tracing::warn!(
@@ -447,7 +453,7 @@ async fn settle(
                 tracing::warn!(%error, "nak failed; the event will be redelivered after ack wait");
             }
         }
-        (Settlement::DeadLetter { attempted }, Some(reason)) => {
+        Settlement::DeadLetter { attempted, reason } => {
             // Past the last attempt (its dispatcher died during it) nothing was sent.
             if attempted {
                 series.failed_for_good(tried.seconds);
@@ -677,17 +683,18 @@ mod tests {
             reason: Failure::Http5xx,
             status: Some(500),
         };
-        assert_eq!(
-            settlement(&failed, 1, &policy),
-            Settlement::Nak(Duration::from_secs(1))
-        );
-        assert_eq!(
-            settlement(&failed, 2, &policy),
-            Settlement::Nak(Duration::from_secs(2))
-        );
+        let nak = |seconds| Settlement::Nak {
+            delay: Duration::from_secs(seconds),
+            reason: Failure::Http5xx,
+        };
+        assert_eq!(settlement(&failed, 1, &policy), nak(1));
+        assert_eq!(settlement(&failed, 2, &policy), nak(2));
         assert_eq!(
             settlement(&failed, 3, &policy),
-            Settlement::DeadLetter { attempted: true }
+            Settlement::DeadLetter {
+                attempted: true,
+                reason: Failure::Http5xx
+            }
         );
         let refused = Verdict::Dead {
             reason: Failure::Http4xx,
@@ -695,7 +702,10 @@ mod tests {
         };
         assert_eq!(
             settlement(&refused, 1, &policy),
-            Settlement::DeadLetter { attempted: true }
+            Settlement::DeadLetter {
+                attempted: true,
+                reason: Failure::Http4xx
+            }
         );
         let past_the_last = Verdict::Dead {
             reason: Failure::MaxAttempts,
@@ -703,7 +713,10 @@ mod tests {
         };
         assert_eq!(
             settlement(&past_the_last, 4, &policy),
-            Settlement::DeadLetter { attempted: false }
+            Settlement::DeadLetter {
+                attempted: false,
+                reason: Failure::MaxAttempts
+            }
         );
     }
 
