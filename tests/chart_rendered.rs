@@ -651,6 +651,20 @@ fn the_chart_sizes_the_nats_servers_garbage_collector_unless_told_not_to() {
 }
 
 #[test]
+fn the_chart_sets_the_nats_servers_threads_only_when_told() {
+    let (_, rendered) = render_chart_text(None, &[]);
+    assert!(
+        !nats_go_env(&rendered).contains_key("GOMAXPROCS"),
+        "Go's default"
+    );
+    let (_, rendered) = render_chart_text(None, &["nats.goMaxProcs=1"]);
+    assert_eq!(
+        nats_go_env(&rendered).get("GOMAXPROCS").map(String::as_str),
+        Some("1")
+    );
+}
+
+#[test]
 fn the_chart_renders_valid_objects_without_istio() {
     let kinds = render_chart(Some("istio-off-values.yaml"), &[]);
     assert!(

@@ -107,7 +107,9 @@ pub(super) struct Offered {
     /// cap.
     pub left_behind: u64,
     /// The unanswered publishes.
-    pub sends: tokio::task::JoinSet<anyhow::Result<()>>,
+    pub sends: tokio::task::JoinSet<anyhow::Result<Published>>,
+    /// The publishes answered within the window.
+    pub answered: Vec<Published>,
     /// Publishes started in the window.
     pub sent: u64,
     /// How late the sends were against the schedule, 99th percentile, ms: 0–1 ms is tokio's
@@ -138,12 +140,22 @@ async fn publish(
     url: &str,
     path: &Probed,
     sequence: u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Published> {
     publish_stamped(http, url, path.kind, &format!("{}-{sequence}", path.ids)).await
 }
 
 /// The source of every event the benches publish over HTTP.
 pub(super) const EVENT_SOURCE: &str = "bench";
+
+/// One event published: its send-time stamp, as the function reads it, and when the event-bus's
+/// 204 (the event stored) reached the publisher.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Published {
+    /// The stamp sent in `ce-benchsent`, milliseconds since the Unix epoch.
+    pub sent_ms: f64,
+    /// When the 204 arrived, milliseconds since the Unix epoch.
+    pub answered_ms: f64,
+}
 
 /// Publishes one event of type `kind` stamped with its send time (`ce-benchsent`, which
 /// [`HANDLER`] reads); an answer other than 204 is an error.
@@ -152,22 +164,29 @@ pub(super) async fn publish_stamped(
     url: &str,
     kind: &str,
     id: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Published> {
+    let stamp = format!("{:.3}", now_ms());
+    // The stamp as the function will parse it, so a publish and its delivery pair up exactly.
+    let sent_ms = stamp.parse()?;
     let response = http
         .post(url)
         .header("ce-specversion", "1.0")
         .header("ce-id", id)
         .header("ce-source", EVENT_SOURCE)
         .header("ce-type", kind)
-        .header("ce-benchsent", format!("{:.3}", now_ms()))
+        .header("ce-benchsent", stamp)
         .header("content-type", "application/json")
         .body("{}")
         .send()
         .await?;
+    let answered_ms = now_ms();
     if response.status().as_u16() != 204 {
         bail!("the event-bus answered {}", response.status());
     }
-    Ok(())
+    Ok(Published {
+        sent_ms,
+        answered_ms,
+    })
 }
 
 async fn consumer_settled(
@@ -296,6 +315,7 @@ pub(super) async fn offer(
     let mut sends = tokio::task::JoinSet::new();
     let mut skipped: u64 = 0;
     let mut sent: u64 = 0;
+    let mut answered = Vec::with_capacity((rate as f64 * window.as_secs_f64()) as usize + 1);
     let mut lags = Vec::with_capacity((rate as f64 * window.as_secs_f64()) as usize + 1);
     while begun.elapsed() < window {
         let due = tick.tick().await;
@@ -306,7 +326,7 @@ pub(super) async fn offer(
                 * 1000.0,
         );
         while let Some(sent) = sends.try_join_next() {
-            sent??;
+            answered.push(sent??);
         }
         if sends.len() >= MAX_UNANSWERED {
             skipped += 1;
@@ -325,18 +345,21 @@ pub(super) async fn offer(
     Ok(Offered {
         left_behind: sends.len() as u64 + skipped,
         sends,
+        answered,
         sent,
         lag_p99_ms: quantile(&lags, 0.99),
     })
 }
 
+/// Waits for every publish still unanswered; all of them, answered earlier or now.
 pub(super) async fn finish(
-    mut sends: tokio::task::JoinSet<anyhow::Result<()>>,
-) -> anyhow::Result<()> {
+    mut sends: tokio::task::JoinSet<anyhow::Result<Published>>,
+    mut answered: Vec<Published>,
+) -> anyhow::Result<Vec<Published>> {
     while let Some(sent) = sends.join_next().await {
-        sent??;
+        answered.push(sent??);
     }
-    Ok(())
+    Ok(answered)
 }
 
 /// Events stored for `consumer` and not yet delivered and acknowledged.
@@ -435,10 +458,13 @@ pub(super) async fn search_maximum(
     while let Some(rate) = search.next_rate() {
         let rate = rate as u64;
         let Offered {
-            left_behind, sends, ..
+            left_behind,
+            sends,
+            answered,
+            ..
         } = offer(http, url, path, next, rate, window).await?;
         let backlog = left_behind + undelivered(js, &path.consumer).await?;
-        finish(sends).await?;
+        finish(sends, answered).await?;
         wait_settled(js, &path.consumer).await?;
         let sustained = within_budget(rate, backlog);
         probes.push(Probe {
@@ -527,7 +553,7 @@ pub async fn run(
     for fraction in [0.25, 0.5, 0.75] {
         let rate = ((max_rate * fraction) as u64).max(1);
         let offered = offer(&http, &publish_url, &path, &next, rate, duration).await?;
-        finish(offered.sends).await?;
+        finish(offered.sends, offered.answered).await?;
         wait_settled(&js, &path.consumer).await?;
         let values = latencies(&log, seen, next.load(Ordering::Relaxed)).await?;
         seen += values.len();

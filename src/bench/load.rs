@@ -144,7 +144,7 @@ pub fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// The kernel's clock ticks per second, the unit of `/proc`'s CPU times.
-fn ticks_per_second() -> f64 {
+pub(super) fn ticks_per_second() -> f64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
@@ -153,7 +153,7 @@ fn ticks_per_second() -> f64 {
 
 /// utime + stime from a `/proc/<pid>/stat` line (fields 14 and 15; the command name, which may
 /// hold spaces, ends at the last `)`). Pure.
-fn cpu_ticks(stat: &str) -> Option<u64> {
+pub(super) fn cpu_ticks(stat: &str) -> Option<u64> {
     let fields: Vec<&str> = stat
         .get(stat.rfind(')')? + 1..)?
         .split_whitespace()

@@ -25,6 +25,7 @@ mod e2e;
 mod forwarder;
 mod ingest;
 mod load;
+mod per_event;
 mod real_node;
 mod scale;
 mod soak;
@@ -211,6 +212,25 @@ pub enum Scenario {
         /// without searching for the maximum: for comparing two setups at one rate.
         #[arg(long = "latency-at")]
         latency_at: Option<u64>,
+        /// Measure CPU per delivered event (every container of eddy's pods, read from their
+        /// cgroups on this node) and each hop's latency at these rates, comma-separated, as
+        /// `eddy bench per-event` does locally; without searching for the maximum.
+        #[arg(long = "per-event", value_delimiter = ',')]
+        per_event: Vec<u64>,
+    },
+    /// CPU per delivered event (eddy up's process and its nats-server) and each hop's latency
+    /// (publish, delivery, the whole) at fixed rates, locally; `real-node --per-event` measures
+    /// the same through pods.
+    PerEvent {
+        /// Rates to measure, events per second, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "50,400")]
+        rates: Vec<u64>,
+        /// How long each window runs (and the idle one, and each rate's warm-up).
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// The nats-server binary (default: PATH, then .tools/venv/bin).
+        #[arg(long = "nats-server", env = "EDDY_NATS_SERVER")]
+        nats_server: Option<PathBuf>,
     },
     /// Deploy → ready, and first response from zero instances, per runtime.
     Coldstart {
@@ -262,6 +282,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             system_namespace,
             starts_only,
             latency_at,
+            per_event,
         } => {
             real_node::run(real_node::Settings {
                 rate,
@@ -270,6 +291,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 runs,
                 starts_only,
                 latency_at,
+                per_event,
+            })
+            .await
+        }
+        Scenario::PerEvent {
+            rates,
+            duration,
+            nats_server,
+        } => {
+            per_event::local(per_event::Settings {
+                rates,
+                duration,
+                nats_server,
             })
             .await
         }

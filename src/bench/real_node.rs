@@ -11,6 +11,7 @@
 //!   over on a GET after the run.
 
 use std::{
+    path::{Path, PathBuf},
     sync::{Arc, atomic::AtomicU64},
     time::{Duration, Instant},
 };
@@ -26,19 +27,13 @@ use kube::{
 };
 use serde_json::json;
 
-use super::e2e::{
-    EVENT_SOURCE, HANDLER, Probed, finish, now_ms, offer, quantile, search_maximum, wait_settled,
+use super::{
+    e2e::{
+        EVENT_SOURCE, HANDLER, Probed, finish, now_ms, offer, quantile, search_maximum,
+        wait_settled,
+    },
+    per_event::{self, CpuMeter, CpuSource, Measured, SINK_HANDLER, SINK_RUNTIME, decode_sink},
 };
-
-/// The sink: each event's latency (publish → here, one machine, one clock) and send time kept in
-/// memory, and handed over (and forgotten) on a GET as pairs of little-endian `f64`s.
-/// Not a log line per event: through a pod's log that is three processes (the function,
-/// containerd's shim, containerd) woken per event, about a tenth of the node's CPU at 800
-/// events/s, which the path measured would share. Not a growing array and a text answer either:
-/// after a search, one hand-over was hundreds of thousands of lines of text built in the function
-/// that then served the window measured. One typed array, allocated once, handed over as bytes;
-/// the newest million events are kept.
-const SINK_HANDLER: &str = "const CAPACITY = 1 << 20;\nconst held = new Float64Array(2 * CAPACITY);\nlet count = 0;\nmodule.exports = { main: async (event) => {\n  const sent = Number(event[\"ce-benchsent\"]);\n  if (sent) {\n    const at = 2 * (count % CAPACITY);\n    held[at] = (performance.timeOrigin + performance.now()) - sent;\n    held[at + 1] = sent;\n    count += 1;\n    return \"\";\n  }\n  const kept = Math.min(count, CAPACITY);\n  count = 0;\n  return Buffer.from(held.slice(0, 2 * kept).buffer);\n} };\n";
 
 /// The type of the events the bench publishes.
 const EVENT_TYPE: &str = "bench.realnode.v1";
@@ -62,6 +57,9 @@ pub struct Settings {
     /// Measure latency at this rate only, without searching for the maximum (A/B comparisons
     /// at one rate).
     pub latency_at: Option<u64>,
+    /// Measure CPU per delivered event and each hop's latency at these rates only (as
+    /// `eddy bench per-event` does locally), without searching for the maximum.
+    pub per_event: Vec<u64>,
 }
 
 /// Runs the benchmark against the cluster of the current kubeconfig and prints the figures.
@@ -115,15 +113,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
 
 async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyhow::Result<()> {
     let functions: Api<Function> = Api::namespaced(client.clone(), namespace);
-    println!(
-        "real node: buildless Function apply → Running ({} runs each)",
-        settings.runs
-    );
+    let starts = settings.runs > 0 && settings.per_event.is_empty();
+    if starts {
+        println!(
+            "real node: buildless Function apply → Running ({} runs each)",
+            settings.runs
+        );
+    }
     let cases = [
         ("no dependencies", ""),
         ("lodash", r#"{"dependencies": {"lodash": "4.17.21"}}"#),
     ];
-    for (case, dependencies) in cases.into_iter().filter(|_| settings.runs > 0) {
+    for (case, dependencies) in cases.into_iter().filter(|_| starts) {
         let mut times = Vec::new();
         for run in 0..settings.runs {
             let name = format!(
@@ -247,6 +248,30 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         consumer: consumer_name(namespace, SUBSCRIPTION),
     });
     let next = AtomicU64::new(0);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    if !settings.per_event.is_empty() {
+        let drain = || -> futures::future::BoxFuture<'static, anyhow::Result<Vec<Measured>>> {
+            let (http, pods) = (http.clone(), pods.clone());
+            Box::pin(async move { Ok(drain_sink(&http, &pods).await?.0) })
+        };
+        let meter = platform_cpu(client, &settings.system_namespace).await?;
+        let path = per_event::EventPath {
+            http: &http,
+            url: &url,
+            probed: &path,
+            js: &js,
+            next: &next,
+            drain: &drain,
+        };
+        let (idle, windows) =
+            per_event::measure(&path, &meter, &settings.per_event, settings.duration).await?;
+        println!(
+            "per event, through pods: every container of the pods in namespace {} (NATS and the sidecars included), a {SINK_RUNTIME} sink, {:?} per window",
+            settings.system_namespace, settings.duration
+        );
+        per_event::print("pods", &idle, &windows);
+        return Ok(());
+    }
     let half = match settings.latency_at {
         Some(rate) => rate.max(1),
         None => {
@@ -278,7 +303,6 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         }
     };
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     // The sink is read before the warm-up (it forgets what it held) and once more after the last
     // window, which are told apart by send time. Reading it is the one request the measured
     // events never make (a GET answered with bytes): a read between windows had V8 throw away
@@ -290,7 +314,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
     // Every event sent, answered or not yet: wait_settled has seen them delivered, and the
     // sink must hand over as many.
     let mut sent = usize::try_from(warm_up.sent)?;
-    finish(warm_up.sends).await?;
+    finish(warm_up.sends, warm_up.answered).await?;
     wait_settled(&js, &path.consumer).await?;
     // At a chosen rate, three windows; after a search, one.
     let count = if settings.latency_at.is_some() { 3 } else { 1 };
@@ -300,7 +324,7 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         let window = offer(&http, &url, &path, &next, half, settings.duration).await?;
         let last_send_ms = now_ms();
         sent += usize::try_from(window.sent)?;
-        finish(window.sends).await?;
+        finish(window.sends, window.answered).await?;
         wait_settled(&js, &path.consumer).await?;
         windows.push((first_send_ms..=last_send_ms, window.lag_p99_ms));
     }
@@ -341,14 +365,6 @@ async fn measure(client: &Client, namespace: &str, settings: &Settings) -> anyho
         println!("  {bursts}; the bench's sends behind its schedule: p99 {lag_p99_ms:.2} ms");
     }
     Ok(())
-}
-
-/// One event as the sink saw it.
-#[derive(Debug, Clone, Copy)]
-struct Measured {
-    latency_ms: f64,
-    /// When the bench sent it, milliseconds since the Unix epoch.
-    sent_ms: f64,
 }
 
 /// Events sent within this many milliseconds of each other belong to one burst of the tail.
@@ -394,6 +410,94 @@ fn slowest_bursts(events: &mut [Measured]) -> String {
     )
 }
 
+/// The CPU of every running container of the pods in `namespace` (eddy's), each a part named
+/// `<component>/<container>`, read from the container's cgroup on this machine (the real
+/// node's): the kubelet's cgroup driver is cgroupfs, so a pod's cgroup is a directory
+/// `pod<uid>` and its containers' are named by their ids.
+async fn platform_cpu(client: &Client, namespace: &str) -> anyhow::Result<CpuMeter> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut meter = CpuMeter::default();
+    let roots: Vec<PathBuf> = [
+        "/sys/fs/cgroup/cpuacct",
+        "/sys/fs/cgroup/cpu,cpuacct",
+        "/sys/fs/cgroup",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .filter(|root| root.is_dir())
+    .collect();
+    for pod in pods.list(&ListParams::default()).await?.items {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let component = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get("app.kubernetes.io/component"))
+            .cloned()
+            .unwrap_or_else(|| name.clone());
+        let uid = pod.metadata.uid.clone().context("a pod without a uid")?;
+        let pod_dir = roots
+            .iter()
+            .find_map(|root| find_dir(root, &format!("pod{uid}"), 6))
+            .with_context(|| format!("no cgroup of pod {name} (pod{uid}) under /sys/fs/cgroup: is this the real node?"))?;
+        // Native sidecars (the mesh's istio-proxy) run among the init containers.
+        let statuses = pod
+            .status
+            .map(|status| {
+                let mut statuses = status.container_statuses.unwrap_or_default();
+                statuses.extend(status.init_container_statuses.unwrap_or_default());
+                statuses
+            })
+            .unwrap_or_default();
+        for status in statuses {
+            let running = status
+                .state
+                .as_ref()
+                .is_some_and(|state| state.running.is_some());
+            let Some(id) = status
+                .container_id
+                .as_deref()
+                .and_then(|id| id.split("://").nth(1))
+                .filter(|_| running)
+            else {
+                continue;
+            };
+            let dir = pod_dir.join(id);
+            if !dir.is_dir() {
+                bail!(
+                    "no cgroup of container {} of pod {name} ({})",
+                    status.name,
+                    dir.display()
+                );
+            }
+            meter.add(
+                format!("{component}/{}", status.name),
+                CpuSource::Cgroup(dir),
+            );
+        }
+    }
+    Ok(meter)
+}
+
+/// The first directory named `name` under `root`, at most `depth` levels down.
+fn find_dir(root: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(root).ok()?;
+    let mut below = Vec::new();
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            continue;
+        }
+        if entry.file_name() == name {
+            return Some(entry.path());
+        }
+        below.push(entry.path());
+    }
+    if depth == 0 {
+        return None;
+    }
+    below.iter().find_map(|dir| find_dir(dir, name, depth - 1))
+}
+
 /// Takes the latencies every pod of the sink holds (a rollout or a scale-out may leave several),
 /// which forget them; and what was read, pod by pod, for an error. A pod that restarted lost
 /// its own, and the run fails on the count.
@@ -426,19 +530,13 @@ async fn drain_sink(
             }
         };
         let before = values.len();
-        let number = |bytes: &[u8]| bytes.try_into().map(f64::from_le_bytes).ok();
-        values.extend(body.chunks_exact(16).filter_map(|pair| {
-            Some(Measured {
-                latency_ms: number(&pair[..8])?,
-                sent_ms: number(&pair[8..])?,
-            })
-        }));
+        values.extend(decode_sink(&body));
         read.push(format!("{name}: {}", values.len() - before));
     }
     Ok((values, read.join(", ")))
 }
 
-/// Applies a nodejs22 Function and waits for its Running condition; how long that took.
+/// Applies a Function of the sink's runtime and waits for its Running condition; how long that took.
 async fn apply_until_running(
     functions: &Api<Function>,
     name: &str,
@@ -448,7 +546,7 @@ async fn apply_until_running(
     let function: Function = serde_json::from_value(json!({
         "apiVersion": "eddy.dev/v1alpha1", "kind": "Function",
         "metadata": {"name": name},
-        "spec": {"runtime": "nodejs22",
+        "spec": {"runtime": SINK_RUNTIME,
                  "source": {"inline": {"source": source, "dependencies": dependencies}}},
     }))?;
     let started = Instant::now();
