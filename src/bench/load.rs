@@ -137,14 +137,20 @@ pub fn memory_mib(pid: u32, field: &str) -> f64 {
 
 /// CPU time a process has used so far (user and system), seconds; 0 when it cannot be read.
 pub fn cpu_seconds(pid: u32) -> f64 {
+    process_cpu_seconds(pid).unwrap_or(0.0)
+}
+
+/// CPU time a process has used so far (user and system, all its threads, ended ones included),
+/// seconds; `None` when it cannot be read (the process is gone).
+pub(super) fn process_cpu_seconds(pid: u32) -> Option<f64> {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| cpu_ticks(&stat))
-        .map_or(0.0, |ticks| ticks as f64 / ticks_per_second())
+        .map(|ticks| ticks as f64 / ticks_per_second())
 }
 
 /// The kernel's clock ticks per second, the unit of `/proc`'s CPU times.
-pub(super) fn ticks_per_second() -> f64 {
+fn ticks_per_second() -> f64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
@@ -153,7 +159,7 @@ pub(super) fn ticks_per_second() -> f64 {
 
 /// utime + stime from a `/proc/<pid>/stat` line (fields 14 and 15; the command name, which may
 /// hold spaces, ends at the last `)`). Pure.
-pub(super) fn cpu_ticks(stat: &str) -> Option<u64> {
+fn cpu_ticks(stat: &str) -> Option<u64> {
     let fields: Vec<&str> = stat
         .get(stat.rfind(')')? + 1..)?
         .split_whitespace()

@@ -75,13 +75,8 @@ impl CpuSource {
     /// CPU seconds used so far.
     fn seconds(&self) -> anyhow::Result<f64> {
         match self {
-            Self::Process(pid) => {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .with_context(|| format!("process {pid} is gone"))?;
-                super::load::cpu_ticks(&stat)
-                    .map(|ticks| ticks as f64 / super::load::ticks_per_second())
-                    .with_context(|| format!("no CPU times in /proc/{pid}/stat"))
-            }
+            Self::Process(pid) => super::load::process_cpu_seconds(*pid)
+                .with_context(|| format!("no CPU times of process {pid}: is it gone?")),
             Self::Cgroup(dir) => {
                 if let Ok(usage) = std::fs::read_to_string(dir.join("cpuacct.usage")) {
                     let nanoseconds: f64 = usage
@@ -114,8 +109,10 @@ pub(super) struct CpuMeter {
     parts: Vec<(String, CpuSource)>,
 }
 
-/// The container name of Istio's sidecar.
-const SIDECAR: &str = "istio-proxy";
+/// Whether a part is one of the mesh's sidecars (Istio's container `istio-proxy`).
+fn is_sidecar(part: &str) -> bool {
+    part.ends_with("/istio-proxy")
+}
 
 impl CpuMeter {
     /// Adds `source` to the part `name`.
@@ -295,13 +292,11 @@ pub(super) fn print(setting: &str, idle: &BTreeMap<String, f64>, windows: &[Wind
     let total = |parts: &BTreeMap<String, f64>, sidecars: bool| -> f64 {
         parts
             .iter()
-            .filter(|(part, _)| sidecars || !part.ends_with(&format!("/{SIDECAR}")))
+            .filter(|(part, _)| sidecars || !is_sidecar(part))
             .map(|(_, seconds)| seconds)
             .sum()
     };
-    let has_sidecars = idle
-        .keys()
-        .any(|part| part.ends_with(&format!("/{SIDECAR}")));
+    let has_sidecars = idle.keys().any(|part| is_sidecar(part));
     println!(
         "{setting}: idle, the platform's CPU {:.1} ms/s{}",
         total(idle, true) * 1e3,
