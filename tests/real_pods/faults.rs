@@ -188,7 +188,7 @@ fn undelivered(plane: &ControlPlane) -> u64 {
 }
 
 /// The name of a pod of `selector` in `namespace`.
-fn a_pod(plane: &ControlPlane, namespace: &str, selector: &str) -> Result<String> {
+pub(super) fn a_pod(plane: &ControlPlane, namespace: &str, selector: &str) -> Result<String> {
     let pods = kubectl_json(plane, &["get", "pods", "-n", namespace, "-l", selector])?;
     pods["items"]
         .as_array()

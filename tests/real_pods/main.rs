@@ -303,6 +303,29 @@ fn delete_namespace(plane: &ControlPlane, namespace: &str) -> Result<()> {
     run(plane
         .kubectl()?
         .args(["delete", "namespace", namespace, "--wait=false"]))?;
+    pods_gone(plane, namespace)
+}
+
+/// [`delete_namespace`] for pods that never end on SIGTERM: once the namespace is terminating
+/// (no pod can be created in it, so no ReplicaSet replaces one), its pods are deleted without
+/// a grace period.
+fn delete_namespace_forcing_its_pods(plane: &ControlPlane, namespace: &str) -> Result<()> {
+    run(plane
+        .kubectl()?
+        .args(["delete", "namespace", namespace, "--wait=false"]))?;
+    run(plane.kubectl()?.args([
+        "delete",
+        "pods",
+        "--all",
+        "-n",
+        namespace,
+        "--grace-period=0",
+        "--force",
+    ]))?;
+    pods_gone(plane, namespace)
+}
+
+fn pods_gone(plane: &ControlPlane, namespace: &str) -> Result<()> {
     // Waits until its pods are gone (the node's CPU and memory free for the next test), not for
     // the Namespace object: with a pod left at its first pass, the namespace controller looks
     // again only after half the pods' grace period (185 s for a Function), whatever the pods do.

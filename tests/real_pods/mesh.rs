@@ -3,6 +3,7 @@
 //! fail, and probes rewritten by the injector.
 
 use super::*;
+use crate::faults::a_pod;
 
 /// A pod of its own in `namespace`, running the python312 runtime image idle, with or without
 /// Istio's sidecar; ready once `kubectl wait` says so (its proxy too, when it has one).
@@ -111,6 +112,7 @@ async fn in_the_mesh_only_the_gateway_and_the_dispatcher_reach_a_function_over_m
 -> Result<()> {
     let plane = installed()?;
     sidecars_where_the_chart_wants_them(plane)?;
+    sidecars_close_idle_connections_to_their_container_first(plane)?;
     let name = format!("peer-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
     let function = format!(
         r#"
@@ -442,6 +444,54 @@ fn sidecars_where_the_chart_wants_them(plane: &ControlPlane) -> Result<()> {
             proxy_in == wanted,
             "pod {} ({component}): its sidecar among {proxy_in:?}, wanted among {wanted:?}",
             pod["metadata"]["name"]
+        );
+    }
+    Ok(())
+}
+
+/// Each sidecar of eddy's pods keeps an idle connection to its container for the chart's
+/// `istio.inboundIdleTimeout` (5 s), less than the container's own idle close (10 s), read
+/// from the configuration istiod sent it: the chart's Sidecar reached Envoy.
+fn sidecars_close_idle_connections_to_their_container_first(plane: &ControlPlane) -> Result<()> {
+    for component in ["event-bus", "gateway", "dispatcher"] {
+        let pod = a_pod(
+            plane,
+            SYSTEM,
+            &format!("app.kubernetes.io/component={component}"),
+        )?;
+        let dump = run(plane.kubectl()?.args([
+            "exec",
+            "-n",
+            SYSTEM,
+            &pod,
+            "-c",
+            "istio-proxy",
+            "--",
+            "pilot-agent",
+            "request",
+            "GET",
+            "config_dump?resource=dynamic_active_clusters",
+        ]))?;
+        let dump: Value = serde_json::from_str(&dump).context("Envoy's config dump")?;
+        let inbound: Vec<(String, Value)> = dump["configs"]
+            .as_array()
+            .context("configs")?
+            .iter()
+            .filter_map(|config| {
+                let cluster = &config["cluster"];
+                let name = cluster["name"].as_str()?;
+                name.starts_with("inbound|").then(|| {
+                    let idle = cluster["typed_extension_protocol_options"]
+                        ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+                        ["common_http_protocol_options"]["idle_timeout"]
+                        .clone();
+                    (name.to_owned(), idle)
+                })
+            })
+            .collect();
+        ensure!(
+            !inbound.is_empty() && inbound.iter().all(|(_, idle)| idle == "5s"),
+            "{component} ({pod}): inbound clusters and their idle timeouts {inbound:?}"
         );
     }
     Ok(())

@@ -402,16 +402,8 @@ spec:
         started.elapsed().as_secs_f64()
     );
     // Its blocked thread never runs the runtime's SIGTERM handler: without force, the pod
-    // would take its whole grace period to go.
-    run(plane.kubectl()?.args([
-        "delete",
-        "pods",
-        "--all",
-        "-n",
-        &tenant,
-        "--grace-period=0",
-        "--force",
-    ]))?;
-    delete_namespace(plane, &tenant)?;
+    // would take its whole grace period to go. Forced only once the namespace is terminating:
+    // before, its ReplicaSet replaced a pod forced away with one deleted gracefully.
+    delete_namespace_forcing_its_pods(plane, &tenant)?;
     Ok(())
 }
