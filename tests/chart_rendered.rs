@@ -619,13 +619,10 @@ fn the_dispatcher_s_admin_api_asks_for_its_token(rendered: &str) {
 
 /// The Go runtime's knobs in the NATS servers' container, by name.
 fn nats_go_env(rendered: &str) -> BTreeMap<String, String> {
-    let nats = rendered
-        .split("\n---")
-        .filter_map(|document| serde_yaml_ng::from_str::<serde_json::Value>(document).ok())
-        .find(|object| object["kind"] == "StatefulSet" && object["metadata"]["name"] == "eddy-nats")
-        .expect("the chart runs NATS as the StatefulSet eddy-nats");
+    let objects = objects(rendered);
+    let nats = object(&objects, "StatefulSet", "eddy-nats");
     nats["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_array()
+        .as_sequence()
         .unwrap()
         .iter()
         .filter(|variable| variable["name"].as_str().unwrap().starts_with("GO"))
@@ -865,19 +862,18 @@ fn the_chart_warns_of_the_runtimes_eddy_deprecates() {
 #[test]
 fn eddy_s_sidecars_close_idle_connections_to_their_containers_first() {
     let (_, rendered) = render_chart_text(None, &[]);
-    let objects: Vec<serde_json::Value> = rendered
-        .split("\n---")
-        .filter_map(|document| serde_yaml_ng::from_str(document).ok())
-        .collect();
-    let sidecars: Vec<&serde_json::Value> = objects
+    let objects = objects(&rendered);
+    let sidecars = objects
         .iter()
         .filter(|object| object["kind"] == "Sidecar")
-        .collect();
-    assert_eq!(sidecars.len(), 1, "{sidecars:?}");
-    let sidecar = sidecars[0];
-    assert_eq!(
-        sidecar["spec"]["workloadSelector"]["labels"],
-        serde_json::json!({"app.kubernetes.io/instance": "eddy"})
+        .count();
+    assert_eq!(sidecars, 1, "one Sidecar, for eddy's own pods");
+    let sidecar = object(&objects, "Sidecar", "eddy-inbound");
+    let selected = &sidecar["spec"]["workloadSelector"]["labels"];
+    assert!(
+        selected.as_mapping().map(serde_yaml_ng::Mapping::len) == Some(1)
+            && selected["app.kubernetes.io/instance"] == "eddy",
+        "{selected:?}"
     );
     let idle = humantime::parse_duration(
         sidecar["spec"]["inboundConnectionPool"]["http"]["idleTimeout"]
@@ -891,15 +887,15 @@ fn eddy_s_sidecars_close_idle_connections_to_their_containers_first() {
         "{idle:?} against the containers' {:?}",
         serve.header_read_timeout
     );
-    let overridden: Vec<&serde_json::Value> = objects
+    let overridden: Vec<&Value> = objects
         .iter()
         .flat_map(|object| {
             object["spec"]["template"]["spec"]["containers"]
-                .as_array()
+                .as_sequence()
                 .into_iter()
                 .flatten()
         })
-        .flat_map(|container| container["env"].as_array().into_iter().flatten())
+        .flat_map(|container| container["env"].as_sequence().into_iter().flatten())
         .filter(|variable| variable["name"] == "EDDY_HEADER_READ_TIMEOUT")
         .collect();
     assert!(overridden.is_empty(), "{overridden:?}");

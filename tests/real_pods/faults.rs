@@ -187,17 +187,6 @@ fn undelivered(plane: &ControlPlane) -> u64 {
         .unwrap_or(0)
 }
 
-/// The name of a pod of `selector` in `namespace`.
-pub(super) fn a_pod(plane: &ControlPlane, namespace: &str, selector: &str) -> Result<String> {
-    let pods = kubectl_json(plane, &["get", "pods", "-n", namespace, "-l", selector])?;
-    pods["items"]
-        .as_array()
-        .and_then(|items| items.first())
-        .and_then(|pod| pod["metadata"]["name"].as_str())
-        .map(str::to_owned)
-        .with_context(|| format!("no pod of {selector} in {namespace}"))
-}
-
 /// Waits until every pod of `selector` in `namespace` is ready, `count` of them.
 async fn all_ready(
     plane: &ControlPlane,

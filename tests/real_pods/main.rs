@@ -187,6 +187,17 @@ fn namespace(plane: &'static ControlPlane, prefix: &str) -> Result<TestNamespace
     Ok(TestNamespace { name, plane })
 }
 
+/// The name of a pod of `selector` in `namespace`.
+fn a_pod(plane: &ControlPlane, namespace: &str, selector: &str) -> Result<String> {
+    let pods = kubectl_json(plane, &["get", "pods", "-n", namespace, "-l", selector])?;
+    pods["items"]
+        .as_array()
+        .and_then(|items| items.first())
+        .and_then(|pod| pod["metadata"]["name"].as_str())
+        .map(str::to_owned)
+        .with_context(|| format!("no pod of {selector} in {namespace}"))
+}
+
 /// A pod of Function `function` in `namespace`, as the API server shows it.
 fn function_pod(plane: &ControlPlane, namespace: &str, function: &str) -> Result<Value> {
     let pods = kubectl_json(

@@ -3,7 +3,6 @@
 //! fail, and probes rewritten by the injector.
 
 use super::*;
-use crate::faults::a_pod;
 
 /// A pod of its own in `namespace`, running the python312 runtime image idle, with or without
 /// Istio's sidecar; ready once `kubectl wait` says so (its proxy too, when it has one).
